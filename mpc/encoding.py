@@ -1,0 +1,104 @@
+"""Fixed-point encoding of real tensors into the ring Z/2^64 (stored as ``torch.int64``).
+
+A float ``x`` is encoded as the ring element ``round(x * 2**frac_bits)``; integer and bool
+tensors are encoded exactly, without scaling (callers share them with ``frac_bits=0``).
+
+Encoded magnitudes must stay below ``2**62``, so the float range that encodes safely is
+``|x| < 2**(62 - frac_bits)`` (see :func:`max_safe_value`). That is one bit below the signed
+64-bit limit, so the sum or difference of two encoded values still decodes correctly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["EncodingError", "decode", "encode", "max_safe_value"]
+
+_SAFE_BITS = 62
+
+
+class EncodingError(ValueError):
+    """A value cannot be encoded into, or decoded from, the ring."""
+
+
+def _check_frac_bits(frac_bits: int) -> None:
+    if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
+        raise EncodingError(f"frac_bits must be an int, got {type(frac_bits).__name__}")
+    if not 0 <= frac_bits <= _SAFE_BITS:
+        raise EncodingError(f"frac_bits must be in [0, {_SAFE_BITS}], got {frac_bits}")
+
+
+def max_safe_value(frac_bits: int) -> float:
+    """The exclusive bound on ``|x|`` that :func:`encode` accepts for floats."""
+    _check_frac_bits(frac_bits)
+    return float(2.0 ** (_SAFE_BITS - frac_bits))
+
+
+def _as_tensor(x: torch.Tensor | float | int) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (bool, int, float)):
+        try:
+            return torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else None)
+        except (OverflowError, RuntimeError) as e:
+            raise EncodingError(f"integer {x} does not fit in int64") from e
+    raise EncodingError(f"expected a tensor, float or int, got {type(x).__name__}")
+
+
+def encode(x: torch.Tensor | float | int, frac_bits: int) -> torch.Tensor:
+    """Encode ``x`` as int64 ring elements.
+
+    Floating tensors (and Python floats) become ``round(x * 2**frac_bits)``, rounded half to
+    even in float64. Integer and bool tensors (and Python ints) are converted to int64 exactly
+    and are NOT scaled, whatever ``frac_bits`` is: share integers with ``frac_bits=0`` so that
+    :func:`decode` gives them back.
+
+    Raises:
+        EncodingError: for NaN/inf, for a float with ``|x| >= max_safe_value(frac_bits)``, for
+            a uint64 value above the int64 range, or for an unsupported dtype.
+    """
+    _check_frac_bits(frac_bits)
+    t = _as_tensor(x)
+    if t.dtype == torch.bool or not (t.is_floating_point() or t.is_complex()):
+        if t.dtype == torch.uint64 and t.numel() > 0:
+            # uint64 values >= 2**63 would silently wrap to negative int64
+            wrapped = t.to(torch.int64)
+            if bool((wrapped < 0).any()):
+                raise EncodingError("uint64 tensor holds values >= 2**63, outside int64")
+            return wrapped
+        return t.to(torch.int64)
+    if t.is_complex():
+        raise EncodingError(f"cannot encode complex tensor of dtype {t.dtype}")
+    t64 = t.to(torch.float64)
+    if t64.numel() > 0:
+        if not bool(torch.isfinite(t64).all()):
+            raise EncodingError("cannot encode a tensor containing NaN or infinity")
+        bound = max_safe_value(frac_bits)
+        max_abs = float(t64.abs().max())
+        if max_abs >= bound:
+            raise EncodingError(
+                f"value out of the safe range: max |x| = {max_abs!r} but frac_bits="
+                f"{frac_bits} allows only |x| < 2**{_SAFE_BITS - frac_bits} = {bound!r}; "
+                "scale the input down or use fewer fractional bits"
+            )
+    # x * 2**f is exact in float64 (a power-of-two scale), so only the rounding is inexact
+    return torch.round(t64 * float(2**frac_bits)).to(torch.int64)
+
+
+def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode int64 ring elements into ``dtype``.
+
+    For a floating ``dtype`` this is ``x / 2**frac_bits`` computed in float64, then cast. With
+    ``frac_bits == 0`` an integer (or bool) ``dtype`` gives the ring elements back exactly.
+    """
+    _check_frac_bits(frac_bits)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
+        found = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise EncodingError(f"decode expects an int64 tensor of ring elements, got {found}")
+    if dtype.is_floating_point or dtype.is_complex:
+        return (x.to(torch.float64) / float(2**frac_bits)).to(dtype)
+    if frac_bits != 0:
+        raise EncodingError(
+            f"decoding to integer dtype {dtype} needs frac_bits=0, got frac_bits={frac_bits}"
+        )
+    return x.to(dtype)

@@ -1,0 +1,1 @@
+"""Plaintext example data and models used by the encrypted-inference demos."""

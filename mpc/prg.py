@@ -1,0 +1,112 @@
+"""Cryptographically secure pseudorandom ring elements: an AES-128-CTR keystream.
+
+A :class:`PRG` is keyed by a 16-byte seed; its output is the AES-128 keystream in counter
+mode (initial counter block all zero), read as little-endian int64 words. Two parties holding
+the same seed draw the same tensors in the same order, which is how pairwise seeds give
+correlated randomness without communication. Never use torch's, numpy's or Python's PRNG for
+shares, masks or triples.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+__all__ = ["PRG", "SEED_BYTES", "new_seed", "random_ring"]
+
+SEED_BYTES = 16
+_BLOCK = 16
+# output of one update_into() may need up to block_size - 1 spare bytes (cryptography < 43)
+_SPARE = _BLOCK - 1
+
+ShapeLike = int | Sequence[int] | torch.Size
+
+
+def new_seed() -> bytes:
+    """A fresh 16-byte seed from the operating system's CSPRNG."""
+    return os.urandom(SEED_BYTES)
+
+
+def _numel(shape: ShapeLike) -> tuple[tuple[int, ...], int]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise ValueError(f"shape must be non-negative ints, got {shape!r}")
+    n = 1
+    for d in dims:
+        n *= d
+    return dims, n
+
+
+class PRG:
+    """AES-128-CTR keystream generator; successive calls continue the same stream."""
+
+    __slots__ = ("_encryptor", "_zeros", "_tail")
+
+    def __init__(self, seed: bytes) -> None:
+        if not isinstance(seed, (bytes, bytearray)):
+            raise TypeError(f"seed must be bytes, got {type(seed).__name__}")
+        if len(seed) != SEED_BYTES:
+            raise ValueError(f"seed must be exactly {SEED_BYTES} bytes, got {len(seed)}")
+        cipher = Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(_BLOCK)))
+        self._encryptor = cipher.encryptor()
+        self._zeros = b""  # cached all-zero plaintext, grown to the largest request
+        self._tail = bytearray(_BLOCK + _SPARE)
+
+    def __repr__(self) -> str:  # never show the key
+        return "PRG(<seeded>)"
+
+    def _zero_input(self, n: int) -> memoryview:
+        if len(self._zeros) < n:
+            self._zeros = bytes(n)
+        return memoryview(self._zeros)[:n]
+
+    def _fill(self, out: memoryview) -> None:
+        """Write the next ``len(out)`` keystream bytes into ``out``."""
+        n = len(out)
+        # update_into may demand len(data) + 15 bytes of room: run the bulk straight into
+        # ``out`` leaving its last block as room, then the last block through a scratch buffer
+        head = n - _BLOCK if n > _BLOCK else 0
+        if head:
+            self._encryptor.update_into(self._zero_input(head), out)
+        rest = n - head
+        if rest:
+            self._encryptor.update_into(self._zero_input(rest), self._tail)
+            out[head:] = self._tail[:rest]
+
+    def randbytes(self, n: int) -> bytes:
+        """The next ``n`` keystream bytes (e.g. to derive a child seed)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        buf = bytearray(n)
+        self._fill(memoryview(buf))
+        return bytes(buf)
+
+    def int64(self, shape: ShapeLike) -> torch.Tensor:
+        """Uniform int64 ring elements of ``shape`` (a fresh tensor the caller owns)."""
+        dims, n = _numel(shape)
+        out = np.empty(n, dtype=np.int64)
+        if n:
+            self._fill(memoryview(out.view(np.uint8)))
+        if sys.byteorder == "big":  # little-endian words: same seed, same tensor on any host
+            out.byteswap(inplace=True)
+        return torch.from_numpy(out).reshape(dims)
+
+    def bits(self, shape: ShapeLike) -> torch.Tensor:
+        """Uniform bits (int64 zeros and ones) of ``shape``, 8 per keystream byte."""
+        dims, n = _numel(shape)
+        raw = np.empty((n + 7) // 8, dtype=np.uint8)
+        if raw.size:
+            self._fill(memoryview(raw))
+        bits = np.unpackbits(raw, count=n, bitorder="little")
+        return torch.from_numpy(bits).to(torch.int64).reshape(dims)
+
+
+def random_ring(shape: ShapeLike) -> torch.Tensor:
+    """Uniform int64 ring elements from a fresh one-time seed."""
+    return PRG(new_seed()).int64(shape)

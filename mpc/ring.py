@@ -1,0 +1,279 @@
+"""Exact bilinear products in the ring Z/2^64, stored as ``torch.int64`` (wrap-around).
+
+Two functions form the seam that device-specific code may swap: :func:`ring_matmul` and
+:func:`ring_conv2d`. Each equals the wrap-around int64 result of ``torch.matmul`` /
+``torch.nn.functional.conv2d`` exactly, by one of two methods:
+
+``"int64"``
+    torch's own int64 kernels. Exact (two's complement wrap-around) and, on CPU with torch
+    2.13, faster than the limb method: an int64 GEMM there costs only ~4-6 float64 GEMMs,
+    while the limb method needs 6 (measured single-threaded). CUDA has no int64 GEMM.
+
+``"limbs"``
+    float64 BLAS on small signed limbs, for devices without integer GEMM. Every ring element
+    ``v`` is written mod 2^64 as ``v = sum_i d_i * 2**o_i`` with signed digits
+    ``d_i in [-2**(w_i-1), 2**(w_i-1))`` (offsets ``o_i``, widths ``w_i``, ``L`` limbs). Then
+    ``A @ B = sum_{i,j} (D_i @ E_j) * 2**(o_i+o_j)  (mod 2^64)``, and pairs with
+    ``o_i + o_j >= 64`` vanish mod 2^64. With ``w = ceil(64/L)`` for the lower limbs exactly
+    ``L(L+1)/2`` pairs remain (``i + j < L``). A float64 product ``D_i @ E_j`` is exact when
+    every partial sum stays an integer of magnitude ``<= 2**53``; each term is at most
+    ``2**(2w-2)`` in magnitude, so it is exact for inner dimension
+    ``K <= 2**(55 - 2w)``: ``L = 3`` (w = 22) up to K = 2048, ``L = 4`` (w = 16) up to
+    K = 2**23. Signed digits give 4x the K of unsigned ones (``2**(2w)`` per term). Larger
+    inner dimensions are split into chunks of at most 2048 that are summed in int64 (6 GEMMs
+    per chunk beat 10 for ``L = 4``); only a convolution whose kernel alone has more than
+    2048 taps falls back to more limbs. The float64 results are converted back with
+    ``.to(torch.int64)`` (exact below 2**53) and combined with wrap-around shifts and adds.
+    The limbs of the left operand are stacked along rows (matmul) or the batch (conv), so the
+    ``L(L+1)/2`` products take ``L`` BLAS calls.
+
+Exactness of the limb method rests on the backend computing ``D_i @ E_j`` as sums of exact
+products (true of BLAS GEMM and of im2col/GEMM convolution; not of FFT or Winograd
+convolution, which is why cuDNN is disabled for the limb convolution off the CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ring_conv2d", "ring_matmul"]
+
+Method = Literal["auto", "int64", "limbs"]
+IntPair = int | tuple[int, int]
+
+_FLOAT_MANTISSA = 53  # float64 represents every integer of magnitude <= 2**53
+_CHUNK_K = 2048  # the largest inner dimension that three 22-bit limbs keep exact
+
+
+def _widths(n_limbs: int) -> tuple[int, ...]:
+    """Limb widths: ``ceil(64/L)`` bits for the lower limbs, the rest for the top one."""
+    w = -(-64 // n_limbs)
+    return (w,) * (n_limbs - 1) + (64 - w * (n_limbs - 1),)
+
+
+def _max_k(widths: tuple[int, ...]) -> int:
+    """The largest inner dimension for which every kept limb product is exact in float64."""
+    offsets = _offsets(widths)
+    worst = max(
+        (wi - 1) + (wj - 1)
+        for i, wi in enumerate(widths)
+        for j, wj in enumerate(widths)
+        if offsets[i] + offsets[j] < 64
+    )
+    return 2 ** (_FLOAT_MANTISSA - worst)
+
+
+def _offsets(widths: tuple[int, ...]) -> tuple[int, ...]:
+    out, o = [], 0
+    for w in widths:
+        out.append(o)
+        o += w
+    return tuple(out)
+
+
+def _plan(k: int) -> tuple[int, ...]:
+    """The fewest limbs (at least 3) whose products stay exact for inner dimension ``k``."""
+    n = 3
+    while _max_k(_widths(n)) < k:
+        n += 1
+    return _widths(n)
+
+
+def _as_int64_scalar(shift: int) -> int:
+    """``2**shift`` as the int64 value congruent to it mod 2^64."""
+    v = 1 << shift
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _split_into(v: torch.Tensor, widths: tuple[int, ...], out: list[torch.Tensor]) -> None:
+    """Write the signed limbs of ``v`` (float64) into the tensors of ``out``, one per limb.
+
+    With ``bias = sum_{i<top} 2**(o_i + w_i - 1)``, the unsigned fields ``u_i`` of ``v + bias``
+    give the signed digits ``d_i = u_i - 2**(w_i - 1)``; the top digit is the arithmetic shift
+    ``(v + bias) >> o_top``, which is congruent mod 2^64.
+    """
+    offsets = _offsets(widths)
+    bias = sum(1 << (o + w - 1) for o, w in zip(offsets[:-1], widths[:-1]))  # < 2**63
+    vb = v + bias
+    for o, w, dst in zip(offsets[:-1], widths[:-1], out[:-1]):
+        field = (vb >> o) if o else vb
+        dst.copy_(field & ((1 << w) - 1))
+        dst.sub_(float(1 << (w - 1)))
+    out[-1].copy_(vb >> offsets[-1])
+
+
+def _limb_bilinear(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    stack_dim: int,
+    widths: tuple[int, ...],
+) -> torch.Tensor:
+    """``op(a, b)`` mod 2^64 for a bilinear ``op`` on float64, by the limb method.
+
+    The limbs of ``a`` are stacked along ``stack_dim`` (which ``op`` must carry through to
+    its output unchanged in meaning: the rows of a matmul, the batch of a convolution).
+    """
+    n = len(widths)
+    offsets = _offsets(widths)
+    rows = a.shape[stack_dim]
+    stacked_shape = list(a.shape)
+    stacked_shape[stack_dim] = n * rows
+    a_limbs = torch.empty(stacked_shape, dtype=torch.float64, device=a.device)
+    _split_into(a, widths, list(a_limbs.split(rows, dim=stack_dim)))
+    b_limbs = [torch.empty(b.shape, dtype=torch.float64, device=b.device) for _ in widths]
+    _split_into(b, widths, b_limbs)
+
+    acc: torch.Tensor | None = None
+    for j in range(n):
+        # pairs (i, j) with o_i + o_j < 64 are exactly i < n - j
+        keep = n - j
+        prod = op(a_limbs.narrow(stack_dim, 0, keep * rows), b_limbs[j]).to(torch.int64)
+        for i, block in enumerate(prod.split(rows, dim=stack_dim)):
+            shift = offsets[i] + offsets[j]
+            if acc is None:
+                acc = block.clone()
+            else:
+                acc.add_(block, alpha=_as_int64_scalar(shift))
+    assert acc is not None
+    return acc
+
+
+def _resolve(method: str, device: torch.device) -> str:
+    if method not in ("auto", "int64", "limbs"):
+        raise ValueError(f"method must be 'auto', 'int64' or 'limbs', got {method!r}")
+    if method == "auto":
+        return "int64" if device.type == "cpu" else "limbs"
+    return method
+
+
+def _check_ring(name: str, t: object) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int64:
+        raise TypeError(f"{name} must hold int64 ring elements, got dtype {t.dtype}")
+
+
+def _check_same_device(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.device != b.device:
+        raise ValueError(f"operands are on different devices: {a.device} and {b.device}")
+
+
+def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") -> torch.Tensor:
+    """``torch.matmul(a, b)`` over Z/2^64 for int64 ``a`` and ``b``, exactly.
+
+    Same shape rules as ``torch.matmul`` (1-D, 2-D, batched with broadcasting). ``method``
+    is ``"int64"`` (torch's int64 kernel), ``"limbs"`` (float64 limb split) or ``"auto"``
+    (``"int64"`` on CPU, ``"limbs"`` elsewhere).
+    """
+    _check_ring("a", a)
+    _check_ring("b", b)
+    _check_same_device(a, b)
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError(
+            f"ring_matmul needs tensors of at least 1 dim, got {a.dim()}-D and {b.dim()}-D"
+        )
+    k = a.shape[-1]
+    kb = b.shape[0] if b.dim() == 1 else b.shape[-2]
+    if k != kb:
+        raise ValueError(
+            f"ring_matmul inner dimensions differ: a {tuple(a.shape)} and b {tuple(b.shape)}"
+        )
+    if _resolve(method, a.device) == "int64":
+        return torch.matmul(a, b)
+
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    try:
+        batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except RuntimeError as e:
+        raise ValueError(
+            f"ring_matmul batch dimensions do not broadcast: a {tuple(a.shape)} and b "
+            f"{tuple(b.shape)}"
+        ) from e
+    if k <= _CHUNK_K:
+        out = _limb_bilinear(a2, b2, torch.matmul, -2, _plan(k))
+    else:
+        out = torch.zeros((*batch, a2.shape[-2], b2.shape[-1]), dtype=torch.int64, device=a.device)
+        n_chunks = -(-k // _CHUNK_K)
+        step = -(-k // n_chunks)
+        widths = _plan(step)
+        for k0 in range(0, k, step):
+            k1 = min(k, k0 + step)
+            out += _limb_bilinear(a2[..., k0:k1], b2[..., k0:k1, :], torch.matmul, -2, widths)
+    if b.dim() == 1:
+        out = out.squeeze(-1)
+    if a.dim() == 1:
+        out = out.squeeze(-2 if b.dim() > 1 else -1)
+    return out
+
+
+def ring_conv2d(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    stride: IntPair = 1,
+    padding: IntPair | str = 0,
+    dilation: IntPair = 1,
+    groups: int = 1,
+    *,
+    method: Method = "auto",
+) -> torch.Tensor:
+    """``torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups)`` over
+    Z/2^64 for int64 ``x`` and ``w``, exactly. No bias: add it separately.
+
+    ``x`` is ``(N, C, H, W)`` or unbatched ``(C, H, W)``; ``w`` is ``(C_out, C/groups, kh,
+    kw)``. ``method`` is as for :func:`ring_matmul`.
+    """
+    _check_ring("x", x)
+    _check_ring("w", w)
+    _check_same_device(x, w)
+    if x.dim() not in (3, 4) or w.dim() != 4:
+        raise ValueError(
+            f"ring_conv2d expects x (N, C, H, W) or (C, H, W) and w (C_out, C/groups, kh, kw), "
+            f"got x {tuple(x.shape)} and w {tuple(w.shape)}"
+        )
+    if groups < 1 or x.shape[-3] != w.shape[1] * groups or w.shape[0] % groups:
+        raise ValueError(
+            f"ring_conv2d channels do not match: x {tuple(x.shape)}, w {tuple(w.shape)}, "
+            f"groups={groups}"
+        )
+
+    def conv(xf: torch.Tensor, wf: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(xf, wf, None, stride, padding, dilation, groups)
+
+    if _resolve(method, x.device) == "int64":
+        return conv(x, w)
+
+    unbatched = x.dim() == 3
+    x4 = x.unsqueeze(0) if unbatched else x
+    n, c, h, wd = x4.shape
+    cg, taps = w.shape[1], w.shape[2] * w.shape[3]
+    # chunk the input channels of every group so that each chunk's K is at most _CHUNK_K
+    per_chunk = max(1, min(cg, _CHUNK_K // max(taps, 1)))
+    n_chunks = -(-cg // per_chunk) if cg else 1
+    per_chunk = -(-cg // n_chunks) if cg else 0
+    widths = _plan(per_chunk * taps)
+
+    # cuDNN may pick FFT/Winograd algorithms, which are not exact; use im2col + GEMM
+    exact_algorithms = (
+        torch.backends.cudnn.flags(enabled=False)
+        if x.device.type == "cuda"
+        else contextlib.nullcontext()
+    )
+    with exact_algorithms:
+        if n_chunks == 1:
+            out = _limb_bilinear(x4, w, conv, 0, widths)
+        else:
+            xg = x4.reshape(n, groups, cg, h, wd)
+            out = None
+            for c0 in range(0, cg, per_chunk):
+                c1 = min(cg, c0 + per_chunk)
+                xc = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), h, wd)
+                part = _limb_bilinear(xc, w[:, c0:c1], conv, 0, widths)
+                out = part if out is None else out.add_(part)
+    return out.squeeze(0) if unbatched else out

@@ -1,0 +1,86 @@
+"""``pointers.hook(torch)``: opt-in seed-style methods, added only where torch lacks them.
+
+Adds ``Tensor.send/get/move/tag/copy``-style conveniences and ``nn.Module.send/get``.
+Higher layers add their own methods (``mpc`` adds ``share``) through the entry-point group
+``pointers.tensor_methods``, so this package never imports them. Nothing torch already
+defines is replaced, and calling ``hook`` twice is harmless.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+from .errors import PointerError
+from .module import get, send, tag
+
+_MARK = "__pointers_hook__"
+ENTRY_POINT_GROUP = "pointers.tensor_methods"
+
+
+def _tensor_send(self: Any, worker: Any) -> Any:
+    return send(self, worker)
+
+
+def _tensor_get(self: Any) -> Any:
+    raise PointerError("this tensor is local, not a pointer: there is nothing to get()")
+
+
+def _tensor_move(self: Any, worker: Any) -> Any:
+    return send(self, worker)
+
+
+def _tensor_tag(self: Any, *tags: str, description: str = "") -> Any:
+    return tag(self, *tags, description=description)
+
+
+def _module_send(self: nn.Module, worker: Any) -> nn.Module:
+    return send(self, worker)
+
+
+def _module_get(self: nn.Module) -> nn.Module:
+    return get(self)
+
+
+def _add(cls: type, name: str, fn: Any, added: list[str]) -> None:
+    existing = cls.__dict__.get(name)
+    if existing is not None and getattr(existing, _MARK, False):
+        return  # ours already: hook() called twice
+    if hasattr(cls, name):
+        return  # torch has it: never replace
+    setattr(fn, _MARK, True)
+    setattr(cls, name, fn)
+    added.append(f"{cls.__name__}.{name}")
+
+
+def hook(torch_module: ModuleType) -> list[str]:
+    """Add the seed-style methods to ``torch.Tensor`` and ``nn.Module``; returns what was added."""
+    if getattr(torch_module, "Tensor", None) is None:
+        raise TypeError("hook() expects the torch module: pointers.hook(torch)")
+    tensor_cls = torch_module.Tensor
+    added: list[str] = []
+    _add(tensor_cls, "send", _tensor_send, added)
+    _add(tensor_cls, "get", _tensor_get, added)
+    _add(tensor_cls, "move", _tensor_move, added)
+    _add(tensor_cls, "tag", _tensor_tag, added)
+    _add(torch_module.nn.Module, "send", _module_send, added)
+    _add(torch_module.nn.Module, "get", _module_get, added)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        fn = ep.load()
+        target = torch_module.nn.Module if ep.name.startswith("module.") else tensor_cls
+        _add(target, ep.name.removeprefix("module."), _plain(fn), added)
+    return added
+
+
+def _plain(fn: Any) -> Any:
+    """A fresh function object wrapping ``fn`` so the hook mark never touches ``fn``."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(self, *args, **kwargs)
+
+    method.__name__ = getattr(fn, "__name__", "method")
+    method.__doc__ = getattr(fn, "__doc__", None)
+    return method

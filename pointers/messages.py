@@ -1,0 +1,232 @@
+"""The message set every worker speaks, whatever the transport.
+
+Each message is a frozen dataclass; on the wire it is ``[kind, field, ...]`` encoded by
+:mod:`pointers.serde`. :func:`decode_message` accepts only the kinds below with the right
+number of fields, so a worker never runs anything it does not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+
+from . import serde
+from .errors import DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    KIND: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Store(Message):
+    """Store ``value`` under ``obj_id`` with optional search tags and description."""
+
+    KIND: ClassVar[str] = "store"
+    obj_id: int
+    value: torch.Tensor
+    tags: list[str]
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(Message):
+    """Return the object (and remove it when ``delete``)."""
+
+    KIND: ClassVar[str] = "fetch"
+    obj_id: int
+    delete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Delete(Message):
+    KIND: ClassVar[str] = "delete"
+    obj_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteOp(Message):
+    """Run an allow-listed aten op; store tensor outputs under ``out_ids`` (None: skip)."""
+
+    KIND: ClassVar[str] = "op"
+    op: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    out_ids: list[int | None]
+    want_meta: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CallFunction(Message):
+    """Run a registered function; store its tensor outputs under ``out_ids``."""
+
+    KIND: ClassVar[str] = "call"
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    out_ids: list[int | None]
+    want_meta: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Search(Message):
+    KIND: ClassVar[str] = "search"
+    query: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Tag(Message):
+    KIND: ClassVar[str] = "tag"
+    obj_id: int
+    tags: list[str]
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Describe(Message):
+    """Return shape, stride and dtype of stored objects."""
+
+    KIND: ClassVar[str] = "describe"
+    obj_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SendToPeer(Message):
+    """Deliver a stored object to a peer worker under ``new_id`` (peer delivery)."""
+
+    KIND: ClassVar[str] = "send_peer"
+    obj_id: int
+    peer: str
+    new_id: int
+    delete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reply(Message):
+    KIND: ClassVar[str] = "reply"
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply(Message):
+    KIND: ClassVar[str] = "error"
+    kind: str
+    message: str
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        Store,
+        Fetch,
+        Delete,
+        ExecuteOp,
+        CallFunction,
+        Search,
+        Tag,
+        Describe,
+        SendToPeer,
+        Reply,
+        ErrorReply,
+    )
+}
+_FIELD_NAMES = {k: tuple(f.name for f in fields(c)) for k, c in MESSAGE_TYPES.items()}
+_FIELD_COUNTS = {k: len(v) for k, v in _FIELD_NAMES.items()}
+
+
+def encode_message(msg: Message) -> tuple[bytes, list[torch.Tensor]]:
+    return serde.encode([msg.KIND, *[getattr(msg, n) for n in _FIELD_NAMES[msg.KIND]]])
+
+
+def decode_message(header: bytes, buffers: list[Any]) -> Message:
+    raw = serde.decode(header, buffers)
+    if not isinstance(raw, list) or not raw or not isinstance(raw[0], str):
+        raise DecodeError("a message must be a list starting with its kind")
+    kind = raw[0]
+    cls = MESSAGE_TYPES.get(kind)
+    if cls is None:
+        raise DecodeError(f"unknown message kind {kind!r}")
+    if len(raw) - 1 != _FIELD_COUNTS[kind]:
+        raise DecodeError(f"message {kind!r} expects {_FIELD_COUNTS[kind]} fields")
+    msg = cls(*raw[1:])
+    if cls is ExecuteOp:  # the hot path: check its fields inline
+        if not (
+            type(msg.op) is str
+            and type(msg.args) is list
+            and type(msg.kwargs) is dict
+            and type(msg.out_ids) is list
+            and type(msg.want_meta) is bool
+            and all(type(i) is int or i is None for i in msg.out_ids)
+            and all(type(k) is str for k in msg.kwargs)
+        ):
+            raise DecodeError("malformed op message")
+        return msg
+    _check_types(msg)
+    return msg
+
+
+_SIMPLE_CHECKS: dict[str, type | tuple[type, ...]] = {
+    "obj_id": int,
+    "new_id": int,
+    "delete": bool,
+    "want_meta": bool,
+    "op": str,
+    "name": str,
+    "peer": str,
+    "description": str,
+    "kind": str,
+    "message": str,
+    "args": list,
+    "kwargs": dict,
+    "value": object,
+}
+
+
+_LIST_CHECKS: dict[str, tuple[type, ...]] = {
+    "obj_ids": (int,),
+    "out_ids": (int, type(None)),
+    "tags": (str,),
+    "query": (str,),
+}
+
+
+def _check_types(msg: Message) -> None:
+    for name in _FIELD_NAMES[msg.KIND]:
+        v = getattr(msg, name)
+        want = _LIST_CHECKS.get(name)
+        if want is not None:
+            if not isinstance(v, list):
+                raise DecodeError(f"{msg.KIND}.{name} must be a list")
+            for x in v:
+                if not isinstance(x, want):
+                    raise DecodeError(f"{msg.KIND}.{name} holds values of the wrong type")
+        elif name == "value" and isinstance(msg, Store):
+            if not isinstance(v, torch.Tensor):
+                raise DecodeError("store.value must be a tensor")
+        elif name in _SIMPLE_CHECKS and not isinstance(v, _SIMPLE_CHECKS[name]):
+            raise DecodeError(f"{msg.KIND}.{name} has type {type(v).__name__}")
+    if isinstance(msg, ExecuteOp | CallFunction) and not all(
+        isinstance(k, str) for k in msg.kwargs
+    ):
+        raise DecodeError("keyword argument names must be strings")
+
+
+__all__ = [
+    "Message",
+    "Store",
+    "Fetch",
+    "Delete",
+    "ExecuteOp",
+    "CallFunction",
+    "Search",
+    "Tag",
+    "Describe",
+    "SendToPeer",
+    "Reply",
+    "ErrorReply",
+    "encode_message",
+    "decode_message",
+]

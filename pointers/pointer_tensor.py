@@ -1,0 +1,354 @@
+"""PointerTensor: a torch.Tensor wrapper subclass whose data lives on a worker.
+
+Every aten op on a pointer becomes one :class:`~pointers.messages.ExecuteOp` to its worker.
+The output's shape, stride and dtype are inferred locally by running the op on meta
+tensors (cached by op and input signature), and output ids are chosen here, so no reply is
+awaited. Because a pointer is a real tensor, autograd, ``nn.Module`` and ``torch.optim``
+work on it unchanged.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import LocationMismatchError, ObjectGoneError, PointerError, ValueRequiresGetError
+from .messages import ExecuteOp, Fetch, SendToPeer, Tag
+from .ops import op_name
+from .serde import ref_ext
+
+aten = torch.ops.aten
+_CPU = torch.device("cpu")
+_META = torch.device("meta")
+
+
+class RemoteRef:
+    """Ownership of one object at one worker; deletes it when the last holder goes."""
+
+    __slots__ = ("location", "obj_id", "owned", "gone", "_finalizer", "__weakref__")
+
+    def __init__(self, location: Any, obj_id: int, owned: bool = True) -> None:
+        self.location = location
+        self.obj_id = obj_id
+        self.owned = owned
+        self.gone = False
+        self._finalizer = weakref.finalize(self, location.queue_delete, obj_id) if owned else None
+
+    def release(self) -> None:
+        """The object left the worker (get/move): nothing to delete any more."""
+        self.gone = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    def check(self) -> None:
+        if self.gone:
+            raise ObjectGoneError(
+                f"the object {self.obj_id} at {self.location.id!r} was already retrieved with "
+                "get() or moved away; this pointer no longer points to anything"
+            )
+
+
+class PointerTensor(torch.Tensor):
+    """A pointer to a tensor held by a worker (``location``) under ``id_at_location``."""
+
+    _ref: RemoteRef
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, ref: RemoteRef, shape, stride, dtype, requires_grad=False):  # type: ignore[no-untyped-def]
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=stride, dtype=dtype, device=_CPU, requires_grad=requires_grad
+        )
+        t._ref = ref
+        return t
+
+    @classmethod
+    def from_meta(
+        cls,
+        location: Any,
+        obj_id: int,
+        shape: Any,
+        stride: Any,
+        dtype: torch.dtype,
+        owned: bool = True,
+    ) -> PointerTensor:
+        return cls(RemoteRef(location, obj_id, owned), tuple(shape), tuple(stride), dtype)
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def location(self) -> Any:
+        """The worker that holds the data."""
+        return self._ref.location
+
+    @property
+    def id_at_location(self) -> int:
+        return self._ref.obj_id
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # never fetches data
+        state = " (retrieved)" if self._ref.gone else ""
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (
+            f"PointerTensor(location={self._ref.location.id!r}, id={self._ref.obj_id}, "
+            f"shape={tuple(self.shape)}, dtype={self.dtype}{grad}){state}"
+        )
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        raise PointerError("a PointerTensor cannot be pickled; get() its value first")
+
+    # -- values stay remote ------------------------------------------------------------
+    def _no_value(self, what: str) -> PointerError:
+        return ValueRequiresGetError(
+            f"{what} needs the value of a remote tensor at {self._ref.location.id!r}; "
+            "call .get() first to bring it back"
+        )
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        raise self._no_value("tolist()")
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise self._no_value("numpy()")
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._no_value("conversion to a numpy array")
+
+    # -- ownership -----------------------------------------------------------------------
+    def get(self) -> torch.Tensor:
+        """Bring the value back and remove it from the worker."""
+        ref = self._ref
+        ref.check()
+        value = ref.location.request(Fetch(ref.obj_id, True))
+        ref.release()
+        return value
+
+    def copy(self) -> PointerTensor:
+        """A new pointer to a new copy of the object at the same worker."""
+        return self.detach().clone()  # type: ignore[return-value]
+
+    def move(self, destination: Any) -> PointerTensor:
+        """Move the object to another worker, party to party; this pointer is spent."""
+        ref = self._ref
+        ref.check()
+        if destination is ref.location or getattr(destination, "id", None) == ref.location.id:
+            return self
+        ref.location.introduce(destination)
+        new_id = destination.new_id()
+        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, True))
+        ref.release()
+        return PointerTensor.from_meta(destination, new_id, self.shape, self.stride(), self.dtype)
+
+    def send(self, *args: Any, **kwargs: Any) -> PointerTensor:
+        raise PointerError(
+            f"this tensor is already at {self._ref.location.id!r}; use .move(worker) to "
+            "send it elsewhere"
+        )
+
+    def tag(self, *tags: str, description: str = "") -> PointerTensor:
+        """Add search tags to the remote object."""
+        self._ref.check()
+        self._ref.location.post(Tag(self._ref.obj_id, list(tags), description))
+        return self
+
+    # -- dispatch ------------------------------------------------------------------------
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return _dispatch(func, args, kwargs or {})
+
+
+# ----------------------------------------------------------------------------------------
+# Dispatch: unwrap, check location, infer outputs (cached), send, wrap.
+# ----------------------------------------------------------------------------------------
+
+_VALUE_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
+
+
+class _Scan:
+    """One pass over an op's arguments: wire form, cache signature, tensors, location."""
+
+    __slots__ = ("tensors", "location", "func")
+
+    def __init__(self, func: Any) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.location: Any = None
+        self.func = func
+
+    def walk(self, obj: Any, sig: list[Any]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            self.tensors.append(obj)
+            if type(obj) is PointerTensor:
+                ref = obj._ref
+                if ref.gone:
+                    ref.check()
+                if self.location is None:
+                    self.location = ref.location
+                elif ref.location is not self.location:
+                    raise LocationMismatchError(
+                        op_name(self.func), self.location.id, ref.location.id
+                    )
+                sig.append((obj.dtype, obj.shape, obj.stride(), True))
+                return ref_ext(ref.obj_id)
+            if isinstance(obj, PointerTensor):  # a Parameter-marked pointer
+                return self.walk(PointerTensor(obj._ref, obj.shape, obj.stride(), obj.dtype), sig)
+            sig.append((obj.dtype, obj.shape, obj.stride(), False))
+            return obj.detach()
+        if isinstance(obj, list | tuple):
+            sig.append(len(obj))
+            out = [self.walk(o, sig) for o in obj]
+            return out if isinstance(obj, list) else tuple(out)
+        if isinstance(obj, torch.Size):
+            sig.append(tuple(obj))
+            return list(obj)
+        sig.append((type(obj), obj))
+        return obj
+
+
+def _dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if func is aten.detach.default or func is aten.alias.default:
+        # A detached pointer shares the remote object (as detach shares storage).
+        (src,) = args
+        return PointerTensor(src._ref, src.shape, src.stride(), src.dtype)
+    if func in _VALUE_OPS:
+        p = next(a for a in args if isinstance(a, PointerTensor))
+        raise p._no_value(f"{func.__name__} (e.g. .item(), bool(), comparisons as values)")
+
+    scan = _Scan(func)
+    sig: list[Any] = [func]
+    wire_args = [scan.walk(a, sig) for a in args]
+    wire_kwargs = {}
+    for k, v in kwargs.items():
+        sig.append(k)
+        wire_kwargs[k] = scan.walk(v, sig)
+    location = scan.location
+    try:
+        key: Any = tuple(sig)
+        out = _meta_cache.get(key)
+    except TypeError:  # an unhashable argument: no caching
+        key, out = None, None
+    if out is None:
+        out = _infer(func, args, kwargs, scan.tensors)
+        if key is not None:
+            if len(_meta_cache) >= _MAX_CACHE:
+                _meta_cache.clear()
+            _meta_cache[key] = out
+
+    new_id = location.new_id
+    out_ids = [new_id() if s is not None and s[0] == "new" else None for s in out.leaves]
+    location.post(ExecuteOp(out.name, wire_args, wire_kwargs, out_ids, False))
+
+    leaves: list[Any] = []
+    for s, obj_id in zip(out.leaves, out_ids):
+        if s is None:
+            leaves.append(None)
+        elif s[0] == "alias":
+            leaves.append(scan.tensors[s[1]])
+        else:
+            leaves.append(PointerTensor(RemoteRef(location, obj_id), s[1], s[2], s[3]))
+    if out.spec is None:
+        return leaves[0]
+    return pytree.tree_unflatten(leaves, out.spec)
+
+
+class _OutSpec:
+    """Cached outputs of one op signature: each leaf ("new", shape, stride, dtype),
+    ("alias", index of the input tensor it returns) or None; spec None: a single tensor."""
+
+    __slots__ = ("name", "leaves", "spec")
+
+    def __init__(self, name: str, leaves: list[Any], spec: Any) -> None:
+        self.name = name
+        self.leaves = leaves
+        self.spec = spec
+
+
+_meta_cache: dict[Any, _OutSpec] = {}
+_MAX_CACHE = 20_000
+
+
+def _infer(func: Any, args: Any, kwargs: Any, tensors: list[torch.Tensor]) -> _OutSpec:
+    """Run ``func`` on meta tensors to learn its outputs without the data."""
+    metas = {id(t): _to_meta(t) for t in tensors}
+    meta_list = [metas[id(t)] for t in tensors]
+
+    def conv(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return metas[id(a)]
+        if isinstance(a, torch.device):
+            return _META
+        return a
+
+    margs, mkwargs = pytree.tree_map(conv, (args, kwargs))
+    try:
+        result = func(*margs, **mkwargs)
+    except NotImplementedError as e:
+        raise PointerError(
+            f"{op_name(func)} cannot run on a pointer: its output shape cannot be inferred ({e})"
+        ) from e
+    if isinstance(result, torch.Tensor):
+        out_leaves, out_spec = [result], None
+    else:
+        out_leaves, out_spec = pytree.tree_flatten(result)
+    leaves: list[Any] = []
+    for leaf in out_leaves:
+        if leaf is None:
+            leaves.append(None)
+        elif isinstance(leaf, torch.Tensor):
+            alias = next((i for i, m in enumerate(meta_list) if m is leaf), None)
+            if alias is not None:
+                if not isinstance(tensors[alias], PointerTensor):
+                    raise PointerError(
+                        f"{op_name(func)} would write a remote result into a local tensor; "
+                        "get() the pointer first"
+                    )
+                leaves.append(("alias", alias))
+            else:
+                leaves.append(("new", tuple(leaf.shape), leaf.stride(), leaf.dtype))
+        else:
+            raise ValueRequiresGetError(
+                f"{op_name(func)} returns a Python {type(leaf).__name__}, which needs the "
+                "remote value; call .get() first"
+            )
+    return _OutSpec(op_name(func), leaves, out_spec)
+
+
+def _to_meta(a: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=_META)
+
+
+# ----------------------------------------------------------------------------------------
+# Function forms
+# ----------------------------------------------------------------------------------------
+
+
+def send_tensor(x: torch.Tensor, worker: Any) -> PointerTensor:
+    """Send a local tensor to ``worker``; returns a pointer owning the remote copy."""
+    if isinstance(x, PointerTensor):
+        return x.send(worker)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"send() expects a tensor or nn.Module, got {type(x).__name__}")
+    from .messages import Store
+
+    obj_id = worker.new_id()
+    value = x.detach()
+    tags = sorted(getattr(x, "tags", None) or ())
+    worker.post(Store(obj_id, value, tags, getattr(x, "description", "") or ""))
+    # The worker decodes a contiguous copy, so the pointer describes a contiguous tensor.
+    return PointerTensor.from_meta(
+        worker, obj_id, value.shape, _contiguous_stride(value.shape), value.dtype
+    )
+
+
+def _contiguous_stride(shape: Any) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(tuple(shape)):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
+
+
+def is_pointer(x: Any) -> bool:
+    return isinstance(x, PointerTensor)

@@ -1,0 +1,310 @@
+"""Workers: an object store, a function registry and a message handler.
+
+:class:`Worker` is the serving side, identical for every transport: it decodes a message,
+runs it against its store and encodes the reply. :class:`VirtualWorker` adds the client
+side for in-process use; every message still goes through the encoder and decoder and is
+counted in :attr:`Worker.stats`, as it would be on a wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import serde
+from .errors import DecodeError, RemoteError, UnknownObjectError, ValueRequiresGetError
+from .functions import FunctionRegistry
+from .messages import (
+    CallFunction,
+    Delete,
+    Describe,
+    ErrorReply,
+    ExecuteOp,
+    Fetch,
+    Message,
+    Reply,
+    Search,
+    SendToPeer,
+    Store,
+    Tag,
+    decode_message,
+    encode_message,
+)
+from .ops import resolve_op
+from .serde import Ref
+from .store import ObjectStore
+
+Frames = tuple[bytes, list[Any]]
+_OK_NONE = encode_message(Reply(None))[0]
+_DELETE_BATCH = 64  # deletes of dropped pointers travel in batches
+
+
+@dataclass
+class WorkerStats:
+    """What a worker received and sent, in messages and bytes (header plus buffers)."""
+
+    messages_received: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    peer_messages_sent: int = 0
+    peer_bytes_sent: int = 0
+
+    def snapshot(self) -> WorkerStats:
+        return WorkerStats(**vars(self))
+
+
+def tensor_meta(t: torch.Tensor) -> list[Any]:
+    return [list(t.shape), list(t.stride()), serde.dtype_name(t.dtype)]
+
+
+class Worker:
+    """The serving side of a worker: store, registered functions, message handler."""
+
+    def __init__(self, id: str) -> None:
+        if not isinstance(id, str) or not id:
+            raise ValueError(f"a worker id must be a non-empty string, got {id!r}")
+        self.id = id
+        self.store = ObjectStore(id)
+        self.functions = FunctionRegistry()
+        self.stats = WorkerStats()
+        self._peer_links: dict[str, Any] = {}
+        self._lock = threading.RLock()
+
+    # -- serving ---------------------------------------------------------------------
+    def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
+        """Decode one request, run it, return the encoded reply. Never raises."""
+        with self._lock:
+            self.stats.messages_received += 1
+            self.stats.bytes_received += serde.nbytes(header, buffers)
+            try:
+                msg = decode_message(header, buffers)
+                value = self._run(msg)
+                reply: Message | None = None if value is None else Reply(value)
+            except Exception as e:  # every failure becomes an error reply
+                reply = ErrorReply(type(e).__name__, str(e))
+            try:
+                out = (_OK_NONE, []) if reply is None else encode_message(reply)
+            except Exception as e:
+                out = encode_message(ErrorReply(type(e).__name__, f"reply not encodable: {e}"))
+            self.stats.messages_sent += 1
+            self.stats.bytes_sent += serde.nbytes(*out)
+            return out
+
+    def _run(self, msg: Message) -> Any:
+        if type(msg) is ExecuteOp:  # the hot path
+            op = resolve_op(msg.op)
+            args = [self.store.get(a.obj_id) if type(a) is Ref else a for a in msg.args]
+            if any(type(a) in (list, tuple) for a in args):
+                args = self._resolve(args)
+            kwargs = self._resolve(msg.kwargs) if msg.kwargs else {}
+            return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta)
+        if isinstance(msg, ExecuteOp):
+            op = resolve_op(msg.op)
+            args, kwargs = self._resolve(msg.args), self._resolve(msg.kwargs)
+            return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta)
+        if isinstance(msg, CallFunction):
+            fn = self.functions.get(msg.name)
+            args, kwargs = self._resolve(msg.args), self._resolve(msg.kwargs)
+            return self._store_outputs(fn(self, *args, **kwargs), msg.out_ids, msg.want_meta)
+        if isinstance(msg, Store):
+            self.store.put(msg.obj_id, msg.value, set(msg.tags), msg.description)
+            return None
+        if isinstance(msg, Fetch):
+            value = self.store.pop(msg.obj_id) if msg.delete else self.store.get(msg.obj_id)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"object {msg.obj_id} is not a tensor")
+            return value
+        if isinstance(msg, Delete):
+            for i in msg.obj_ids:
+                self.store.discard(i)
+            return None
+        if isinstance(msg, Search):
+            out = []
+            for i in self.store.search(msg.query):
+                e = self.store.entry(i)
+                if isinstance(e.value, torch.Tensor):
+                    out.append([i, *tensor_meta(e.value), sorted(e.tags), e.description])
+            return out
+        if isinstance(msg, Tag):
+            e = self.store.entry(msg.obj_id)
+            e.tags.update(msg.tags)
+            if msg.description:
+                e.description = msg.description
+            return None
+        if isinstance(msg, Describe):
+            return [tensor_meta(self.store.get(i)) for i in msg.obj_ids]
+        if isinstance(msg, SendToPeer):
+            value = self.store.get(msg.obj_id)
+            self.deliver(msg.peer, msg.new_id, value)
+            if msg.delete:
+                self.store.discard(msg.obj_id)
+            return None
+        raise DecodeError(f"a worker cannot run a {msg.KIND!r} message")
+
+    def _resolve(self, obj: Any) -> Any:
+        if isinstance(obj, Ref):
+            return self.store.get(obj.obj_id)
+        if isinstance(obj, list):
+            return [self._resolve(o) for o in obj]
+        if isinstance(obj, tuple):
+            return tuple(self._resolve(o) for o in obj)
+        if isinstance(obj, dict):
+            return {k: self._resolve(v) for k, v in obj.items()}
+        return obj
+
+    def _store_outputs(self, result: Any, out_ids: list[int | None], want_meta: bool) -> Any:
+        if type(result) is torch.Tensor and not want_meta and len(out_ids) == 1:
+            if out_ids[0] is not None:
+                self.store.put(out_ids[0], result)
+            return None
+        leaves, spec = pytree.tree_flatten(result)
+        if want_meta:
+            # Ids were not known to the sender: outputs go to out_ids[0] + k.
+            base = out_ids[0] if out_ids else None
+            metas: list[Any] = []
+            for k, leaf in enumerate(leaves):
+                if leaf is None:
+                    metas.append(None)
+                elif isinstance(leaf, torch.Tensor):
+                    if base is None:
+                        raise ValueError("want_meta needs a base output id")
+                    self.store.put(base + k, leaf)
+                    metas.append(tensor_meta(leaf))
+                else:
+                    raise ValueRequiresGetError(
+                        f"the op returned a Python {type(leaf).__name__}, not a tensor"
+                    )
+            return [isinstance(result, tuple | list), metas]
+        if len(leaves) != len(out_ids):
+            raise ValueError(
+                f"the op returned {len(leaves)} outputs but {len(out_ids)} ids were sent"
+            )
+        for leaf, obj_id in zip(leaves, out_ids):
+            if obj_id is not None:
+                if not isinstance(leaf, torch.Tensor):
+                    raise TypeError(f"output for id {obj_id} is a {type(leaf).__name__}")
+                self.store.put(obj_id, leaf)
+        return None
+
+    # -- peer delivery -----------------------------------------------------------------
+    def deliver(self, peer: str, obj_id: int, value: Any) -> None:
+        """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``."""
+        link = self._peer_links.get(peer)
+        if link is None:
+            raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
+        header, buffers = encode_message(Store(obj_id, value, [], ""))
+        self.stats.peer_messages_sent += 1
+        self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
+        rh, rb = link.handle_frames(header, buffers)
+        reply = decode_message(rh, rb)
+        if isinstance(reply, ErrorReply):
+            raise RemoteError(peer, reply.kind, reply.message)
+
+    def take(self, obj_id: int) -> Any:
+        """Remove and return a stored object (used by registered functions)."""
+        return self.store.pop(obj_id)
+
+    def add_peer_link(self, peer_id: str, link: Any) -> None:
+        self._peer_links[peer_id] = link
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id!r} objects={len(self.store)}>"
+
+
+class VirtualWorker(Worker):
+    """An in-process worker, with the client side of the message layer built in.
+
+    ``data`` holds tensors the worker owns from the start (tag them with
+    :func:`pointers.tag` so that :meth:`search` finds them).
+    """
+
+    def __init__(self, id: str, data: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__(id)
+        # Ids are chosen by the sender; start at a random point so that pointers made
+        # in different sessions do not look alike.
+        self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
+        self._pending_deletes: list[int] = []
+        self._delete_lock = threading.Lock()
+        for t in data:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"worker data must be tensors, got {type(t).__name__}")
+            tags = getattr(t, "tags", None) or set()
+            desc = getattr(t, "description", "") or ""
+            self.store.put(self.new_id(), t.detach().clone(), set(tags), desc)
+
+    # -- client side -------------------------------------------------------------------
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def request(self, msg: Message) -> Any:
+        """Send ``msg`` and wait for its reply value (raises the worker's error)."""
+        self._flush_deletes()
+        return self._exchange(msg)
+
+    def post(self, msg: Message) -> None:
+        """Send ``msg`` without needing its value (in process: errors raise at once)."""
+        if len(self._pending_deletes) >= _DELETE_BATCH:
+            self._flush_deletes()
+        self._exchange(msg)
+
+    def _exchange(self, msg: Message) -> Any:
+        header, buffers = encode_message(msg)
+        rh, rb = self.handle_frames(header, buffers)
+        if rh == _OK_NONE and not rb:
+            return None
+        reply = decode_message(rh, rb)
+        if isinstance(reply, ErrorReply):
+            raise RemoteError(self.id, reply.kind, reply.message)
+        assert isinstance(reply, Reply)
+        return reply.value
+
+    def queue_delete(self, obj_id: int) -> None:
+        """Called by finalizers: no I/O here, the delete travels with the next message."""
+        with self._delete_lock:
+            self._pending_deletes.append(obj_id)
+
+    def _flush_deletes(self) -> None:
+        if not self._pending_deletes:
+            return
+        with self._delete_lock:
+            ids, self._pending_deletes = self._pending_deletes, []
+        if ids:
+            self._exchange(Delete(ids))
+
+    def introduce(self, peer: Worker) -> None:
+        """Let this worker deliver objects to ``peer`` directly."""
+        if not isinstance(peer, Worker):
+            raise TypeError(f"expected a worker, got {type(peer).__name__}")
+        self.add_peer_link(peer.id, peer)
+
+    @property
+    def objects(self) -> Mapping[int, Any]:
+        """A read-only view of the objects this worker stores."""
+        self._flush_deletes()
+        return self.store.view()
+
+    def search(self, *query: str) -> list[Any]:
+        """Pointers to the stored tensors carrying every tag in ``query``."""
+        from .pointer_tensor import PointerTensor
+
+        if not query or not all(isinstance(q, str) for q in query):
+            raise TypeError("search() takes one or more tag strings")
+        found = self.request(Search(list(query)))
+        return [
+            PointerTensor.from_meta(self, i, shape, stride, serde.dtype_from_name(dt), owned=False)
+            for i, shape, stride, dt, _tags, _desc in found
+        ]
+
+    def clear_objects(self) -> None:
+        """Drop every stored object (pointers to them become dangling)."""
+        with self._lock:
+            for i in list(self.store.view()):
+                self.store.discard(i)
