@@ -1,0 +1,31 @@
+"""mpc: additive secret sharing over Z/2^64 beneath torch tensors and models.
+
+>>> import torch, pointers as pt, mpc
+>>> alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+>>> x = mpc.share(torch.tensor([1.5, -2.0]), alice, bob, crypto_provider=carol)
+>>> (x * x + 1).get()
+tensor([3.2500, 5.0000])
+"""
+
+from . import ops as _ops  # noqa: F401  (fills the op registry)
+from .accounting import Recorder, stats
+from .api import share
+from .config import MPCConfig
+from .encoding import EncodingError
+from .errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from .session import Session
+from .shared import SharedTensor
+
+__all__ = [
+    "CryptoProviderRequired",
+    "EncodingError",
+    "MPCConfig",
+    "MPCError",
+    "PartyMismatchError",
+    "Recorder",
+    "Session",
+    "SharedTensor",
+    "UnsupportedOpError",
+    "share",
+    "stats",
+]

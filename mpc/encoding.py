@@ -40,7 +40,7 @@ def _as_tensor(x: torch.Tensor | float | int) -> torch.Tensor:
     if isinstance(x, (bool, int, float)):
         try:
             return torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else None)
-        except (OverflowError, RuntimeError) as e:
+        except (OverflowError, RuntimeError, ValueError) as e:
             raise EncodingError(f"integer {x} does not fit in int64") from e
     raise EncodingError(f"expected a tensor, float or int, got {type(x).__name__}")
 

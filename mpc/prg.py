@@ -9,6 +9,7 @@ shares, masks or triples.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -23,8 +24,15 @@ SEED_BYTES = 16
 _BLOCK = 16
 # output of one update_into() may need up to block_size - 1 spare bytes (cryptography < 43)
 _SPARE = _BLOCK - 1
+_ZERO_CHUNK = 1 << 20  # keystream is produced in pieces of at most 1 MiB
 
 ShapeLike = int | Sequence[int] | torch.Size
+
+
+@functools.cache
+def _zeros() -> memoryview:
+    """The all-zero plaintext whose encryption is the keystream (shared, read-only)."""
+    return memoryview(bytes(_ZERO_CHUNK))
 
 
 def new_seed() -> bytes:
@@ -46,7 +54,7 @@ def _numel(shape: ShapeLike) -> tuple[tuple[int, ...], int]:
 class PRG:
     """AES-128-CTR keystream generator; successive calls continue the same stream."""
 
-    __slots__ = ("_encryptor", "_zeros", "_tail")
+    __slots__ = ("_encryptor", "_tail")
 
     def __init__(self, seed: bytes) -> None:
         if not isinstance(seed, (bytes, bytearray)):
@@ -55,29 +63,24 @@ class PRG:
             raise ValueError(f"seed must be exactly {SEED_BYTES} bytes, got {len(seed)}")
         cipher = Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(_BLOCK)))
         self._encryptor = cipher.encryptor()
-        self._zeros = b""  # cached all-zero plaintext, grown to the largest request
         self._tail = bytearray(_BLOCK + _SPARE)
 
     def __repr__(self) -> str:  # never show the key
         return "PRG(<seeded>)"
 
-    def _zero_input(self, n: int) -> memoryview:
-        if len(self._zeros) < n:
-            self._zeros = bytes(n)
-        return memoryview(self._zeros)[:n]
-
     def _fill(self, out: memoryview) -> None:
         """Write the next ``len(out)`` keystream bytes into ``out``."""
-        n = len(out)
-        # update_into may demand len(data) + 15 bytes of room: run the bulk straight into
-        # ``out`` leaving its last block as room, then the last block through a scratch buffer
-        head = n - _BLOCK if n > _BLOCK else 0
-        if head:
-            self._encryptor.update_into(self._zero_input(head), out)
-        rest = n - head
-        if rest:
-            self._encryptor.update_into(self._zero_input(rest), self._tail)
-            out[head:] = self._tail[:rest]
+        n, pos, zeros = len(out), 0, _zeros()
+        # update_into may demand len(data) + 15 bytes of room (cryptography < 43): run the bulk
+        # straight into ``out`` keeping a block of room, then the last block through a scratch
+        while n - pos > _BLOCK:
+            step = min(len(zeros), n - pos - _BLOCK)
+            self._encryptor.update_into(zeros[:step], out[pos:])
+            pos += step
+        if pos < n:
+            rest = n - pos
+            self._encryptor.update_into(zeros[:rest], self._tail)
+            out[pos:] = self._tail[:rest]
 
     def randbytes(self, n: int) -> bytes:
         """The next ``n`` keystream bytes (e.g. to derive a child seed)."""

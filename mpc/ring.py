@@ -6,8 +6,9 @@ Two functions form the seam that device-specific code may swap: :func:`ring_matm
 
 ``"int64"``
     torch's own int64 kernels. Exact (two's complement wrap-around) and, on CPU with torch
-    2.13, faster than the limb method: an int64 GEMM there costs only ~4-6 float64 GEMMs,
-    while the limb method needs 6 (measured single-threaded). CUDA has no int64 GEMM.
+    2.13, faster than the limb method: single-threaded, an int64 GEMM costs ~4-5 float64
+    GEMMs and an int64 convolution ~2-3 float64 ones, while the limb method needs 6 of them
+    plus conversions (about 2x and 3-5x slower than int64 overall). CUDA has no int64 GEMM.
 
 ``"limbs"``
     float64 BLAS on small signed limbs, for devices without integer GEMM. Every ring element
@@ -24,8 +25,8 @@ Two functions form the seam that device-specific code may swap: :func:`ring_matm
     per chunk beat 10 for ``L = 4``); only a convolution whose kernel alone has more than
     2048 taps falls back to more limbs. The float64 results are converted back with
     ``.to(torch.int64)`` (exact below 2**53) and combined with wrap-around shifts and adds.
-    The limbs of the left operand are stacked along rows (matmul) or the batch (conv), so the
-    ``L(L+1)/2`` products take ``L`` BLAS calls.
+    The limbs of one operand are stacked (the rows of ``a`` for matmul, the output channels
+    of ``w`` for conv), so the ``L(L+1)/2`` products take ``L`` BLAS calls.
 
 Exactness of the limb method rests on the backend computing ``D_i @ E_j`` as sums of exact
 products (true of BLAS GEMM and of im2col/GEMM convolution; not of FFT or Winograd
@@ -107,39 +108,67 @@ def _split_into(v: torch.Tensor, widths: tuple[int, ...], out: list[torch.Tensor
     out[-1].copy_(vb >> offsets[-1])
 
 
-def _limb_bilinear(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    stack_dim: int,
-    widths: tuple[int, ...],
-) -> torch.Tensor:
-    """``op(a, b)`` mod 2^64 for a bilinear ``op`` on float64, by the limb method.
+def _limb_matmul(a: torch.Tensor, b: torch.Tensor, widths: tuple[int, ...]) -> torch.Tensor:
+    """``a @ b`` mod 2^64 for int64 ``a`` (at least 2-D) and ``b`` (at least 2-D), by limbs.
 
-    The limbs of ``a`` are stacked along ``stack_dim`` (which ``op`` must carry through to
-    its output unchanged in meaning: the rows of a matmul, the batch of a convolution).
+    The limbs of ``a`` are stacked along the rows, so the products with limb ``j`` of ``b``
+    (the pairs ``i < L - j``) are one GEMM on a prefix of the stacked rows.
     """
-    n = len(widths)
-    offsets = _offsets(widths)
-    rows = a.shape[stack_dim]
-    stacked_shape = list(a.shape)
-    stacked_shape[stack_dim] = n * rows
-    a_limbs = torch.empty(stacked_shape, dtype=torch.float64, device=a.device)
-    _split_into(a, widths, list(a_limbs.split(rows, dim=stack_dim)))
+    n, offsets, rows = len(widths), _offsets(widths), a.shape[-2]
+    a_limbs = torch.empty(
+        (*a.shape[:-2], n * rows, a.shape[-1]), dtype=torch.float64, device=a.device
+    )
+    _split_into(a, widths, list(a_limbs.split(rows, dim=-2)))
     b_limbs = [torch.empty(b.shape, dtype=torch.float64, device=b.device) for _ in widths]
     _split_into(b, widths, b_limbs)
-
     acc: torch.Tensor | None = None
     for j in range(n):
-        # pairs (i, j) with o_i + o_j < 64 are exactly i < n - j
-        keep = n - j
-        prod = op(a_limbs.narrow(stack_dim, 0, keep * rows), b_limbs[j]).to(torch.int64)
-        for i, block in enumerate(prod.split(rows, dim=stack_dim)):
-            shift = offsets[i] + offsets[j]
+        keep = n - j  # pairs (i, j) with o_i + o_j < 64 are exactly i < n - j
+        prod = torch.matmul(a_limbs.narrow(-2, 0, keep * rows), b_limbs[j]).to(torch.int64)
+        for i, block in enumerate(prod.split(rows, dim=-2)):
             if acc is None:
                 acc = block.clone()
             else:
-                acc.add_(block, alpha=_as_int64_scalar(shift))
+                acc.add_(block, alpha=_as_int64_scalar(offsets[i] + offsets[j]))
+    assert acc is not None
+    return acc
+
+
+def _limb_conv2d(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    conv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    groups: int,
+    widths: tuple[int, ...],
+) -> torch.Tensor:
+    """``conv(x, w)`` mod 2^64 for int64 4-D ``x`` and ``w``, by limbs.
+
+    The limbs of ``w`` are stacked along the output channels of each group, so the products
+    with limb ``i`` of ``x`` (the pairs ``j < L - i``) are one convolution, which unfolds
+    ``x`` once. (Stacking ``x`` along the batch instead was 2-9x slower on CPU.)
+    """
+    n, offsets = len(widths), _offsets(widths)
+    c_out, cg, kh, kw = w.shape
+    cog = c_out // groups
+    x_limbs = [torch.empty(x.shape, dtype=torch.float64, device=x.device) for _ in widths]
+    _split_into(x, widths, x_limbs)
+    w_limbs = torch.empty((groups, n, cog, cg, kh, kw), dtype=torch.float64, device=w.device)
+    _split_into(w.reshape(groups, cog, cg, kh, kw), widths, list(w_limbs.unbind(1)))
+    acc: torch.Tensor | None = None
+    for i in range(n):
+        keep = n - i
+        w_i = w_limbs[:, :keep].reshape(groups * keep * cog, cg, kh, kw)
+        prod = conv(x_limbs[i], w_i).to(torch.int64)
+        batch, _, ho, wo = prod.shape
+        prod = prod.view(batch, groups, keep, cog, ho, wo)
+        for j in range(keep):
+            block = prod[:, :, j]
+            if acc is None:
+                acc = block.reshape(batch, c_out, ho, wo)
+            else:
+                acc.view(batch, groups, cog, ho, wo).add_(
+                    block, alpha=_as_int64_scalar(offsets[i] + offsets[j])
+                )
     assert acc is not None
     return acc
 
@@ -197,7 +226,7 @@ def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") ->
             f"{tuple(b.shape)}"
         ) from e
     if k <= _CHUNK_K:
-        out = _limb_bilinear(a2, b2, torch.matmul, -2, _plan(k))
+        out = _limb_matmul(a2, b2, _plan(k))
     else:
         out = torch.zeros((*batch, a2.shape[-2], b2.shape[-1]), dtype=torch.int64, device=a.device)
         n_chunks = -(-k // _CHUNK_K)
@@ -205,7 +234,7 @@ def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") ->
         widths = _plan(step)
         for k0 in range(0, k, step):
             k1 = min(k, k0 + step)
-            out += _limb_bilinear(a2[..., k0:k1], b2[..., k0:k1, :], torch.matmul, -2, widths)
+            out += _limb_matmul(a2[..., k0:k1], b2[..., k0:k1, :], widths)
     if b.dim() == 1:
         out = out.squeeze(-1)
     if a.dim() == 1:
@@ -251,7 +280,7 @@ def ring_conv2d(
 
     unbatched = x.dim() == 3
     x4 = x.unsqueeze(0) if unbatched else x
-    n, c, h, wd = x4.shape
+    n, _, h, wd = x4.shape
     cg, taps = w.shape[1], w.shape[2] * w.shape[3]
     # chunk the input channels of every group so that each chunk's K is at most _CHUNK_K
     per_chunk = max(1, min(cg, _CHUNK_K // max(taps, 1)))
@@ -267,13 +296,13 @@ def ring_conv2d(
     )
     with exact_algorithms:
         if n_chunks == 1:
-            out = _limb_bilinear(x4, w, conv, 0, widths)
+            out = _limb_conv2d(x4, w, conv, groups, widths)
         else:
             xg = x4.reshape(n, groups, cg, h, wd)
             out = None
             for c0 in range(0, cg, per_chunk):
                 c1 = min(cg, c0 + per_chunk)
                 xc = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), h, wd)
-                part = _limb_bilinear(xc, w[:, c0:c1], conv, 0, widths)
+                part = _limb_conv2d(xc, w[:, c0:c1], conv, groups, widths)
                 out = part if out is None else out.add_(part)
     return out.squeeze(0) if unbatched else out

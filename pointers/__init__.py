@@ -19,7 +19,7 @@ from .errors import (
 )
 from .hook import hook
 from .module import get, send, tag
-from .pointer_tensor import PointerTensor, is_pointer
+from .pointer_tensor import PointerTensor, call_function, is_pointer
 from .worker import VirtualWorker, Worker, WorkerStats
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "UnknownObjectError",
     "ValueRequiresGetError",
     "VirtualWorker",
+    "call_function",
     "Worker",
     "WorkerStats",
     "get",

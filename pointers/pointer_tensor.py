@@ -16,9 +16,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import LocationMismatchError, ObjectGoneError, PointerError, ValueRequiresGetError
-from .messages import ExecuteOp, Fetch, SendToPeer, Tag
+from .messages import CallFunction, ExecuteOp, Fetch, SendToPeer, Tag
 from .ops import op_name
-from .serde import ref_ext
+from .serde import dtype_from_name, ref_ext
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
@@ -140,7 +140,21 @@ class PointerTensor(torch.Tensor):
         new_id = destination.new_id()
         ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, True))
         ref.release()
-        return PointerTensor.from_meta(destination, new_id, self.shape, self.stride(), self.dtype)
+        return PointerTensor.from_meta(
+            destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
+        )
+
+    def copy_to(self, destination: Any) -> PointerTensor:
+        """A copy of the object at another worker, delivered party to party; this pointer
+        keeps its object."""
+        ref = self._ref
+        ref.check()
+        ref.location.introduce(destination)
+        new_id = destination.new_id()
+        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, False))
+        return PointerTensor.from_meta(
+            destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
+        )
 
     def send(self, *args: Any, **kwargs: Any) -> PointerTensor:
         raise PointerError(
@@ -352,3 +366,50 @@ def _contiguous_stride(shape: Any) -> tuple[int, ...]:
 
 def is_pointer(x: Any) -> bool:
     return isinstance(x, PointerTensor)
+
+
+def call_function(
+    location: Any,
+    name: str,
+    args: list[Any],
+    kwargs: dict[str, Any] | None = None,
+    out: list[tuple[Any, torch.dtype]] | None = None,
+) -> list[PointerTensor | None]:
+    """Run the registered function ``name`` at ``location``; returns pointers to its outputs.
+
+    Pointer arguments (also inside lists) must live at ``location``. ``out`` lists the
+    (shape, dtype) of each tensor output so no reply is awaited; without it the call waits
+    for the worker to describe its outputs.
+    """
+    scan = _Scan(aten.add.Tensor)
+    sig: list[Any] = []
+    wire_args = [scan.walk(a, sig) for a in args]
+    wire_kwargs = {k: scan.walk(v, sig) for k, v in (kwargs or {}).items()}
+    if scan.location is not None and scan.location is not location:
+        raise LocationMismatchError(name, location.id, scan.location.id)
+    if out is not None:
+        ids = [location.new_id() for _ in out]
+        location.post(CallFunction(name, wire_args, wire_kwargs, list(ids), False))
+        return [
+            PointerTensor(RemoteRef(location, i), tuple(shape), _contiguous_stride(shape), dtype)
+            for i, (shape, dtype) in zip(ids, out)
+        ]
+    base = location.new_id()
+    for _ in range(63):  # reserve a block of ids for the outputs
+        location.new_id()
+    _, metas = location.request(CallFunction(name, wire_args, wire_kwargs, [base], True))
+    result: list[PointerTensor | None] = []
+    for k, m in enumerate(metas):
+        if m is None:
+            result.append(None)
+        else:
+            shape, stride, dtype = m
+            result.append(
+                PointerTensor(
+                    RemoteRef(location, base + k),
+                    tuple(shape),
+                    tuple(stride),
+                    dtype_from_name(dtype),
+                )
+            )
+    return result

@@ -1,0 +1,78 @@
+"""``mpc.share``: secret-share a tensor or every parameter and buffer of a model."""
+
+from __future__ import annotations
+
+from typing import Any, overload
+
+import torch
+from torch import nn
+
+from .config import MPCConfig
+from .session import Session
+from .shared import SharedTensor, share_tensor
+
+
+@overload
+def share(
+    x: torch.Tensor, *parties: Any, crypto_provider: Any = ..., **kw: Any
+) -> SharedTensor: ...
+@overload
+def share(x: nn.Module, *parties: Any, crypto_provider: Any = ..., **kw: Any) -> nn.Module: ...
+
+
+def share(
+    x: Any,
+    *parties: Any,
+    crypto_provider: Any | None = None,
+    frac_bits: int | None = None,
+    config: MPCConfig | None = None,
+    session: Session | None = None,
+) -> Any:
+    """Secret-share ``x`` (a tensor, or a model's parameters and buffers) among ``parties``.
+
+    Floats are encoded in fixed point (``frac_bits``, default 16), integers exactly.
+    Products and comparisons need a ``crypto_provider`` (a worker that deals correlated
+    randomness and colludes with no party); without one only linear ops are available.
+    """
+    if session is None:
+        if len(parties) == 1 and isinstance(parties[0], list | tuple):
+            parties = tuple(parties[0])
+        if config is None:
+            config = MPCConfig() if frac_bits is None else MPCConfig(frac_bits=frac_bits)
+        session = Session(list(parties), crypto_provider, config)
+    elif parties:
+        raise TypeError("pass either parties or session, not both")
+    if isinstance(x, nn.Module):
+        return _share_module(x, session)
+    return share_tensor(x, session, frac_bits)
+
+
+def _share_module(model: nn.Module, session: Session) -> nn.Module:
+    """Replace every parameter and buffer by its sharing (in place); eval-mode batch norm
+    is folded into a per-channel scale and shift first (the model owner knows them)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.training:
+            _fold_batch_norm(m)
+    for m in model.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[name] = nn.Parameter(
+                    share_tensor(p.detach(), session), requires_grad=False
+                )
+        for name, b in list(m._buffers.items()):
+            if b is not None and name not in ("running_mean", "running_var", "num_batches_tracked"):
+                m._buffers[name] = share_tensor(b, session)
+    return model
+
+
+def _fold_batch_norm(bn: nn.Module) -> None:
+    with torch.no_grad():
+        inv = torch.rsqrt(bn.running_var + bn.eps)
+        w = bn.weight if bn.weight is not None else torch.ones_like(inv)
+        b = bn.bias if bn.bias is not None else torch.zeros_like(inv)
+        scale = w * inv
+        shift = b - bn.running_mean * scale
+        bn.weight = nn.Parameter(scale.clone(), requires_grad=False)
+        bn.bias = nn.Parameter(shift.clone(), requires_grad=False)
+        bn.running_mean.zero_()
+        bn.running_var.fill_(1.0 - bn.eps)

@@ -1,0 +1,30 @@
+"""Errors of the mpc layer."""
+
+from __future__ import annotations
+
+
+class MPCError(RuntimeError):
+    """Base class of mpc errors."""
+
+
+class CryptoProviderRequired(MPCError):
+    """A protocol needs correlated randomness but the tensor was shared without a dealer."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} on secret-shared values needs a crypto provider: share with "
+            "mpc.share(x, alice, bob, crypto_provider=carol)"
+        )
+
+
+class UnsupportedOpError(MPCError, NotImplementedError):
+    """An aten op has no secure implementation."""
+
+    def __init__(self, op: str, why: str = "") -> None:
+        msg = f"{op} is not supported on secret-shared tensors"
+        super().__init__(msg + (f": {why}" if why else ""))
+        self.op = op
+
+
+class PartyMismatchError(MPCError):
+    """Shared operands belong to different sets of parties."""

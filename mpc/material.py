@@ -1,0 +1,261 @@
+"""Functions the parties' and the dealer's workers run (registered with each worker).
+
+These run *where the data lives*: the dealer (crypto provider) expands every party's seed
+to compute correlated randomness and ships one correction tensor to the last party; each
+party expands its own seed locally. The orchestrating client only passes object ids and
+public parameters (shapes, nonces); it never sees a seed, a triple or a mask.
+
+Seed expansion: a party's 16-byte seed ``s`` and a public ``(nonce, tag)`` give the key
+``AES_s(nonce || tag)`` of a fresh AES-CTR stream (AES as a PRF), so each piece of
+material has its own stream and both sides derive it without talking.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from .prg import PRG
+from .ring import ring_conv2d, ring_matmul
+
+# tags of the streams derived for one nonce
+TAG_A, TAG_B, TAG_C, TAG_R, TAG_RHI, TAG_RLO, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN = range(9)
+
+
+def derive(seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    """Uniform int64 tensor from ``seed`` for the public ``(nonce, tag)``."""
+    key = bytes(seed.to(torch.uint8).tolist()) if seed.numel() == 16 else None
+    if key is None:
+        raise ValueError("a seed must hold 16 bytes")
+    block = nonce.to_bytes(12, "little", signed=False) + tag.to_bytes(4, "little")
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    sub = enc.update(block) + enc.finalize()
+    return PRG(sub).int64(tuple(shape))
+
+
+# ---------------------------------------------------------------------------------------
+# Ring products: the bilinear ops Beaver triples serve.
+# ---------------------------------------------------------------------------------------
+
+
+def bilinear(op: str, params: dict[str, Any], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The ring (Z/2^64) version of ``op`` on int64 tensors."""
+    if op == "mul":
+        return torch.mul(a, b)
+    if op == "matmul":
+        return ring_matmul(a, b)
+    if op == "conv2d":
+        return ring_conv2d(
+            a,
+            b,
+            stride=tuple(params["stride"]),
+            padding=tuple(params["padding"]),
+            dilation=tuple(params["dilation"]),
+            groups=int(params["groups"]),
+        )
+    raise ValueError(f"unknown bilinear op {op!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# Dealer side
+# ---------------------------------------------------------------------------------------
+
+
+def new_seed(ctx: Any) -> torch.Tensor:
+    """A fresh 16-byte seed from the operating system (stored at the dealer)."""
+    return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
+
+
+def dealer_triple(
+    ctx: Any,
+    seeds: list[torch.Tensor],
+    nonce: int,
+    a_shape: list[int],
+    b_shape: list[int],
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """Beaver triple c = op(a, b): the last party's share of c (the others derive theirs)."""
+    a = sum_derived(seeds, nonce, TAG_A, a_shape)
+    b = sum_derived(seeds, nonce, TAG_B, b_shape)
+    c = bilinear(op, params, a, b)
+    for s in seeds[:-1]:
+        c -= derive(s, nonce, TAG_C, list(c.shape))
+    return c
+
+
+def dealer_and_triple(ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]) -> Any:
+    """Binary (XOR-shared, bitwise) triple c = a & b: the last party's share of c."""
+    a = xor_derived(seeds, nonce, TAG_A, shape)
+    b = xor_derived(seeds, nonce, TAG_B, shape)
+    c = a & b
+    for s in seeds[:-1]:
+        c ^= derive(s, nonce, TAG_C, shape)
+    return c
+
+
+def dealer_trunc(
+    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
+) -> list[torch.Tensor]:
+    """Truncation material for r = sum of derived shares: the last party's shares of
+    msb(r) and (r mod 2^63) >> bits."""
+    r = sum_derived(seeds, nonce, TAG_R, shape)
+    r_hi = (r >> 63) & 1
+    r_lo = (r & 0x7FFFFFFFFFFFFFFF) >> bits
+    for s in seeds[:-1]:
+        r_hi -= derive(s, nonce, TAG_RHI, shape)
+        r_lo -= derive(s, nonce, TAG_RLO, shape)
+    return [r_hi, r_lo]
+
+
+def dealer_compare(
+    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]
+) -> list[torch.Tensor]:
+    """Comparison material: r (arithmetic, derived by all) shared bitwise as well, and a
+    random bit t shared both ways (a "daBit"): the last party's binary share of r, its
+    arithmetic share of t and its binary share of t."""
+    r = sum_derived(seeds, nonce, TAG_R, shape)
+    r_bits = r.clone()
+    for s in seeds[:-1]:
+        r_bits ^= derive(s, nonce, TAG_RBITS, shape)
+    t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
+    t_arith = t.clone()
+    t_bin = t.clone()
+    for s in seeds[:-1]:
+        t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
+        t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
+    return [r_bits, t_arith, t_bin]
+
+
+def sum_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    out = derive(seeds[0], nonce, tag, shape)
+    for s in seeds[1:]:
+        out += derive(s, nonce, tag, shape)
+    return out
+
+
+def xor_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    out = derive(seeds[0], nonce, tag, shape)
+    for s in seeds[1:]:
+        out ^= derive(s, nonce, tag, shape)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Party side
+# ---------------------------------------------------------------------------------------
+
+
+def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> Any:
+    return derive(seed, nonce, tag, shape)
+
+
+def beaver_mask(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Party i: its triple shares a_i, b_i and the masked e_i = x_i - a_i, f_i = y_i - b_i."""
+    a = derive(seed, nonce, TAG_A, list(x.shape))
+    b = derive(seed, nonce, TAG_B, list(y.shape))
+    return [x - a, y - b, a, b]
+
+
+def beaver_combine(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    c: torch.Tensor | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor,
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """Party i's share of op(x, y) = c + op(e, b) + op(a, f) (+ op(e, f) at party 0).
+
+    ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
+    """
+    z = bilinear(op, params, e, b)
+    z += bilinear(op, params, a, f)
+    if first:
+        z += bilinear(op, params, e, f)
+    z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
+    return z
+
+
+def trunc_mask(
+    ctx: Any, seed: torch.Tensor, nonce: int, first: bool, z: torch.Tensor
+) -> torch.Tensor:
+    """Party i: c_i = z_i + r_i (+ 2^62 at party 0, making z non-negative)."""
+    out = z + derive(seed, nonce, TAG_R, list(z.shape))
+    if first:
+        out += 1 << 62
+    return out
+
+
+def trunc_finish(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    corrections: list[torch.Tensor] | None,
+    c: torch.Tensor,
+    bits: int,
+) -> torch.Tensor:
+    """Party i's share of z >> bits from the opened c = z + 2^62 + r.
+
+    With c_hi = msb(c), c_lo = c mod 2^63 and b = c_hi xor msb(r) (the carry out of the
+    low 63 bits): z + 2^62 = c_lo - r_lo + 2^63 b, so
+    z >> bits ~ (c_lo >> bits) - (r_lo >> bits) + 2^(63-bits) b - 2^(62-bits).
+    """
+    shape = list(c.shape)
+    if corrections is None:
+        r_hi = derive(seed, nonce, TAG_RHI, shape)
+        r_lo = derive(seed, nonce, TAG_RLO, shape)
+    else:
+        r_hi, r_lo = corrections
+    c_hi = (c >> 63) & 1
+    b = (1 - 2 * c_hi) * r_hi
+    if first:
+        b += c_hi
+    out = b * (1 << (63 - bits)) - r_lo
+    if first:
+        out += ((c & 0x7FFFFFFFFFFFFFFF) >> bits) - (1 << (62 - bits))
+    return out
+
+
+def bilinear_public(
+    ctx: Any,
+    share: torch.Tensor,
+    public: torch.Tensor,
+    public_first: bool,
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """A share times an (encoded) public operand, in the ring: local to each party."""
+    if public_first:
+        return bilinear(op, params, public, share)
+    return bilinear(op, params, share, public)
+
+
+FUNCTIONS = {
+    "mpc.bilinear_public": bilinear_public,
+    "mpc.new_seed": new_seed,
+    "mpc.dealer_triple": dealer_triple,
+    "mpc.dealer_and_triple": dealer_and_triple,
+    "mpc.dealer_trunc": dealer_trunc,
+    "mpc.dealer_compare": dealer_compare,
+    "mpc.derive": party_derive,
+    "mpc.beaver_mask": beaver_mask,
+    "mpc.beaver_combine": beaver_combine,
+    "mpc.trunc_mask": trunc_mask,
+    "mpc.trunc_finish": trunc_finish,
+}

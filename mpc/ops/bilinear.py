@@ -1,0 +1,118 @@
+"""Bilinear ops: mul, mm/bmm/addmm, convolution.
+
+Shared x shared uses one generic Beaver routine (:func:`mpc.protocols.arith.beaver`) with
+the op as a parameter; shared x public is local (each party multiplies its share by the
+encoded public operand with the exact ring kernels). Both are followed by one truncation
+when both operands are fixed point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import pointers as pt
+
+from ..errors import UnsupportedOpError
+from ..protocols.arith import I64, beaver, truncate
+from ..registry import register
+from ..shared import SharedTensor
+from .common import aten, check_public, encode_public, is_integral, result_dtype, wrap
+from .local import _add, mul_public
+
+
+def _out_shape(op: str, params: dict[str, Any], a: Any, b: Any) -> tuple[int, ...]:
+    ma = torch.empty(a.shape, device="meta")
+    mb = torch.empty(b.shape, device="meta")
+    if op == "mul":
+        return tuple(torch.broadcast_shapes(ma.shape, mb.shape))
+    if op == "matmul":
+        return tuple(torch.matmul(ma, mb).shape)
+    return tuple(
+        torch.nn.functional.conv2d(
+            ma, mb, None, params["stride"], params["padding"], params["dilation"], params["groups"]
+        ).shape
+    )
+
+
+def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor:
+    """op(a, b) with at least one shared operand, truncated back to one scale."""
+    out_shape = _out_shape(op, params, a, b)
+    if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
+        a.session.check_compatible(b.session)
+        x, shift = a, min(a.frac_bits, b.frac_bits)
+        z = beaver(a.session, a.shares, b.shares, op, params, out_shape)
+        frac = a.frac_bits + b.frac_bits - shift
+        return wrap(x, truncate(x.session, z, shift), frac, result_dtype(a, b))
+    x, p, public_first = (a, b, False) if isinstance(a, SharedTensor) else (b, a, True)
+    check_public(p, op)
+    if op == "mul":
+        return mul_public(x, p)
+    integral = is_integral(p)
+    f = 0 if integral else x.session.config.frac_bits
+    enc = encode_public(p, f) if not integral else p.detach().to(torch.int64)
+    shares = [
+        pt.call_function(
+            party,
+            "mpc.bilinear_public",
+            [x.shares[i], enc, public_first, op, params],
+            out=[(out_shape, I64)],
+        )[0]
+        for i, party in enumerate(x.session.parties)
+    ]
+    if x.frac_bits and f:
+        return wrap(x, truncate(x.session, shares, f), x.frac_bits, result_dtype(a, b))
+    return wrap(x, shares, x.frac_bits + f, result_dtype(a, b))
+
+
+@register(aten.mul.Tensor, aten.mul.Scalar)
+def mul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    if not isinstance(a, SharedTensor):
+        a, b = b, a
+    if not isinstance(b, SharedTensor):
+        return mul_public(a, b)
+    return bilinear_op(a, b, "mul", {})
+
+
+@register(aten.mm.default, aten.bmm.default)
+def mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return bilinear_op(args[0], args[1], "matmul", {})
+
+
+@register(aten.addmm.default)
+def addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    bias, a, b = args[0], args[1], args[2]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if beta != 1 or alpha != 1:
+        raise UnsupportedOpError(str(func), "only beta=1 and alpha=1")
+    return _add(bilinear_op(a, b, "matmul", {}), bias, 1)
+
+
+def _pair(v: Any) -> list[int]:
+    v = list(v) if isinstance(v, list | tuple) else [v]
+    return v * 2 if len(v) == 1 else v
+
+
+@register(aten.convolution.default)
+def convolution(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, w, bias, stride, padding, dilation, transposed, _output_padding, groups = args[:9]
+    if transposed:
+        raise UnsupportedOpError(str(func), "transposed convolution is not supported yet")
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise UnsupportedOpError(str(func), "only 2-D convolution (N, C, H, W) is supported")
+    params = {
+        "stride": _pair(stride),
+        "padding": _pair(padding),
+        "dilation": _pair(dilation),
+        "groups": int(groups),
+    }
+    out = bilinear_op(x, w, "conv2d", params)
+    if bias is not None:
+        out = _add(
+            out,
+            bias.view(1, -1, 1, 1) if isinstance(bias, SharedTensor) else bias.view(1, -1, 1, 1),
+            1,
+        )
+    return out

@@ -1,0 +1,274 @@
+"""Ops that are local on shares: shape ops, additions, sums, products with integer publics.
+
+Additive sharing is linear, so each party applies the op to its own share (DTensor's
+``Partial("sum")`` placement says the same). A public operand stays public: it is added
+by party 0 only, or multiplies every share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import MPCError, UnsupportedOpError
+from ..protocols.arith import truncate
+from ..registry import register
+from ..shared import SharedTensor, public_to_shares
+from .common import (
+    aten,
+    check_public,
+    encode_public,
+    first_shared,
+    is_integral,
+    public_int,
+    rescale,
+    result_dtype,
+    wrap,
+)
+
+# Shape ops: the same op on every share, the scale unchanged.
+_SHAPE_OPS = [
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.default,
+    aten.squeeze.dims,
+    aten.expand.default,
+    aten.clone.default,
+    aten.select.int,
+    aten.slice.Tensor,
+    aten.index.Tensor,
+    aten.repeat.default,
+    aten.flip.default,
+    aten.roll.default,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
+    aten.unbind.int,
+    aten.chunk.default,
+    aten.alias.default,
+    aten.detach.default,
+    aten.contiguous.default if hasattr(aten, "contiguous") else aten.clone.default,
+]
+_SHAPE_OPS = list(dict.fromkeys(_SHAPE_OPS))
+
+
+def _per_share(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], i: int) -> Any:
+    def sub(a: Any) -> Any:
+        if isinstance(a, SharedTensor):
+            return a.shares[i]
+        if isinstance(a, list | tuple):
+            return type(a)(sub(b) for b in a)
+        return a
+
+    return func(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs.items()})
+
+
+@register(*_SHAPE_OPS)
+def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = first_shared(args)
+    if func in (aten.detach.default, aten.alias.default):
+        return x.with_shares(list(x.shares))
+    for a in list(args[1:]) + list(kwargs.values()):
+        check_public(a, str(func))
+        if isinstance(a, SharedTensor):
+            raise UnsupportedOpError(str(func), "indices must be public")
+    per = [_per_share(func, args, kwargs, i) for i in range(x.session.n)]
+    if isinstance(per[0], list | tuple):
+        return type(per[0])(x.with_shares([p[k] for p in per]) for k in range(len(per[0])))
+    return x.with_shares(per)
+
+
+def _as_shared_list(xs: list[Any]) -> tuple[SharedTensor, list[list[Any]], int]:
+    ref = first_shared(xs)
+    f = max(x.frac_bits for x in xs if isinstance(x, SharedTensor))
+    for x in xs:
+        if not isinstance(x, SharedTensor):
+            check_public(x, "cat/stack")
+    per_party: list[list[Any]] = [[] for _ in ref.session.parties]
+    for x in xs:
+        if isinstance(x, SharedTensor):
+            ref.session.check_compatible(x.session)
+            shares = rescale(x, f)
+        else:
+            shares = public_to_shares(encode_public(x, f), ref)
+        for i, s in enumerate(shares):
+            per_party[i].append(s)
+    return ref, per_party, f
+
+
+@register(aten.cat.default, aten.stack.default)
+def cat_like(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    ref, per_party, f = _as_shared_list(list(args[0]))
+    rest = args[1:]
+    shares = [func(parts, *rest, **kwargs) for parts in per_party]
+    return wrap(ref, shares, f, result_dtype(*args[0]))
+
+
+@register(aten.constant_pad_nd.default)
+def pad(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, padding = args[0], args[1]
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+    shares = [func(s, padding, 0) for s in x.shares]
+    if value:
+        mask = func(torch.zeros(x.shape, dtype=torch.int64), padding, 1)
+        fill = mask * encode_public(float(value), x.frac_bits)
+        shares[0] = shares[0] + fill
+    return x.with_shares(shares)
+
+
+# -- addition and subtraction -------------------------------------------------------------
+
+
+def _add(a: Any, b: Any, sign: int) -> SharedTensor:
+    """a + sign * b with at least one shared operand."""
+    if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
+        a.session.check_compatible(b.session)
+        f = max(a.frac_bits, b.frac_bits)
+        sa, sb = rescale(a, f), rescale(b, f)
+        shares = [x + y if sign > 0 else x - y for x, y in zip(sa, sb)]
+        return wrap(a, shares, f, result_dtype(a, b))
+    if isinstance(a, SharedTensor):
+        check_public(b, "add")
+        f = a.frac_bits if a.frac_bits or is_integral(b) else a.session.config.frac_bits
+        shares = rescale(a, f)
+        enc = encode_public(b, f) * sign
+        shares[0] = shares[0] + enc
+        if tuple(shares[0].shape) != tuple(a.shape):  # broadcasting grew the result
+            shares[1:] = [s.expand(shares[0].shape).clone() for s in shares[1:]]
+        return wrap(a, shares, f, result_dtype(a, b))
+    # public - shared
+    neg = _neg(b) if sign < 0 else b
+    return _add(neg, a, 1)
+
+
+def _neg(x: SharedTensor) -> SharedTensor:
+    return x.with_shares([-s for s in x.shares])
+
+
+def _scaled(b: Any, alpha: Any) -> Any:
+    if alpha == 1:
+        return b
+    if isinstance(b, SharedTensor):
+        return _mul_public(b, alpha)
+    return b * alpha
+
+
+@register(aten.add.Tensor, aten.add.Scalar)
+def add(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    return _add(a, _scaled(b, kwargs.get("alpha", 1)), 1)
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def sub(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    return _add(a, _scaled(b, kwargs.get("alpha", 1)), -1)
+
+
+@register(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    return _add(b, _scaled(a, kwargs.get("alpha", 1)), -1)
+
+
+@register(aten.neg.default)
+def neg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _neg(args[0])
+
+
+# -- products with a public operand ------------------------------------------------------
+
+
+def _mul_public(x: SharedTensor, p: Any) -> SharedTensor:
+    """x * p for public p: exact for integral p; otherwise encode p and truncate."""
+    check_public(p, "mul")
+    if is_integral(p):
+        k = public_int(p)
+        is_mask = isinstance(p, torch.Tensor) and p.dtype == torch.bool
+        dtype = x.dtype if is_mask else result_dtype(x, p)
+        return wrap(x, [s * k for s in x.shares], x.frac_bits, dtype)
+    f = x.session.config.frac_bits
+    enc = encode_public(p, f)
+    shares = [s * enc for s in x.shares]
+    if x.frac_bits == 0:
+        return wrap(x, shares, f, result_dtype(x, p))
+    return wrap(x, truncate(x.session, shares, f), x.frac_bits, result_dtype(x, p))
+
+
+def mul_public(x: SharedTensor, p: Any) -> SharedTensor:
+    return _mul_public(x, p)
+
+
+def div_public(x: SharedTensor, p: Any) -> SharedTensor:
+    check_public(p, "div")
+    if isinstance(p, torch.Tensor):
+        if (p == 0).any():
+            raise ZeroDivisionError("division of a shared tensor by a public zero")
+        return _mul_public(x, 1.0 / p.to(torch.float64))
+    if p == 0:
+        raise ZeroDivisionError("division of a shared tensor by zero")
+    return _mul_public(x, 1.0 / float(p))
+
+
+@register(aten.div.Tensor, aten.div.Scalar)
+def div(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    if kwargs.get("rounding_mode") is not None:
+        raise UnsupportedOpError(str(func), "rounding modes are not supported")
+    if isinstance(b, SharedTensor):
+        raise UnsupportedOpError(str(func), "division by a secret value is not supported yet")
+    x = a
+    if x.frac_bits == 0:  # true division of integers gives floats: move to fixed point
+        f = x.session.config.frac_bits
+        x = wrap(x, rescale(x, f), f, torch.float32)
+    return div_public(x, b)
+
+
+# -- reductions ----------------------------------------------------------------------
+
+
+@register(aten.sum.default, aten.sum.dim_IntList)
+def sum_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    if kwargs.get("dtype") is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
+    return x.with_shares([func(s, *args[1:], **kwargs) for s in x.shares])
+
+
+@register(aten.mean.default, aten.mean.dim)
+def mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    if func is aten.mean.default:
+        total, count = sum_(aten.sum.default, (x,), {}), x.numel()
+    else:
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        dims = list(range(x.dim())) if dims is None else [d % max(x.dim(), 1) for d in dims]
+        count = 1
+        for d in dims:
+            count *= x.shape[d]
+        total = sum_(aten.sum.dim_IntList, (x, dims, keepdim), {})
+    if x.frac_bits == 0:
+        f = x.session.config.frac_bits
+        total = wrap(total, rescale(total, f), f, torch.float32)
+    return div_public(total, count)
+
+
+@register(aten._to_copy.default)
+def to_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    dtype = kwargs.get("dtype", x.dtype)
+    if dtype == x.dtype or dtype is None:
+        return x.with_shares(list(x.shares))
+    if dtype.is_floating_point:
+        f = x.session.config.frac_bits
+        if x.frac_bits == 0:
+            return wrap(x, rescale(x, f), f, dtype)
+        return wrap(x, list(x.shares), x.frac_bits, dtype)
+    raise MPCError(f"cannot convert a shared {x.dtype} tensor to {dtype} without a protocol")

@@ -1,0 +1,3 @@
+"""Non-linear ops: comparisons, ReLU, max/argmax, pooling (comparison protocol)."""
+
+from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Protocols over shares: plain functions of a session and share pointers."""

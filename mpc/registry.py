@@ -1,0 +1,26 @@
+"""The one registry of secure op implementations, keyed by aten overload.
+
+Groups (each module under ``mpc.ops`` registers one): local on shares (views, sums, ops
+with a public operand), bilinear (Beaver: mul, matmul, conv), non-linear (comparison
+protocol: compare, relu, max, pooling). An op not registered raises an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Handler = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+
+OPS: dict[Any, Handler] = {}
+
+
+def register(*ops: Any) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for op in ops:
+            if op in OPS:
+                raise ValueError(f"{op} is registered twice")
+            OPS[op] = fn
+        return fn
+
+    return deco

@@ -1,0 +1,149 @@
+"""SharedTensor: a torch.Tensor wrapper subclass whose value is additively shared.
+
+Its shares are PointerTensors of int64 ring elements, one per party. Each aten op is
+routed through :mod:`mpc.registry`; an op without a secure implementation raises
+:class:`~mpc.errors.UnsupportedOpError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import pointers as pt
+
+from .encoding import decode, encode
+from .errors import MPCError, UnsupportedOpError
+from .prg import random_ring
+from .session import Session
+
+_CPU = torch.device("cpu")
+
+
+class SharedTensor(torch.Tensor):
+    """A secret-shared tensor: ``shares[i]`` is held by ``session.parties[i]``.
+
+    ``frac_bits`` is the fixed-point scale of the ring elements (0 for integers).
+    """
+
+    shares: list[pt.PointerTensor]
+    session: Session
+    frac_bits: int
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(
+        cls, shares: list[pt.PointerTensor], session: Session, frac_bits: int, dtype: torch.dtype
+    ) -> SharedTensor:
+        s0 = shares[0]
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, s0.shape, strides=s0.stride(), dtype=dtype, device=_CPU, requires_grad=False
+        )
+        t.shares = shares
+        t.session = session
+        t.frac_bits = frac_bits
+        return t
+
+    def get(self) -> torch.Tensor:
+        """Reconstruct the value at the caller; the parties' shares are deleted."""
+        self.session.watch()
+        total = self.shares[0].get()
+        for s in self.shares[1:]:
+            total += s.get()
+        if self.frac_bits == 0 and not self.dtype.is_floating_point:
+            return total.to(self.dtype)
+        return decode(total, self.frac_bits, self.dtype)
+
+    def reconstruct(self) -> torch.Tensor:
+        return self.get()
+
+    @property
+    def parties(self) -> list[Any]:
+        return self.session.parties
+
+    def with_shares(
+        self, shares: list[pt.PointerTensor], frac_bits: int | None = None
+    ) -> SharedTensor:
+        return SharedTensor(
+            shares, self.session, self.frac_bits if frac_bits is None else frac_bits, self.dtype
+        )
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return (
+            f"SharedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"parties={[p.id for p in self.session.parties]}, frac_bits={self.frac_bits})"
+        )
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        raise MPCError("a SharedTensor cannot be pickled")
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        raise _needs_get("tolist()")
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise _needs_get("numpy()")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from .registry import OPS
+
+        handler = OPS.get(func)
+        if handler is None:
+            raise UnsupportedOpError(str(func))
+        for a in args:
+            if isinstance(a, SharedTensor):
+                a.session.watch()
+                break
+        return handler(func, args, kwargs or {})
+
+
+def _needs_get(what: str) -> MPCError:
+    return MPCError(f"{what} needs the secret value; reconstruct it with .get() first")
+
+
+def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None) -> SharedTensor:
+    """Split ``x`` into additive shares and send share i to party i.
+
+    The caller (the data owner) draws the shares from a CSPRNG (AES-CTR seeded by
+    os.urandom); floats are encoded in fixed point, integers shared exactly.
+    """
+    if isinstance(x, SharedTensor):
+        raise MPCError("this tensor is already secret-shared")
+    if isinstance(x, pt.PointerTensor):
+        raise MPCError(
+            "sharing a remote tensor is not supported yet: get() it first or share it "
+            "from the worker that holds it"
+        )
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    session.watch()
+    x = x.detach()
+    if x.is_floating_point():
+        f = session.config.frac_bits if frac_bits is None else frac_bits
+        dtype = x.dtype
+    elif x.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
+        f, dtype = 0, torch.int64
+    else:
+        raise TypeError(f"cannot secret-share a tensor of dtype {x.dtype}")
+    ring = encode(x, f)
+    shares = []
+    rest = ring.clone()
+    for p in session.parties[:-1]:
+        r = random_ring(tuple(ring.shape))
+        rest -= r
+        shares.append(pt.send(r, p))
+    shares.append(pt.send(rest, session.parties[-1]))
+    return SharedTensor(shares, session, f, dtype)
+
+
+def public_to_shares(value: torch.Tensor, like: SharedTensor) -> list[pt.PointerTensor]:
+    """A trivial sharing of an already-encoded public int64 value: party 0 holds it,
+    the others hold zeros (computed at each party, nothing secret travels)."""
+    out = [pt.send(value, like.session.parties[0])]
+    for p in like.session.parties[1:]:
+        out.append(pt.send(torch.zeros_like(value), p))
+    return out
