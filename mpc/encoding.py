@@ -66,10 +66,10 @@ def encode(x: torch.Tensor | float | int, frac_bits: int) -> torch.Tensor:
             if bool((wrapped < 0).any()):
                 raise EncodingError("uint64 tensor holds values >= 2**63, outside int64")
             return wrapped
-        return t.to(torch.int64)
+        return t.detach().to(torch.int64)
     if t.is_complex():
         raise EncodingError(f"cannot encode complex tensor of dtype {t.dtype}")
-    t64 = t.to(torch.float64)
+    t64 = t.detach().to(torch.float64)
     if t64.numel() > 0:
         if not bool(torch.isfinite(t64).all()):
             raise EncodingError("cannot encode a tensor containing NaN or infinity")

@@ -246,7 +246,119 @@ def bilinear_public(
     return bilinear(op, params, share, public)
 
 
+# -- comparison (MSB extraction), party side ---------------------------------------------
+
+_LOW63 = 0x7FFFFFFFFFFFFFFF
+
+
+def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
+    """c_i = x_i + r_i: the party's share of x masked by the dealer's r."""
+    return x + derive(seed, nonce, TAG_R, list(x.shape))
+
+
+def cmp_init(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    r_bits: torch.Tensor | None,
+    c: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Generate/propagate words of c + ~r + 1 (that is c - r), XOR-shared, carry-in
+    folded into bit 0; and the party's XOR share of msb(c) ^ msb(~r)."""
+    y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
+    if first:
+        y = ~y
+    g = c & y
+    p = c ^ y if first else y
+    g = g ^ (p & 1)
+    top = (y >> 63) & 1
+    if first:
+        top = top ^ ((c >> 63) & 1)
+    return [g, p, top]
+
+
+def ks_mask(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    g: torch.Tensor,
+    p: torch.Tensor,
+    shift: int,
+    last: bool,
+) -> list[torch.Tensor]:
+    """One Kogge-Stone level: the AND operands (P, P) & (G << s, P << s), masked with a
+    binary triple (the last level needs only P & (G << s))."""
+    if last:
+        x, y = p, g << shift
+    else:
+        x = torch.stack([p, p])
+        y = torch.stack([g << shift, p << shift])
+    a = derive(seed, nonce, TAG_A, list(x.shape))
+    b = derive(seed, nonce, TAG_B, list(y.shape))
+    return [x ^ a, y ^ b, a, b]
+
+
+def ks_combine(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    c: torch.Tensor | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor,
+    g: torch.Tensor,
+    last: bool,
+) -> list[torch.Tensor]:
+    """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), update G and P."""
+    z = (e & b) ^ (f & a)
+    if first:
+        z ^= e & f
+    z ^= derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
+    if last:
+        return [g ^ z]
+    return [g ^ z[0], z[1]]
+
+
+def cmp_bit_mask(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    t_bin: torch.Tensor | None,
+    g: torch.Tensor,
+    top: torch.Tensor,
+) -> torch.Tensor:
+    """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i."""
+    bit = top ^ ((g >> 62) & 1)
+    t = derive(seed, nonce, TAG_T_BIN, list(g.shape)) & 1 if t_bin is None else t_bin
+    return bit ^ t
+
+
+def cmp_bit_finish(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    t_arith: torch.Tensor | None,
+    d: torch.Tensor,
+) -> torch.Tensor:
+    """Arithmetic share of msb(x) = d + (1 - 2d) t from the opened d = msb(x) ^ t."""
+    t = derive(seed, nonce, TAG_T_ARITH, list(d.shape)) if t_arith is None else t_arith
+    out = (1 - 2 * d) * t
+    if first:
+        out += d
+    return out
+
+
 FUNCTIONS = {
+    "mpc.cmp_mask": cmp_mask,
+    "mpc.cmp_init": cmp_init,
+    "mpc.ks_mask": ks_mask,
+    "mpc.ks_combine": ks_combine,
+    "mpc.cmp_bit_mask": cmp_bit_mask,
+    "mpc.cmp_bit_finish": cmp_bit_finish,
     "mpc.bilinear_public": bilinear_public,
     "mpc.new_seed": new_seed,
     "mpc.dealer_triple": dealer_triple,

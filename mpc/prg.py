@@ -95,7 +95,7 @@ class PRG:
         dims, n = _numel(shape)
         out = np.empty(n, dtype=np.int64)
         if n:
-            self._fill(memoryview(out.view(np.uint8)))
+            self._fill(out.view(np.uint8).data)
         if sys.byteorder == "big":  # little-endian words: same seed, same tensor on any host
             out.byteswap(inplace=True)
         return torch.from_numpy(out).reshape(dims)
@@ -105,7 +105,7 @@ class PRG:
         dims, n = _numel(shape)
         raw = np.empty((n + 7) // 8, dtype=np.uint8)
         if raw.size:
-            self._fill(memoryview(raw))
+            self._fill(raw.data)
         bits = np.unpackbits(raw, count=n, bitorder="little")
         return torch.from_numpy(bits).to(torch.int64).reshape(dims)
 

@@ -213,9 +213,6 @@ def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") ->
         raise ValueError(
             f"ring_matmul inner dimensions differ: a {tuple(a.shape)} and b {tuple(b.shape)}"
         )
-    if _resolve(method, a.device) == "int64":
-        return torch.matmul(a, b)
-
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     try:
@@ -225,6 +222,9 @@ def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") ->
             f"ring_matmul batch dimensions do not broadcast: a {tuple(a.shape)} and b "
             f"{tuple(b.shape)}"
         ) from e
+    if _resolve(method, a.device) == "int64":
+        return torch.matmul(a, b)
+
     if k <= _CHUNK_K:
         out = _limb_matmul(a2, b2, _plan(k))
     else:
@@ -299,10 +299,13 @@ def ring_conv2d(
             out = _limb_conv2d(x4, w, conv, groups, widths)
         else:
             xg = x4.reshape(n, groups, cg, h, wd)
-            out = None
-            for c0 in range(0, cg, per_chunk):
+
+            def chunk(c0: int) -> torch.Tensor:
                 c1 = min(cg, c0 + per_chunk)
                 xc = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), h, wd)
-                part = _limb_conv2d(xc, w[:, c0:c1], conv, groups, widths)
-                out = part if out is None else out.add_(part)
+                return _limb_conv2d(xc, w[:, c0:c1], conv, groups, widths)
+
+            out = chunk(0)
+            for c0 in range(per_chunk, cg, per_chunk):
+                out.add_(chunk(c0))
     return out.squeeze(0) if unbatched else out

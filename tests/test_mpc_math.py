@@ -264,7 +264,7 @@ def np_conv2d(
     x: torch.Tensor, w: torch.Tensor, stride: int, padding: int, dilation: int, groups: int
 ) -> torch.Tensor:
     """Direct convolution: one int64 numpy contraction per kernel tap."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     co, cg, kh, kw = w.shape
     xp = np.pad(x.numpy(), ((0, 0), (0, 0), (padding, padding), (padding, padding)))
     ho = (h + 2 * padding - dilation * (kh - 1) - 1) // stride + 1
@@ -405,7 +405,9 @@ def test_ring_conv2d_matches_wraparound_reference(
         ((3, 9, 9), (4, 3, 3, 3), {"padding": "same"}),
     ],
 )
-def test_ring_conv2d_shapes(xs, ws, kwargs) -> None:
+def test_ring_conv2d_shapes(
+    xs: tuple[int, ...], ws: tuple[int, ...], kwargs: dict[str, int | str]
+) -> None:
     prg = PRG(b"conv-test-seed!!")
     x, w = prg.int64(xs), prg.int64(ws)
     expected = F.conv2d(x, w, **kwargs)  # torch's int64 conv, itself checked above
@@ -445,12 +447,13 @@ def test_ring_errors() -> None:
         ring_matmul(a.double(), a.T)
     with pytest.raises(ValueError, match="inner dimensions"):
         ring_matmul(a, a)
-    with pytest.raises(ValueError, match="broadcast"):
-        ring_matmul(
-            torch.ones(2, 2, 3, dtype=torch.int64),
-            torch.ones(3, 3, 2, dtype=torch.int64),
-            method="limbs",
-        )
+    for method in METHODS:
+        with pytest.raises(ValueError, match="broadcast"):
+            ring_matmul(
+                torch.ones(2, 2, 3, dtype=torch.int64),
+                torch.ones(3, 3, 2, dtype=torch.int64),
+                method=method,  # type: ignore[arg-type]
+            )
     with pytest.raises(ValueError, match="method"):
         ring_matmul(a, a.T, method="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least 1 dim"):

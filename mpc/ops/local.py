@@ -53,6 +53,10 @@ _SHAPE_OPS = [
     aten.chunk.default,
     aten.alias.default,
     aten.detach.default,
+    aten.movedim.int,
+    aten.unfold.default,
+    aten.narrow.default,
+    aten.flatten.using_ints,
     aten.contiguous.default if hasattr(aten, "contiguous") else aten.clone.default,
 ]
 _SHAPE_OPS = list(dict.fromkeys(_SHAPE_OPS))

@@ -1,3 +1,322 @@
-"""Non-linear ops: comparisons, ReLU, max/argmax, pooling (comparison protocol)."""
+"""Non-linear ops built on the comparison protocol (:mod:`mpc.protocols.compare`).
+
+x < y is msb(x - y); ReLU is x * (1 - msb(x)); max/argmax reduce pairwise in a tree
+(ceil(log2 k) comparison rounds for k candidates), carrying indices with the values;
+max-pooling is that tree over each window.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import pointers as pt
+
+from ..errors import UnsupportedOpError
+from ..protocols.arith import beaver
+from ..protocols.compare import msb
+from ..registry import register
+from ..shared import SharedTensor, public_to_shares
+from .common import aten, check_public, encode_public, rescale, wrap
+from .local import _add, _neg
+
+
+def _diff(a: Any, b: Any) -> SharedTensor:
+    """a - b as a SharedTensor (one operand may be public)."""
+    if isinstance(a, SharedTensor):
+        return _add(a, b, -1)
+    return _add(_neg(b), a, 1)
+
+
+def _bit(x: SharedTensor, shares: list[pt.PointerTensor]) -> SharedTensor:
+    return SharedTensor(shares, x.session, 0, torch.bool)
+
+
+def less_than(a: Any, b: Any) -> SharedTensor:
+    d = _diff(a, b)
+    return _bit(d, msb(d.session, d.shares))
+
+
+def _one_minus(bit: SharedTensor) -> SharedTensor:
+    shares = [-s for s in bit.shares]
+    shares[0] = shares[0] + 1
+    return bit.with_shares(shares)
+
+
+@register(aten.lt.Tensor, aten.lt.Scalar)
+def lt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return less_than(args[0], args[1])
+
+
+@register(aten.gt.Tensor, aten.gt.Scalar)
+def gt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return less_than(args[1], args[0])
+
+
+@register(aten.ge.Tensor, aten.ge.Scalar)
+def ge(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _one_minus(less_than(args[0], args[1]))
+
+
+@register(aten.le.Tensor, aten.le.Scalar)
+def le(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _one_minus(less_than(args[1], args[0]))
+
+
+def _lt_gt(a: Any, b: Any) -> tuple[SharedTensor, SharedTensor]:
+    """[a < b] and [a > b] together: one comparison run on the stacked differences."""
+    d = _diff(a, b)
+    stacked = [torch.stack([s, -s]) for s in d.shares]
+    bits = msb(d.session, stacked)
+    return _bit(d, [s[0] for s in bits]), _bit(d, [s[1] for s in bits])
+
+
+@register(aten.eq.Tensor, aten.eq.Scalar)
+def eq(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    lo, hi = _lt_gt(args[0], args[1])
+    shares = [-(x + y) for x, y in zip(lo.shares, hi.shares)]
+    shares[0] = shares[0] + 1
+    return lo.with_shares(shares)
+
+
+@register(aten.ne.Tensor, aten.ne.Scalar)
+def ne(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    lo, hi = _lt_gt(args[0], args[1])
+    return lo.with_shares([x + y for x, y in zip(lo.shares, hi.shares)])
+
+
+def _select_mul(x: SharedTensor, bit: SharedTensor) -> SharedTensor:
+    """x * bit for a shared 0/1 bit: Beaver product, no truncation (the bit has scale 0)."""
+    z = beaver(x.session, x.shares, bit.shares, "mul", {}, tuple(x.shape))
+    return wrap(x, z, x.frac_bits, x.dtype)
+
+
+@register(aten.relu.default)
+def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    neg = msb(x.session, x.shares)
+    return _select_mul(x, _one_minus(_bit(x, neg)))
+
+
+@register(aten.relu_.default)
+def relu_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    out = relu(aten.relu.default, (x,), {})
+    x.shares = out.shares
+    return x
+
+
+# -- max / argmax over the last dim by a pairwise tree -------------------------------------
+
+
+def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTensor | None]:
+    """Max (and argmax) over the last dim of x. Indices are shared integers."""
+    k = x.shape[-1]
+    idx: SharedTensor | None = None
+    if with_index:
+        ar = torch.arange(k, dtype=torch.int64).expand(x.shape).contiguous()
+        idx = SharedTensor(public_to_shares(ar, x), x.session, 0, torch.int64)
+    vals = x
+    while k > 1:
+        h = k // 2
+        a, b = vals[..., :h], vals[..., h : 2 * h]
+        bit = less_than(b, a)  # 1 where a > b (ties keep b: the later... see below)
+        diff = _diff(a, b)
+        if idx is not None:
+            ia, ib = idx[..., :h], idx[..., h : 2 * h]
+            idiff = _diff(ia, ib)
+            # one Beaver round for both products: stack value and index differences
+            f = diff.frac_bits
+            stacked_x = [torch.stack([dv, di]) for dv, di in zip(diff.shares, rescale(idiff, f))]
+            stacked_b = [torch.stack([s, s]) for s in bit.shares]
+            z = beaver(x.session, stacked_x, stacked_b, "mul", {}, (2, *diff.shape))
+            sel_v = wrap(x, [s[0] for s in z], f, x.dtype)
+            sel_i = wrap(x, [s[1] for s in z], f, torch.int64)
+            new_vals = _add(b, sel_v, 1)
+            new_idx = _add(wrap(x, rescale(ib, f), f, torch.int64), sel_i, 1)
+            new_idx = wrap(x, _unscale(new_idx, f), 0, torch.int64)
+        else:
+            new_vals = _add(b, _select_mul(diff, bit), 1)
+            new_idx = None
+        if k % 2:
+            new_vals = torch.cat([new_vals, vals[..., 2 * h :]], dim=-1)
+            if new_idx is not None and idx is not None:
+                new_idx = torch.cat([new_idx, idx[..., 2 * h :]], dim=-1)
+        vals, idx, k = new_vals, new_idx, h + (k % 2)
+    return vals, idx
+
+
+def _unscale(x: SharedTensor, f: int) -> list[pt.PointerTensor]:
+    """Shares of an integer-valued x stored at scale f, brought back to scale 0 exactly:
+    the index was scaled by 2^f only to share a Beaver run, so its low bits are zero in
+    the sum of shares; a local right shift would break that, so divide via public mul."""
+    if f == 0:
+        return list(x.shares)
+    from ..protocols.arith import truncate
+
+    return truncate(x.session, list(x.shares), f)
+
+
+def _move_dim_last(x: SharedTensor, dim: int) -> SharedTensor:
+    return x.movedim(dim, -1) if dim not in (-1, x.dim() - 1) else x
+
+
+def _reduce(x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool) -> Any:
+    if dim is None:
+        flat = x.reshape(-1)
+        v, i = _tree_max(flat, with_index)
+        return v.reshape(()), (i.reshape(()) if i is not None else None)
+    d = dim % max(x.dim(), 1)
+    moved = _move_dim_last(x, d)
+    v, i = _tree_max(moved, with_index)
+    v = v.squeeze(-1)
+    i = i.squeeze(-1) if i is not None else None
+    if keepdim:
+        v = v.unsqueeze(d)
+        i = i.unsqueeze(d) if i is not None else None
+    return v, i
+
+
+def _negated(x: SharedTensor) -> SharedTensor:
+    return _neg(x)
+
+
+@register(aten.max.dim, aten.min.dim)
+def max_dim(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, dim = args[0], args[1]
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    src = x if func is aten.max.dim else _negated(x)
+    v, i = _reduce(src, dim, keepdim, True)
+    if func is aten.min.dim:
+        v = _negated(v)
+    return v, i
+
+
+@register(aten.max.default, aten.min.default, aten.amax.default, aten.amin.default)
+def max_all(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    is_min = func in (aten.min.default, aten.amin.default)
+    src = _negated(x) if is_min else x
+    if func in (aten.amax.default, aten.amin.default):
+        dims = args[1] if len(args) > 1 else kwargs.get("dim", [])
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if len(dims) > 1:
+            raise UnsupportedOpError(str(func), "reduce over one dim at a time")
+        v, _ = _reduce(src, dims[0] if dims else None, keepdim, False)
+    else:
+        v, _ = _reduce(src, None, False, False)
+    return _negated(v) if is_min else v
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def argmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    src = x if func is aten.argmax.default else _negated(x)
+    _, i = _reduce(src, dim, keepdim, True)
+    return i
+
+
+# -- pooling ------------------------------------------------------------------------------
+
+
+def _windows(x: SharedTensor, kernel: list[int], stride: list[int]) -> SharedTensor:
+    """(N, C, H, W) -> (N, C, Ho, Wo, kh * kw) of windows (a view on every share)."""
+    w = x.unfold(2, kernel[0], stride[0]).unfold(3, kernel[1], stride[1])
+    return w.reshape(*w.shape[:4], kernel[0] * kernel[1])
+
+
+def _pool_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[int], ...]:
+    def pair(v: Any, default: Any) -> list[int]:
+        v = default if v is None or (isinstance(v, list | tuple) and len(v) == 0) else v
+        v = list(v) if isinstance(v, list | tuple) else [v]
+        return v * 2 if len(v) == 1 else v
+
+    kernel = pair(args[1], None)
+    stride = pair(args[2] if len(args) > 2 else kwargs.get("stride"), kernel)
+    padding = pair(args[3] if len(args) > 3 else kwargs.get("padding", 0), [0])
+    return kernel, stride, padding
+
+
+@register(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    kernel, stride, padding = _pool_args(args, kwargs)
+    dilation = args[4] if len(args) > 4 else kwargs.get("dilation", 1)
+    ceil_mode = args[5] if len(args) > 5 else kwargs.get("ceil_mode", False)
+    if dilation not in (1, [1, 1], (1, 1)) or ceil_mode:
+        raise UnsupportedOpError(str(func), "dilation and ceil_mode are not supported")
+    if x.dim() != 4:
+        raise UnsupportedOpError(str(func), "expects (N, C, H, W) input")
+    if any(padding):
+        big = -float(2 ** (40 - x.frac_bits)) if x.frac_bits else -float(2**40)
+        x = torch.nn.functional.pad(x, (padding[1], padding[1], padding[0], padding[0]), value=big)
+    v, _ = _tree_max(_windows(x, kernel, stride), False)
+    v = v.squeeze(-1)
+    if func is aten.max_pool2d.default:
+        return v
+    # Indices would cost an argmax; nn.MaxPool2d ignores them. Return a meta tensor so
+    # any use fails loudly rather than silently.
+    return v, torch.empty(tuple(v.shape), dtype=torch.int64, device="meta")
+
+
+@register(aten.avg_pool2d.default)
+def avg_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    kernel, stride, padding = _pool_args(args, kwargs)
+    ceil_mode = args[4] if len(args) > 4 else kwargs.get("ceil_mode", False)
+    include_pad = args[5] if len(args) > 5 else kwargs.get("count_include_pad", True)
+    divisor = args[6] if len(args) > 6 else kwargs.get("divisor_override")
+    if ceil_mode or (any(padding) and not include_pad):
+        raise UnsupportedOpError(str(func), "ceil_mode / count_include_pad=False")
+    if any(padding):
+        x = torch.nn.functional.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    total = _windows(x, kernel, stride).sum(dim=-1)
+    return total / float(divisor or kernel[0] * kernel[1])
+
+
+@register(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, out = args[0], list(args[1])
+    h, w = x.shape[-2], x.shape[-1]
+    if h % out[0] or w % out[1]:
+        raise UnsupportedOpError(str(func), f"input {h}x{w} is not a multiple of {out}")
+    k = [h // out[0], w // out[1]]
+    return avg_pool2d(aten.avg_pool2d.default, (x, k, k), {})
+
+
+@register(aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default)
+def batch_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, weight, bias, mean, var = args[:5]
+    if func is aten.native_batch_norm.default:
+        training, eps = args[5], args[7]
+        if training:
+            raise UnsupportedOpError(str(func), "batch norm in training mode; call model.eval()")
+    else:
+        eps = args[6]
+    for name, t in (("running_mean", mean), ("running_var", var)):
+        if isinstance(t, SharedTensor) or t is None:
+            raise UnsupportedOpError(
+                str(func), f"{name} must be public (mpc.share(model) folds it into the weights)"
+            )
+        check_public(t, "batch_norm")
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    inv = torch.rsqrt(var.to(torch.float64) + eps)
+    y = _add(x, (mean.to(torch.float64)).view(shape), -1)
+    if torch.allclose(inv, torch.ones_like(inv)):
+        scaled = y
+    else:
+        scaled = y * inv.view(shape)
+    if weight is not None:
+        scaled = scaled * (
+            weight.view(shape) if isinstance(weight, SharedTensor) else weight.view(shape)
+        )
+    if bias is not None:
+        scaled = scaled + (bias.view(shape) if isinstance(bias, SharedTensor) else bias.view(shape))
+    empty = torch.empty(0, device="meta")
+    return scaled, empty, empty
+
+
+_ = encode_public

@@ -22,10 +22,10 @@ def call(worker: Any, name: str, args: list[Any], out: list[tuple[Any, torch.dty
     return pt.call_function(worker, name, args, out=out)  # type: ignore[return-value]
 
 
-def open_among(session: Session, values: list[Shares]) -> list[Shares]:
+def open_among(session: Session, values: list[Shares], xor: bool = False) -> list[Shares]:
     """Open each [v] among the parties in one round: party i sends v_i to every other
-    party, then each party sums what it holds. Returns, per value, a pointer to the opened
-    value at each party. The client never sees an opened value."""
+    party, then each party sums (``xor``: XORs) what it holds. Returns, per value, a
+    pointer to the opened value at each party. The client never sees an opened value."""
     accounting.count_round()
     opened: list[Shares] = []
     parties = session.parties
@@ -39,7 +39,7 @@ def open_among(session: Session, values: list[Shares]) -> list[Shares]:
         for j in range(len(parties)):
             acc = shares[j]
             for r in received[j]:
-                acc = acc + r
+                acc = acc ^ r if xor else acc + r
             out.append(acc)
         opened.append(out)
     return opened
