@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m pointers.demo
+	$(PY) -m mpc.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
