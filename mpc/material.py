@@ -352,7 +352,24 @@ def cmp_bit_finish(
     return out
 
 
+def cmp_select_finish(
+    ctx: Any,
+    complement: bool,
+    d: torch.Tensor,
+    v: torch.Tensor,
+    vt: torch.Tensor,
+) -> torch.Tensor:
+    """Share of v * msb(x) = d v + (1 - 2d) [v t] (complement: (1 - d) v - (1 - 2d) [v t]).
+
+    Every party holds d (public) and its shares of v and v t; d v is linear in v."""
+    coef = 1 - 2 * d
+    if complement:
+        return (1 - d) * v - coef * vt
+    return d * v + coef * vt
+
+
 FUNCTIONS = {
+    "mpc.cmp_select_finish": cmp_select_finish,
     "mpc.cmp_mask": cmp_mask,
     "mpc.cmp_init": cmp_init,
     "mpc.ks_mask": ks_mask,

@@ -13,10 +13,15 @@ from typing import Any
 Handler = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 OPS: dict[Any, Handler] = {}
+# Handlers that accept operands with a pending truncation (see SharedTensor.pending);
+# for every other handler the dispatcher truncates such operands first.
+LAZY: set[Handler] = set()
 
 
-def register(*ops: Any) -> Callable[[Handler], Handler]:
+def register(*ops: Any, lazy: bool = False) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
+        if lazy:
+            LAZY.add(fn)
         for op in ops:
             if op in OPS:
                 raise ValueError(f"{op} is registered twice")

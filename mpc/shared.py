@@ -25,16 +25,25 @@ class SharedTensor(torch.Tensor):
     """A secret-shared tensor: ``shares[i]`` is held by ``session.parties[i]``.
 
     ``frac_bits`` is the fixed-point scale of the ring elements (0 for integers).
+    ``pending`` is a truncation not yet applied: the value's precision is
+    ``frac_bits - pending`` bits. Ops that cannot use it truncate first (one round);
+    ReLU fuses it into its comparison, and reconstruction decodes at full scale for free.
     """
 
     shares: list[pt.PointerTensor]
     session: Session
     frac_bits: int
+    pending: int
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
     def __new__(
-        cls, shares: list[pt.PointerTensor], session: Session, frac_bits: int, dtype: torch.dtype
+        cls,
+        shares: list[pt.PointerTensor],
+        session: Session,
+        frac_bits: int,
+        dtype: torch.dtype,
+        pending: int = 0,
     ) -> SharedTensor:
         s0 = shares[0]
         t = torch.Tensor._make_wrapper_subclass(
@@ -43,7 +52,18 @@ class SharedTensor(torch.Tensor):
         t.shares = shares
         t.session = session
         t.frac_bits = frac_bits
+        t.pending = pending
         return t
+
+    def materialize(self) -> SharedTensor:
+        """Apply a pending truncation now (in place; the value is unchanged)."""
+        if self.pending:
+            from .protocols.arith import truncate
+
+            self.shares = truncate(self.session, self.shares, self.pending)
+            self.frac_bits -= self.pending
+            self.pending = 0
+        return self
 
     def get(self) -> torch.Tensor:
         """Reconstruct the value at the caller; the parties' shares are deleted."""
@@ -65,9 +85,10 @@ class SharedTensor(torch.Tensor):
     def with_shares(
         self, shares: list[pt.PointerTensor], frac_bits: int | None = None
     ) -> SharedTensor:
-        return SharedTensor(
-            shares, self.session, self.frac_bits if frac_bits is None else frac_bits, self.dtype
-        )
+        """Same session, dtype and scale (and pending truncation) with other shares."""
+        if frac_bits is None:
+            return SharedTensor(shares, self.session, self.frac_bits, self.dtype, self.pending)
+        return SharedTensor(shares, self.session, frac_bits, self.dtype)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         return (
@@ -89,15 +110,20 @@ class SharedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from .registry import OPS
+        from .registry import LAZY, OPS
 
         handler = OPS.get(func)
         if handler is None:
             raise UnsupportedOpError(str(func))
+        watched = False
         for a in args:
-            if isinstance(a, SharedTensor):
-                a.session.watch()
-                break
+            for t in a if isinstance(a, list | tuple) else (a,):
+                if isinstance(t, SharedTensor):
+                    if not watched:
+                        t.session.watch()
+                        watched = True
+                    if t.pending and handler not in LAZY:
+                        t.materialize()
         return handler(func, args, kwargs or {})
 
 

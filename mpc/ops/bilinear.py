@@ -15,7 +15,7 @@ import torch
 import pointers as pt
 
 from ..errors import UnsupportedOpError
-from ..protocols.arith import I64, beaver, truncate
+from ..protocols.arith import I64, beaver
 from ..registry import register
 from ..shared import SharedTensor
 from .common import aten, check_public, encode_public, is_integral, result_dtype, wrap
@@ -41,11 +41,16 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
     out_shape = _out_shape(op, params, a, b)
     if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
         a.session.check_compatible(b.session)
-        x, shift = a, min(a.frac_bits, b.frac_bits)
+        a.materialize()
+        b.materialize()
+        shift = min(a.frac_bits, b.frac_bits)
         z = beaver(a.session, a.shares, b.shares, op, params, out_shape)
-        frac = a.frac_bits + b.frac_bits - shift
-        return wrap(x, truncate(x.session, z, shift), frac, result_dtype(a, b))
+        # the truncation by `shift` stays pending: ReLU fuses it, get() decodes it exactly
+        return SharedTensor(
+            z, a.session, a.frac_bits + b.frac_bits, result_dtype(a, b), pending=shift
+        )
     x, p, public_first = (a, b, False) if isinstance(a, SharedTensor) else (b, a, True)
+    x.materialize()
     check_public(p, op)
     if op == "mul":
         return mul_public(x, p)
@@ -62,7 +67,7 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
         for i, party in enumerate(x.session.parties)
     ]
     if x.frac_bits and f:
-        return wrap(x, truncate(x.session, shares, f), x.frac_bits, result_dtype(a, b))
+        return SharedTensor(shares, x.session, x.frac_bits + f, result_dtype(a, b), pending=f)
     return wrap(x, shares, x.frac_bits + f, result_dtype(a, b))
 
 

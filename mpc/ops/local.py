@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from ..errors import MPCError, UnsupportedOpError
-from ..protocols.arith import truncate
 from ..registry import register
 from ..shared import SharedTensor, public_to_shares
 from .common import (
@@ -73,7 +72,7 @@ def _per_share(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], i: int)
     return func(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs.items()})
 
 
-@register(*_SHAPE_OPS)
+@register(*_SHAPE_OPS, lazy=True)
 def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = first_shared(args)
     if func in (aten.detach.default, aten.alias.default):
@@ -134,9 +133,10 @@ def _add(a: Any, b: Any, sign: int) -> SharedTensor:
     if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
         a.session.check_compatible(b.session)
         f = max(a.frac_bits, b.frac_bits)
+        precision = max(a.frac_bits - a.pending, b.frac_bits - b.pending)
         sa, sb = rescale(a, f), rescale(b, f)
         shares = [x + y if sign > 0 else x - y for x, y in zip(sa, sb)]
-        return wrap(a, shares, f, result_dtype(a, b))
+        return SharedTensor(shares, a.session, f, result_dtype(a, b), pending=f - precision)
     if isinstance(a, SharedTensor):
         check_public(b, "add")
         f = a.frac_bits if a.frac_bits or is_integral(b) else a.session.config.frac_bits
@@ -145,7 +145,8 @@ def _add(a: Any, b: Any, sign: int) -> SharedTensor:
         shares[0] = shares[0] + enc
         if tuple(shares[0].shape) != tuple(a.shape):  # broadcasting grew the result
             shares[1:] = [s.expand(shares[0].shape).clone() for s in shares[1:]]
-        return wrap(a, shares, f, result_dtype(a, b))
+        pending = a.pending if f == a.frac_bits else 0
+        return SharedTensor(shares, a.session, f, result_dtype(a, b), pending=pending)
     # public - shared
     neg = _neg(b) if sign < 0 else b
     return _add(neg, a, 1)
@@ -163,25 +164,25 @@ def _scaled(b: Any, alpha: Any) -> Any:
     return b * alpha
 
 
-@register(aten.add.Tensor, aten.add.Scalar)
+@register(aten.add.Tensor, aten.add.Scalar, lazy=True)
 def add(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
     return _add(a, _scaled(b, kwargs.get("alpha", 1)), 1)
 
 
-@register(aten.sub.Tensor, aten.sub.Scalar)
+@register(aten.sub.Tensor, aten.sub.Scalar, lazy=True)
 def sub(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
     return _add(a, _scaled(b, kwargs.get("alpha", 1)), -1)
 
 
-@register(aten.rsub.Tensor, aten.rsub.Scalar)
+@register(aten.rsub.Tensor, aten.rsub.Scalar, lazy=True)
 def rsub(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
     return _add(b, _scaled(a, kwargs.get("alpha", 1)), -1)
 
 
-@register(aten.neg.default)
+@register(aten.neg.default, lazy=True)
 def neg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _neg(args[0])
 
@@ -192,6 +193,7 @@ def neg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _mul_public(x: SharedTensor, p: Any) -> SharedTensor:
     """x * p for public p: exact for integral p; otherwise encode p and truncate."""
     check_public(p, "mul")
+    x.materialize()
     if is_integral(p):
         k = public_int(p)
         is_mask = isinstance(p, torch.Tensor) and p.dtype == torch.bool
@@ -202,7 +204,7 @@ def _mul_public(x: SharedTensor, p: Any) -> SharedTensor:
     shares = [s * enc for s in x.shares]
     if x.frac_bits == 0:
         return wrap(x, shares, f, result_dtype(x, p))
-    return wrap(x, truncate(x.session, shares, f), x.frac_bits, result_dtype(x, p))
+    return SharedTensor(shares, x.session, x.frac_bits + f, result_dtype(x, p), pending=f)
 
 
 def mul_public(x: SharedTensor, p: Any) -> SharedTensor:

@@ -14,11 +14,10 @@ import torch
 import pointers as pt
 
 from ..errors import UnsupportedOpError
-from ..protocols.arith import beaver
-from ..protocols.compare import msb
+from ..protocols.compare import msb, relu_truncating, select_by_msb
 from ..registry import register
 from ..shared import SharedTensor, public_to_shares
-from .common import aten, check_public, encode_public, rescale, wrap
+from .common import aten, check_public
 from .local import _add, _neg
 
 
@@ -86,17 +85,14 @@ def ne(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return lo.with_shares([x + y for x, y in zip(lo.shares, hi.shares)])
 
 
-def _select_mul(x: SharedTensor, bit: SharedTensor) -> SharedTensor:
-    """x * bit for a shared 0/1 bit: Beaver product, no truncation (the bit has scale 0)."""
-    z = beaver(x.session, x.shares, bit.shares, "mul", {}, tuple(x.shape))
-    return wrap(x, z, x.frac_bits, x.dtype)
-
-
-@register(aten.relu.default)
+@register(aten.relu.default, lazy=True)
 def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
-    neg = msb(x.session, x.shares)
-    return _select_mul(x, _one_minus(_bit(x, neg)))
+    if x.pending:  # fuse the pending truncation into the comparison's rounds
+        out = relu_truncating(x.session, x.shares, x.pending)
+        return x.with_shares(out, frac_bits=x.frac_bits - x.pending)
+    (out,) = select_by_msb(x.session, x.shares, [x.shares], complement=True)
+    return x.with_shares(out)
 
 
 @register(aten.relu_.default)
@@ -111,7 +107,12 @@ def relu_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTensor | None]:
-    """Max (and argmax) over the last dim of x. Indices are shared integers."""
+    """Max (and argmax) over the last dim of x; indices are shared integers.
+
+    Each level pairs the first and second halves: max(a, b) = b + (a - b) msb(b - a), the
+    index likewise, both products riding on one comparison (8 rounds per level). Ties
+    keep b's index.
+    """
     k = x.shape[-1]
     idx: SharedTensor | None = None
     if with_index:
@@ -121,41 +122,22 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
     while k > 1:
         h = k // 2
         a, b = vals[..., :h], vals[..., h : 2 * h]
-        bit = less_than(b, a)  # 1 where a > b (ties keep b: the later... see below)
-        diff = _diff(a, b)
+        d = _diff(b, a)
+        values = [_neg(d).shares]
         if idx is not None:
             ia, ib = idx[..., :h], idx[..., h : 2 * h]
-            idiff = _diff(ia, ib)
-            # one Beaver round for both products: stack value and index differences
-            f = diff.frac_bits
-            stacked_x = [torch.stack([dv, di]) for dv, di in zip(diff.shares, rescale(idiff, f))]
-            stacked_b = [torch.stack([s, s]) for s in bit.shares]
-            z = beaver(x.session, stacked_x, stacked_b, "mul", {}, (2, *diff.shape))
-            sel_v = wrap(x, [s[0] for s in z], f, x.dtype)
-            sel_i = wrap(x, [s[1] for s in z], f, torch.int64)
-            new_vals = _add(b, sel_v, 1)
-            new_idx = _add(wrap(x, rescale(ib, f), f, torch.int64), sel_i, 1)
-            new_idx = wrap(x, _unscale(new_idx, f), 0, torch.int64)
-        else:
-            new_vals = _add(b, _select_mul(diff, bit), 1)
-            new_idx = None
+            values.append(_diff(ia, ib).shares)
+        sel = select_by_msb(x.session, d.shares, values)
+        new_vals = _add(b, vals.with_shares(sel[0]), 1)
+        new_idx = None
+        if idx is not None:
+            new_idx = _add(ib, idx.with_shares(sel[1]), 1)
         if k % 2:
             new_vals = torch.cat([new_vals, vals[..., 2 * h :]], dim=-1)
             if new_idx is not None and idx is not None:
                 new_idx = torch.cat([new_idx, idx[..., 2 * h :]], dim=-1)
         vals, idx, k = new_vals, new_idx, h + (k % 2)
     return vals, idx
-
-
-def _unscale(x: SharedTensor, f: int) -> list[pt.PointerTensor]:
-    """Shares of an integer-valued x stored at scale f, brought back to scale 0 exactly:
-    the index was scaled by 2^f only to share a Beaver run, so its low bits are zero in
-    the sum of shares; a local right shift would break that, so divide via public mul."""
-    if f == 0:
-        return list(x.shares)
-    from ..protocols.arith import truncate
-
-    return truncate(x.session, list(x.shares), f)
 
 
 def _move_dim_last(x: SharedTensor, dim: int) -> SharedTensor:
@@ -317,6 +299,3 @@ def batch_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         scaled = scaled + (bias.view(shape) if isinstance(bias, SharedTensor) else bias.view(shape))
     empty = torch.empty(0, device="meta")
     return scaled, empty, empty
-
-
-_ = encode_public

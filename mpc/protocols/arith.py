@@ -22,11 +22,15 @@ def call(worker: Any, name: str, args: list[Any], out: list[tuple[Any, torch.dty
     return pt.call_function(worker, name, args, out=out)  # type: ignore[return-value]
 
 
-def open_among(session: Session, values: list[Shares], xor: bool = False) -> list[Shares]:
+def open_among(
+    session: Session, values: list[Shares], xor: bool = False, count: bool = True
+) -> list[Shares]:
     """Open each [v] among the parties in one round: party i sends v_i to every other
     party, then each party sums (``xor``: XORs) what it holds. Returns, per value, a
-    pointer to the opened value at each party. The client never sees an opened value."""
-    accounting.count_round()
+    pointer to the opened value at each party. The client never sees an opened value.
+    ``count=False``: the values travel in a round already counted (same messages batch)."""
+    if count:
+        accounting.count_round()
     opened: list[Shares] = []
     parties = session.parties
     for shares in values:
@@ -45,6 +49,70 @@ def open_among(session: Session, values: list[Shares], xor: bool = False) -> lis
     return opened
 
 
+class BeaverRun:
+    """A Beaver product split in phases so its opening can share a round with others."""
+
+    def __init__(
+        self,
+        session: Session,
+        x: Shares,
+        y: Shares,
+        op: str,
+        params: dict[str, Any],
+        out_shape: tuple[int, ...],
+    ) -> None:
+        dealer = session.require_dealer(f"{op} of two secret values")
+        self.session, self.op, self.params, self.out_shape = session, op, params, out_shape
+        self.nonce = nonce = session.next_nonce()
+        x_shape, y_shape = list(x[0].shape), list(y[0].shape)
+        (c_last,) = call(
+            dealer,
+            "mpc.dealer_triple",
+            [session.dealer_seeds, nonce, x_shape, y_shape, op, params],
+            out=[(out_shape, I64)],
+        )
+        self.c_last = c_last.move(session.parties[-1])
+        self.masks = [
+            call(
+                p,
+                "mpc.beaver_mask",
+                [session.party_seeds[i], nonce, x[i], y[i]],
+                out=[(x_shape, I64), (y_shape, I64), (x_shape, I64), (y_shape, I64)],
+            )
+            for i, p in enumerate(session.parties)
+        ]
+
+    def to_open(self) -> list[Shares]:
+        """The masked values e = x - a and f = y - b to open."""
+        return [[m[0] for m in self.masks], [m[1] for m in self.masks]]
+
+    def finish(self, e: Shares, f: Shares) -> Shares:
+        session = self.session
+        last = session.n - 1
+        z = []
+        for i, p in enumerate(session.parties):
+            (zi,) = call(
+                p,
+                "mpc.beaver_combine",
+                [
+                    session.party_seeds[i],
+                    self.nonce,
+                    i == 0,
+                    self.c_last if i == last else None,
+                    self.masks[i][2],
+                    self.masks[i][3],
+                    e[i],
+                    f[i],
+                    self.op,
+                    self.params,
+                ],
+                out=[(self.out_shape, I64)],
+            )
+            z.append(zi)
+        self.masks = []
+        return z
+
+
 def beaver(
     session: Session,
     x: Shares,
@@ -61,48 +129,53 @@ def beaver(
     [z] = [c] + op(e, [b]) + op([a], f) + op(e, f) (the last term at party 0).
     Beaver, "Efficient multiparty protocols using circuit randomization", CRYPTO 1991.
     """
-    dealer = session.require_dealer(f"{op} of two secret values")
-    nonce = session.next_nonce()
-    x_shape, y_shape = list(x[0].shape), list(y[0].shape)
-    (c_last,) = call(
-        dealer,
-        "mpc.dealer_triple",
-        [session.dealer_seeds, nonce, x_shape, y_shape, op, params],
-        out=[(out_shape, I64)],
-    )
-    c_last = c_last.move(session.parties[-1])
-    masks = [
-        call(
-            p,
-            "mpc.beaver_mask",
-            [session.party_seeds[i], nonce, x[i], y[i]],
-            out=[(x_shape, I64), (y_shape, I64), (x_shape, I64), (y_shape, I64)],
+    run = BeaverRun(session, x, y, op, params, out_shape)
+    e, f = open_among(session, run.to_open())
+    return run.finish(e, f)
+
+
+class TruncRun:
+    """Truncation with known MSB, split in phases (see :func:`truncate`)."""
+
+    def __init__(self, session: Session, z: Shares, bits: int) -> None:
+        dealer = session.require_dealer("truncation of a fixed-point product")
+        self.session, self.bits = session, bits
+        self.nonce = nonce = session.next_nonce()
+        self.shape = shape = list(z[0].shape)
+        corr = call(
+            dealer,
+            "mpc.dealer_trunc",
+            [session.dealer_seeds, nonce, shape, bits],
+            out=[(shape, I64), (shape, I64)],
         )
-        for i, p in enumerate(session.parties)
-    ]
-    e, f = open_among(session, [[m[0] for m in masks], [m[1] for m in masks]])
-    last = session.n - 1
-    z = []
-    for i, p in enumerate(session.parties):
-        (zi,) = call(
-            p,
-            "mpc.beaver_combine",
-            [
-                session.party_seeds[i],
-                nonce,
-                i == 0,
-                c_last if i == last else None,
-                masks[i][2],
-                masks[i][3],
-                e[i],
-                f[i],
-                op,
-                params,
-            ],
-            out=[(out_shape, I64)],
-        )
-        z.append(zi)
-    return z
+        last_party = session.parties[-1]
+        self.corr = [c.move(last_party) for c in corr]
+        self.masked = [
+            call(
+                p, "mpc.trunc_mask", [session.party_seeds[i], nonce, i == 0, z[i]], [(shape, I64)]
+            )[0]
+            for i, p in enumerate(session.parties)
+        ]
+
+    def finish(self, c: Shares) -> Shares:
+        s = self.session
+        last = s.n - 1
+        return [
+            call(
+                p,
+                "mpc.trunc_finish",
+                [
+                    s.party_seeds[i],
+                    self.nonce,
+                    i == 0,
+                    self.corr if i == last else None,
+                    c[i],
+                    self.bits,
+                ],
+                [(self.shape, I64)],
+            )[0]
+            for i, p in enumerate(s.parties)
+        ]
 
 
 def truncate(session: Session, z: Shares, bits: int) -> Shares:
@@ -118,29 +191,6 @@ def truncate(session: Session, z: Shares, bits: int) -> Shares:
     """
     if bits == 0:
         return z
-    dealer = session.require_dealer("truncation of a fixed-point product")
-    nonce = session.next_nonce()
-    shape = list(z[0].shape)
-    corr = call(
-        dealer,
-        "mpc.dealer_trunc",
-        [session.dealer_seeds, nonce, shape, bits],
-        out=[(shape, I64), (shape, I64)],
-    )
-    last_party = session.parties[-1]
-    corr = [c.move(last_party) for c in corr]
-    masked = [
-        call(p, "mpc.trunc_mask", [session.party_seeds[i], nonce, i == 0, z[i]], [(shape, I64)])[0]
-        for i, p in enumerate(session.parties)
-    ]
-    (c,) = open_among(session, [masked])
-    last = session.n - 1
-    return [
-        call(
-            p,
-            "mpc.trunc_finish",
-            [session.party_seeds[i], nonce, i == 0, corr if i == last else None, c[i], bits],
-            [(shape, I64)],
-        )[0]
-        for i, p in enumerate(session.parties)
-    ]
+    run = TruncRun(session, z, bits)
+    (c,) = open_among(session, [run.masked])
+    return run.finish(c)

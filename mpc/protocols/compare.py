@@ -16,71 +16,190 @@ Cf. CrypTen's A2B + carry-lookahead comparison; Damgard et al. TCC 2006 for daBi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..material import TAG_T_ARITH
 from ..session import Session
-from .arith import I64, Shares, call, open_among
+from .arith import I64, BeaverRun, Shares, TruncRun, call, open_among
 
 SHIFTS = (1, 2, 4, 8, 16, 32)
 
 
 def msb(session: Session, x: Shares) -> Shares:
-    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative)."""
-    dealer = session.require_dealer("comparison of secret values")
-    parties, n = session.parties, session.n
-    last = n - 1
-    shape = list(x[0].shape)
-    nonce = session.next_nonce()
-    corr = call(
-        dealer,
-        "mpc.dealer_compare",
-        [session.dealer_seeds, nonce, shape],
-        out=[(shape, I64)] * 3,
-    )
-    r_bits_last, t_arith_last, t_bin_last = (c.move(parties[last]) for c in corr)
+    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 8 rounds."""
+    run = _MsbRun(session, x, [])
+    return run.finish_bit()
 
-    masked = [
-        call(p, "mpc.cmp_mask", [session.party_seeds[i], nonce, x[i]], [(shape, I64)])[0]
-        for i, p in enumerate(parties)
-    ]
-    (c,) = open_among(session, [masked])
-    state = [
-        call(
-            p,
-            "mpc.cmp_init",
-            [session.party_seeds[i], nonce, i == 0, r_bits_last if i == last else None, c[i]],
-            [(shape, I64)] * 3,
+
+def select_by_msb(
+    session: Session, x: Shares, values: list[Shares], complement: bool = False
+) -> list[Shares]:
+    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 8 rounds.
+
+    The products ride on the daBit: with d = msb(x) ^ t opened in the last round,
+    msb(x) = d + (1 - 2d) t, so v * msb(x) = d v + (1 - 2d) [v t]; the Beaver product
+    [v t] is opened in round 1, together with c. ReLU is x * (1 - msb(x)), the max of a
+    and b is b + (a - b) msb(b - a): both cost exactly one comparison's rounds.
+    """
+    run = _MsbRun(session, x, values)
+    return run.finish_select(complement)
+
+
+def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
+    """[relu(z >> bits)] in 8 rounds, for a product z not yet truncated.
+
+    The comparison runs on z itself (same sign as z >> bits, up to the one-unit rounding
+    of the truncation); the truncation's opening shares the comparison's first round and
+    the product (z >> bits) * t opens with the first Kogge-Stone level. This saves the
+    round a separate truncation would cost before every ReLU of a linear layer.
+    """
+    trunc = TruncRun(session, z, bits)
+    run = _MsbRun(
+        session,
+        z,
+        [],
+        extra_open=[trunc.masked],
+        late_values=lambda opened: [trunc.finish(opened[0])],
+    )
+    return run.finish_select(complement=True)[0]
+
+
+class _MsbRun:
+    def __init__(
+        self,
+        session: Session,
+        x: Shares,
+        values: list[Shares],
+        extra_open: list[Shares] | None = None,
+        late_values: Callable[[list[Shares]], list[Shares]] | None = None,
+    ) -> None:
+        dealer = session.require_dealer("comparison of secret values")
+        self.session = session
+        parties, n = session.parties, session.n
+        last = n - 1
+        shape = list(x[0].shape)
+        self.shape = shape
+        self.nonce = nonce = session.next_nonce()
+        corr = call(
+            dealer,
+            "mpc.dealer_compare",
+            [session.dealer_seeds, nonce, shape],
+            out=[(shape, I64)] * 3,
         )
-        for i, p in enumerate(parties)
-    ]
-    g = [s[0] for s in state]
-    pr = [s[1] for s in state]
-    top = [s[2] for s in state]
-    for shift in SHIFTS:
-        is_last = shift == SHIFTS[-1]
-        g, pr = _ks_level(session, g, pr, shift, is_last, shape)
-    d = [
-        call(
-            p,
-            "mpc.cmp_bit_mask",
-            [session.party_seeds[i], nonce, t_bin_last if i == last else None, g[i], top[i]],
-            [(shape, I64)],
-        )[0]
-        for i, p in enumerate(parties)
-    ]
-    (d_open,) = open_among(session, [d], xor=True)
-    return [
-        call(
-            p,
-            "mpc.cmp_bit_finish",
-            [session.party_seeds[i], nonce, i == 0, t_arith_last if i == last else None, d_open[i]],
-            [(shape, I64)],
-        )[0]
-        for i, p in enumerate(parties)
-    ]
+        r_bits_last, self.t_arith_last, t_bin_last = (c.move(parties[last]) for c in corr)
+        self.values = list(values)
+        beavers = []
+        t_shares: Shares = []
+        if values or late_values is not None:
+            t_shares = [
+                call(
+                    p,
+                    "mpc.derive",
+                    [session.party_seeds[i], nonce, TAG_T_ARITH, shape],
+                    [(shape, I64)],
+                )[0]
+                if i != last
+                else self.t_arith_last
+                for i, p in enumerate(parties)
+            ]
+            for v in values:
+                vshape = tuple(v[0].shape)
+                if vshape != tuple(shape):
+                    raise ValueError(f"select_by_msb: value shape {vshape} != {tuple(shape)}")
+                beavers.append(BeaverRun(session, v, t_shares, "mul", {}, vshape))
+        masked = [
+            call(p, "mpc.cmp_mask", [session.party_seeds[i], nonce, x[i]], [(shape, I64)])[0]
+            for i, p in enumerate(parties)
+        ]
+        extra = extra_open or []
+        to_open = [masked, *extra]
+        for b in beavers:
+            to_open += b.to_open()
+        opened = open_among(session, to_open)
+        c = opened[0]
+        base = 1 + len(extra)
+        self.vt = [
+            b.finish(opened[base + 2 * k], opened[base + 1 + 2 * k]) for k, b in enumerate(beavers)
+        ]
+        late: list[BeaverRun] = []
+        if late_values is not None:
+            for v in late_values(opened[1:base]):
+                self.values.append(v)
+                late.append(BeaverRun(session, v, t_shares, "mul", {}, tuple(v[0].shape)))
+        state = [
+            call(
+                p,
+                "mpc.cmp_init",
+                [session.party_seeds[i], nonce, i == 0, r_bits_last if i == last else None, c[i]],
+                [(shape, I64)] * 3,
+            )
+            for i, p in enumerate(parties)
+        ]
+        g = [s[0] for s in state]
+        pr = [s[1] for s in state]
+        top = [s[2] for s in state]
+        for k, shift in enumerate(SHIFTS):
+            piggyback = [o for b in late for o in b.to_open()] if k == 0 else []
+            g, pr, got = _ks_level(session, g, pr, shift, shift == SHIFTS[-1], shape, piggyback)
+            if k == 0:
+                self.vt += [b.finish(got[2 * j], got[2 * j + 1]) for j, b in enumerate(late)]
+        d = [
+            call(
+                p,
+                "mpc.cmp_bit_mask",
+                [session.party_seeds[i], nonce, t_bin_last if i == last else None, g[i], top[i]],
+                [(shape, I64)],
+            )[0]
+            for i, p in enumerate(parties)
+        ]
+        (self.d,) = open_among(session, [d], xor=True)
+
+    def finish_bit(self) -> Shares:
+        s = self.session
+        last = s.n - 1
+        return [
+            call(
+                p,
+                "mpc.cmp_bit_finish",
+                [
+                    s.party_seeds[i],
+                    self.nonce,
+                    i == 0,
+                    self.t_arith_last if i == last else None,
+                    self.d[i],
+                ],
+                [(self.shape, I64)],
+            )[0]
+            for i, p in enumerate(s.parties)
+        ]
+
+    def finish_select(self, complement: bool) -> list[Shares]:
+        s = self.session
+        return [
+            [
+                call(
+                    p,
+                    "mpc.cmp_select_finish",
+                    [complement, self.d[i], v[i], vt[i]],
+                    [(self.shape, I64)],
+                )[0]
+                for i, p in enumerate(s.parties)
+            ]
+            for v, vt in zip(self.values, self.vt)
+        ]
 
 
 def _ks_level(
-    session: Session, g: Shares, pr: Shares, shift: int, last: bool, shape: list[int]
-) -> tuple[Shares, Shares]:
+    session: Session,
+    g: Shares,
+    pr: Shares,
+    shift: int,
+    last: bool,
+    shape: list[int],
+    piggyback: list[Shares],
+) -> tuple[Shares, Shares, list[Shares]]:
+    """One Kogge-Stone level (one round); ``piggyback`` values are opened in the same round
+    (arithmetically) and returned."""
     parties = session.parties
     n_last = session.n - 1
     nonce = session.next_nonce()
@@ -102,6 +221,7 @@ def _ks_level(
         for i, p in enumerate(parties)
     ]
     e, f = open_among(session, [[m[0] for m in masks], [m[1] for m in masks]], xor=True)
+    got = open_among(session, piggyback, count=False) if piggyback else []
     outs = [
         call(
             p,
@@ -123,5 +243,5 @@ def _ks_level(
         for i, p in enumerate(parties)
     ]
     if last:
-        return [o[0] for o in outs], pr
-    return [o[0] for o in outs], [o[1] for o in outs]
+        return [o[0] for o in outs], pr, got
+    return [o[0] for o in outs], [o[1] for o in outs], got

@@ -1,0 +1,1 @@
+"""Benchmarks of the workloads in WORKLOADS.md (see benchmarks/README.md)."""

@@ -1,0 +1,38 @@
+"""pytest-benchmark tests of the MPC workloads W1-W6 (WORKLOADS.md).
+
+Each test shares its inputs, times ``run()`` with ``benchmark.pedantic`` (one warm-up
+round), then records plaintext time, ratio, rounds, bytes and correctness in
+``benchmark.extra_info`` and in the table printed at the end. Select with ``-k W3`` or
+``-k 1e5``; skip the slow cases with ``-m 'not big'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.workloads import (
+    MPC_CASES,
+    RESULTS,
+    Case,
+    failures,
+    finish,
+    format_row,
+    profile,
+    timings,
+)
+
+CASES = [pytest.param(c, id=c.id, marks=[pytest.mark.big] if c.big else []) for c in MPC_CASES]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mpc(benchmark: Any, case: Case) -> None:
+    w = case.build()
+    benchmark.group = f"{w.id}-{w.op}"
+    benchmark.pedantic(w.run, rounds=case.rounds, warmup_rounds=1, iterations=1)
+    row = finish(profile(w), timings(benchmark, w.run))
+    benchmark.extra_info.update(row)
+    RESULTS.append(row)
+    print("\n" + format_row(row))
+    assert not failures(row), failures(row)

@@ -1,0 +1,627 @@
+"""The benchmark workloads of ``WORKLOADS.md`` (W1-W6) plus the pointer per-op overhead.
+
+Each builder (``w1_mul(n)``, ...) makes fresh workers, builds and shares its inputs (before
+any timer, unless the workload says otherwise) and returns a :class:`Workload`:
+
+* ``run()``: the secure op, what the timer measures. Only W3 (the comparison result is
+  revealed as 0/1) and W6 (share + reconstruct) reconstruct anything inside it.
+* ``plain()``: the same op in plaintext torch, for the ratio.
+* ``check()``: one more secure run, reconstructed and compared with plaintext: max abs error,
+  or the number of mismatches for comparisons (exact agreement is expected).
+
+:func:`measure` times a workload (one warm-up, then ``repeat`` runs) and :func:`profile`
+records the rest: plaintext time, rounds and bytes of one run under ``mpc.stats()``, the
+time spent inside the crypto provider and the correctness check.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import mpc
+import pointers as pt
+from mpc.encoding import encode
+
+FRAC_BITS = 16
+SEED = 0
+
+# Rows measured in this process (the benchmark tests append here; conftest prints them).
+RESULTS: list[dict[str, Any]] = []
+
+
+@dataclass
+class Workload:
+    """A prepared workload: inputs are built and shared, ``run`` is ready to time."""
+
+    id: str  # "W1", ..., "P1"
+    op: str  # short name of the op
+    size: str  # printable size ("1e5", "256x256", "b64")
+    run: Callable[[], Any]
+    plain: Callable[[], Any]
+    check: Callable[[], dict[str, Any]]
+    workers: list[pt.VirtualWorker] = field(default_factory=list)
+    dealer: pt.VirtualWorker | None = None
+    kind: str = "mpc"  # "mpc" or "pointer"
+    notes: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.id}-{self.op}-{self.size}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def size_label(n: int) -> str:
+    """1e5 for 100000, 256 for 256: powers of ten are written as 1eK."""
+    if n >= 1000:
+        k = round(math.log10(n))
+        if 10**k == n:
+            return f"1e{k}"
+    return str(n)
+
+
+def size_of(workload: str, n: int) -> str:
+    """The printable size of a workload: "256x256" for W2, "b64" for W5, else "1e5"."""
+    if workload == "W2":
+        return f"{n}x{n}"
+    if workload == "W5":
+        return f"b{n}"
+    return size_label(n)
+
+
+def _parties() -> tuple[pt.VirtualWorker, pt.VirtualWorker, pt.VirtualWorker]:
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    return alice, bob, carol
+
+
+def _gen(seed: int = SEED) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _max_abs_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if out.numel() == 0:
+        return 0.0
+    return float((out.double() - ref.double()).abs().max())
+
+
+def lenet() -> nn.Module:
+    """The LeNet-like model of WORKLOADS.md (W5), initialised from a fixed seed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return nn.Sequential(
+            nn.Conv2d(1, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 16, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(256, 100),
+            nn.ReLU(),
+            nn.Linear(100, 10),
+        ).eval()
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def _binary(
+    wid: str,
+    op: str,
+    size: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    secure: Callable,
+    plain: Callable,
+) -> Workload:
+    alice, bob, carol = _parties()
+    x = mpc.share(a, alice, bob, crypto_provider=carol)
+    y = mpc.share(b, alice, bob, crypto_provider=carol)
+
+    def check() -> dict[str, Any]:
+        return {"max_abs_err": _max_abs_err(secure(x, y).get(), plain(a, b))}
+
+    return Workload(
+        wid,
+        op,
+        size,
+        run=lambda: secure(x, y),
+        plain=lambda: plain(a, b),
+        check=check,
+        workers=[alice, bob],
+        dealer=carol,
+    )
+
+
+def w1_mul(n: int) -> Workload:
+    """W1: private x private elementwise multiply (with truncation), n elements."""
+    g = _gen()
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    return _binary("W1", "mul", size_label(n), a, b, lambda x, y: x * y, lambda x, y: x * y)
+
+
+def w2_matmul(n: int) -> Workload:
+    """W2: private x private matmul, (n x n) @ (n x n)."""
+    g = _gen()
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    return _binary("W2", "matmul", f"{n}x{n}", a, b, lambda x, y: x @ y, lambda x, y: x @ y)
+
+
+def w3_lt(n: int) -> Workload:
+    """W3: private < private comparison, the result revealed as 0/1 (inside the timer).
+
+    Correctness is exact agreement with the comparison of the fixed-point encodings (values
+    closer than 2^-16 may compare differently from the floats; that is the encoding, not
+    the protocol).
+    """
+    g = _gen()
+    a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    alice, bob, carol = _parties()
+    x = mpc.share(a, alice, bob, crypto_provider=carol)
+    y = mpc.share(b, alice, bob, crypto_provider=carol)
+    ref = encode(a, FRAC_BITS) < encode(b, FRAC_BITS)
+
+    def run() -> torch.Tensor:
+        return (x < y).get()
+
+    def check() -> dict[str, Any]:
+        out = run()
+        return {
+            "mismatches": int((out.to(torch.bool) != ref).sum()),
+            "float_mismatches": int((out.to(torch.bool) != (a < b)).sum()),
+        }
+
+    return Workload(
+        "W3",
+        "lt",
+        size_label(n),
+        run=run,
+        plain=lambda: a < b,
+        check=check,
+        workers=[alice, bob],
+        dealer=carol,
+    )
+
+
+def w4_relu(n: int) -> Workload:
+    """W4: ReLU of a private tensor of n elements."""
+    g = _gen()
+    a = torch.randn(n, generator=g)
+    alice, bob, carol = _parties()
+    x = mpc.share(a, alice, bob, crypto_provider=carol)
+    positive = encode(a, FRAC_BITS) > 0
+
+    def check() -> dict[str, Any]:
+        out = torch.relu(x).get()
+        return {
+            "max_abs_err": _max_abs_err(out, torch.relu(a)),
+            "sign_mismatches": int(((out > 0) != positive).sum()),
+        }
+
+    return Workload(
+        "W4",
+        "relu",
+        size_label(n),
+        run=lambda: torch.relu(x),
+        plain=lambda: torch.relu(a),
+        check=check,
+        workers=[alice, bob],
+        dealer=carol,
+    )
+
+
+def w5_lenet(batch: int) -> Workload:
+    """W5: encrypted inference, model and input both private (LeNet-like, 28x28 input)."""
+    model = lenet()
+    inp = torch.rand(batch, 1, 28, 28, generator=_gen())
+    alice, bob, carol = _parties()
+    shared_model = mpc.share(copy.deepcopy(model), alice, bob, crypto_provider=carol)
+    session = next(shared_model.parameters()).session
+    x = mpc.share(inp, session=session)
+
+    def run() -> Any:
+        with torch.no_grad():
+            return shared_model(x)
+
+    def plain() -> torch.Tensor:
+        with torch.no_grad():
+            return model(inp)
+
+    def check() -> dict[str, Any]:
+        out, ref = run().get(), plain()
+        return {
+            "max_abs_err": _max_abs_err(out, ref),
+            "argmax_mismatches": int((out.argmax(1) != ref.argmax(1)).sum()),
+        }
+
+    return Workload(
+        "W5",
+        "lenet",
+        f"b{batch}",
+        run=run,
+        plain=plain,
+        check=check,
+        workers=[alice, bob],
+        dealer=carol,
+    )
+
+
+def w6_roundtrip(n: int) -> Workload:
+    """W6: share + reconstruct round trip of n elements (both inside the timer).
+
+    The session (parties introduced, dealer seeds) is set up once, before the timer.
+    """
+    a = torch.randn(n, generator=_gen())
+    alice, bob, carol = _parties()
+    session = mpc.Session([alice, bob], carol)
+
+    def run() -> torch.Tensor:
+        return mpc.share(a, session=session).get()
+
+    return Workload(
+        "W6",
+        "roundtrip",
+        size_label(n),
+        run=run,
+        plain=lambda: a.clone(),
+        check=lambda: {"max_abs_err": _max_abs_err(run(), a)},
+        workers=[alice, bob],
+        dealer=carol,
+    )
+
+
+def pointer_add(n: int = 10) -> Workload:
+    """P1: ``p + p`` on a pointer to an n-element tensor at a VirtualWorker vs ``t + t``.
+
+    The op is sent without waiting for a value (the result stays at the worker), so this is
+    the per-op cost of the pointer layer: dispatch, shape inference, encoding, decoding and
+    running the op at the worker.
+    """
+    t = torch.randn(n, generator=_gen())
+    alice = pt.VirtualWorker("alice")
+    p = pt.send(t, alice)
+    return Workload(
+        "P1",
+        "ptr-add",
+        str(n),
+        run=lambda: p + p,
+        plain=lambda: t + t,
+        check=lambda: {"max_abs_err": _max_abs_err((p + p).get(), t + t)},
+        workers=[alice],
+        kind="pointer",
+    )
+
+
+def pointer_add_get(n: int = 10) -> Workload:
+    """P2: ``(p + p).get()``: one op plus the request/reply round trip that fetches it."""
+    t = torch.randn(n, generator=_gen())
+    alice = pt.VirtualWorker("alice")
+    p = pt.send(t, alice)
+
+    def run() -> torch.Tensor:
+        return (p + p).get()
+
+    return Workload(
+        "P2",
+        "ptr-add-get",
+        str(n),
+        run=run,
+        plain=lambda: t + t,
+        check=lambda: {"max_abs_err": _max_abs_err(run(), t + t)},
+        workers=[alice],
+        kind="pointer",
+    )
+
+
+OPS = {
+    "W1": "mul",
+    "W2": "matmul",
+    "W3": "lt",
+    "W4": "relu",
+    "W5": "lenet",
+    "W6": "roundtrip",
+    "P1": "ptr-add",
+    "P2": "ptr-add-get",
+}
+WORKLOADS: dict[str, Callable[[int], Workload]] = {
+    "W1": w1_mul,
+    "W2": w2_matmul,
+    "W3": w3_lt,
+    "W4": w4_relu,
+    "W5": w5_lenet,
+    "W6": w6_roundtrip,
+    "P1": pointer_add,
+    "P2": pointer_add_get,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One (workload, size) of the benchmark; ``big`` cases are skipped by ``-m 'not big'``."""
+
+    workload: str
+    size: int
+    big: bool = False
+    rounds: int = 5  # timed runs in the pytest-benchmark tests
+
+    def build(self) -> Workload:
+        return WORKLOADS[self.workload](self.size)
+
+    @property
+    def id(self) -> str:
+        """``-k`` friendly: "W1-mul-1e5", "W2-matmul-256x256", "W5-lenet-b64"."""
+        return f"{self.workload}-{OPS[self.workload]}-{size_of(self.workload, self.size)}"
+
+
+# The sizes of WORKLOADS.md. W6 at 1e6 takes a few tens of ms, so it is not "big".
+MPC_CASES: list[Case] = [
+    Case("W1", 10**5, rounds=10),
+    Case("W1", 10**6, big=True),
+    Case("W2", 256, rounds=10),
+    Case("W3", 10**4, rounds=10),
+    Case("W3", 10**5, rounds=10),
+    Case("W3", 10**6, big=True),
+    Case("W4", 10**5, rounds=10),
+    Case("W4", 10**6, big=True),
+    Case("W5", 1, rounds=10),
+    Case("W5", 64, big=True),
+    Case("W6", 10**6, rounds=10),
+]
+POINTER_CASES: list[Case] = [Case("P1", 10), Case("P2", 10)]
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _time_calls(fn: Callable[[], Any], inner: int) -> float:
+    """Seconds per call of ``fn``, over ``inner`` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner
+
+
+def _calibrate(fn: Callable[[], Any], target: float) -> int:
+    """How many calls make one timing sample last about ``target`` seconds (at least 1)."""
+    once = _time_calls(fn, 1)
+    if once >= target:
+        return 1
+    inner = max(1, int(target / max(once, 1e-7)))
+    per = _time_calls(fn, inner)  # refine: the first call is often slower
+    return max(1, int(target / max(per, 1e-9)))
+
+
+def time_plain(fn: Callable[[], Any], repeat: int = 5, target: float = 0.01) -> float:
+    """Median seconds per call of a (usually fast) plaintext op, looped to ``target`` s."""
+    fn()
+    inner = _calibrate(fn, target)
+    return statistics.median(_time_calls(fn, inner) for _ in range(max(repeat, 3)))
+
+
+class _DealerTimer:
+    """Adds up the time the crypto provider spends serving messages (its material work).
+
+    Wraps the worker's ``handle_frames`` for the duration of a ``with`` block (an instance
+    attribute, removed on exit). The dealer's work happens inline in this engine, not in a
+    separate offline phase, so this is the dealer share of the online time.
+    """
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.seconds = 0.0
+
+    def __enter__(self) -> _DealerTimer:
+        if self.worker is None:
+            return self
+        inner = self.worker.handle_frames
+
+        def timed(header: bytes, buffers: list[Any]) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(header, buffers)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        self.worker.handle_frames = timed
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.worker is not None:
+            del self.worker.handle_frames
+
+
+def _worker_totals(workers: list[Any]) -> dict[str, int]:
+    keys = ("messages_received", "bytes_received", "bytes_sent", "peer_bytes_sent")
+    return {k: sum(getattr(w.stats, k) for w in workers) for k in keys}
+
+
+def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
+    """Everything but the secure timing: plaintext time, communication of one run, the
+    crypto provider's time in that run, and correctness."""
+    info: dict[str, Any] = {"workload": w.id, "op": w.op, "size": w.size, "name": w.name}
+    info["plain_s"] = time_plain(w.plain, repeat)
+    if w.kind == "mpc":
+        everyone = w.workers + ([w.dealer] if w.dealer is not None else [])
+        before = _worker_totals(everyone)
+        with _DealerTimer(w.dealer) as dt, mpc.stats() as s:
+            w.run()
+        after = _worker_totals(everyone)
+        info.update(
+            rounds=s.rounds,
+            bytes_per_party=dict(s.bytes_per_party),
+            max_bytes_per_party=s.max_bytes_per_party,
+            dealer_bytes=s.dealer_bytes,
+            client_messages=s.client_messages,
+            # what the client sent to the workers (peer deliveries are counted by the peer
+            # that sent them, so they are taken out)
+            client_bytes_sent=(after["bytes_received"] - before["bytes_received"])
+            - (after["peer_bytes_sent"] - before["peer_bytes_sent"]),
+            dealer_s=dt.seconds,
+        )
+    else:
+        (worker,) = w.workers
+        calls = 200
+        before = worker.stats.snapshot()
+        for _ in range(calls):
+            w.run()
+        after = worker.stats.snapshot()
+        msgs = after.messages_received - before.messages_received
+        info.update(
+            messages_per_op=msgs / calls,
+            bytes_per_message=(after.bytes_received - before.bytes_received) / max(msgs, 1),
+            reply_bytes_per_message=(after.bytes_sent - before.bytes_sent) / max(msgs, 1),
+        )
+    info.update(w.check())
+    return info
+
+
+def finish(info: dict[str, Any], times: list[float]) -> dict[str, Any]:
+    """Add the secure timing (seconds per run) and the ratio to a :func:`profile` row."""
+    info["median_s"] = statistics.median(times)
+    info["min_s"] = min(times)
+    info["max_s"] = max(times)
+    info["runs"] = len(times)
+    info["ratio"] = info["median_s"] / info["plain_s"] if info["plain_s"] > 0 else math.inf
+    if "messages_per_op" in info:
+        info["overhead_us"] = (info["median_s"] - info["plain_s"]) * 1e6
+    return info
+
+
+def measure(workload: str | Workload, size: int | None = None, repeat: int = 5) -> dict[str, Any]:
+    """Warm up once, time ``repeat`` runs (perf_counter; median/min/max), time the
+    plaintext op, and record rounds, bytes, client messages and correctness of one run.
+
+    ``workload`` is an id ("W1".."W6", "P1", "P2") with ``size``, or a built Workload.
+    Sub-millisecond ops (the pointer cases) are looped so each sample lasts ~10 ms; times
+    are per call.
+    """
+    torch.set_num_threads(1)
+    if isinstance(workload, str):
+        if size is None:
+            raise TypeError("measure() needs a size with a workload id")
+        w = WORKLOADS[workload](size)
+    else:
+        w = workload
+    w.run()  # warm-up
+    inner = _calibrate(w.run, 0.01) if w.kind == "pointer" else 1
+    times = [_time_calls(w.run, inner) for _ in range(repeat)]
+    return finish(profile(w, repeat), times)
+
+
+# Max abs error allowed vs plaintext (fixed point with 16 fractional bits: 2^-17 per
+# encoding, one ulp per truncation, accumulated over the 256-term dot products of W2).
+TOLERANCE = {"W1": 1e-3, "W2": 1e-2, "W4": 1e-3, "W5": 1e-2, "W6": 1e-4, "P1": 0.0, "P2": 0.0}
+# Counts that must be zero (exact agreement); others (float_mismatches: the encoding's
+# rounding, argmax_mismatches: near-ties of logits) are reported only.
+EXACT = ("mismatches", "sign_mismatches")
+
+
+def failures(row: dict[str, Any]) -> list[str]:
+    """What is wrong with a measured row's correctness (empty when it is correct)."""
+    out = []
+    tol = TOLERANCE.get(row["workload"])
+    if "max_abs_err" in row and tol is not None and not row["max_abs_err"] <= tol:
+        out.append(f"{row['name']}: max abs error {row['max_abs_err']:.3g} > {tol:g}")
+    for key in EXACT:
+        if row.get(key, 0) != 0:
+            out.append(f"{row['name']}: {row[key]} {key.replace('_', ' ')}")
+    return out
+
+
+def timings(benchmark: Any, fn: Callable[[], Any]) -> list[float]:
+    """Per-call times pytest-benchmark recorded; with --benchmark-disable it records none,
+    so time one call here."""
+    data = getattr(getattr(getattr(benchmark, "stats", None), "stats", None), "data", None)
+    if data:
+        return list(data)
+    return [_time_calls(fn, 1)]
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "-"
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_err(row: dict[str, Any]) -> str:
+    parts = []
+    if "max_abs_err" in row:
+        parts.append(f"err {row['max_abs_err']:.1e}")
+    for key, short in (
+        ("mismatches", "mism"),
+        ("sign_mismatches", "sign-mism"),
+        ("argmax_mismatches", "argmax-mism"),
+    ):
+        if key in row:
+            parts.append(f"{short} {row[key]}")
+    return ", ".join(parts)
+
+
+MPC_HEADER = (
+    f"{'workload':<20} {'median':>10} {'min':>10} {'max':>10} {'plaintext':>10} "
+    f"{'ratio':>9} {'rounds':>6} {'bytes/party':>11} {'dealer B':>10} {'msgs':>6} "
+    f"{'dealer t':>10}  correctness"
+)
+POINTER_HEADER = (
+    f"{'workload':<20} {'pointer op':>10} {'local op':>10} {'overhead':>10} "
+    f"{'msgs/op':>8} {'B/msg':>7} {'reply B/msg':>11}  correctness"
+)
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """One line of the results table (MPC or pointer layout, chosen by the row's keys)."""
+    if "messages_per_op" in row:
+        return (
+            f"{row['name']:<20} {_fmt_time(row.get('median_s')):>10} "
+            f"{_fmt_time(row['plain_s']):>10} {row.get('overhead_us', math.nan):>8.1f}us "
+            f"{row['messages_per_op']:>8.3f} {row['bytes_per_message']:>7.0f} "
+            f"{row['reply_bytes_per_message']:>11.0f}  {_fmt_err(row)}"
+        )
+    ratio = row.get("ratio")
+    return (
+        f"{row['name']:<20} {_fmt_time(row.get('median_s')):>10} "
+        f"{_fmt_time(row.get('min_s')):>10} {_fmt_time(row.get('max_s')):>10} "
+        f"{_fmt_time(row['plain_s']):>10} "
+        f"{(f'{ratio:.0f}x' if ratio is not None else '-'):>9} {row['rounds']:>6} "
+        f"{_fmt_bytes(row['max_bytes_per_party']):>11} {_fmt_bytes(row['dealer_bytes']):>10} "
+        f"{row['client_messages']:>6} {_fmt_time(row['dealer_s']):>10}  {_fmt_err(row)}"
+    )
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    mpc_rows = [r for r in rows if "messages_per_op" not in r]
+    ptr_rows = [r for r in rows if "messages_per_op" in r]
+    out = []
+    if mpc_rows:
+        out += [MPC_HEADER, "-" * len(MPC_HEADER)] + [format_row(r) for r in mpc_rows]
+    if ptr_rows:
+        if out:
+            out.append("")
+        out += [POINTER_HEADER, "-" * len(POINTER_HEADER)] + [format_row(r) for r in ptr_rows]
+    return "\n".join(out)
