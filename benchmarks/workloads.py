@@ -586,7 +586,7 @@ def _fmt_err(row: dict[str, Any]) -> str:
 MPC_HEADER = (
     f"{'workload':<20} {'median':>10} {'min':>10} {'max':>10} {'plaintext':>10} "
     f"{'ratio':>9} {'rounds':>6} {'bytes/party':>11} {'dealer B':>10} {'msgs':>6} "
-    f"{'dealer t':>10}  correctness"
+    f"{'dealer t':>10} {'client B':>10}  correctness"
 )
 POINTER_HEADER = (
     f"{'workload':<20} {'pointer op':>10} {'local op':>10} {'overhead':>10} "
@@ -610,7 +610,8 @@ def format_row(row: dict[str, Any]) -> str:
         f"{_fmt_time(row['plain_s']):>10} "
         f"{(f'{ratio:.0f}x' if ratio is not None else '-'):>9} {row['rounds']:>6} "
         f"{_fmt_bytes(row['max_bytes_per_party']):>11} {_fmt_bytes(row['dealer_bytes']):>10} "
-        f"{row['client_messages']:>6} {_fmt_time(row['dealer_s']):>10}  {_fmt_err(row)}"
+        f"{row['client_messages']:>6} {_fmt_time(row['dealer_s']):>10} "
+        f"{_fmt_bytes(row['client_bytes_sent']):>10}  {_fmt_err(row)}"
     )
 
 

@@ -47,6 +47,11 @@ def share(
     return share_tensor(x, session, frac_bits)
 
 
+def share_method(self: Any, *parties: Any, **kwargs: Any) -> Any:
+    """``x.share(alice, bob, crypto_provider=carol)`` after ``pointers.hook(torch)``."""
+    return share(self, *parties, **kwargs)
+
+
 def _share_module(model: nn.Module, session: Session) -> nn.Module:
     """Replace every parameter and buffer by its sharing (in place); eval-mode batch norm
     is folded into a per-channel scale and shift first (the model owner knows them)."""

@@ -111,6 +111,21 @@ class PointerTensor(torch.Tensor):
     def tolist(self) -> Any:  # type: ignore[override]
         raise self._no_value("tolist()")
 
+    def item(self) -> Any:  # type: ignore[override]
+        raise self._no_value("item()")
+
+    def __bool__(self) -> bool:
+        raise self._no_value("bool()")
+
+    def __float__(self) -> float:
+        raise self._no_value("float()")
+
+    def __int__(self) -> int:
+        raise self._no_value("int()")
+
+    def __index__(self) -> int:
+        raise self._no_value("use as an index")
+
     def numpy(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         raise self._no_value("numpy()")
 

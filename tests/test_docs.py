@@ -1,0 +1,22 @@
+"""Every ```python block of README.md and docs/*.md runs, in order, one namespace per page."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def _blocks(page: Path) -> list[str]:
+    return BLOCK.findall(page.read_text())
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=lambda p: p.name)
+def test_page_code_runs(page: Path) -> None:
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for i, block in enumerate(_blocks(page)):
+        code = compile(block, f"{page.name}[block {i}]", "exec")
+        exec(code, namespace)  # noqa: S102 - running our own documentation
