@@ -147,14 +147,19 @@ def w1_mul(n: int) -> Workload:
     """W1: private x private elementwise multiply (with truncation), n elements."""
     g = _gen()
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
-    return _binary("W1", "mul", size_label(n), a, b, lambda x, y: x * y, lambda x, y: x * y)
+    # materialize(): apply the truncation now (it is otherwise deferred to the next op)
+    return _binary(
+        "W1", "mul", size_label(n), a, b, lambda x, y: (x * y).materialize(), lambda x, y: x * y
+    )
 
 
 def w2_matmul(n: int) -> Workload:
     """W2: private x private matmul, (n x n) @ (n x n)."""
     g = _gen()
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    return _binary("W2", "matmul", f"{n}x{n}", a, b, lambda x, y: x @ y, lambda x, y: x @ y)
+    return _binary(
+        "W2", "matmul", f"{n}x{n}", a, b, lambda x, y: (x @ y).materialize(), lambda x, y: x @ y
+    )
 
 
 def w3_lt(n: int) -> Workload:
