@@ -16,12 +16,12 @@ from . import serde
 from .errors import DecodeError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
     KIND: ClassVar[str] = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Store(Message):
     """Store ``value`` under ``obj_id`` with optional search tags and description."""
 
@@ -32,7 +32,7 @@ class Store(Message):
     description: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Fetch(Message):
     """Return the object (and remove it when ``delete``)."""
 
@@ -41,13 +41,13 @@ class Fetch(Message):
     delete: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delete(Message):
     KIND: ClassVar[str] = "delete"
     obj_ids: list[int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExecuteOp(Message):
     """Run an allow-listed aten op; store tensor outputs under ``out_ids`` (None: skip)."""
 
@@ -59,7 +59,7 @@ class ExecuteOp(Message):
     want_meta: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CallFunction(Message):
     """Run a registered function; store its tensor outputs under ``out_ids``."""
 
@@ -71,13 +71,13 @@ class CallFunction(Message):
     want_meta: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Search(Message):
     KIND: ClassVar[str] = "search"
     query: list[str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Tag(Message):
     KIND: ClassVar[str] = "tag"
     obj_id: int
@@ -85,7 +85,7 @@ class Tag(Message):
     description: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Describe(Message):
     """Return shape, stride and dtype of stored objects."""
 
@@ -93,7 +93,7 @@ class Describe(Message):
     obj_ids: list[int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendToPeer(Message):
     """Deliver a stored object to a peer worker under ``new_id`` (peer delivery)."""
 
@@ -104,13 +104,13 @@ class SendToPeer(Message):
     delete: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply(Message):
     KIND: ClassVar[str] = "reply"
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorReply(Message):
     KIND: ClassVar[str] = "error"
     kind: str

@@ -9,7 +9,6 @@ work on it unchanged.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -28,20 +27,34 @@ _META = torch.device("meta")
 class RemoteRef:
     """Ownership of one object at one worker; deletes it when the last holder goes."""
 
-    __slots__ = ("location", "obj_id", "owned", "gone", "_finalizer", "__weakref__")
+    __slots__ = ("location", "obj_id", "owned", "gone", "_wire")
 
     def __init__(self, location: Any, obj_id: int, owned: bool = True) -> None:
         self.location = location
         self.obj_id = obj_id
+        self._wire: Any = None
         self.owned = owned
         self.gone = False
-        self._finalizer = weakref.finalize(self, location.queue_delete, obj_id) if owned else None
+
+    def __del__(self) -> None:
+        # Only queues the id (no I/O here): the delete travels with a later message.
+        # Cheaper than weakref.finalize on this hot path (one RemoteRef per op output).
+        if self.owned and not self.gone:
+            try:
+                self.location.queue_delete(self.obj_id)
+            except Exception:  # interpreter shutdown: nothing left to release
+                pass
+
+    def wire(self) -> Any:
+        """The reference's encoded form (built once)."""
+        w = self._wire
+        if w is None:
+            w = self._wire = ref_ext(self.obj_id)
+        return w
 
     def release(self) -> None:
         """The object left the worker (get/move): nothing to delete any more."""
         self.gone = True
-        if self._finalizer is not None:
-            self._finalizer.detach()
 
     def check(self) -> None:
         if self.gone:
@@ -207,6 +220,17 @@ class _Scan:
         self.func = func
 
     def walk(self, obj: Any, sig: list[Any]) -> Any:
+        if type(obj) is PointerTensor:  # the common case first
+            self.tensors.append(obj)
+            ref = obj._ref
+            if ref.gone:
+                ref.check()
+            if self.location is None:
+                self.location = ref.location
+            elif ref.location is not self.location:
+                raise LocationMismatchError(op_name(self.func), self.location.id, ref.location.id)
+            sig.append((obj.dtype, obj.shape, obj.stride(), True))
+            return ref.wire()
         if isinstance(obj, torch.Tensor):
             self.tensors.append(obj)
             if type(obj) is PointerTensor:
@@ -220,7 +244,7 @@ class _Scan:
                         op_name(self.func), self.location.id, ref.location.id
                     )
                 sig.append((obj.dtype, obj.shape, obj.stride(), True))
-                return ref_ext(ref.obj_id)
+                return ref.wire()
             if isinstance(obj, PointerTensor):  # a Parameter-marked pointer
                 return self.walk(PointerTensor(obj._ref, obj.shape, obj.stride(), obj.dtype), sig)
             sig.append((obj.dtype, obj.shape, obj.stride(), False))

@@ -82,8 +82,9 @@ class Worker:
     def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
         """Decode one request, run it, return the encoded reply. Never raises."""
         with self._lock:
-            self.stats.messages_received += 1
-            self.stats.bytes_received += serde.nbytes(header, buffers)
+            stats = self.stats
+            stats.messages_received += 1
+            stats.bytes_received += serde.nbytes(header, buffers) if buffers else len(header)
             try:
                 msg = decode_message(header, buffers)
                 value = self._run(msg)
@@ -94,8 +95,8 @@ class Worker:
                 out = (_OK_NONE, []) if reply is None else encode_message(reply)
             except Exception as e:
                 out = encode_message(ErrorReply(type(e).__name__, f"reply not encodable: {e}"))
-            self.stats.messages_sent += 1
-            self.stats.bytes_sent += serde.nbytes(*out)
+            stats.messages_sent += 1
+            stats.bytes_sent += serde.nbytes(*out) if out[1] else len(out[0])
             return out
 
     def _run(self, msg: Message) -> Any:
@@ -232,7 +233,6 @@ class VirtualWorker(Worker):
         # in different sessions do not look alike.
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._pending_deletes: list[int] = []
-        self._delete_lock = threading.Lock()
         for t in data:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"worker data must be tensors, got {type(t).__name__}")
@@ -267,17 +267,19 @@ class VirtualWorker(Worker):
         return reply.value
 
     def queue_delete(self, obj_id: int) -> None:
-        """Called by finalizers: no I/O here, the delete travels with the next message."""
-        with self._delete_lock:
-            self._pending_deletes.append(obj_id)
+        """Called when a pointer dies: no I/O and no lock here (it may run inside any
+        other call, garbage collection included); the delete travels with a later message.
+        ``list.append`` and slice deletion are atomic under the GIL."""
+        self._pending_deletes.append(obj_id)
 
     def _flush_deletes(self) -> None:
-        if not self._pending_deletes:
+        pending = self._pending_deletes
+        n = len(pending)
+        if not n:
             return
-        with self._delete_lock:
-            ids, self._pending_deletes = self._pending_deletes, []
-        if ids:
-            self._exchange(Delete(ids))
+        ids = pending[:n]
+        del pending[:n]
+        self._exchange(Delete(ids))
 
     def introduce(self, peer: Worker) -> None:
         """Let this worker deliver objects to ``peer`` directly."""

@@ -1,0 +1,786 @@
+"""Property tests of every secure op: the reconstructed result against plaintext torch.
+
+Each test shares random small tensors among 2 and 3 fresh ``VirtualWorker`` parties (plus a
+crypto provider), runs the op on the ``SharedTensor`` and compares ``get()`` with the same
+op on the plaintext in float64.
+
+Tolerances are derived from the fixed-point encoding (``F`` = 16 fractional bits, one unit
+``U = 2**-16``), never a loose constant:
+
+* encoding a float rounds to the nearest unit: error ``ENC = U / 2`` per input value;
+* one truncation after a product adds at most ``TRUNC = U`` (the documented bound);
+* so a product of encoded ``x`` and ``y`` is off by at most
+  ``ENC * (|x| + |y|) + ENC**2 + TRUNC``, a sum of ``K`` products (matmul, convolution)
+  by ``ENC * (sum |x| + sum |y|) + K * ENC**2 + TRUNC``;
+* a public divisor ``d`` is encoded as ``1 / d``, so ``x / d`` is off by
+  ``ENC * (|x| + 1 / |d|) + TRUNC`` plus the input's own error divided by ``|d|``;
+* selections (ReLU, max, max-pooling) pick an encoded input exactly: error ``ENC``;
+* the float32 result of ``get()`` adds a relative ``2**-24`` (we allow ``2**-23``).
+
+Integer tensors are shared exactly, so integer results must match exactly; comparisons
+must be exact whenever the operands differ by more than ``2**-14``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import mpc
+import pointers as pt
+
+U = 2.0**-16  # one unit of the fixed-point encoding
+ENC = U / 2  # rounding error of encoding one float
+TRUNC = U  # error of one truncation after a product
+F32 = 2.0**-23  # relative rounding of a float32 result (half an ulp is 2**-24)
+SEP = 2.0**-14  # comparisons must be exact when the operands are further apart
+BOUND = 10.0  # float inputs lie in [-BOUND, BOUND]
+
+SETTINGS = settings(
+    max_examples=6,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+FEW = settings(SETTINGS, max_examples=4)
+
+
+class Parties:
+    """Fresh parties and a crypto provider; ``share`` secret-shares a tensor among them."""
+
+    def __init__(self, n: int) -> None:
+        self.workers = [pt.VirtualWorker(f"party{i}") for i in range(n)]
+        self.dealer = pt.VirtualWorker("dealer")
+
+    def share(self, t: Any) -> mpc.SharedTensor:
+        return mpc.share(t, *self.workers, crypto_provider=self.dealer)
+
+    def share_model(self, m: nn.Module) -> nn.Module:
+        return mpc.share(m, *self.workers, crypto_provider=self.dealer)
+
+
+@pytest.fixture(params=[2, 3], ids=lambda n: f"{n}parties")
+def mp(request: pytest.FixtureRequest) -> Parties:
+    return Parties(request.param)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def reveal(s: Any) -> torch.Tensor:
+    """Reconstruct a result, checking that it really is secret-shared."""
+    assert isinstance(s, mpc.SharedTensor), f"expected a SharedTensor, got {type(s).__name__}"
+    out = s.get()
+    assert type(out) is torch.Tensor
+    return out
+
+
+def check(got: Any, ref: torch.Tensor, tol: Any, dtype: torch.dtype | None = torch.float32) -> None:
+    """|got - ref| <= tol (+ float32 rounding of the result), elementwise."""
+    value = reveal(got)
+    assert tuple(value.shape) == tuple(ref.shape), f"shape {tuple(value.shape)} != {ref.shape}"
+    if dtype is not None:
+        assert value.dtype == dtype, f"dtype {value.dtype} != {dtype}"
+    ref64 = ref.detach().double()
+    bound = torch.as_tensor(tol, dtype=torch.float64) + F32 * ref64.abs()
+    err = (value.double() - ref64).abs()
+    bad = err > bound
+    if bad.any():
+        worst = int((err - bound).argmax())
+        raise AssertionError(
+            f"{int(bad.sum())}/{err.numel()} elements off: worst error "
+            f"{err.flatten()[worst].item() / U:.3f} units vs tolerance "
+            f"{bound.broadcast_to(err.shape).flatten()[worst].item() / U:.3f} units"
+        )
+
+
+def check_exact(got: Any, ref: torch.Tensor) -> None:
+    value = reveal(got)
+    assert value.dtype == ref.dtype, f"dtype {value.dtype} != {ref.dtype}"
+    assert tuple(value.shape) == tuple(ref.shape), f"shape {tuple(value.shape)} != {ref.shape}"
+    assert torch.equal(value, ref), f"\n{value}\n!=\n{ref}"
+
+
+def a64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().double().abs()
+
+
+def draw_shape(data: st.DataObject, min_dims: int = 1, max_dims: int = 3) -> tuple[int, ...]:
+    dims = data.draw(st.integers(min_dims, max_dims))
+    return tuple(data.draw(st.integers(1, 5 if i == dims - 1 else 4)) for i in range(dims))
+
+
+def draw_floats(data: st.DataObject, shape: tuple[int, ...], bound: float = BOUND) -> torch.Tensor:
+    n = math.prod(shape)
+    vals = data.draw(st.lists(st.floats(-bound, bound, width=32), min_size=n, max_size=n))
+    return torch.tensor(vals, dtype=torch.float32).reshape(shape)
+
+
+def draw_ints(data: st.DataObject, shape: tuple[int, ...], bound: int) -> torch.Tensor:
+    n = math.prod(shape)
+    vals = data.draw(st.lists(st.integers(-bound, bound), min_size=n, max_size=n))
+    return torch.tensor(vals, dtype=torch.int64).reshape(shape)
+
+
+def draw_distinct(data: st.DataObject, shape: tuple[int, ...]) -> torch.Tensor:
+    """Floats in [-BOUND, BOUND], pairwise at least 0.01 apart (no ties for max/argmax)."""
+    n = math.prod(shape)
+    vals = data.draw(st.lists(st.integers(-1000, 1000), min_size=n, max_size=n, unique=True))
+    return (torch.tensor(vals, dtype=torch.float64) * (BOUND / 1000)).float().reshape(shape)
+
+
+def draw_mask(data: st.DataObject, shape: tuple[int, ...]) -> torch.Tensor:
+    n = math.prod(shape)
+    return torch.tensor(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))).reshape(shape)
+
+
+def draw_scalar(data: st.DataObject, low: float = 0.0) -> float:
+    """A float scalar with |c| in [low, BOUND] that is not an integer."""
+    c = data.draw(st.floats(low, BOUND, width=32).filter(lambda v: v != int(v)))
+    return c if data.draw(st.booleans()) else -c
+
+
+def draw_broadcast_shape(data: st.DataObject, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts with ``shape``: a suffix of it with some sides set to 1."""
+    k = data.draw(st.integers(1, len(shape)))
+    return tuple(1 if data.draw(st.booleans()) else s for s in shape[len(shape) - k :])
+
+
+def separated(x: torch.Tensor, y: torch.Tensor | float) -> torch.Tensor:
+    """y moved away from x where they are within SEP (comparisons must then be exact)."""
+    y = torch.as_tensor(y, dtype=x.dtype).expand_as(x) if not isinstance(y, torch.Tensor) else y
+    close = (x.double() - y.double()).abs() <= SEP
+    return torch.where(close, x + 0.5, y)
+
+
+def product_tol(x: Any, y: Any) -> torch.Tensor:
+    """Error bound of an encoded elementwise product followed by one truncation."""
+    ax = a64(x) if isinstance(x, torch.Tensor) else abs(x)
+    ay = a64(y) if isinstance(y, torch.Tensor) else abs(y)
+    return torch.as_tensor(ENC * (ax + ay) + ENC**2 + TRUNC, dtype=torch.float64)
+
+
+def matmul_tol(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Error bound of a truncated ring matmul of encoded a and b: K products summed."""
+    ones_a, ones_b = (
+        torch.ones_like(a, dtype=torch.float64),
+        torch.ones_like(b, dtype=torch.float64),
+    )
+    k = a.shape[-1]
+    return ENC * (torch.matmul(a64(a), ones_b) + torch.matmul(ones_a, a64(b))) + k * ENC**2 + TRUNC
+
+
+# ------------------------------------------------------------- addition and subtraction
+
+
+@SETTINGS
+@given(data=st.data())
+def test_add_sub_neg_shared_shared(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    y = draw_floats(data, draw_broadcast_shape(data, shape))
+    if data.draw(st.booleans()):
+        x, y = y, x  # the smaller operand on either side
+    xs, ys = mp.share(x), mp.share(y)
+    two_inputs = 2 * ENC  # each operand was rounded once
+    check(xs + ys, x.double() + y.double(), two_inputs)
+    check(xs - ys, x.double() - y.double(), two_inputs)
+    check(ys - xs, y.double() - x.double(), two_inputs)
+    check(torch.add(xs, ys, alpha=3), x.double() + 3 * y.double(), ENC + 3 * ENC)
+    check(-xs, -x.double(), ENC)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_add_sub_public(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    c = draw_scalar(data)
+    k = data.draw(st.integers(-100, 100))
+    p = draw_floats(data, draw_broadcast_shape(data, shape))
+    q = draw_floats(data, (2, *shape))  # broadcasting grows the result
+    xs = mp.share(x)
+    x64, p64, q64 = x.double(), p.double(), q.double()
+    c32 = float(torch.tensor(c, dtype=torch.float32))
+    two = 2 * ENC
+    check(xs + c, x64 + c32, two)
+    check(c + xs, x64 + c32, two)
+    check(xs - c, x64 - c32, two)
+    check(c - xs, c32 - x64, two)
+    check(xs + k, x64 + k, ENC)
+    check(k - xs, k - x64, ENC)
+    check(xs + p, x64 + p64, two)
+    check(p - xs, p64 - x64, two)
+    check(xs - q, x64 - q64, two)
+    check(q + xs, q64 + x64, two)
+
+
+# -------------------------------------------------------------------------- products
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mul_shared_shared(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    y = draw_floats(data, draw_broadcast_shape(data, shape))
+    if data.draw(st.booleans()):
+        x, y = y, x
+    xs, ys = mp.share(x), mp.share(y)
+    check(xs * ys, x.double() * y.double(), product_tol(x, y))
+    check(xs * xs, x.double() ** 2, product_tol(x, x))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mul_shared_public_float(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    c = draw_scalar(data)
+    p = draw_floats(data, draw_broadcast_shape(data, shape))
+    xs = mp.share(x)
+    x64 = x.double()
+    check(xs * c, x64 * c, product_tol(x, c))
+    check(c * xs, x64 * c, product_tol(x, c))
+    check(xs * p, x64 * p.double(), product_tol(x, p))
+    check(p * xs, x64 * p.double(), product_tol(x, p))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_mul_shared_public_int(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    k = data.draw(st.integers(-1000, 1000))
+    kt = draw_ints(data, draw_broadcast_shape(data, shape), 50)
+    xs = mp.share(x)
+    x64 = x.double()
+    # an integer multiplies the encoded value exactly: only the input's rounding, scaled
+    check(xs * k, x64 * k, ENC * abs(k))
+    check(k * xs, x64 * k, ENC * abs(k))
+    check(xs * kt, x64 * kt, ENC * kt.abs().double())
+    check(xs * float(k), x64 * k, ENC * abs(k))  # an integral float is an integer too
+
+
+@SETTINGS
+@given(data=st.data())
+def test_div_by_public(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    d = draw_scalar(data, low=0.5)
+    dt = draw_floats(data, draw_broadcast_shape(data, shape))
+    dt = torch.where(dt.abs() < 0.5, dt.sign() + (dt == 0).float(), dt)  # |d| >= 0.5
+    n = data.draw(st.integers(1, 12))
+    xs = mp.share(x)
+    x64 = x.double()
+
+    def div_tol(d: Any) -> Any:
+        # (x + e_x) * (1/d + e) truncated: |e_x| / |d| + |x| ENC + ENC^2 + TRUNC
+        inv = 1 / (a64(d) if isinstance(d, torch.Tensor) else abs(d))
+        return ENC * inv + ENC * a64(x) + ENC**2 + TRUNC
+
+    check(xs / d, x64 / d, div_tol(d))
+    check(xs / n, x64 / n, div_tol(float(n)))
+    check(xs / dt, x64 / dt.double(), div_tol(dt))
+
+
+# --------------------------------------------------------------------- matmul family
+
+
+@pytest.mark.parametrize("weights", ["shared", "public"])
+@SETTINGS
+@given(data=st.data())
+def test_matmul_mm_bmm_addmm_linear(mp: Parties, weights: str, data: st.DataObject) -> None:
+    m, k, n, b = (data.draw(st.integers(1, 4)) for _ in range(4))
+    x = draw_floats(data, (m, k))
+    w = draw_floats(data, (k, n))
+    bias = draw_floats(data, (n,))
+    xb = draw_floats(data, (b, m, k))
+    wb = draw_floats(data, (b, k, n))
+
+    def enc(t: torch.Tensor) -> Any:
+        return mp.share(t) if weights == "shared" else t
+
+    xs, xbs = mp.share(x), mp.share(xb)
+    W, Wb, B, Wt = enc(w), enc(wb), enc(bias), enc(w.t().contiguous())
+    x64, w64, b64 = x.double(), w.double(), bias.double()
+
+    check(xs @ W, x64 @ w64, matmul_tol(x, w))
+    check(torch.matmul(xs, W), x64 @ w64, matmul_tol(x, w))
+    check(torch.mm(xs, W), x64 @ w64, matmul_tol(x, w))
+    check(torch.bmm(xbs, Wb), xb.double() @ wb.double(), matmul_tol(xb, wb))
+    check(xbs @ W, xb.double() @ w64, matmul_tol(xb, w))  # batched @ 2-D
+    check(torch.addmm(B, xs, W), b64 + x64 @ w64, matmul_tol(x, w) + ENC)
+    check(F.linear(xs, Wt, B), x64 @ w64 + b64, matmul_tol(x, w) + ENC)
+    check(F.linear(xbs, Wt), xb.double() @ w64, matmul_tol(xb, w))
+    if weights == "shared":  # public data times shared weights
+        check(x @ W, x64 @ w64, matmul_tol(x, w))
+        check(F.linear(x, Wt, B), x64 @ w64 + b64, matmul_tol(x, w) + ENC)
+
+
+@pytest.mark.parametrize("variant", ["shared_weights", "public_weights", "public_input"])
+@SETTINGS
+@given(data=st.data())
+def test_conv2d(mp: Parties, variant: str, data: st.DataObject) -> None:
+    groups = data.draw(st.integers(1, 2))
+    cin, cout = groups * data.draw(st.integers(1, 2)), groups * data.draw(st.integers(1, 2))
+    kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    stride = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
+    padding = (data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2)))
+    dilation = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)))
+    # the input is at least as large as the dilated kernel, so the output is non-empty
+    h = max(data.draw(st.integers(2, 5)), dilation[0] * (kh - 1) + 1)
+    wd = max(data.draw(st.integers(2, 5)), dilation[1] * (kw - 1) + 1)
+    x = draw_floats(data, (data.draw(st.integers(1, 2)), cin, h, wd))
+    w = draw_floats(data, (cout, cin // groups, kh, kw), bound=3.0)
+    bias = draw_floats(data, (cout,)) if data.draw(st.booleans()) else None
+    params = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+
+    ref = F.conv2d(x.double(), w.double(), None if bias is None else bias.double(), **params)
+    ones_x, ones_w = (
+        torch.ones_like(x, dtype=torch.float64),
+        torch.ones_like(w, dtype=torch.float64),
+    )
+    taps = (cin // groups) * kh * kw
+    tol = (
+        ENC * (F.conv2d(a64(x), ones_w, **params) + F.conv2d(ones_x, a64(w), **params))
+        + taps * ENC**2
+        + TRUNC
+        + (ENC if bias is not None else 0.0)
+    )
+    if variant == "shared_weights":
+        X, W, B = mp.share(x), mp.share(w), None if bias is None else mp.share(bias)
+    elif variant == "public_weights":
+        X, W, B = mp.share(x), w, bias
+    else:
+        X, W, B = x, mp.share(w), None if bias is None else mp.share(bias)
+    check(F.conv2d(X, W, B, **params), ref, tol)
+    if variant == "shared_weights":  # through an nn.Module whose parameters are shared
+        conv = nn.Conv2d(cin, cout, (kh, kw), bias=bias is not None, **params)
+        with torch.no_grad():
+            conv.weight.copy_(w)
+            if bias is not None:
+                conv.bias.copy_(bias)
+        check(mp.share_model(conv)(X), ref, tol)
+
+
+# ------------------------------------------------------------------------ reductions
+
+
+@SETTINGS
+@given(data=st.data())
+def test_sum_mean(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)
+    dims = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), max_size=len(shape)))
+    dims = list(dict.fromkeys(d % len(shape) for d in dims))
+    keepdim = data.draw(st.booleans())
+    xs = mp.share(x)
+    x64 = x.double()
+    ones = torch.ones_like(x64)
+    if dims:
+        ref_sum, count = x64.sum(dims, keepdim=keepdim), ones.sum(dims, keepdim=keepdim)
+        abs_sum = a64(x).sum(dims, keepdim=keepdim)
+        got_sum, got_mean = xs.sum(dims, keepdim=keepdim), xs.mean(dims, keepdim=keepdim)
+    else:
+        ref_sum, count, abs_sum = x64.sum(), ones.sum(), a64(x).sum()
+        got_sum, got_mean = xs.sum(), xs.mean()
+    check(got_sum, ref_sum, ENC * count)
+    # mean = (sum + e_s) * (1/count + e) truncated, |e_s| <= count ENC, |e| <= ENC
+    mean_tol = ENC + ENC * (abs_sum + ENC * count) + TRUNC
+    check(got_mean, ref_sum / count, mean_tol)
+
+
+# ----------------------------------------------------------------------- comparisons
+
+COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
+    "lt": operator.lt,
+    "gt": operator.gt,
+    "le": operator.le,
+    "ge": operator.ge,
+    "eq": operator.eq,
+    "ne": operator.ne,
+}
+
+
+@SETTINGS
+@given(data=st.data())
+def test_compare_shared_shared(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data, max_dims=2)
+    x = draw_floats(data, shape)
+    y = separated(x, draw_floats(data, shape))
+    y = torch.where(draw_mask(data, shape), x, y)  # some exact ties for eq/ne/le/ge
+    xs, ys = mp.share(x), mp.share(y)
+    for name, op in COMPARISONS.items():
+        got = op(xs, ys)
+        assert isinstance(got, mpc.SharedTensor), name
+        check_exact(got, op(x, y))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_compare_public(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data, max_dims=2)
+    c = float(draw_scalar(data))
+    k = math.floor(c) + 3  # an int scalar at least 2 away from c
+    x = separated(torch.full(shape, c), draw_floats(data, shape))
+    x = separated(torch.full(shape, float(k)), x)  # the nudge cannot bring x near c
+    x = torch.where(draw_mask(data, shape), torch.tensor(c), x)  # some elements equal c
+    p = separated(x, draw_floats(data, shape))
+    xs = mp.share(x)
+    for name, op in COMPARISONS.items():
+        check_exact(op(xs, c), op(x, c))
+        check_exact(op(c, xs), op(c, x))  # public on the left
+        if name in ("lt", "ge"):
+            check_exact(op(xs, p), op(x, p))
+            check_exact(op(p, xs), op(p, x))
+            check_exact(op(xs, k), op(x, k))
+
+
+# ----------------------------------------------------------- relu, max, argmax, pooling
+
+
+@SETTINGS
+@given(data=st.data())
+def test_relu(mp: Parties, data: st.DataObject) -> None:
+    x = draw_floats(data, draw_shape(data))
+    ref = torch.relu(x.double())
+    check(F.relu(mp.share(x)), ref, ENC)
+    check(nn.ReLU()(mp.share(x)), ref, ENC)
+    check(F.relu(mp.share(x), inplace=True), ref, ENC)
+    xs = mp.share(x)
+    check(F.relu(xs * 2.5), torch.relu(x.double() * 2.5), product_tol(x, 2.5))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_max_min_dim(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_distinct(data, shape)
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    keepdim = data.draw(st.booleans())
+    xs = mp.share(x)
+    for fn in (torch.max, torch.min):
+        ref = fn(x, dim=dim, keepdim=keepdim)
+        got = fn(xs, dim=dim, keepdim=keepdim)
+        check(got.values, ref.values, ENC)
+        check_exact(got.indices, ref.indices)
+    values, indices = xs.max(dim)
+    check(values, x.max(dim).values, ENC)
+    check_exact(indices, x.max(dim).indices)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_argmax_argmin(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_distinct(data, shape)
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1))
+    keepdim = data.draw(st.booleans())
+    xs = mp.share(x)
+    check_exact(torch.argmax(xs), torch.argmax(x))
+    check_exact(torch.argmin(xs), torch.argmin(x))
+    check_exact(torch.argmax(xs, keepdim=keepdim), torch.argmax(x, keepdim=keepdim))
+    check_exact(xs.argmax(dim, keepdim=keepdim), x.argmax(dim, keepdim=keepdim))
+    check_exact(xs.argmin(dim=dim, keepdim=keepdim), x.argmin(dim=dim, keepdim=keepdim))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_max_min_full(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_floats(data, shape)  # ties allowed: only values are compared
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    xs = mp.share(x)
+    check(xs.max(), x.max(), ENC)
+    check(torch.max(xs), x.max(), ENC)
+    check(xs.min(), x.min(), ENC)
+    check(torch.amax(xs, dim), torch.amax(x, dim), ENC)
+    check(torch.amin(xs, dim, keepdim=True), torch.amin(x, dim, keepdim=True), ENC)
+
+
+def draw_pool(data: st.DataObject) -> tuple[torch.Tensor, int, int, int]:
+    kernel = data.draw(st.sampled_from([2, 3]))
+    stride = data.draw(st.integers(1, 3))
+    padding = data.draw(st.integers(0, kernel // 2))
+    lo = max(1, kernel - 2 * padding)
+    h, w = data.draw(st.integers(lo, 5)), data.draw(st.integers(lo, 5))
+    shape = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), h, w)
+    return draw_floats(data, shape), kernel, stride, padding
+
+
+@SETTINGS
+@given(data=st.data())
+def test_max_pool2d(mp: Parties, data: st.DataObject) -> None:
+    x, kernel, stride, padding = draw_pool(data)
+    ref = F.max_pool2d(x.double(), kernel, stride, padding)
+    check(F.max_pool2d(mp.share(x), kernel, stride, padding), ref, ENC)
+    check(nn.MaxPool2d(kernel, stride, padding)(mp.share(x)), ref, ENC)
+
+
+def pool_tol(x: torch.Tensor, kernel: Any, stride: Any, padding: Any) -> torch.Tensor:
+    """(window sum + e_s) * (1/d + e) truncated, with |e_s| <= d ENC (zero padding exact)."""
+    k = (kernel, kernel) if isinstance(kernel, int) else kernel
+    d = k[0] * k[1]
+    abs_sum = F.avg_pool2d(a64(x), kernel, stride, padding, divisor_override=1)
+    return ENC + ENC * (abs_sum + d * ENC) + TRUNC
+
+
+@SETTINGS
+@given(data=st.data())
+def test_avg_pool2d(mp: Parties, data: st.DataObject) -> None:
+    x, kernel, stride, padding = draw_pool(data)
+    ref = F.avg_pool2d(x.double(), kernel, stride, padding)
+    tol = pool_tol(x, kernel, stride, padding)
+    check(F.avg_pool2d(mp.share(x), kernel, stride, padding), ref, tol)
+    check(nn.AvgPool2d(kernel, stride, padding)(mp.share(x)), ref, tol)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_adaptive_avg_pool2d(mp: Parties, data: st.DataObject) -> None:
+    oh, ow = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    shape = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), oh * kh, ow * kw)
+    x = draw_floats(data, shape)
+    ref = F.adaptive_avg_pool2d(x.double(), (oh, ow))
+    tol = pool_tol(x, (kh, kw), (kh, kw), 0)
+    check(F.adaptive_avg_pool2d(mp.share(x), (oh, ow)), ref, tol)
+    check(nn.AdaptiveAvgPool2d((oh, ow))(mp.share(x)), ref, tol)
+
+
+# ------------------------------------------------------------------------ batch norm
+
+
+def random_batch_norm(data: st.DataObject, c: int) -> nn.BatchNorm2d:
+    bn = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        bn.running_mean.copy_(draw_floats(data, (c,), bound=3.0))
+        bn.running_var.copy_(draw_floats(data, (c,), bound=2.0).abs() + 0.25)
+        bn.weight.copy_(draw_floats(data, (c,), bound=2.0))
+        bn.bias.copy_(draw_floats(data, (c,), bound=2.0))
+    return bn.eval()
+
+
+@pytest.mark.parametrize("model", ["shared", "public"])
+@SETTINGS
+@given(data=st.data())
+def test_batch_norm_eval(mp: Parties, model: str, data: st.DataObject) -> None:
+    c = data.draw(st.integers(1, 3))
+    shape = (
+        data.draw(st.integers(1, 2)),
+        c,
+        data.draw(st.integers(1, 3)),
+        data.draw(st.integers(1, 3)),
+    )
+    x = draw_floats(data, shape)
+    bn = random_batch_norm(data, c)
+    view = (1, c, 1, 1)
+    mean, var = bn.running_mean.double().view(view), bn.running_var.double().view(view)
+    w, b = bn.weight.detach().double().view(view), bn.bias.detach().double().view(view)
+    inv = 1 / torch.sqrt(var + bn.eps)
+    x64 = x.double()
+    ref = (x64 - mean) * inv * w + b
+    if model == "shared":
+        # folded in float32 into scale s = w * inv and shift t = b - mean * s (a few ulps
+        # each), then x * s (one product, both shared) + t (encoded)
+        s = w * inv
+        fold = 8 * 2.0**-24 * (a64(x64) * s.abs() + b.abs() + (mean * s).abs())
+        tol = product_tol(x64, s) + ENC + fold
+        got = mp.share_model(copy.deepcopy(bn))(mp.share(x))
+    else:
+        # x - mean (two roundings), * inv (public: encoded, truncated), * w (likewise), + b
+        y = x64 - mean
+        e1 = 2 * ENC
+        e2 = (inv + ENC) * e1 + y.abs() * ENC + TRUNC
+        e3 = (w.abs() + ENC) * e2 + (y * inv).abs() * ENC + TRUNC
+        tol = e3 + ENC
+        got = bn(mp.share(x))
+    check(got, ref, tol)
+
+
+# ------------------------------------------------------------------- local shape ops
+
+SHAPE_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "view": lambda t, u: t.view(-1),
+    "view_split": lambda t, u: t.view(*t.shape[:-1], 1, t.shape[-1]),
+    "reshape": lambda t, u: t.reshape(t.shape[-1], -1),
+    "flatten": lambda t, u: torch.flatten(t),
+    "flatten_from_1": lambda t, u: torch.flatten(t.unsqueeze(0), 1),
+    "permute": lambda t, u: t.permute(*reversed(range(t.dim()))),
+    "transpose": lambda t, u: t.transpose(0, -1),
+    "t": lambda t, u: t.reshape(t.shape[0], -1).t(),
+    "cat": lambda t, u: torch.cat([t, u, t], dim=-1),
+    "cat_dim0": lambda t, u: torch.cat([u, t], dim=0),
+    "stack": lambda t, u: torch.stack([t, u], dim=-1),
+    "stack_dim0": lambda t, u: torch.stack([u, t, u]),
+    "select": lambda t, u: t[0],
+    "select_last": lambda t, u: t[..., -1],
+    "index_tensor": lambda t, u: t[torch.tensor([0, t.shape[0] - 1, 0])],
+    "slice": lambda t, u: t[..., 1:],
+    "slice_step": lambda t, u: t[..., ::2],
+    "slice_first": lambda t, u: t[:1],
+    "new_axes": lambda t, u: t[None, ..., None],
+    "pad": lambda t, u: F.pad(t, (1, 2)),
+    "pad_value": lambda t, u: F.pad(
+        t.unsqueeze(0), (2, 0, 1, 1), value=-3.25 if t.is_floating_point() else -3
+    ),
+    "unsqueeze": lambda t, u: t.unsqueeze(0).unsqueeze(-1),
+    "squeeze_dim": lambda t, u: t.unsqueeze(1).squeeze(1),
+    "squeeze_all": lambda t, u: t.unsqueeze(0).squeeze(),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPE_OPS))
+@FEW
+@given(data=st.data())
+def test_shape_ops(mp: Parties, name: str, data: st.DataObject) -> None:
+    op = SHAPE_OPS[name]
+    shape = draw_shape(data)
+    integer = data.draw(st.booleans())
+    if integer:
+        x, y = draw_ints(data, shape, 2**40), draw_ints(data, shape, 2**40)
+    else:
+        x, y = draw_floats(data, shape), draw_floats(data, shape)
+    other = mp.share(y) if data.draw(st.booleans()) else y  # shared or public second operand
+    got = op(mp.share(x), other)
+    ref = op(x, y)
+    if integer:
+        check_exact(got, ref)
+    else:
+        check(got, ref.double(), ENC)
+
+
+# ---------------------------------------------------------------- integer tensors: exact
+
+
+@SETTINGS
+@given(data=st.data())
+def test_int_arithmetic_exact(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data)
+    x = draw_ints(data, shape, 2**30)
+    y = draw_ints(data, draw_broadcast_shape(data, shape), 2**30)
+    k = data.draw(st.integers(-(2**30), 2**30))
+    xs, ys = mp.share(x), mp.share(y)
+    check_exact(xs + ys, x + y)
+    check_exact(xs - ys, x - y)
+    check_exact(ys - xs, y - x)
+    check_exact(-xs, -x)
+    check_exact(xs * ys, x * y)
+    check_exact(xs + k, x + k)
+    check_exact(k - xs, k - x)
+    check_exact(xs * k, x * k)
+    check_exact(xs * y, x * y)
+    check_exact(xs.sum(0), x.sum(0))
+    check_exact(xs.sum(), x.sum())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_int_matmul_exact(mp: Parties, data: st.DataObject) -> None:
+    m, k, n = (data.draw(st.integers(1, 4)) for _ in range(3))
+    x, w = draw_ints(data, (m, k), 2**20), draw_ints(data, (k, n), 2**20)
+    xs = mp.share(x)
+    check_exact(xs @ mp.share(w), x @ w)
+    check_exact(xs @ w, x @ w)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_int_compare_max_exact(mp: Parties, data: st.DataObject) -> None:
+    shape = draw_shape(data, max_dims=2)
+    x = draw_ints(data, shape, 2**40)
+    y = draw_ints(data, shape, 2**40)
+    y = torch.where(draw_mask(data, shape), x, y)  # some ties
+    c = data.draw(st.integers(-(2**40), 2**40))
+    xs, ys = mp.share(x), mp.share(y)
+    for op in COMPARISONS.values():
+        check_exact(op(xs, ys), op(x, y))
+        check_exact(op(xs, c), op(x, c))
+    check_exact(F.relu(xs), F.relu(x))
+    check_exact(xs.max(), x.max())
+    check_exact(xs.max(-1).values, x.max(-1).values)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_int_mixed_with_float(mp: Parties, data: st.DataObject) -> None:
+    """An integer tensor times a float (shared or public) moves to fixed point."""
+    shape = draw_shape(data)
+    x = draw_ints(data, shape, 100)
+    y = draw_floats(data, shape)
+    c = draw_scalar(data)
+    xs = mp.share(x)
+    x64 = x.double()
+    # only the float operand is rounded, the integer multiplies it exactly
+    check(xs * mp.share(y), x64 * y.double(), ENC * x64.abs() + TRUNC)
+    check(xs * c, x64 * c, ENC * x64.abs())
+    check(xs + mp.share(y), x64 + y.double(), ENC)
+    check(xs / 4, x64 / 4, TRUNC)
+    check(xs / 3, x64 / 3, ENC * x64.abs() + TRUNC)
+
+
+# ---------------------------------------------------------- seed-style end to end: CNN
+
+
+def cnn_error_bound(model: nn.Sequential, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plaintext logits (float64) and an elementwise error bound propagated layer by layer:
+    conv (as in test_conv2d) -> ReLU and max-pooling (1-Lipschitz: the bound passes
+    through, max-pooled) -> linear (the carried error times |W|, plus the product bound)."""
+    conv, _, pool, _, lin = model
+    x64 = x.double()
+    w1, b1 = conv.weight.detach().double(), conv.bias.detach().double()
+    w2, b2 = lin.weight.detach().double(), lin.bias.detach().double()
+    p = {"stride": conv.stride, "padding": conv.padding}
+    h = F.conv2d(x64, w1, b1, **p)
+    taps = w1[0].numel()
+    e = (
+        ENC
+        * (
+            F.conv2d(a64(x), torch.ones_like(w1), **p)
+            + F.conv2d(torch.ones_like(x64), w1.abs(), **p)
+        )
+        + taps * ENC**2
+        + TRUNC
+        + ENC
+    )
+    h = F.max_pool2d(F.relu(h), pool.kernel_size).flatten(1)
+    e = F.max_pool2d(e, pool.kernel_size).flatten(1)
+    logits = h @ w2.t() + b2
+    # (h + e_h) (W + e_W)^T - h W^T = e_h (W + e_W)^T + h e_W^T
+    e_out = e @ (w2.abs() + ENC).t() + ENC * (h.abs() + e).sum(1, keepdim=True) + TRUNC + ENC
+    return logits, e_out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_seed_style_cnn_inference(mp: Parties, seed: int) -> None:
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(3 * 3 * 3, 4),
+    )
+    x = torch.rand(3, 1, 6, 6) * 4 - 2
+    logits, bound = cnn_error_bound(model, x)
+    top2 = logits.topk(2, dim=1).values
+    assert bool(((top2[:, 0] - top2[:, 1]) > 2 * bound.max()).all()), "pick another seed"
+
+    shared_model = mp.share_model(model)
+    assert all(isinstance(p, mpc.SharedTensor) for p in shared_model.parameters())
+    out = shared_model(mp.share(x))
+    assert isinstance(out, mpc.SharedTensor)
+    labels = out.argmax(dim=1)  # computed under MPC, before revealing the logits
+    check(out, logits, bound)
+    check_exact(labels, logits.argmax(dim=1))
