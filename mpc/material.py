@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from .prg import PRG
 from .ring import ring_conv2d, ring_matmul
 
+_LOW63 = 0x7FFFFFFFFFFFFFFF
+
 # tags of the streams derived for one nonce
 TAG_A, TAG_B, TAG_C, TAG_R, TAG_RHI, TAG_RLO, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN = range(9)
 
@@ -103,8 +105,8 @@ def dealer_trunc(
     """Truncation material for r = sum of derived shares: the last party's shares of
     msb(r) and (r mod 2^63) >> bits."""
     r = sum_derived(seeds, nonce, TAG_R, shape)
-    r_hi = (r >> 63) & 1
-    r_lo = (r & 0x7FFFFFFFFFFFFFFF) >> bits
+    r_hi = (r >> 63).neg_()  # the top bit as 0/1
+    r_lo = r.bitwise_and_(_LOW63).bitwise_right_shift_(bits)
     for s in seeds[:-1]:
         r_hi -= derive(s, nonce, TAG_RHI, shape)
         r_lo -= derive(s, nonce, TAG_RLO, shape)
@@ -163,7 +165,7 @@ def beaver_mask(
     """Party i: its triple shares a_i, b_i and the masked e_i = x_i - a_i, f_i = y_i - b_i."""
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
-    return [x - a, y - b, a, b]
+    return [torch.sub(x, a), torch.sub(y, b), a, b]
 
 
 def beaver_combine(
@@ -184,9 +186,14 @@ def beaver_combine(
     ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
     """
     z = bilinear(op, params, e, b)
-    z += bilinear(op, params, a, f)
-    if first:
-        z += bilinear(op, params, e, f)
+    if op == "mul":  # elementwise: reuse the temporaries' buffers
+        z += a.mul_(f)
+        if first:
+            z += e.mul_(f)
+    else:
+        z += bilinear(op, params, a, f)
+        if first:
+            z += bilinear(op, params, e, f)
     z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
     return z
 
@@ -195,7 +202,7 @@ def trunc_mask(
     ctx: Any, seed: torch.Tensor, nonce: int, first: bool, z: torch.Tensor
 ) -> torch.Tensor:
     """Party i: c_i = z_i + r_i (+ 2^62 at party 0, making z non-negative)."""
-    out = z + derive(seed, nonce, TAG_R, list(z.shape))
+    out = derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
     if first:
         out += 1 << 62
     return out
@@ -222,13 +229,15 @@ def trunc_finish(
         r_lo = derive(seed, nonce, TAG_RLO, shape)
     else:
         r_hi, r_lo = corrections
-    c_hi = (c >> 63) & 1
-    b = (1 - 2 * c_hi) * r_hi
+    # in place on the temporaries: c (opened here), r_hi and r_lo (derived or delivered)
+    c_hi = (c >> 63).neg_()  # msb(c) as 0/1
+    b = r_hi.mul_(c_hi.mul(-2).add_(1))  # msb(r) xor msb(c), before the public c_hi term
     if first:
         b += c_hi
-    out = b * (1 << (63 - bits)) - r_lo
+    out = b.mul_(1 << (63 - bits)).sub_(r_lo)
     if first:
-        out += ((c & 0x7FFFFFFFFFFFFFFF) >> bits) - (1 << (62 - bits))
+        out += c.bitwise_and_(_LOW63).bitwise_right_shift_(bits)
+        out -= 1 << (62 - bits)
     return out
 
 
@@ -247,8 +256,6 @@ def bilinear_public(
 
 
 # -- comparison (MSB extraction), party side ---------------------------------------------
-
-_LOW63 = 0x7FFFFFFFFFFFFFFF
 
 
 def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
