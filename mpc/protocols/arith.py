@@ -41,9 +41,13 @@ def open_among(
                     received[j].append(s.copy_to(pj))
         out = []
         for j in range(len(parties)):
-            acc = shares[j]
-            for r in received[j]:
-                acc = acc ^ r if xor else acc + r
+            # accumulate in place into the received copies (fresh at the party): no new buffer
+            acc = received[j][0]
+            for r in [*received[j][1:], shares[j]]:
+                if xor:
+                    acc.bitwise_xor_(r)
+                else:
+                    acc.add_(r)
             out.append(acc)
         opened.append(out)
     return opened
