@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from . import bits
 from .prg import PRG
 from .ring import ring_conv2d, ring_matmul
 
@@ -271,17 +272,28 @@ def cmp_init(
     r_bits: torch.Tensor | None,
     c: torch.Tensor,
 ) -> list[torch.Tensor]:
-    """Generate/propagate words of c + ~r + 1 (that is c - r), XOR-shared, carry-in
-    folded into bit 0; and the party's XOR share of msb(c) ^ msb(~r)."""
+    """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
+    carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded for the
+    carry tree; and the party's XOR share of msb(c) ^ msb(~r)."""
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
     if first:
         y = ~y
-    g = c & y
-    p = c ^ y if first else y
-    g = g ^ (p & 1)
     top = (y >> 63) & 1
     if first:
-        top = top ^ ((c >> 63) & 1)
+        top ^= (c >> 63) & 1
+    g = c & y
+    p = c ^ y if first else y
+    g ^= p & 1
+    g &= _LOW63  # group [0, 63] = group [0, 62]: bit 63 generates nothing ...
+    p &= _LOW63
+    if first:
+        p |= -(1 << 63)  # ... and propagates
+    n = g.numel()
+    pad = bits.padded(n) - n
+    g, p = g.reshape(-1), p.reshape(-1)
+    if pad:
+        g = torch.cat([g, g.new_zeros(pad)])
+        p = torch.cat([p, p.new_zeros(pad)])
     return [g, p, top]
 
 
@@ -291,16 +303,11 @@ def ks_mask(
     nonce: int,
     g: torch.Tensor,
     p: torch.Tensor,
-    shift: int,
     last: bool,
 ) -> list[torch.Tensor]:
-    """One Kogge-Stone level: the AND operands (P, P) & (G << s, P << s), masked with a
-    binary triple (the last level needs only P & (G << s))."""
-    if last:
-        x, y = p, g << shift
-    else:
-        x = torch.stack([p, p])
-        y = torch.stack([g << shift, p << shift])
+    """One carry-tree level: the AND operands (see :mod:`mpc.bits`) masked with a binary
+    triple: e_i = x_i ^ a_i, f_i = y_i ^ b_i."""
+    x, y = bits.level_operands(g, p, last)
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
     return [x ^ a, y ^ b, a, b]
@@ -319,14 +326,14 @@ def ks_combine(
     g: torch.Tensor,
     last: bool,
 ) -> list[torch.Tensor]:
-    """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), update G and P."""
-    z = (e & b) ^ (f & a)
+    """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), then the next (G, P)."""
+    z = b.bitwise_and_(e)
+    z ^= a.bitwise_and_(f)
     if first:
-        z ^= e & f
+        z ^= e.bitwise_and_(f)
     z ^= derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
-    if last:
-        return [g ^ z]
-    return [g ^ z[0], z[1]]
+    g_new, p_new = bits.level_update(g, z, last)
+    return [g_new] if p_new is None else [g_new, p_new]
 
 
 def cmp_bit_mask(
@@ -338,9 +345,9 @@ def cmp_bit_mask(
     top: torch.Tensor,
 ) -> torch.Tensor:
     """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i."""
-    bit = top ^ ((g >> 62) & 1)
-    t = derive(seed, nonce, TAG_T_BIN, list(g.shape)) & 1 if t_bin is None else t_bin
-    return bit ^ t
+    carry = bits.unpack_carries(g, top.numel()).view(top.shape)
+    t = derive(seed, nonce, TAG_T_BIN, list(top.shape)) & 1 if t_bin is None else t_bin
+    return carry.bitwise_xor_(top).bitwise_xor_(t)
 
 
 def cmp_bit_finish(

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import bits
 from ..material import TAG_T_ARITH
 from ..session import Session
 from .arith import I64, BeaverRun, Shares, TruncRun, call, open_among
-
-SHIFTS = (1, 2, 4, 8, 16, 32)
 
 
 def msb(session: Session, x: Shares) -> Shares:
@@ -126,21 +125,24 @@ class _MsbRun:
             for v in late_values(opened[1:base]):
                 self.values.append(v)
                 late.append(BeaverRun(session, v, t_shares, "mul", {}, tuple(v[0].shape)))
+        flat = [bits.padded(_numel(shape))]
         state = [
             call(
                 p,
                 "mpc.cmp_init",
                 [session.party_seeds[i], nonce, i == 0, r_bits_last if i == last else None, c[i]],
-                [(shape, I64)] * 3,
+                [(flat, I64), (flat, I64), (shape, I64)],
             )
             for i, p in enumerate(parties)
         ]
         g = [s[0] for s in state]
         pr = [s[1] for s in state]
         top = [s[2] for s in state]
-        for k, shift in enumerate(SHIFTS):
+        words = bits.padded(_numel(shape))
+        for k in range(bits.LEVELS):
             piggyback = [o for b in late for o in b.to_open()] if k == 0 else []
-            g, pr, got = _ks_level(session, g, pr, shift, shift == SHIFTS[-1], shape, piggyback)
+            g, pr, got = _ks_level(session, g, pr, k == bits.LEVELS - 1, words, piggyback)
+            words //= 1 if k == bits.LEVELS - 1 else 2
             if k == 0:
                 self.vt += [b.finish(got[2 * j], got[2 * j + 1]) for j, b in enumerate(late)]
         d = [
@@ -193,17 +195,16 @@ def _ks_level(
     session: Session,
     g: Shares,
     pr: Shares,
-    shift: int,
     last: bool,
-    shape: list[int],
+    words: int,
     piggyback: list[Shares],
 ) -> tuple[Shares, Shares, list[Shares]]:
-    """One Kogge-Stone level (one round); ``piggyback`` values are opened in the same round
-    (arithmetically) and returned."""
+    """One level of the carry tree (one round) on ``words`` packed words per party;
+    ``piggyback`` values are opened (arithmetically) in the same round and returned."""
     parties = session.parties
     n_last = session.n - 1
     nonce = session.next_nonce()
-    and_shape = shape if last else [2, *shape]
+    and_shape = [words] if last else [2, words]
     (c_last,) = call(
         session.require_dealer("comparison"),
         "mpc.dealer_and_triple",
@@ -215,13 +216,14 @@ def _ks_level(
         call(
             p,
             "mpc.ks_mask",
-            [session.party_seeds[i], nonce, g[i], pr[i], shift, last],
+            [session.party_seeds[i], nonce, g[i], pr[i], last],
             [(and_shape, I64)] * 4,
         )
         for i, p in enumerate(parties)
     ]
     e, f = open_among(session, [[m[0] for m in masks], [m[1] for m in masks]], xor=True)
     got = open_among(session, piggyback, count=False) if piggyback else []
+    out_words = words if last else words // 2
     outs = [
         call(
             p,
@@ -238,10 +240,17 @@ def _ks_level(
                 g[i],
                 last,
             ],
-            [(shape, I64)] * (1 if last else 2),
+            [([out_words], I64)] * (1 if last else 2),
         )
         for i, p in enumerate(parties)
     ]
     if last:
         return [o[0] for o in outs], pr, got
     return [o[0] for o in outs], [o[1] for o in outs], got
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
