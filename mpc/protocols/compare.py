@@ -6,8 +6,11 @@ msb([x]) with a dealer (8 rounds):
 2. Open c = x + r (round 1). Then x = c - r = c + ~r + 1 over 64 bits, so
    msb(x) = msb(c) ^ msb(~r) ^ carry_63, where carry_63 is the carry into bit 63.
 3. Generate g = c & ~r and propagate p = c ^ ~r are local XOR shares (c is public);
-   a Kogge-Stone parallel-prefix network over the packed words gives every carry in
-   log2(64) = 6 levels, each one round of binary Beaver ANDs (rounds 2-7).
+   a binary tree of (G, P) group combinations gives the carry into bit 63 in
+   log2(64) = 6 levels, each one round of binary Beaver ANDs (rounds 2-7). After each
+   level the surviving bits are compacted and two words packed into one
+   (:mod:`mpc.bits`), so the levels AND n, n/2, n/4, ... words: about 4 words per
+   element in all.
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
    (round 8), [msb(x)] = d + (1 - 2d)[t].
 Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
@@ -49,7 +52,7 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
 
     The comparison runs on z itself (same sign as z >> bits, up to the one-unit rounding
     of the truncation); the truncation's opening shares the comparison's first round and
-    the product (z >> bits) * t opens with the first Kogge-Stone level. This saves the
+    the product (z >> bits) * t opens with the first carry-tree level. This saves the
     round a separate truncation would cost before every ReLU of a linear layer.
     """
     trunc = TruncRun(session, z, bits)
