@@ -303,11 +303,11 @@ def ks_mask(
     nonce: int,
     g: torch.Tensor,
     p: torch.Tensor,
-    last: bool,
+    level: int,
 ) -> list[torch.Tensor]:
     """One carry-tree level: the AND operands (see :mod:`mpc.bits`) masked with a binary
     triple: e_i = x_i ^ a_i, f_i = y_i ^ b_i."""
-    x, y = bits.level_operands(g, p, last)
+    x, y = bits.level_operands(g, p, level)
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
     return [x ^ a, y ^ b, a, b]
@@ -324,7 +324,7 @@ def ks_combine(
     e: torch.Tensor,
     f: torch.Tensor,
     g: torch.Tensor,
-    last: bool,
+    level: int,
 ) -> list[torch.Tensor]:
     """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), then the next (G, P)."""
     z = b.bitwise_and_(e)
@@ -332,7 +332,7 @@ def ks_combine(
     if first:
         z ^= e.bitwise_and_(f)
     z ^= derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
-    g_new, p_new = bits.level_update(g, z, last)
+    g_new, p_new = bits.level_update(g, z, level)
     return [g_new] if p_new is None else [g_new, p_new]
 
 

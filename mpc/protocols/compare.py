@@ -144,7 +144,7 @@ class _MsbRun:
         words = bits.padded(_numel(shape))
         for k in range(bits.LEVELS):
             piggyback = [o for b in late for o in b.to_open()] if k == 0 else []
-            g, pr, got = _ks_level(session, g, pr, k == bits.LEVELS - 1, words, piggyback)
+            g, pr, got = _ks_level(session, g, pr, k, words, piggyback)
             words //= 1 if k == bits.LEVELS - 1 else 2
             if k == 0:
                 self.vt += [b.finish(got[2 * j], got[2 * j + 1]) for j, b in enumerate(late)]
@@ -198,7 +198,7 @@ def _ks_level(
     session: Session,
     g: Shares,
     pr: Shares,
-    last: bool,
+    level: int,
     words: int,
     piggyback: list[Shares],
 ) -> tuple[Shares, Shares, list[Shares]]:
@@ -206,6 +206,7 @@ def _ks_level(
     ``piggyback`` values are opened (arithmetically) in the same round and returned."""
     parties = session.parties
     n_last = session.n - 1
+    last = level == bits.LEVELS - 1
     nonce = session.next_nonce()
     and_shape = [words] if last else [2, words]
     (c_last,) = call(
@@ -219,7 +220,7 @@ def _ks_level(
         call(
             p,
             "mpc.ks_mask",
-            [session.party_seeds[i], nonce, g[i], pr[i], last],
+            [session.party_seeds[i], nonce, g[i], pr[i], level],
             [(and_shape, I64)] * 4,
         )
         for i, p in enumerate(parties)
@@ -241,7 +242,7 @@ def _ks_level(
                 e[i],
                 f[i],
                 g[i],
-                last,
+                level,
             ],
             [([out_words], I64)] * (1 if last else 2),
         )
