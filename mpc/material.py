@@ -187,8 +187,8 @@ def beaver_combine(
     ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
     """
     z = bilinear(op, params, e, b)
-    if op == "mul":  # elementwise: reuse the temporaries' buffers
-        z += a.mul_(f)
+    if op == "mul" and a.shape == z.shape and e.shape == z.shape:
+        z += a.mul_(f)  # elementwise, no broadcasting: reuse the temporaries' buffers
         if first:
             z += e.mul_(f)
     else:

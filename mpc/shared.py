@@ -66,11 +66,15 @@ class SharedTensor(torch.Tensor):
         return self
 
     def get(self) -> torch.Tensor:
-        """Reconstruct the value at the caller; the parties' shares are deleted."""
+        """Reconstruct the value at the caller.
+
+        The shares stay with the parties (results of local ops may share them with their
+        inputs) and are deleted when the last SharedTensor using them is dropped.
+        """
         self.session.watch()
-        total = self.shares[0].get()
+        total = self.shares[0].get(delete=False)
         for s in self.shares[1:]:
-            total += s.get()
+            total += s.get(delete=False)
         if self.frac_bits == 0 and not self.dtype.is_floating_point:
             return total.to(self.dtype)
         return decode(total, self.frac_bits, self.dtype)

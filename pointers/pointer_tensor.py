@@ -146,12 +146,14 @@ class PointerTensor(torch.Tensor):
         raise self._no_value("conversion to a numpy array")
 
     # -- ownership -----------------------------------------------------------------------
-    def get(self) -> torch.Tensor:
-        """Bring the value back and remove it from the worker."""
+    def get(self, delete: bool = True) -> torch.Tensor:
+        """Bring the value back and remove it from the worker (``delete=False``: keep it
+        there, and this pointer stays valid)."""
         ref = self._ref
         ref.check()
-        value = ref.location.request(Fetch(ref.obj_id, True))
-        ref.release()
+        value = ref.location.request(Fetch(ref.obj_id, delete))
+        if delete:
+            ref.release()
         return value
 
     def copy(self) -> PointerTensor:
