@@ -13,6 +13,7 @@ from .api import share
 from .config import MPCConfig
 from .encoding import EncodingError
 from .errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from .secure_aggregation import SecureAggregator, secure_fedavg
 from .session import Session
 from .shared import SharedTensor
 
@@ -23,9 +24,11 @@ __all__ = [
     "MPCError",
     "PartyMismatchError",
     "Recorder",
+    "SecureAggregator",
     "Session",
     "SharedTensor",
     "UnsupportedOpError",
+    "secure_fedavg",
     "share",
     "stats",
 ]

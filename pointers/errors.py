@@ -49,3 +49,17 @@ class UnknownObjectError(PointerError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class PartyUnavailable(PointerError):
+    """A worker, or a peer a worker waited for, is down or did not answer within the deadline.
+
+    ``party`` names the worker that is unavailable (when known)."""
+
+    def __init__(self, message: str, party: str | None = None) -> None:
+        super().__init__(message)
+        self.party = party
+
+
+class LimitExceeded(PointerError):
+    """A message or a client's stored bytes went past a limit the worker was started with."""

@@ -1,6 +1,7 @@
 """``pointers.hook(torch)``: opt-in seed-style methods, added only where torch lacks them.
 
-Adds ``Tensor.send/get/move/tag/copy``-style conveniences and ``nn.Module.send/get``.
+Adds ``Tensor.send/get/move/tag/copy``-style conveniences, ``nn.Module.send/get`` and
+``torch.utils.data.Dataset.federate``.
 Higher layers add their own methods (``mpc`` adds ``share``) through the entry-point group
 ``pointers.tensor_methods``, so this package never imports them. Nothing torch already
 defines is replaced, and calling ``hook`` twice is harmless.
@@ -15,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from .errors import PointerError
+from .federated import FederatedDataset
 from .module import get, send, tag
 
 _MARK = "__pointers_hook__"
@@ -45,6 +47,10 @@ def _module_get(self: nn.Module) -> nn.Module:
     return get(self)
 
 
+def _dataset_federate(self: Any, workers: Any, fractions: Any = None) -> FederatedDataset:
+    return FederatedDataset.federate(self, workers, fractions)
+
+
 def _add(cls: type, name: str, fn: Any, added: list[str]) -> None:
     existing = cls.__dict__.get(name)
     if existing is not None and getattr(existing, _MARK, False):
@@ -68,6 +74,7 @@ def hook(torch_module: ModuleType) -> list[str]:
     _add(tensor_cls, "tag", _tensor_tag, added)
     _add(torch_module.nn.Module, "send", _module_send, added)
     _add(torch_module.nn.Module, "get", _module_get, added)
+    _add(torch_module.utils.data.Dataset, "federate", _dataset_federate, added)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         fn = ep.load()
         target = torch_module.nn.Module if ep.name.startswith("module.") else tensor_cls

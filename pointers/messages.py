@@ -105,6 +105,44 @@ class SendToPeer(Message):
 
 
 @dataclass(slots=True)
+class StorePlan(Message):
+    """Store a plan (its wire form, see :mod:`pointers.plan_serde`) under ``obj_id``."""
+
+    KIND: ClassVar[str] = "store_plan"
+    obj_id: int
+    plan: list[Any]
+
+
+@dataclass(slots=True)
+class RunPlan(Message):
+    """Run a stored plan on ``args``; store its outputs under ``out_ids`` (as ExecuteOp)."""
+
+    KIND: ClassVar[str] = "run_plan"
+    plan_id: int
+    args: list[Any]
+    out_ids: list[int | None]
+    want_meta: bool
+
+
+@dataclass(slots=True)
+class ConnectPeer(Message):
+    """Network workers: deliver to peer worker ``peer`` at ``address`` (host:port)."""
+
+    KIND: ClassVar[str] = "connect_peer"
+    peer: str
+    address: str
+
+
+@dataclass(slots=True)
+class AcceptPeer(Message):
+    """Network workers: accept deliveries from peer worker ``peer`` into this client's
+    namespace (a peer may only deliver where a client asked for it)."""
+
+    KIND: ClassVar[str] = "accept_peer"
+    peer: str
+
+
+@dataclass(slots=True)
 class Reply(Message):
     KIND: ClassVar[str] = "reply"
     value: Any
@@ -129,6 +167,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Tag,
         Describe,
         SendToPeer,
+        StorePlan,
+        RunPlan,
+        ConnectPeer,
+        AcceptPeer,
         Reply,
         ErrorReply,
     )
@@ -182,6 +224,9 @@ _SIMPLE_CHECKS: dict[str, type | tuple[type, ...]] = {
     "args": list,
     "kwargs": dict,
     "value": object,
+    "plan": list,
+    "plan_id": int,
+    "address": str,
 }
 
 
@@ -225,6 +270,10 @@ __all__ = [
     "Tag",
     "Describe",
     "SendToPeer",
+    "StorePlan",
+    "RunPlan",
+    "ConnectPeer",
+    "AcceptPeer",
     "Reply",
     "ErrorReply",
     "encode_message",

@@ -30,14 +30,18 @@ from .messages import (
     Fetch,
     Message,
     Reply,
+    RunPlan,
     Search,
     SendToPeer,
     Store,
+    StorePlan,
     Tag,
     decode_message,
     encode_message,
 )
 from .ops import resolve_op
+from .plan_graph import PlanGraph
+from .plan_serde import plan_from_wire
 from .serde import Ref
 from .store import ObjectStore
 
@@ -148,6 +152,15 @@ class Worker:
             if msg.delete:
                 self.store.discard(msg.obj_id)
             return None
+        if isinstance(msg, StorePlan):  # validated op by op before it is stored
+            self.store.put(msg.obj_id, plan_from_wire(msg.plan, self.functions))
+            return None
+        if isinstance(msg, RunPlan):
+            plan = self.store.get(msg.plan_id)
+            if not isinstance(plan, PlanGraph):
+                raise TypeError(f"object {msg.plan_id} is not a plan")
+            outs = plan.run(self._resolve(msg.args), functions=self.functions, ctx=self)
+            return self._store_outputs(outs, msg.out_ids, msg.want_meta)
         raise DecodeError(f"a worker cannot run a {msg.KIND!r} message")
 
     def _resolve(self, obj: Any) -> Any:

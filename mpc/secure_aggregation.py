@@ -1,0 +1,188 @@
+"""Secure aggregation for federated averaging: only the weighted mean of the updates is revealed.
+
+Data workers W_1..W_K hold flat updates u_k (weight deltas) and public example counts n_k;
+aggregation parties P_1..P_m (2 to 5 workers; they may be data workers too) add them up::
+
+    1. W_k:  ū_k = encode(u_k, f)                          (fixed point, at W_k)
+             [ū_k]_1..[ū_k]_m with [ū_k]_i uniform for i < m and
+             [ū_k]_m = ū_k - sum_{i<m} [ū_k]_i              (W_k's own CSPRNG)
+    2. W_k -> P_i:  [ū_k]_i                                 (peer delivery; W_k keeps none)
+    3. P_i:  [s]_i = sum_k n_k [ū_k]_i                      (local: public integer weights)
+    4. server:  s = sum_i [s]_i,  mean = decode(s, f) / N,  N = sum_k n_k
+
+Steps 1-2 run at the data worker (the registered function :data:`SHARE_FUNCTION`), so the
+orchestrating server never sees an update and never generates a share. This is additive
+secret sharing among non-colluding aggregators, the setting of Prio (Corrigan-Gibbs and
+Boneh, NSDI 2017) and of the "secure aggregation" step of federated learning (Bonawitz et
+al., CCS 2017), without the latter's pairwise masking and dropout recovery: every worker
+must answer in every round.
+
+Who learns what (semi-honest parties, no collusion among all m aggregators):
+
+- the server: ``s`` (equivalently the weighted mean, as the counts are public) and nothing
+  about an individual update;
+- an aggregation party: one uniformly random share of each update and of ``s``; a data
+  worker that is also an aggregator holds the same about the other workers' updates;
+- all m aggregators together could reconstruct every update: that is the trust assumption.
+
+The per-worker mean training loss travels inside the update (see :func:`pointers.fedavg`),
+so only its weighted mean is revealed too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+import pointers as pt
+
+from .config import MPCConfig
+from .encoding import encode
+from .errors import MPCError
+from .prg import random_ring
+from .session import Session
+from .shared import SharedTensor
+
+__all__ = ["SHARE_FUNCTION", "SecureAggregator", "install", "secure_fedavg", "share_update"]
+
+SHARE_FUNCTION = "mpc.secagg.share_update"
+_SAFE_BITS = 62  # encoded magnitudes stay below 2^62 (see mpc.encoding)
+
+
+def share_update(
+    ctx: Any, update: torch.Tensor, frac_bits: int, n_shares: int, bound: float
+) -> list[torch.Tensor]:
+    """Run at the data worker: encode ``update`` and split it into ``n_shares`` additive shares.
+
+    ``bound`` is public: a value with ``|u| >= bound`` could overflow the weighted sum, so
+    the worker refuses it (the only thing an error tells is that the bound was exceeded).
+    """
+    if not isinstance(update, torch.Tensor) or not update.is_floating_point():
+        raise TypeError("the update to share must be a floating tensor")
+    if isinstance(n_shares, bool) or not isinstance(n_shares, int) or not 2 <= n_shares <= 5:
+        raise ValueError(f"n_shares must be an int in [2, 5], got {n_shares!r}")
+    if update.numel() and not bool(torch.isfinite(update).all()):
+        raise ValueError("the update holds NaN or infinity; lower the learning rate")
+    if update.numel() and float(update.abs().max()) >= bound:
+        raise ValueError(
+            f"an update value is too large to aggregate securely (|u| >= {bound:g} at "
+            f"{frac_bits} fractional bits); lower the learning rate or frac_bits"
+        )
+    rest = encode(update, frac_bits)
+    shares = []
+    for _ in range(n_shares - 1):
+        r = random_ring(tuple(rest.shape))
+        rest -= r
+        shares.append(r)
+    shares.append(rest)
+    return shares
+
+
+FUNCTIONS = {SHARE_FUNCTION: share_update}
+
+
+def install(worker: Any) -> None:
+    """Register the secure-aggregation function with an in-process data worker (idempotent)."""
+    functions = getattr(worker, "functions", None)
+    if functions is None:
+        raise TypeError(f"{worker!r} has no function registry; expected a pointers worker")
+    functions.register_all(FUNCTIONS)
+
+
+class SecureAggregator:
+    """A :class:`pointers.fedavg` aggregator that reveals only the weighted mean of the updates.
+
+    ``parties`` (2 to 5 workers) hold the shares; each data worker shares its own update
+    and sends the shares to them directly. ``crypto_provider`` is optional: the aggregation
+    is linear, so it needs no dealer material. ``frac_bits`` (or ``config``) sets the
+    fixed-point precision: the mean is exact up to ``2**-(frac_bits + 1)`` per coordinate.
+    """
+
+    def __init__(
+        self,
+        parties: Sequence[Any],
+        crypto_provider: Any | None = None,
+        *,
+        frac_bits: int | None = None,
+        config: MPCConfig | None = None,
+    ) -> None:
+        if isinstance(parties, str) or not isinstance(parties, Sequence):
+            raise TypeError("parties must be a sequence of workers, e.g. (alice, bob)")
+        if config is not None and frac_bits is not None:
+            raise TypeError("pass either frac_bits or config, not both")
+        if config is None:
+            config = MPCConfig() if frac_bits is None else MPCConfig(frac_bits=frac_bits)
+        self.session = Session(list(parties), crypto_provider, config)
+
+    @property
+    def parties(self) -> list[Any]:
+        return self.session.parties
+
+    @property
+    def frac_bits(self) -> int:
+        return self.session.config.frac_bits
+
+    def share_update(self, update: pt.PointerTensor) -> SharedTensor:
+        """Have ``update``'s worker share it among the parties (steps 1-2 above).
+
+        The returned :class:`SharedTensor` is encoded at ``frac_bits``; the worker keeps
+        no share (unless it is itself a party).
+        """
+        return self._share(update, _bound(self.frac_bits, 1))
+
+    def _share(self, update: pt.PointerTensor, bound: float) -> SharedTensor:
+        if not isinstance(update, pt.PointerTensor):
+            raise MPCError(
+                "secure aggregation shares an update from the worker that holds it: pass a "
+                f"PointerTensor, got {type(update).__name__}"
+            )
+        worker = update.location
+        install(worker)
+        m, f = self.session.n, self.frac_bits
+        shape = tuple(update.shape)
+        shares = pt.call_function(
+            worker, SHARE_FUNCTION, [update, f, m, bound], out=[(shape, torch.int64)] * m
+        )
+        moved = [s.move(p) for s, p in zip(shares, self.parties)]  # type: ignore[union-attr]
+        return SharedTensor(moved, self.session, f, torch.float64)
+
+    def aggregate(self, updates: Sequence[tuple[pt.PointerTensor, int]]) -> torch.Tensor:
+        """``sum_k n_k u_k / sum_k n_k``, reconstructing only the weighted sum."""
+        _, dtype, total = pt.check_updates(updates)
+        bound = _bound(self.frac_bits, total)
+        acc: SharedTensor | None = None
+        for update, n in updates:
+            # local at each party: shares times the public integer n, then share sums
+            term = cast(SharedTensor, self._share(update, bound) * n)
+            acc = term if acc is None else cast(SharedTensor, acc + term)
+        assert acc is not None
+        weighted_sum = acc.get()  # float64: the only value opened
+        return (weighted_sum / total).to(dtype)
+
+    def __repr__(self) -> str:
+        return f"SecureAggregator({self.session!r}, frac_bits={self.frac_bits})"
+
+
+def _bound(frac_bits: int, total: int) -> float:
+    """Largest |u| for which ``sum_k n_k * encode(u_k)`` stays below 2^62 when the counts
+    add up to ``total`` (``total * |u| * 2^f < 2^62``)."""
+    return 2.0 ** (_SAFE_BITS - frac_bits) / total
+
+
+def secure_fedavg(
+    model: nn.Module,
+    federated_dataset: pt.FederatedDataset,
+    parties: Sequence[Any],
+    crypto_provider: Any | None = None,
+    *,
+    frac_bits: int | None = None,
+    **kwargs: Any,
+) -> tuple[nn.Module, pt.FedAvgHistory]:
+    """:func:`pointers.fedavg` with a :class:`SecureAggregator` among ``parties``."""
+    if "aggregator" in kwargs:
+        raise TypeError("secure_fedavg() builds its own aggregator; use pointers.fedavg instead")
+    aggregator = SecureAggregator(parties, crypto_provider, frac_bits=frac_bits)
+    return pt.fedavg(model, federated_dataset, aggregator=aggregator, **kwargs)

@@ -1,0 +1,227 @@
+"""A plan's wire form: a msgpack list, validated field by field; and its byte form.
+
+The wire form (what :class:`~pointers.messages.StorePlan` carries) is::
+
+    ["pointers.plan", version, name, input_specs, n_state, tensors, nodes, outputs,
+     tuple_output]
+
+with ``input_specs`` a list of ``[shape (-1: any size), dtype name]``, ``tensors`` the
+state then the constants (they travel as message buffers), ``nodes`` a list of
+``[target, args, kwargs]`` whose :class:`~pointers.serde.Ref` values name earlier slots
+(see :mod:`pointers.plan_graph`), and ``outputs`` a list of Refs.
+
+:func:`plan_from_wire` checks every field before a :class:`PlanGraph` exists: the version,
+each op against the worker's allow-list, every reference (only to values computed
+earlier), every argument's type and nesting. :func:`plan_to_bytes` packs the wire form
+and its tensor buffers into one msgpack byte string; nothing here uses pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import torch
+
+from . import serde
+from .errors import DecodeError, NotAllowedError
+from .ops import resolve_op
+from .plan_graph import SYM_OPS, InputSpec, Node, PlanDecodeError, PlanGraph
+from .serde import Ref
+
+MAGIC = "pointers.plan"
+BYTES_MAGIC = "pointers.plan.bytes"
+VERSION = 1
+MAX_NODES = 1_000_000
+MAX_DEPTH = 16  # nesting of lists/tuples inside one argument
+MAX_NAME = 200
+
+
+def plan_to_wire(graph: PlanGraph) -> list[Any]:
+    """The plan as a msgpack-able list (tensors stay tensors: they travel as buffers)."""
+    return [
+        MAGIC,
+        VERSION,
+        graph.name,
+        [
+            [[-1 if s is None else s for s in i.shape], serde.dtype_name(i.dtype)]
+            for i in graph.inputs
+        ],
+        graph.n_state,
+        [t.detach() for t in graph.tensors],
+        [[n.target, list(n.args), dict(n.kwargs)] for n in graph.nodes],
+        [Ref(s) for s in graph.outputs],
+        graph.tuple_output,
+    ]
+
+
+def plan_to_bytes(graph: PlanGraph) -> bytes:
+    """One byte string holding the plan and its tensors (msgpack; no pickle)."""
+    header, buffers = serde.encode(plan_to_wire(graph))
+    raw = [b.reshape(-1).view(torch.uint8).numpy().tobytes() for b in buffers]
+    return msgpack.packb([BYTES_MAGIC, header, raw], use_bin_type=True)
+
+
+def plan_from_bytes(data: bytes) -> PlanGraph:
+    """Decode :func:`plan_to_bytes` output; raises :class:`PlanDecodeError` on anything else."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise PlanDecodeError(f"a plan decodes from bytes, not {type(data).__name__}")
+    try:
+        outer = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
+    except Exception as e:
+        raise PlanDecodeError(f"not a serialised plan: {type(e).__name__}: {e}") from None
+    if not (
+        isinstance(outer, list)
+        and len(outer) == 3
+        and outer[0] == BYTES_MAGIC
+        and isinstance(outer[1], bytes)
+        and isinstance(outer[2], list)
+        and all(isinstance(b, bytes) for b in outer[2])
+    ):
+        raise PlanDecodeError("not a serialised plan (bad outer structure)")
+    try:
+        wire = serde.decode(outer[1], outer[2])
+    except DecodeError as e:
+        raise PlanDecodeError(f"malformed plan: {e}") from None
+    return plan_from_wire(wire)
+
+
+_LEAF_TYPES = (
+    type(None),
+    bool,
+    int,
+    float,
+    str,
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+def _check_value(v: Any, limit: int, where: str, depth: int = 0) -> None:
+    t = type(v)
+    if t is Ref:
+        if not 0 <= v.obj_id < limit:
+            raise PlanDecodeError(
+                f"{where} refers to value {v.obj_id}, which does not exist yet (only values "
+                f"0..{limit - 1} come before it)"
+            )
+        return
+    if t in (list, tuple):
+        if depth >= MAX_DEPTH:
+            raise PlanDecodeError(f"{where} nests lists too deeply")
+        for x in v:
+            _check_value(x, limit, where, depth + 1)
+        return
+    if t is str and len(v) > 10_000:
+        raise PlanDecodeError(f"{where} holds an overlong string")
+    if t in _LEAF_TYPES:
+        return
+    if isinstance(v, torch.Tensor):
+        raise PlanDecodeError(f"{where} holds a tensor; tensors belong in the plan's tensor table")
+    raise PlanDecodeError(f"{where} holds a value of type {t.__name__}")
+
+
+def check_target(target: Any, where: str, functions: Any = None) -> None:
+    """Check one node target against the plan vocabulary (aten allow-list, sym ops, fn)."""
+    if type(target) is not str:
+        raise PlanDecodeError(f"{where}: the op name must be a string")
+    ns, sep, rest = target.partition("::")
+    if ns == "aten" and sep:
+        try:
+            resolve_op(target)
+        except NotAllowedError as e:
+            raise PlanDecodeError(f"{where}: {e}") from None
+    elif ns == "fn" and sep:
+        if not rest or len(rest) > MAX_NAME:
+            raise PlanDecodeError(f"{where}: malformed function name {target!r}")
+        if functions is not None and rest not in functions:
+            raise PlanDecodeError(f"{where}: no function {rest!r} is registered at this worker")
+    elif target not in SYM_OPS:
+        raise PlanDecodeError(
+            f"{where}: unknown op {target[:MAX_NAME]!r}; a plan may use allow-listed aten ops "
+            "('aten::name.overload'), size arithmetic ('sym::...') and registered functions "
+            "('fn::name')"
+        )
+
+
+def plan_from_wire(wire: Any, functions: Any = None) -> PlanGraph:
+    """Validate a plan's wire form and build it; raises :class:`PlanDecodeError`.
+
+    ``functions`` (a worker's registry) makes ``fn::`` nodes naming unregistered
+    functions fail here, at store time, rather than when the plan runs.
+    """
+    if not isinstance(wire, list) or len(wire) != 9 or wire[0] != MAGIC:
+        raise PlanDecodeError("not a plan: expected a 9-field list starting with 'pointers.plan'")
+    _, version, name, specs, n_state, tensors, nodes, outputs, tuple_output = wire
+    if version != VERSION:
+        raise PlanDecodeError(f"unsupported plan format version {version!r} (expected {VERSION})")
+    if type(name) is not str or len(name) > MAX_NAME:
+        raise PlanDecodeError("the plan's name must be a short string")
+    if not isinstance(specs, list):
+        raise PlanDecodeError("the plan's input specs must be a list")
+    inputs = []
+    for k, spec in enumerate(specs):
+        if not (
+            isinstance(spec, list)
+            and len(spec) == 2
+            and isinstance(spec[0], list)
+            and all(type(s) is int and s >= -1 for s in spec[0])
+            and type(spec[1]) is str
+        ):
+            raise PlanDecodeError(f"input spec {k} is malformed")
+        try:
+            dtype = serde.dtype_from_name(spec[1])
+        except DecodeError as e:
+            raise PlanDecodeError(f"input spec {k}: {e}") from None
+        inputs.append(InputSpec(tuple(None if s == -1 else s for s in spec[0]), dtype))
+    if not isinstance(tensors, list) or not all(type(t) is torch.Tensor for t in tensors):
+        raise PlanDecodeError("the plan's tensor table must be a list of tensors")
+    if type(n_state) is not int or not 0 <= n_state <= len(tensors):
+        raise PlanDecodeError("the plan's state count does not fit its tensor table")
+    if not isinstance(nodes, list) or len(nodes) > MAX_NODES:
+        raise PlanDecodeError(f"the plan's nodes must be a list of at most {MAX_NODES}")
+    parsed = []
+    limit = len(inputs) + len(tensors)
+    for i, raw in enumerate(nodes):
+        where = f"node {i}"
+        if not (isinstance(raw, list) and len(raw) == 3):
+            raise PlanDecodeError(f"{where} must be [op, args, kwargs]")
+        target, args, kwargs = raw
+        check_target(target, where, functions)
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise PlanDecodeError(f"{where}: args must be a list and kwargs a map")
+        _check_value(args, limit, where)
+        for key, v in kwargs.items():
+            if type(key) is not str:
+                raise PlanDecodeError(f"{where}: keyword names must be strings")
+            _check_value(v, limit, where)
+        parsed.append(Node(target, tuple(args), dict(kwargs)))
+        limit += 1
+    if not isinstance(outputs, list) or not outputs:
+        raise PlanDecodeError("a plan must have at least one output")
+    for o in outputs:
+        if type(o) is not Ref:
+            raise PlanDecodeError("the plan's outputs must be value references")
+        _check_value(o, limit, "the plan's outputs")
+    if type(tuple_output) is not bool or (not tuple_output and len(outputs) != 1):
+        raise PlanDecodeError("the plan's output form is malformed")
+    try:
+        return PlanGraph(
+            name, inputs, n_state, tensors, parsed, [o.obj_id for o in outputs], tuple_output
+        )
+    except (NotAllowedError, KeyError) as e:  # already checked above; kept for safety
+        raise PlanDecodeError(f"invalid plan: {e}") from None
+
+
+__all__ = [
+    "BYTES_MAGIC",
+    "MAGIC",
+    "VERSION",
+    "check_target",
+    "plan_from_bytes",
+    "plan_from_wire",
+    "plan_to_bytes",
+    "plan_to_wire",
+]
