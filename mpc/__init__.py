@@ -13,6 +13,7 @@ from .api import share
 from .config import MPCConfig
 from .encoding import EncodingError
 from .errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from .plan import SharedPlan, plan
 from .secure_aggregation import SecureAggregator, secure_fedavg
 from .session import Session
 from .shared import SharedTensor
@@ -26,9 +27,11 @@ __all__ = [
     "Recorder",
     "SecureAggregator",
     "Session",
+    "SharedPlan",
     "SharedTensor",
     "UnsupportedOpError",
     "secure_fedavg",
+    "plan",
     "share",
     "stats",
 ]

@@ -61,7 +61,10 @@ class Recorder:
 
     @property
     def client_messages(self) -> int:
-        return sum(self._delta(k, "messages_received") for k in self._start)
+        """Messages the workers received from the client (their party-to-party
+        deliveries among the watched workers subtracted)."""
+        received = sum(self._delta(k, "messages_received") for k in self._start)
+        return received - sum(self._delta(k, "peer_messages_sent") for k in self._start)
 
     def __repr__(self) -> str:
         return (

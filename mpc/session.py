@@ -9,6 +9,7 @@ pointers to the seeds; it never fetches them.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import torch
@@ -54,7 +55,9 @@ class Session:
         self.parties = parties
         self.dealer = crypto_provider
         self.config = config or MPCConfig()
-        self._nonces = itertools.count(1)
+        # nonces start at a random 48-bit point: they are public, but must be unique per
+        # seed, and a recorded plan tells them from other integers by their value
+        self._nonces = itertools.count(int.from_bytes(os.urandom(6), "little") << 8)
         for w in parties + ([crypto_provider] if crypto_provider is not None else []):
             install(w)
         for p in parties:

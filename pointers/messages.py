@@ -143,6 +143,26 @@ class AcceptPeer(Message):
 
 
 @dataclass(slots=True)
+class StoreProgram(Message):
+    """Store a recorded program (see :mod:`pointers.program`) under ``obj_id``."""
+
+    KIND: ClassVar[str] = "store_program"
+    obj_id: int
+    messages: list[Any]
+
+
+@dataclass(slots=True)
+class RunProgram(Message):
+    """Start a stored program with its slots bound to ``bindings``; ``promised`` are the
+    ids it will create here (lookups of them wait for it)."""
+
+    KIND: ClassVar[str] = "run_program"
+    program_id: int
+    bindings: list[int]
+    promised: list[int]
+
+
+@dataclass(slots=True)
 class Reply(Message):
     KIND: ClassVar[str] = "reply"
     value: Any
@@ -169,6 +189,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         SendToPeer,
         StorePlan,
         RunPlan,
+        StoreProgram,
+        RunProgram,
         ConnectPeer,
         AcceptPeer,
         Reply,
@@ -184,7 +206,15 @@ def encode_message(msg: Message) -> tuple[bytes, list[torch.Tensor]]:
 
 
 def decode_message(header: bytes, buffers: list[Any]) -> Message:
-    raw = serde.decode(header, buffers)
+    return message_from_list(serde.decode(header, buffers))
+
+
+def message_to_list(msg: Message) -> list[Any]:
+    return [msg.KIND, *[getattr(msg, n) for n in _FIELD_NAMES[msg.KIND]]]
+
+
+def message_from_list(raw: Any) -> Message:
+    """A message from its decoded list form ``[kind, field, ...]``, type-checked."""
     if not isinstance(raw, list) or not raw or not isinstance(raw[0], str):
         raise DecodeError("a message must be a list starting with its kind")
     kind = raw[0]
@@ -226,12 +256,16 @@ _SIMPLE_CHECKS: dict[str, type | tuple[type, ...]] = {
     "value": object,
     "plan": list,
     "plan_id": int,
+    "program_id": int,
     "address": str,
 }
 
 
 _LIST_CHECKS: dict[str, tuple[type, ...]] = {
     "obj_ids": (int,),
+    "bindings": (int,),
+    "promised": (int,),
+    "messages": (list,),
     "out_ids": (int, type(None)),
     "tags": (str,),
     "query": (str,),
@@ -272,6 +306,8 @@ __all__ = [
     "SendToPeer",
     "StorePlan",
     "RunPlan",
+    "StoreProgram",
+    "RunProgram",
     "ConnectPeer",
     "AcceptPeer",
     "Reply",

@@ -30,6 +30,8 @@ _EXT_REF = 4
 _EXT_LAYOUT = 5
 _EXT_MEMFMT = 6
 _EXT_TUPLE = 7
+_EXT_SLOT = 8
+_EXT_SLOTREF = 9
 _REF = struct.Struct("<q")
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -64,6 +66,29 @@ class Ref:
     """A reference to an object held by the worker that receives the message."""
 
     obj_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """In a stored program: an int bound at each run (an object id or a nonce)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRef:
+    """In a stored program: a reference to the object whose id is bound to a slot."""
+
+    index: int
+
+
+def ref_id(o: Any) -> int | None:
+    """The object id of a reference in either form (``Ref`` or its wire ``ExtType``)."""
+    if isinstance(o, Ref):
+        return o.obj_id
+    if isinstance(o, msgpack.ExtType) and o.code == _EXT_REF and len(o.data) == _REF.size:
+        return int(_REF.unpack(o.data)[0])
+    return None
 
 
 def ref_ext(obj_id: int) -> msgpack.ExtType:
@@ -103,6 +128,10 @@ def encode(obj: Any) -> tuple[bytes, list[torch.Tensor]]:
             return msgpack.ExtType(_EXT_TENSOR, msgpack.packb(meta))
         if isinstance(o, Ref):
             return msgpack.ExtType(_EXT_REF, _REF.pack(o.obj_id))
+        if isinstance(o, Slot):
+            return msgpack.ExtType(_EXT_SLOT, _REF.pack(o.index))
+        if isinstance(o, SlotRef):
+            return msgpack.ExtType(_EXT_SLOTREF, _REF.pack(o.index))
         if isinstance(o, torch.dtype):
             return msgpack.ExtType(_EXT_DTYPE, dtype_name(o).encode())
         if isinstance(o, torch.device):
@@ -146,6 +175,11 @@ def decode(header: bytes, buffers: list[Any]) -> Any:
             if len(data) != _REF.size:
                 raise DecodeError("malformed object reference")
             return Ref(_REF.unpack(data)[0])
+        if code in (_EXT_SLOT, _EXT_SLOTREF):
+            if len(data) != _REF.size:
+                raise DecodeError("malformed program slot")
+            index = _REF.unpack(data)[0]
+            return Slot(index) if code == _EXT_SLOT else SlotRef(index)
         if code == _EXT_DTYPE:
             return dtype_from_name(data.decode())
         if code == _EXT_DEVICE:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UnknownObjectError
+from .errors import PartyUnavailable, UnknownObjectError
 
 
 @dataclass(slots=True)
@@ -17,24 +19,72 @@ class Entry:
 
 
 class ObjectStore:
-    """Objects a worker holds, keyed by the id their sender chose."""
+    """Objects a worker holds, keyed by the id their sender chose.
 
-    def __init__(self, owner: str) -> None:
+    Ids can be *promised* (by a running program, see :mod:`pointers.program`): a lookup of
+    a promised id waits on ``condition`` (whose lock the caller holds) until the object
+    arrives, the promise fails, or ``wait_seconds`` pass.
+    """
+
+    def __init__(
+        self, owner: str, condition: threading.Condition | None = None, wait_seconds: float = 10.0
+    ) -> None:
         self.owner = owner
         self._entries: dict[int, Entry] = {}
+        self._promised: dict[int, str | None] = {}  # id -> failure message (None: pending)
+        self.condition = condition or threading.Condition(threading.RLock())
+        self.wait_seconds = wait_seconds
 
     def put(
         self, obj_id: int, value: Any, tags: set[str] | None = None, description: str = ""
     ) -> None:
         self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description)
+        if self._promised and self._promised.pop(obj_id, 0) is None:
+            with self.condition:
+                self.condition.notify_all()
+
+    def promise(self, ids: list[int]) -> None:
+        for i in ids:
+            if i not in self._entries:
+                self._promised[i] = None
+
+    def drop_promise(self, obj_id: int) -> None:
+        """Forget a pending promise (a failed one stays until a waiter reads it)."""
+        if self._promised.get(obj_id, 0) is None:
+            del self._promised[obj_id]
+
+    def fail_promises(self, ids: list[int], why: str) -> None:
+        with self.condition:
+            for i in ids:
+                if i in self._promised:
+                    self._promised[i] = why
+            self.condition.notify_all()
 
     def get(self, obj_id: int) -> Any:
-        try:
-            return self._entries[obj_id].value
-        except KeyError:
-            raise UnknownObjectError(
-                f"worker {self.owner!r} holds no object with id {obj_id}"
-            ) from None
+        entry = self._entries.get(obj_id)
+        if entry is None and obj_id in self._promised:
+            entry = self._wait(obj_id)
+        if entry is None:
+            raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
+        return entry.value
+
+    def _wait(self, obj_id: int) -> Entry | None:
+        deadline = time.monotonic() + self.wait_seconds
+        with self.condition:
+            while obj_id not in self._entries:
+                why = self._promised.get(obj_id)
+                if why is not None:
+                    self._promised.pop(obj_id, None)
+                    raise PartyUnavailable(f"worker {self.owner!r}: {why}")
+                left = deadline - time.monotonic()
+                if left <= 0 or obj_id not in self._promised:
+                    self._promised.pop(obj_id, None)
+                    raise PartyUnavailable(
+                        f"worker {self.owner!r} waited {self.wait_seconds:g} s for object "
+                        f"{obj_id}, which a program or a peer was to produce"
+                    )
+                self.condition.wait(left)
+        return self._entries.get(obj_id)
 
     def entry(self, obj_id: int) -> Entry:
         try:
@@ -46,7 +96,7 @@ class ObjectStore:
 
     def pop(self, obj_id: int) -> Any:
         value = self.get(obj_id)
-        del self._entries[obj_id]
+        self._entries.pop(obj_id, None)
         return value
 
     def discard(self, obj_id: int) -> None:

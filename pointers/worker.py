@@ -31,10 +31,12 @@ from .messages import (
     Message,
     Reply,
     RunPlan,
+    RunProgram,
     Search,
     SendToPeer,
     Store,
     StorePlan,
+    StoreProgram,
     Tag,
     decode_message,
     encode_message,
@@ -42,6 +44,7 @@ from .messages import (
 from .ops import resolve_op
 from .plan_graph import PlanGraph
 from .plan_serde import plan_from_wire
+from .program import program_from_wire, start_program
 from .serde import Ref
 from .store import ObjectStore
 
@@ -76,11 +79,18 @@ class Worker:
         if not isinstance(id, str) or not id:
             raise ValueError(f"a worker id must be a non-empty string, got {id!r}")
         self.id = id
-        self.store = ObjectStore(id)
+        self._lock = threading.RLock()
+        self.store = ObjectStore(id, threading.Condition(self._lock))
         self.functions = FunctionRegistry()
         self.stats = WorkerStats()
         self._peer_links: dict[str, Any] = {}
-        self._lock = threading.RLock()
+        self._program_threads: list[threading.Thread] = []
+
+    def wait_programs(self, timeout: float | None = None) -> None:
+        """Wait until the programs this worker runs (see :mod:`pointers.program`) end."""
+        for t in list(self._program_threads):
+            t.join(timeout)
+        self._program_threads = [t for t in self._program_threads if t.is_alive()]
 
     # -- serving ---------------------------------------------------------------------
     def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
@@ -161,6 +171,12 @@ class Worker:
                 raise TypeError(f"object {msg.plan_id} is not a plan")
             outs = plan.run(self._resolve(msg.args), functions=self.functions, ctx=self)
             return self._store_outputs(outs, msg.out_ids, msg.want_meta)
+        if isinstance(msg, StoreProgram):
+            self.store.put(msg.obj_id, program_from_wire(msg.messages))
+            return None
+        if isinstance(msg, RunProgram):
+            start_program(self, msg)
+            return None
         raise DecodeError(f"a worker cannot run a {msg.KIND!r} message")
 
     def _resolve(self, obj: Any) -> Any:

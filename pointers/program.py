@@ -1,0 +1,258 @@
+"""Programs: the commands a client sent to each worker during one run, stored at the
+workers and replayed with one message per worker.
+
+A :class:`Recording` captures, per worker, every command the client sends while it runs
+some code (ops, function calls, stores, deletes, party-to-party deliveries) and the ids
+it allocated. :func:`build_programs` turns the captured commands into one program per
+worker, replacing each id allocated during the recording (and any extra run-specific
+value, such as a protocol nonce) by a numbered slot. Replaying binds fresh values to the
+slots: every worker runs its program in its own thread, waiting (bounded) for objects a
+peer delivers to it, so programs whose steps depend on each other across workers run
+without the client in the loop.
+
+This is how an encrypted inference becomes one message per party (see ``mpc.plan``).
+Programs record in-process workers (``VirtualWorker``); recording network workers is
+not supported yet.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+from .errors import PointerError
+from .messages import (
+    CallFunction,
+    Delete,
+    ExecuteOp,
+    Message,
+    RunProgram,
+    SendToPeer,
+    Store,
+    Tag,
+    message_from_list,
+    message_to_list,
+)
+from .serde import Ref, Slot, SlotRef, ref_id
+
+RECORDABLE = (ExecuteOp, CallFunction, Store, Delete, SendToPeer, Tag)
+_KINDS = {cls.KIND for cls in RECORDABLE}
+
+
+class Recording:
+    """``with Recording(workers) as rec:`` captures the commands sent to ``workers``.
+
+    The commands still run (the recording run computes real results); a command that
+    needs a reply (a fetch, a search) cannot be part of a program and raises.
+    """
+
+    def __init__(self, workers: Iterable[Any]) -> None:
+        self.workers = list(workers)
+        self.messages: dict[str, list[Message]] = {w.id: [] for w in self.workers}
+        self.new_ids: dict[str, list[int]] = {w.id: [] for w in self.workers}
+
+    def __enter__(self) -> Recording:
+        for w in self.workers:
+            if not hasattr(w, "_exchange"):
+                raise PointerError(f"worker {w.id!r} cannot be recorded (in-process workers only)")
+            w._flush_deletes()  # earlier garbage is not part of the program
+            orig_exchange, orig_new_id = w._exchange, w.new_id
+
+            def exchange(msg: Message, _w: Any = w, _orig: Any = orig_exchange) -> Any:
+                if not isinstance(msg, RECORDABLE):
+                    raise PointerError(
+                        f"a {msg.KIND!r} command waits for a reply and cannot be part of a "
+                        "program; keep fetches and searches outside the recorded code"
+                    )
+                self.messages[_w.id].append(msg)
+                return _orig(msg)
+
+            def new_id(_w: Any = w, _orig: Any = orig_new_id) -> int:
+                i = _orig()
+                self.new_ids[_w.id].append(i)
+                return i
+
+            w._exchange = exchange
+            w.new_id = new_id
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if exc[0] is None:
+                gc.collect()
+                for w in self.workers:  # temporaries dropped in the run: their deletes
+                    w._flush_deletes()
+        finally:
+            for w in self.workers:
+                w.__dict__.pop("_exchange", None)
+                w.__dict__.pop("new_id", None)
+
+
+class Slots:
+    """The run-specific values of a recording, numbered."""
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}
+        self.kind: list[tuple[str, Any]] = []  # ("new", worker id) | ("input", k) | ("extra", k)
+
+    def add(self, value: int, kind: tuple[str, Any]) -> None:
+        if value in self.index:
+            raise PointerError(f"internal: value {value} recorded twice")
+        self.index[value] = len(self.kind)
+        self.kind.append(kind)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def build_programs(
+    rec: Recording, inputs: list[int], extras: list[int]
+) -> tuple[dict[str, list[Any]], Slots]:
+    """Per worker, its recorded commands in wire form with run-specific ints as slots.
+
+    ``inputs`` are the ids of the run's input objects (bound anew at each run), ``extras``
+    other run-specific ints that appear in commands (e.g. nonces)."""
+    slots = Slots()
+    for wid, ids in rec.new_ids.items():
+        for i in ids:
+            slots.add(i, ("new", wid))
+    for k, i in enumerate(inputs):
+        slots.add(i, ("input", k))
+    for k, v in enumerate(extras):
+        slots.add(v, ("extra", k))
+    temps = set(slots.index)
+
+    def sub(o: Any) -> Any:
+        rid = ref_id(o)
+        if rid is not None:
+            k = slots.index.get(rid)
+            return SlotRef(k) if k is not None else o
+        if isinstance(o, int) and not isinstance(o, bool):
+            k = slots.index.get(o)
+            return Slot(k) if k is not None else o
+        if isinstance(o, list):
+            return [sub(x) for x in o]
+        if isinstance(o, tuple):
+            return tuple(sub(x) for x in o)
+        if isinstance(o, dict):
+            return {k2: sub(v) for k2, v in o.items()}
+        return o
+
+    programs: dict[str, list[Any]] = {}
+    for wid, msgs in rec.messages.items():
+        out = []
+        for m in msgs:
+            if isinstance(m, Delete):  # only the run's own temporaries
+                ids = [i for i in m.obj_ids if i in temps]
+                if not ids:
+                    continue
+                m = Delete(ids)
+            out.append(sub(message_to_list(m)))
+        programs[wid] = out
+    return programs, slots
+
+
+def bind(raw: Any, bindings: list[int]) -> Any:
+    if isinstance(raw, Slot):
+        return bindings[raw.index]
+    if isinstance(raw, SlotRef):
+        return Ref(bindings[raw.index])
+    if isinstance(raw, list):
+        return [bind(x, bindings) for x in raw]
+    if isinstance(raw, tuple):
+        return tuple(bind(x, bindings) for x in raw)
+    if isinstance(raw, dict):
+        return {k: bind(v, bindings) for k, v in raw.items()}
+    if isinstance(raw, msgpack.ExtType):
+        rid = ref_id(raw)
+        return Ref(rid) if rid is not None else raw
+    return raw
+
+
+def _max_slot(raw: Any) -> int:
+    if isinstance(raw, Slot | SlotRef):
+        return raw.index
+    if isinstance(raw, list | tuple):
+        return max((_max_slot(x) for x in raw), default=-1)
+    if isinstance(raw, dict):
+        return max((_max_slot(x) for x in raw.values()), default=-1)
+    return -1
+
+
+class Program:
+    """A stored program: validated commands with slots, and how many slots it needs."""
+
+    def __init__(self, raw: list[Any]) -> None:
+        self.raw = raw
+        self.n_slots = _max_slot(raw) + 1
+
+
+def program_from_wire(messages: list[Any]) -> Program:
+    """Validate a program's commands (kinds, field types with slots bound to 0)."""
+    for raw in messages:
+        if not isinstance(raw, list) or not raw or raw[0] not in _KINDS:
+            kind = raw[0] if isinstance(raw, list) and raw else raw
+            raise PointerError(f"a program may not contain a {kind!r} command")
+    n = _max_slot(messages) + 1
+    zeros = [0] * n
+    for raw in messages:
+        message_from_list(bind(raw, zeros))
+    return Program(messages)
+
+
+def start_program(worker: Any, msg: RunProgram) -> None:
+    """Run a stored program in a thread of its own (the worker keeps serving)."""
+    program = worker.store.get(msg.program_id)
+    if not isinstance(program, Program):
+        raise TypeError(f"object {msg.program_id} is not a program")
+    if len(msg.bindings) < program.n_slots:
+        raise PointerError(f"the program needs {program.n_slots} bindings, got {len(msg.bindings)}")
+    worker.store.promise(msg.promised)
+    thread = threading.Thread(
+        target=_run_program,
+        args=(worker, program, list(msg.bindings), list(msg.promised)),
+        name=f"program-{worker.id}",
+        daemon=True,
+    )
+    worker._program_threads = [t for t in worker._program_threads if t.is_alive()]
+    worker._program_threads.append(thread)
+    thread.start()
+
+
+def _run_program(worker: Any, program: Program, bindings: list[int], promised: list[int]) -> None:
+    try:
+        for raw in program.raw:
+            msg = message_from_list(bind(raw, bindings))
+            if isinstance(msg, SendToPeer):
+                # read under our lock, deliver without it: two workers delivering to each
+                # other at once must not wait on each other's locks
+                with worker._lock:
+                    value = worker.store.get(msg.obj_id)
+                    if msg.delete:
+                        worker.store.discard(msg.obj_id)
+                worker.deliver(msg.peer, msg.new_id, value)
+            else:
+                with worker._lock:
+                    worker._run(msg)
+    except Exception as e:  # waiting clients and peers learn it at once
+        worker.store.fail_promises(promised, f"program failed: {type(e).__name__}: {e}")
+    finally:
+        with worker._lock:
+            worker.store.fail_promises([], "")  # wake waiters so they re-check
+            for i in promised:
+                worker.store.drop_promise(i)
+
+
+def run_programs(
+    program_ids: dict[str, int],
+    workers: list[Any],
+    bindings: list[int],
+    promised: dict[str, list[int]],
+) -> None:
+    """Start the programs at every worker (one message each)."""
+    for w in workers:
+        w.post(RunProgram(program_ids[w.id], bindings, promised[w.id]))

@@ -1,0 +1,110 @@
+"""Plans over shared values: one recorded program per party and dealer, one message each."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mpc
+import pointers as pt
+
+
+@pytest.fixture
+def trio():
+    return tuple(pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+
+
+def _share(t, trio):
+    alice, bob, carol = trio
+    return mpc.share(t, alice, bob, crypto_provider=carol)
+
+
+def test_relu_plan_matches_plaintext_and_reruns(trio):
+    x = _share(torch.tensor([1.0, -2.0, 3.0]), trio)
+    relu_plan = mpc.plan(F.relu, x)
+    for values in ([-5.0, 6.0, 0.5], [1.0, -2.0, 3.0], [0.25, -0.25, -9.0]):
+        y = _share(torch.tensor(values), trio)
+        assert torch.allclose(relu_plan(y).get(), F.relu(torch.tensor(values)), atol=1e-4)
+
+
+def test_one_message_per_worker_per_call_and_no_leak(trio):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16, 3)
+    ).eval()
+    images = torch.rand(2, 1, 4, 4)
+    with torch.no_grad():
+        expected = model(images)
+    alice, bob, carol = trio
+    mpc.share(model, alice, bob, crypto_provider=carol)
+    x = _share(images, trio)
+    model_plan = mpc.plan(model, x)
+    x2 = _share(images, trio)
+    gc.collect()
+    sizes = [len(w.objects) for w in trio]
+    with mpc.stats() as s:
+        out = model_plan(x2)
+        for w in trio:
+            w.wait_programs(10)
+    assert s.client_messages == 3  # one RunProgram per party and one for the dealer
+    assert s.rounds == model_plan.rounds > 0
+    assert torch.allclose(out.get(), expected, atol=1e-3)
+    with mpc.stats() as op_by_op:
+        model(x2).get()
+    assert op_by_op.client_messages > 50 * s.client_messages
+    del out
+    gc.collect()
+    assert [len(w.objects) for w in trio] == sizes
+
+
+def test_each_call_uses_fresh_nonces(trio):
+    x = _share(torch.tensor([1.0, 2.0]), trio)
+    y = _share(torch.tensor([3.0, 4.0]), trio)
+    mul_plan = mpc.plan(lambda a, b: a * b, x, y)
+    session = x.session
+    seen = []
+    original = session.next_nonce
+
+    def spy():
+        v = original()
+        seen.append(v)
+        return v
+
+    session.next_nonce = spy
+    try:
+        first = mul_plan(x, y).get()
+        second = mul_plan(x, y).get()
+    finally:
+        del session.next_nonce
+    assert torch.allclose(first, torch.tensor([3.0, 8.0]), atol=1e-3)
+    assert torch.allclose(second, first, atol=1e-3)
+    assert len(seen) == 2 * mul_plan._n_extras and len(set(seen)) == len(seen)
+
+
+def test_wrong_input_shape_is_refused(trio):
+    x = _share(torch.ones(3), trio)
+    p = mpc.plan(F.relu, x)
+    with pytest.raises(mpc.MPCError, match="does not match the recorded"):
+        p(_share(torch.ones(4), trio))
+    with pytest.raises(TypeError, match="takes 1 inputs"):
+        p(x, x)
+
+
+def test_fetch_inside_a_plan_is_refused(trio):
+    x = _share(torch.ones(2), trio)
+    with pytest.raises(pt.PointerError, match="cannot be part of a program"):
+        mpc.plan(lambda a: _share(a.get(), trio), x)
+
+
+def test_a_failing_party_program_reports_instead_of_hanging(trio):
+    x = _share(torch.tensor([1.0, -1.0]), trio)
+    p = mpc.plan(F.relu, x)
+    y = _share(torch.tensor([2.0, -2.0]), trio)
+    y.shares[0].location.store.discard(y.shares[0].id_at_location)  # break party 0's input
+    for w in trio:
+        w.store.wait_seconds = 2.0
+    out = p(y)
+    with pytest.raises(pt.RemoteError, match="program failed|waited"):
+        out.get()
