@@ -81,7 +81,7 @@ def mul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return bilinear_op(a, b, "mul", {})
 
 
-@register(aten.mm.default, aten.bmm.default)
+@register(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
 def mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return bilinear_op(args[0], args[1], "matmul", {})
 

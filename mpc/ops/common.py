@@ -69,6 +69,8 @@ def public_int(p: Any) -> Any:
 def encode_public(p: Any, frac_bits: int) -> torch.Tensor:
     t = p.detach() if isinstance(p, torch.Tensor) else torch.tensor(p)
     if t.dtype == torch.bool or not t.dtype.is_floating_point:
+        if frac_bits == 0:  # exact: float64 would round integers above 2**53
+            return t.to(torch.int64)
         t = t.to(torch.float64)
     return encode(t.to(torch.float64), frac_bits)
 

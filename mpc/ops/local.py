@@ -72,6 +72,12 @@ def _per_share(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], i: int)
     return func(*[sub(a) for a in args], **{k: sub(v) for k, v in kwargs.items()})
 
 
+def _has_shared(a: Any) -> bool:
+    if isinstance(a, list | tuple):
+        return any(_has_shared(b) for b in a)
+    return isinstance(a, SharedTensor)
+
+
 @register(*_SHAPE_OPS, lazy=True)
 def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = first_shared(args)
@@ -79,7 +85,7 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return x.with_shares(list(x.shares))
     for a in list(args[1:]) + list(kwargs.values()):
         check_public(a, str(func))
-        if isinstance(a, SharedTensor):
+        if not isinstance(args[0], SharedTensor) or _has_shared(a):  # e.g. x[shared_index]
             raise UnsupportedOpError(str(func), "indices must be public")
     per = [_per_share(func, args, kwargs, i) for i in range(x.session.n)]
     if isinstance(per[0], list | tuple):
@@ -264,6 +270,15 @@ def mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         f = x.session.config.frac_bits
         total = wrap(total, rescale(total, f), f, torch.float32)
     return div_public(total, count)
+
+
+@register(aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
+def reveal_value(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    raise UnsupportedOpError(
+        str(func),
+        "bool(), .item(), float(), int() and torch.equal need the secret value; "
+        "reconstruct it with .get() first",
+    )
 
 
 @register(aten._to_copy.default)

@@ -148,7 +148,8 @@ def _reduce(x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool) -
     if dim is None:
         flat = x.reshape(-1)
         v, i = _tree_max(flat, with_index)
-        return v.reshape(()), (i.reshape(()) if i is not None else None)
+        out_shape = [1] * x.dim() if keepdim else []
+        return v.reshape(out_shape), (i.reshape(out_shape) if i is not None else None)
     d = dim % max(x.dim(), 1)
     moved = _move_dim_last(x, d)
     v, i = _tree_max(moved, with_index)
@@ -234,7 +235,7 @@ def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise UnsupportedOpError(str(func), "expects (N, C, H, W) input")
     if any(padding):
         big = -float(2 ** (40 - x.frac_bits)) if x.frac_bits else -float(2**40)
-        x = torch.nn.functional.pad(x, (padding[1], padding[1], padding[0], padding[0]), value=big)
+        x = aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]], big)
     v, _ = _tree_max(_windows(x, kernel, stride), False)
     v = v.squeeze(-1)
     if func is aten.max_pool2d.default:
@@ -254,7 +255,7 @@ def avg_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if ceil_mode or (any(padding) and not include_pad):
         raise UnsupportedOpError(str(func), "ceil_mode / count_include_pad=False")
     if any(padding):
-        x = torch.nn.functional.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+        x = aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]])
     total = _windows(x, kernel, stride).sum(dim=-1)
     return total / float(divisor or kernel[0] * kernel[1])
 

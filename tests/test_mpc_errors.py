@@ -1,0 +1,335 @@
+"""Failure cases of the mpc layer: each one raises a clear, specific error."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mpc
+import pointers as pt
+
+
+@pytest.fixture
+def workers() -> tuple[pt.VirtualWorker, ...]:
+    return tuple(pt.VirtualWorker(n) for n in ("alice", "bob", "carol", "dan"))
+
+
+@pytest.fixture
+def shared(workers: tuple[pt.VirtualWorker, ...]) -> mpc.SharedTensor:
+    alice, bob, carol, _ = workers
+    return mpc.share(torch.tensor([1.5, -2.0, 3.0]), alice, bob, crypto_provider=carol)
+
+
+def party_messages(*ws: pt.VirtualWorker) -> int:
+    return sum(w.stats.messages_received for w in ws)
+
+
+# ------------------------------------------------------------------- crypto provider
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda x: x * x, id="mul"),
+        pytest.param(lambda x: x @ x, id="matmul"),
+        pytest.param(lambda x: x.view(1, 3) @ x.view(3, 1), id="mm"),
+        pytest.param(lambda x: x < 0, id="lt_public"),
+        pytest.param(lambda x: x > x, id="gt_shared"),
+        pytest.param(lambda x: x == 1.5, id="eq"),
+        pytest.param(F.relu, id="relu"),
+        pytest.param(lambda x: x.max(), id="max"),
+        pytest.param(lambda x: x.argmax(), id="argmax"),
+        pytest.param(lambda x: F.max_pool2d(x.view(1, 1, 1, 3), (1, 2)), id="max_pool2d"),
+        pytest.param(lambda x: (x * 0.5) * x, id="truncation_then_mul"),
+    ],
+)
+def test_products_and_comparisons_need_a_crypto_provider(
+    workers: tuple[pt.VirtualWorker, ...], op: Callable[[Any], Any]
+) -> None:
+    alice, bob, _, _ = workers
+    x = mpc.share(torch.tensor([1.5, -2.0, 3.0]), alice, bob)  # no dealer
+    with pytest.raises(mpc.CryptoProviderRequired, match="needs a crypto provider") as info:
+        op(x)
+    assert "crypto_provider=" in str(info.value)  # says how to fix it
+    assert isinstance(info.value, mpc.MPCError)
+
+
+def test_linear_ops_work_without_a_crypto_provider(
+    workers: tuple[pt.VirtualWorker, ...],
+) -> None:
+    alice, bob, _, _ = workers
+    v = torch.tensor([1.5, -2.0, 3.0])
+    x = mpc.share(v, alice, bob)
+    got = (x + x - 2 * x + x.sum() + 1.25 - x.view(3, 1).t().reshape(3) * 3).get()
+    assert torch.allclose(got, v.sum() + 1.25 - 3 * v, atol=1e-4)
+
+
+# --------------------------------------------------------------------- party sets
+
+
+@pytest.mark.parametrize("n", [0, 1, 6, 7])
+def test_party_count_must_be_2_to_5(n: int) -> None:
+    parties = [pt.VirtualWorker(f"w{i}") for i in range(n)]
+    dealer = pt.VirtualWorker("dealer")
+    with pytest.raises(ValueError, match=f"2 to 5 parties, got {n}"):
+        mpc.share(torch.ones(2), *parties, crypto_provider=dealer)
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_party_count_bounds_are_inclusive(n: int) -> None:
+    parties = [pt.VirtualWorker(f"w{i}") for i in range(n)]
+    x = mpc.share(torch.tensor([2.0]), *parties, crypto_provider=pt.VirtualWorker("dealer"))
+    assert (x * x).get().item() == 4.0
+
+
+def test_crypto_provider_must_not_be_a_party(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    alice, bob, _, _ = workers
+    with pytest.raises(ValueError, match="crypto provider 'bob' must not be one of the parties"):
+        mpc.share(torch.ones(2), alice, bob, crypto_provider=bob)
+    # a different worker object with the same id is the same party
+    with pytest.raises(ValueError, match="must not be one of the parties"):
+        mpc.share(torch.ones(2), alice, bob, crypto_provider=pt.VirtualWorker("alice"))
+
+
+def test_parties_must_be_distinct_workers(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    alice, _, carol, _ = workers
+    with pytest.raises(ValueError, match="distinct"):
+        mpc.share(torch.ones(2), alice, alice, crypto_provider=carol)
+    with pytest.raises(TypeError, match="workers"):
+        mpc.share(torch.ones(2), "alice", "bob", crypto_provider=carol)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda a, b: a + b, id="add"),
+        pytest.param(lambda a, b: a - b, id="sub"),
+        pytest.param(lambda a, b: a * b, id="mul"),
+        pytest.param(lambda a, b: a.view(1, 3) @ b.view(3, 1), id="matmul"),
+        pytest.param(lambda a, b: a < b, id="lt"),
+        pytest.param(lambda a, b: a == b, id="eq"),
+        pytest.param(lambda a, b: torch.cat([a, b]), id="cat"),
+        pytest.param(lambda a, b: torch.stack([a, b]), id="stack"),
+    ],
+)
+@pytest.mark.parametrize("other", ["other_parties", "other_dealer", "other_order"])
+def test_mixing_party_sets_raises(
+    workers: tuple[pt.VirtualWorker, ...], op: Callable[[Any, Any], Any], other: str
+) -> None:
+    alice, bob, carol, dan = workers
+    v = torch.tensor([1.0, 2.0, 3.0])
+    a = mpc.share(v, alice, bob, crypto_provider=carol)
+    if other == "other_parties":
+        b = mpc.share(v, alice, dan, crypto_provider=carol)
+    elif other == "other_dealer":
+        b = mpc.share(v, alice, bob, crypto_provider=dan)
+    else:  # share i must meet share i: the order of the parties matters
+        b = mpc.share(v, bob, alice, crypto_provider=carol)
+    with pytest.raises(mpc.PartyMismatchError, match="different parties"):
+        op(a, b)
+
+
+# ----------------------------------------------------------------------- encoding
+
+
+@pytest.mark.parametrize("value", [2.0**46, -(2.0**46), 1e20, -3e38])
+def test_float_outside_safe_range_raises(
+    workers: tuple[pt.VirtualWorker, ...], value: float
+) -> None:
+    alice, bob, carol, _ = workers
+    with pytest.raises(mpc.EncodingError, match="safe range") as info:
+        mpc.share(
+            torch.tensor([0.0, value], dtype=torch.float64), alice, bob, crypto_provider=carol
+        )
+    assert "2**46" in str(info.value)  # names the bound for the default 16 fractional bits
+    assert isinstance(info.value, ValueError)
+
+
+def test_largest_safe_float_encodes(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    alice, bob, carol, _ = workers
+    x = mpc.share(torch.tensor([2.0**45, -(2.0**45)]), alice, bob, crypto_provider=carol)
+    assert x.get().tolist() == [2.0**45, -(2.0**45)]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_floats_raise(workers: tuple[pt.VirtualWorker, ...], bad: float) -> None:
+    alice, bob, carol, _ = workers
+    with pytest.raises(mpc.EncodingError, match="NaN or infinity"):
+        mpc.share(torch.tensor([1.0, bad]), alice, bob, crypto_provider=carol)
+
+
+def test_public_operand_outside_safe_range_raises(shared: mpc.SharedTensor) -> None:
+    with pytest.raises(mpc.EncodingError, match="safe range"):
+        shared + 1e20
+    with pytest.raises(mpc.EncodingError, match="safe range"):
+        _ = shared < torch.tensor([1e30, 0.0, 0.0])
+
+
+def test_unsupported_dtype_raises(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    alice, bob, carol, _ = workers
+    with pytest.raises(TypeError, match="complex64"):
+        mpc.share(torch.ones(2, dtype=torch.complex64), alice, bob, crypto_provider=carol)
+
+
+def test_bad_frac_bits_raise(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    alice, bob, carol, _ = workers
+    with pytest.raises(ValueError, match="frac_bits must be in"):
+        mpc.share(torch.ones(2), alice, bob, crypto_provider=carol, frac_bits=40)
+
+
+# ------------------------------------------------------------------ unsupported ops
+
+
+@pytest.mark.parametrize(
+    ("fn", "name"),
+    [
+        (torch.exp, "aten.exp"),
+        (torch.sigmoid, "aten.sigmoid"),
+        (torch.tanh, "aten.tanh"),
+        (torch.log, "aten.log"),
+        (torch.abs, "aten.abs"),
+        (lambda x: F.softmax(x, 0), "aten._softmax"),
+        (lambda x: x**2, "aten.pow"),
+        (lambda x: torch.where(x > 0, x, 0.0), "aten.where"),
+        (lambda x: x // 2, "aten.floor_divide"),
+    ],
+)
+def test_unsupported_op_names_the_op(
+    shared: mpc.SharedTensor, fn: Callable[[Any], Any], name: str
+) -> None:
+    with pytest.raises(mpc.UnsupportedOpError, match=f"{name}.* is not supported") as info:
+        fn(shared)
+    assert info.value.op.startswith(name)
+    assert isinstance(info.value, NotImplementedError)  # torch's convention for missing ops
+
+
+def test_unsupported_variants_say_why(
+    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
+) -> None:
+    alice, bob, carol, _ = workers
+
+    def img() -> mpc.SharedTensor:
+        return mpc.share(torch.randn(1, 1, 5, 5), alice, bob, crypto_provider=carol)
+
+    with pytest.raises(mpc.UnsupportedOpError, match="dilation and ceil_mode"):
+        F.max_pool2d(img(), 2, dilation=2)
+    with pytest.raises(mpc.UnsupportedOpError, match="dilation and ceil_mode"):
+        F.max_pool2d(img(), 2, ceil_mode=True)
+    with pytest.raises(mpc.UnsupportedOpError, match="transposed convolution"):
+        F.conv_transpose2d(img(), torch.randn(1, 1, 2, 2))
+    with pytest.raises(mpc.UnsupportedOpError, match="training mode"):
+        nn.BatchNorm2d(1).train()(img())
+    with pytest.raises(mpc.UnsupportedOpError, match="aten.div.Tensor_mode|rounding modes"):
+        torch.div(shared, 2, rounding_mode="floor")
+    with pytest.raises(mpc.UnsupportedOpError, match="beta=1 and alpha=1"):
+        torch.addmm(shared[:1], shared.view(1, 3), shared.view(3, 1), beta=2)
+
+
+def test_secret_indices_are_refused(
+    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
+) -> None:
+    alice, bob, carol, _ = workers
+    index = mpc.share(torch.tensor([0, 2]), alice, bob, crypto_provider=carol)
+    with pytest.raises(mpc.UnsupportedOpError, match="indices must be public"):
+        shared[index]
+    with pytest.raises(mpc.UnsupportedOpError, match="indices must be public"):
+        torch.tensor([5.0, 6.0, 7.0])[index]
+
+
+# ---------------------------------------------------------------- reading a secret
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda x: bool(x[0]), id="bool"),
+        pytest.param(lambda x: x[0].item(), id="item"),
+        pytest.param(lambda x: float(x[0]), id="float"),
+        pytest.param(lambda x: int(x[0]), id="int"),
+        pytest.param(lambda x: x.tolist(), id="tolist"),
+        pytest.param(lambda x: x.numpy(), id="numpy"),
+        pytest.param(lambda x: 1 if x[0] > 0 else 0, id="if"),
+        pytest.param(lambda x: torch.equal(x, x), id="equal"),
+    ],
+)
+def test_reading_a_secret_value_raises(
+    shared: mpc.SharedTensor, read: Callable[[Any], Any]
+) -> None:
+    with pytest.raises(mpc.MPCError, match=r"needs? the secret value.*\.get\(\)"):
+        read(shared)
+    # the shares are untouched: the value is still there to get()
+    assert shared.get().tolist() == [1.5, -2.0, 3.0]
+
+
+def test_repr_and_pickle_do_not_reveal(shared: mpc.SharedTensor) -> None:
+    text = repr(shared) + str(shared) + f"{shared}"
+    assert "1.5" not in text and "SharedTensor" in text and "alice" in text
+    with pytest.raises(mpc.MPCError, match="cannot be pickled"):
+        pickle.dumps(shared)
+
+
+# ------------------------------------------------------------------------ division
+
+
+def test_division_by_a_shared_value_is_unsupported(shared: mpc.SharedTensor) -> None:
+    with pytest.raises(mpc.UnsupportedOpError, match="division by a secret value"):
+        shared / shared
+    with pytest.raises(mpc.UnsupportedOpError, match="division by a secret value"):
+        torch.tensor(2.0) / shared
+    with pytest.raises(mpc.UnsupportedOpError, match="aten.reciprocal"):
+        1.0 / shared
+
+
+def test_division_by_public_zero_raises(shared: mpc.SharedTensor) -> None:
+    with pytest.raises(ZeroDivisionError):
+        shared / 0
+    with pytest.raises(ZeroDivisionError):
+        shared / torch.tensor([1.0, 0.0, 2.0])
+
+
+# -------------------------------------------------------------- sharing twice, remote
+
+
+def test_sharing_a_shared_tensor_raises(
+    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
+) -> None:
+    alice, bob, carol, dan = workers
+    with pytest.raises(mpc.MPCError, match="already secret-shared"):
+        mpc.share(shared, alice, bob, crypto_provider=carol)
+    with pytest.raises(mpc.MPCError, match="already secret-shared"):
+        mpc.share(shared, alice, dan, crypto_provider=carol)
+
+
+def test_sharing_a_pointer_raises(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    alice, bob, carol, _ = workers
+    ptr = pt.send(torch.ones(2), alice)
+    with pytest.raises(mpc.MPCError, match="remote tensor"):
+        mpc.share(ptr, alice, bob, crypto_provider=carol)
+
+
+def test_pointer_operands_are_refused(
+    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
+) -> None:
+    alice = workers[0]
+    ptr = pt.send(torch.ones(3), alice)
+    for op in (lambda: shared + ptr, lambda: shared * ptr):
+        with pytest.raises(mpc.MPCError, match="PointerTensor at 'alice'"):
+            op()
+
+
+def test_errors_come_before_data_moves(workers: tuple[pt.VirtualWorker, ...]) -> None:
+    """A product without a dealer fails before any party is sent anything."""
+    alice, bob, _, _ = workers
+    x = mpc.share(torch.tensor([1.5, -2.0]), alice, bob)
+    before = party_messages(alice, bob)
+    with pytest.raises(mpc.CryptoProviderRequired):
+        x * x
+    with pytest.raises(mpc.CryptoProviderRequired):
+        x @ x
+    assert party_messages(alice, bob) == before
