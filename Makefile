@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench clean
+.PHONY: venv demo test lint format bench docs clean
 
 venv: $(STAMP)
 
@@ -34,5 +34,9 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pytest benchmarks -q -p no:cacheprovider --benchmark-only $(PYTEST_ARGS)
 
+# The documentation site (mkdocs + mkdocstrings API reference) in site/; warnings are errors.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache site

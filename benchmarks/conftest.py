@@ -1,5 +1,5 @@
-"""Benchmark configuration: the ``big`` marker, one torch thread, and a results table
-printed at the end of the run (the rows the benchmark tests measured)."""
+"""Benchmark configuration: the ``big`` marker, ``--mpc-parties N``, one torch thread, and a
+results table printed at the end of the run (the rows the benchmark tests measured)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,23 @@ import pytest
 import torch
 
 from benchmarks.workloads import RESULTS, format_table
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--mpc-parties",
+        type=int,
+        default=2,
+        help="computing parties for the MPC benchmarks, 2..5 (default 2, as WORKLOADS.md)",
+    )
+
+
+@pytest.fixture
+def parties(request: pytest.FixtureRequest) -> int:
+    n = request.config.getoption("--mpc-parties")
+    if not 2 <= n <= 5:
+        raise pytest.UsageError(f"--mpc-parties must be 2..5, got {n}")
+    return n
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,5 +44,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not RESULTS:
         return
     terminalreporter.section("MPC benchmark results (per run; bytes = max over parties)")
-    for line in format_table(RESULTS).splitlines():
+    for line in format_table(RESULTS, wide=True).splitlines():
         terminalreporter.write_line(line)

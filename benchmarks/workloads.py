@@ -1,7 +1,9 @@
-"""The benchmark workloads of ``WORKLOADS.md`` (W1-W6) plus the pointer per-op overhead.
+"""The benchmark workloads of ``WORKLOADS.md`` (W1-W6), max-pooling (W7) and secure
+aggregation (W8), both from issue 6, and the pointer per-op overhead (P1, P2).
 
-Each builder (``w1_mul(n)``, ...) makes fresh workers, builds and shares its inputs (before
-any timer, unless the workload says otherwise) and returns a :class:`Workload`:
+Each builder (``w1_mul(n)``, ..., ``w7_maxpool(n, parties=3)``) makes fresh workers (2 to 5
+computing parties plus a crypto provider), builds and shares its inputs (before any
+timer, unless the workload says otherwise) and returns a :class:`Workload`:
 
 * ``run()``: the secure op, what the timer measures. Only W3 (the comparison result is
   revealed as 0/1) and W6 (share + reconstruct) reconstruct anything inside it.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import mpc
@@ -52,6 +55,12 @@ class Workload:
     dealer: pt.VirtualWorker | None = None
     kind: str = "mpc"  # "mpc" or "pointer"
     notes: str = ""
+    # what the throughput counts: elements of the input (W1, W3, W4, W6, W7), entries of
+    # the product (W2), images (W5)
+    elements: int = 0
+    shape: tuple[int, ...] = ()
+    # data workers that send to the parties (W8): their upload is recorded per run
+    clients: list[pt.VirtualWorker] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -79,9 +88,33 @@ def size_of(workload: str, n: int) -> str:
     return size_label(n)
 
 
-def _parties() -> tuple[pt.VirtualWorker, pt.VirtualWorker, pt.VirtualWorker]:
-    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
-    return alice, bob, carol
+# Computing parties, in order (2 to 5 of them), and the crypto provider.
+PARTY_NAMES = ("alice", "bob", "dan", "erin", "frank")
+DEALER_NAME = "carol"
+
+
+def _parties(n: int = 2) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
+    """``n`` fresh computing parties (alice, bob, dan, erin, frank) and a crypto provider."""
+    if not 2 <= n <= len(PARTY_NAMES):
+        raise ValueError(f"parties must be 2..{len(PARTY_NAMES)}, got {n}")
+    return [pt.VirtualWorker(name) for name in PARTY_NAMES[:n]], pt.VirtualWorker(DEALER_NAME)
+
+
+def pool_shape(n: int) -> tuple[int, int, int, int]:
+    """An (N, C, H, W) shape with about ``n`` elements for the max-pool workload.
+
+    H = W is the largest even side whose square divides ``n`` (C = n / H^2, N = 1), so a
+    power of ten gives exactly n elements: 1e4 -> (1, 1, 100, 100), 1e5 -> (1, 10, 100, 100),
+    1e6 -> (1, 1, 1000, 1000). Without such a side: (1, 1, 2, n // 2).
+    """
+    if n < 4:
+        raise ValueError(f"max-pool needs at least 4 elements, got {n}")
+    side = math.isqrt(n) // 2 * 2
+    while side >= 2:
+        if n % (side * side) == 0:
+            return (1, n // (side * side), side, side)
+        side -= 2
+    return (1, 1, 2, n // 2)
 
 
 def _gen(seed: int = SEED) -> torch.Generator:
@@ -123,10 +156,12 @@ def _binary(
     b: torch.Tensor,
     secure: Callable,
     plain: Callable,
+    parties: int,
+    elements: int,
 ) -> Workload:
-    alice, bob, carol = _parties()
-    x = mpc.share(a, alice, bob, crypto_provider=carol)
-    y = mpc.share(b, alice, bob, crypto_provider=carol)
+    ws, carol = _parties(parties)
+    x = mpc.share(a, *ws, crypto_provider=carol)
+    y = mpc.share(b, *ws, crypto_provider=carol)
 
     def check() -> dict[str, Any]:
         return {"max_abs_err": _max_abs_err(secure(x, y).get(), plain(a, b))}
@@ -138,31 +173,49 @@ def _binary(
         run=lambda: secure(x, y),
         plain=lambda: plain(a, b),
         check=check,
-        workers=[alice, bob],
+        workers=ws,
         dealer=carol,
+        elements=elements,
+        shape=tuple(a.shape),
     )
 
 
-def w1_mul(n: int) -> Workload:
+def w1_mul(n: int, parties: int = 2) -> Workload:
     """W1: private x private elementwise multiply (with truncation), n elements."""
     g = _gen()
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
     # materialize(): apply the truncation now (it is otherwise deferred to the next op)
     return _binary(
-        "W1", "mul", size_label(n), a, b, lambda x, y: (x * y).materialize(), lambda x, y: x * y
+        "W1",
+        "mul",
+        size_label(n),
+        a,
+        b,
+        lambda x, y: (x * y).materialize(),
+        lambda x, y: x * y,
+        parties,
+        n,
     )
 
 
-def w2_matmul(n: int) -> Workload:
-    """W2: private x private matmul, (n x n) @ (n x n)."""
+def w2_matmul(n: int, parties: int = 2) -> Workload:
+    """W2: private x private matmul, (n x n) @ (n x n); throughput counts the n^2 entries."""
     g = _gen()
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     return _binary(
-        "W2", "matmul", f"{n}x{n}", a, b, lambda x, y: (x @ y).materialize(), lambda x, y: x @ y
+        "W2",
+        "matmul",
+        f"{n}x{n}",
+        a,
+        b,
+        lambda x, y: (x @ y).materialize(),
+        lambda x, y: x @ y,
+        parties,
+        n * n,
     )
 
 
-def w3_lt(n: int) -> Workload:
+def w3_lt(n: int, parties: int = 2) -> Workload:
     """W3: private < private comparison, the result revealed as 0/1 (inside the timer).
 
     Correctness is exact agreement with the comparison of the fixed-point encodings (values
@@ -171,9 +224,9 @@ def w3_lt(n: int) -> Workload:
     """
     g = _gen()
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
-    alice, bob, carol = _parties()
-    x = mpc.share(a, alice, bob, crypto_provider=carol)
-    y = mpc.share(b, alice, bob, crypto_provider=carol)
+    ws, carol = _parties(parties)
+    x = mpc.share(a, *ws, crypto_provider=carol)
+    y = mpc.share(b, *ws, crypto_provider=carol)
     ref = encode(a, FRAC_BITS) < encode(b, FRAC_BITS)
 
     def run() -> torch.Tensor:
@@ -193,17 +246,19 @@ def w3_lt(n: int) -> Workload:
         run=run,
         plain=lambda: a < b,
         check=check,
-        workers=[alice, bob],
+        workers=ws,
         dealer=carol,
+        elements=n,
+        shape=(n,),
     )
 
 
-def w4_relu(n: int) -> Workload:
+def w4_relu(n: int, parties: int = 2) -> Workload:
     """W4: ReLU of a private tensor of n elements."""
     g = _gen()
     a = torch.randn(n, generator=g)
-    alice, bob, carol = _parties()
-    x = mpc.share(a, alice, bob, crypto_provider=carol)
+    ws, carol = _parties(parties)
+    x = mpc.share(a, *ws, crypto_provider=carol)
     positive = encode(a, FRAC_BITS) > 0
 
     def check() -> dict[str, Any]:
@@ -220,17 +275,20 @@ def w4_relu(n: int) -> Workload:
         run=lambda: torch.relu(x),
         plain=lambda: torch.relu(a),
         check=check,
-        workers=[alice, bob],
+        workers=ws,
         dealer=carol,
+        elements=n,
+        shape=(n,),
     )
 
 
-def w5_lenet(batch: int) -> Workload:
-    """W5: encrypted inference, model and input both private (LeNet-like, 28x28 input)."""
+def w5_lenet(batch: int, parties: int = 2) -> Workload:
+    """W5: encrypted inference, model and input both private (LeNet-like, 28x28 input);
+    throughput counts images."""
     model = lenet()
     inp = torch.rand(batch, 1, 28, 28, generator=_gen())
-    alice, bob, carol = _parties()
-    shared_model = mpc.share(copy.deepcopy(model), alice, bob, crypto_provider=carol)
+    ws, carol = _parties(parties)
+    shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
     session = next(shared_model.parameters()).session
     x = mpc.share(inp, session=session)
 
@@ -256,19 +314,21 @@ def w5_lenet(batch: int) -> Workload:
         run=run,
         plain=plain,
         check=check,
-        workers=[alice, bob],
+        workers=ws,
         dealer=carol,
+        elements=batch,
+        shape=tuple(inp.shape),
     )
 
 
-def w6_roundtrip(n: int) -> Workload:
+def w6_roundtrip(n: int, parties: int = 2) -> Workload:
     """W6: share + reconstruct round trip of n elements (both inside the timer).
 
     The session (parties introduced, dealer seeds) is set up once, before the timer.
     """
     a = torch.randn(n, generator=_gen())
-    alice, bob, carol = _parties()
-    session = mpc.Session([alice, bob], carol)
+    ws, carol = _parties(parties)
+    session = mpc.Session(ws, carol)
 
     def run() -> torch.Tensor:
         return mpc.share(a, session=session).get()
@@ -280,12 +340,89 @@ def w6_roundtrip(n: int) -> Workload:
         run=run,
         plain=lambda: a.clone(),
         check=lambda: {"max_abs_err": _max_abs_err(run(), a)},
-        workers=[alice, bob],
+        workers=ws,
         dealer=carol,
+        elements=n,
+        shape=(n,),
     )
 
 
-def pointer_add(n: int = 10) -> Workload:
+def w7_maxpool(n: int, parties: int = 2) -> Workload:
+    """W7: ``F.max_pool2d(x, 2)`` on a private (N, C, H, W) tensor of about n elements
+    (shape from :func:`pool_shape`); the result stays shared.
+
+    Each 2x2 window is reduced by a pairwise tree of secure max (two levels of 8 rounds).
+    Correctness: max abs error vs plaintext, and exact agreement with max-pooling the
+    fixed-point encodings.
+    """
+    shape = pool_shape(n)
+    a = torch.randn(*shape, generator=_gen())
+    ws, carol = _parties(parties)
+    x = mpc.share(a, *ws, crypto_provider=carol)
+    ref = F.max_pool2d(encode(a, FRAC_BITS).double(), 2)
+
+    def check() -> dict[str, Any]:
+        out = F.max_pool2d(x, 2).get()
+        return {
+            "max_abs_err": _max_abs_err(out, F.max_pool2d(a, 2)),
+            # the max of encodings, decoded, must come back exactly
+            "mismatches": int((encode(out, FRAC_BITS).double() != ref).sum()),
+        }
+
+    return Workload(
+        "W7",
+        "maxpool",
+        size_label(math.prod(shape)),
+        run=lambda: F.max_pool2d(x, 2),
+        plain=lambda: F.max_pool2d(a, 2),
+        check=check,
+        workers=ws,
+        dealer=carol,
+        elements=math.prod(shape),
+        shape=shape,
+    )
+
+
+SECAGG_CLIENTS = 5  # data workers whose updates W8 aggregates
+
+
+def w8_secagg(n: int, parties: int = 2) -> Workload:
+    """W8: secure aggregation (``mpc.SecureAggregator``) of 5 data workers' updates of n
+    elements each, weighted by example counts 10, 20, ..., 50; only the weighted mean is
+    revealed (to the client, inside the timer). Throughput counts the 5 n update elements.
+
+    The computing parties are the aggregators; the aggregation is linear, so there is no
+    crypto provider. Each data worker shares its own update and sends one share to each
+    aggregator (its upload is in ``upload_bytes_per_client``; the aggregators send each
+    other nothing, so ``bytes_per_party`` is 0).
+    """
+    g = _gen()
+    updates = [torch.randn(n, generator=g) * 0.01 for _ in range(SECAGG_CLIENTS)]
+    counts = [10 * (k + 1) for k in range(SECAGG_CLIENTS)]
+    ws, _ = _parties(parties)
+    clients = [pt.VirtualWorker(f"client{k}") for k in range(SECAGG_CLIENTS)]
+    sent = [(pt.send(u, c), k) for u, c, k in zip(updates, clients, counts)]
+    aggregator = mpc.SecureAggregator(ws)
+
+    def plain() -> torch.Tensor:
+        return sum(k * u for u, k in zip(updates, counts)) / sum(counts)
+
+    return Workload(
+        "W8",
+        "secagg",
+        size_label(n),
+        run=lambda: aggregator.aggregate(sent),
+        plain=plain,
+        check=lambda: {"max_abs_err": _max_abs_err(aggregator.aggregate(sent), plain())},
+        workers=ws,
+        dealer=None,
+        elements=SECAGG_CLIENTS * n,
+        shape=(SECAGG_CLIENTS, n),
+        clients=clients,
+    )
+
+
+def pointer_add(n: int = 10, parties: int = 2) -> Workload:
     """P1: ``p + p`` on a pointer to an n-element tensor at a VirtualWorker vs ``t + t``.
 
     The op is sent without waiting for a value (the result stays at the worker), so this is
@@ -295,6 +432,7 @@ def pointer_add(n: int = 10) -> Workload:
     t = torch.randn(n, generator=_gen())
     alice = pt.VirtualWorker("alice")
     p = pt.send(t, alice)
+    del parties  # one worker: the pointer layer alone
     return Workload(
         "P1",
         "ptr-add",
@@ -304,10 +442,12 @@ def pointer_add(n: int = 10) -> Workload:
         check=lambda: {"max_abs_err": _max_abs_err((p + p).get(), t + t)},
         workers=[alice],
         kind="pointer",
+        elements=n,
+        shape=(n,),
     )
 
 
-def pointer_add_get(n: int = 10) -> Workload:
+def pointer_add_get(n: int = 10, parties: int = 2) -> Workload:
     """P2: ``(p + p).get()``: one op plus the request/reply round trip that fetches it."""
     t = torch.randn(n, generator=_gen())
     alice = pt.VirtualWorker("alice")
@@ -316,6 +456,7 @@ def pointer_add_get(n: int = 10) -> Workload:
     def run() -> torch.Tensor:
         return (p + p).get()
 
+    del parties
     return Workload(
         "P2",
         "ptr-add-get",
@@ -325,6 +466,8 @@ def pointer_add_get(n: int = 10) -> Workload:
         check=lambda: {"max_abs_err": _max_abs_err(run(), t + t)},
         workers=[alice],
         kind="pointer",
+        elements=n,
+        shape=(n,),
     )
 
 
@@ -335,19 +478,40 @@ OPS = {
     "W4": "relu",
     "W5": "lenet",
     "W6": "roundtrip",
+    "W7": "maxpool",
     "P1": "ptr-add",
     "P2": "ptr-add-get",
 }
-WORKLOADS: dict[str, Callable[[int], Workload]] = {
+WORKLOADS: dict[str, Callable[..., Workload]] = {
     "W1": w1_mul,
     "W2": w2_matmul,
     "W3": w3_lt,
     "W4": w4_relu,
     "W5": w5_lenet,
     "W6": w6_roundtrip,
+    "W7": w7_maxpool,
     "P1": pointer_add,
     "P2": pointer_add_get,
 }
+# W8 needs mpc.SecureAggregator (secure aggregation for federated averaging).
+if hasattr(mpc, "SecureAggregator"):
+    OPS["W8"] = "secagg"
+    WORKLOADS["W8"] = w8_secagg
+# What a workload's size counts (the unit of ``--sizes``) and what its throughput counts.
+SIZE_UNIT = {
+    "W1": "elements",
+    "W2": "n (n x n matrices; throughput counts the n^2 output entries)",
+    "W3": "elements",
+    "W4": "elements",
+    "W5": "batch (throughput counts images)",
+    "W6": "elements",
+    "W7": "input elements (N, C, H, W) as pool_shape() picks",
+    "W8": f"elements per update ({SECAGG_CLIENTS} updates; throughput counts all of them)",
+    "P1": "elements",
+    "P2": "elements",
+}
+# Workloads whose size is not an element count: a bare ``--sizes`` list leaves them alone.
+NOT_ELEMENTS = ("W2", "W5")
 
 
 @dataclass(frozen=True)
@@ -358,9 +522,10 @@ class Case:
     size: int
     big: bool = False
     rounds: int = 5  # timed runs in the pytest-benchmark tests
+    parties: int = 2  # computing parties (the crypto provider comes on top)
 
     def build(self) -> Workload:
-        return WORKLOADS[self.workload](self.size)
+        return WORKLOADS[self.workload](self.size, parties=self.parties)
 
     @property
     def id(self) -> str:
@@ -368,7 +533,8 @@ class Case:
         return f"{self.workload}-{OPS[self.workload]}-{size_of(self.workload, self.size)}"
 
 
-# The sizes of WORKLOADS.md. W6 at 1e6 takes a few tens of ms, so it is not "big".
+# The sizes of WORKLOADS.md (W7, max-pool, is issue 6's addition). W6 at 1e6 takes a few
+# tens of ms, so it is not "big".
 MPC_CASES: list[Case] = [
     Case("W1", 10**5, rounds=10),
     Case("W1", 10**6, big=True),
@@ -381,7 +547,11 @@ MPC_CASES: list[Case] = [
     Case("W5", 1, rounds=10),
     Case("W5", 64, big=True),
     Case("W6", 10**6, rounds=10),
+    Case("W7", 10**5, rounds=10),
+    Case("W7", 10**6, big=True),
 ]
+if "W8" in WORKLOADS:
+    MPC_CASES += [Case("W8", 10**5, rounds=10), Case("W8", 10**6, big=True)]
 POINTER_CASES: list[Case] = [Case("P1", 10), Case("P2", 10)]
 
 
@@ -426,7 +596,9 @@ class _DealerTimer:
         self.seconds = 0.0
 
     def __enter__(self) -> _DealerTimer:
-        if self.worker is None:
+        if self.worker is None or not hasattr(self.worker, "handle_frames"):
+            self.worker = None  # nothing to time (no dealer, or not an in-process worker)
+            self.seconds = math.nan
             return self
         inner = self.worker.handle_frames
 
@@ -453,11 +625,20 @@ def _worker_totals(workers: list[Any]) -> dict[str, int]:
 def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
     """Everything but the secure timing: plaintext time, communication of one run, the
     crypto provider's time in that run, and correctness."""
-    info: dict[str, Any] = {"workload": w.id, "op": w.op, "size": w.size, "name": w.name}
+    info: dict[str, Any] = {
+        "workload": w.id,
+        "op": w.op,
+        "size": w.size,
+        "name": w.name,
+        "parties": len(w.workers) if w.kind == "mpc" else 1,
+        "elements": w.elements,
+        "shape": list(w.shape),
+    }
     info["plain_s"] = time_plain(w.plain, repeat)
     if w.kind == "mpc":
-        everyone = w.workers + ([w.dealer] if w.dealer is not None else [])
+        everyone = w.workers + ([w.dealer] if w.dealer is not None else []) + w.clients
         before = _worker_totals(everyone)
+        clients_before = [c.stats.snapshot() for c in w.clients]
         with _DealerTimer(w.dealer) as dt, mpc.stats() as s:
             w.run()
         after = _worker_totals(everyone)
@@ -473,6 +654,11 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
             - (after["peer_bytes_sent"] - before["peer_bytes_sent"]),
             dealer_s=dt.seconds,
         )
+        if w.clients:
+            info["upload_bytes_per_client"] = max(
+                after_c.peer_bytes_sent - before_c.peer_bytes_sent
+                for before_c, after_c in zip(clients_before, (c.stats for c in w.clients))
+            )
     else:
         (worker,) = w.workers
         calls = 200
@@ -490,42 +676,77 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
     return info
 
 
-def finish(info: dict[str, Any], times: list[float]) -> dict[str, Any]:
-    """Add the secure timing (seconds per run) and the ratio to a :func:`profile` row."""
+def finish(
+    info: dict[str, Any], times: list[float], cpu_times: list[float] | None = None
+) -> dict[str, Any]:
+    """Add the secure timing (seconds per run) and the ratio to a :func:`profile` row;
+    ``cpu_times`` (process CPU seconds per run) adds ``cpu_median_s``."""
+    if cpu_times:
+        # all parties run in this process on one torch thread, so this is the work of the
+        # whole protocol; it grows much less than wall time when other processes load the CPU
+        info["cpu_median_s"] = statistics.median(cpu_times)
     info["median_s"] = statistics.median(times)
     info["min_s"] = min(times)
     info["max_s"] = max(times)
     info["runs"] = len(times)
     info["ratio"] = info["median_s"] / info["plain_s"] if info["plain_s"] > 0 else math.inf
+    if info.get("elements"):
+        info["elements_per_s"] = info["elements"] / info["median_s"]
     if "messages_per_op" in info:
         info["overhead_us"] = (info["median_s"] - info["plain_s"]) * 1e6
     return info
 
 
-def measure(workload: str | Workload, size: int | None = None, repeat: int = 5) -> dict[str, Any]:
+def measure(
+    workload: str | Workload,
+    size: int | None = None,
+    repeat: int = 5,
+    parties: int = 2,
+    progress: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
     """Warm up once, time ``repeat`` runs (perf_counter; median/min/max), time the
     plaintext op, and record rounds, bytes, client messages and correctness of one run.
 
-    ``workload`` is an id ("W1".."W6", "P1", "P2") with ``size``, or a built Workload.
-    Sub-millisecond ops (the pointer cases) are looped so each sample lasts ~10 ms; times
-    are per call.
+    ``workload`` is an id ("W1".."W7", "P1", "P2") with ``size`` (and ``parties``, 2 to 5
+    computing parties), or a built Workload. Sub-millisecond ops (the pointer cases) are
+    looped so each sample lasts ~10 ms; times are per call. ``progress`` is called after
+    the warm-up, after each timed run and after the profiling run (``repeat + 2`` calls).
     """
     torch.set_num_threads(1)
+    tick = progress or (lambda: None)
     if isinstance(workload, str):
         if size is None:
             raise TypeError("measure() needs a size with a workload id")
-        w = WORKLOADS[workload](size)
+        w = WORKLOADS[workload](size, parties=parties)
     else:
         w = workload
     w.run()  # warm-up
+    tick()
     inner = _calibrate(w.run, 0.01) if w.kind == "pointer" else 1
-    times = [_time_calls(w.run, inner) for _ in range(repeat)]
-    return finish(profile(w, repeat), times)
+    times, cpu_times = [], []
+    for _ in range(repeat):
+        c0 = time.process_time()
+        times.append(_time_calls(w.run, inner))
+        cpu_times.append((time.process_time() - c0) / inner)
+        tick()
+    row = finish(profile(w, repeat), times, cpu_times)
+    tick()
+    return row
 
 
 # Max abs error allowed vs plaintext (fixed point with 16 fractional bits: 2^-17 per
 # encoding, one ulp per truncation, accumulated over the 256-term dot products of W2).
-TOLERANCE = {"W1": 1e-3, "W2": 1e-2, "W4": 1e-3, "W5": 1e-2, "W6": 1e-4, "P1": 0.0, "P2": 0.0}
+TOLERANCE = {
+    "W1": 1e-3,
+    "W2": 1e-2,
+    "W4": 1e-3,
+    "W5": 1e-2,
+    "W6": 1e-4,
+    "W7": 1e-4,
+    "W8": 1e-4,
+    "P1": 0.0,
+    "P2": 0.0,
+}
 # Counts that must be zero (exact agreement); others (float_mismatches: the encoding's
 # rounding, argmax_mismatches: near-ties of logits) are reported only.
 EXACT = ("mismatches", "sign_mismatches")
@@ -585,13 +806,54 @@ def _fmt_err(row: dict[str, Any]) -> str:
     ):
         if key in row:
             parts.append(f"{short} {row[key]}")
+    if "upload_bytes_per_client" in row:
+        parts.append(f"upload/client {_fmt_bytes(row['upload_bytes_per_client'])}")
     return ", ".join(parts)
 
 
-MPC_HEADER = (
-    f"{'workload':<20} {'median':>10} {'min':>10} {'max':>10} {'plaintext':>10} "
-    f"{'ratio':>9} {'rounds':>6} {'bytes/party':>11} {'dealer B':>10} {'msgs':>6} "
-    f"{'dealer t':>10} {'client B':>10}  correctness"
+def _fmt_rate(r: float | None) -> str:
+    if r is None or not math.isfinite(r):
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if r >= scale:
+            return f"{r / scale:.2f} {unit}"
+    return f"{r:.1f}"
+
+
+def _fmt_ratio(r: float | None) -> str:
+    return "-" if r is None or not math.isfinite(r) else f"{r:.0f}x"
+
+
+# (header, width, cell) of the MPC table; "wide" columns only with wide=True.
+_MPC_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str], bool]] = [
+    ("workload", 12, lambda r: f"{r['workload']} {r['op']}", False),
+    ("size", 8, lambda r: str(r["size"]), False),
+    ("median", 10, lambda r: _fmt_time(r.get("median_s")), False),
+    ("cpu", 10, lambda r: _fmt_time(r.get("cpu_median_s")), False),
+    ("min", 10, lambda r: _fmt_time(r.get("min_s")), True),
+    ("max", 10, lambda r: _fmt_time(r.get("max_s")), True),
+    ("elem/s", 9, lambda r: _fmt_rate(r.get("elements_per_s")), False),
+    ("plaintext", 10, lambda r: _fmt_time(r["plain_s"]), False),
+    ("ratio", 8, lambda r: _fmt_ratio(r.get("ratio")), False),
+    ("rounds", 6, lambda r: str(r["rounds"]), False),
+    ("bytes/party", 11, lambda r: _fmt_bytes(r["max_bytes_per_party"]), False),
+    ("dealer B", 10, lambda r: _fmt_bytes(r["dealer_bytes"]), True),
+    ("msgs", 6, lambda r: str(r["client_messages"]), True),
+    ("dealer t*", 10, lambda r: _fmt_time(r["dealer_s"]), False),
+    ("client B", 10, lambda r: _fmt_bytes(r["client_bytes_sent"]), True),
+]
+CPU_NOTE = (
+    "cpu: median process CPU time per run (every party runs in this process, one torch "
+    "thread): the protocol's work, much less sensitive than wall time to other load."
+)
+DEALER_NOTE = (
+    "* dealer t: time inside the crypto provider's message handler during one extra run "
+    "(the one that counts rounds and bytes). There is no separate offline phase yet: the "
+    "dealer works inline, so this is part of the online time, not in addition to it."
+)
+ELEMENTS_NOTE = (
+    "elem/s: elements per second of the median (W2: output entries, W5: images, W8: the "
+    "elements of all updates)."
 )
 POINTER_HEADER = (
     f"{'workload':<20} {'pointer op':>10} {'local op':>10} {'overhead':>10} "
@@ -599,8 +861,21 @@ POINTER_HEADER = (
 )
 
 
-def format_row(row: dict[str, Any]) -> str:
-    """One line of the results table (MPC or pointer layout, chosen by the row's keys)."""
+def _mpc_columns(wide: bool) -> list[tuple[str, int, Callable[[dict[str, Any]], str], bool]]:
+    return [c for c in _MPC_COLUMNS if wide or not c[3]]
+
+
+def mpc_header(wide: bool = False) -> str:
+    cols = _mpc_columns(wide)
+    first, *rest = cols
+    return " ".join(
+        [f"{first[0]:<{first[1]}}"] + [f"{h:>{w}}" for h, w, _, _ in rest] + [" correctness"]
+    )
+
+
+def format_row(row: dict[str, Any], wide: bool = False) -> str:
+    """One line of the results table (MPC or pointer layout, chosen by the row's keys);
+    ``wide`` adds min, max, dealer bytes, client messages and client bytes."""
     if "messages_per_op" in row:
         return (
             f"{row['name']:<20} {_fmt_time(row.get('median_s')):>10} "
@@ -608,26 +883,38 @@ def format_row(row: dict[str, Any]) -> str:
             f"{row['messages_per_op']:>8.3f} {row['bytes_per_message']:>7.0f} "
             f"{row['reply_bytes_per_message']:>11.0f}  {_fmt_err(row)}"
         )
-    ratio = row.get("ratio")
-    return (
-        f"{row['name']:<20} {_fmt_time(row.get('median_s')):>10} "
-        f"{_fmt_time(row.get('min_s')):>10} {_fmt_time(row.get('max_s')):>10} "
-        f"{_fmt_time(row['plain_s']):>10} "
-        f"{(f'{ratio:.0f}x' if ratio is not None else '-'):>9} {row['rounds']:>6} "
-        f"{_fmt_bytes(row['max_bytes_per_party']):>11} {_fmt_bytes(row['dealer_bytes']):>10} "
-        f"{row['client_messages']:>6} {_fmt_time(row['dealer_s']):>10} "
-        f"{_fmt_bytes(row['client_bytes_sent']):>10}  {_fmt_err(row)}"
-    )
+    first, *rest = _mpc_columns(wide)
+    cells = [f"{first[2](row):<{first[1]}}"] + [f"{cell(row):>{w}}" for _, w, cell, _ in rest]
+    return " ".join(cells + [" " + _fmt_err(row)])
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
+    """The results table: MPC rows (with the notes on elem/s and the dealer time), then
+    the pointer rows in their own layout."""
     mpc_rows = [r for r in rows if "messages_per_op" not in r]
     ptr_rows = [r for r in rows if "messages_per_op" in r]
     out = []
     if mpc_rows:
-        out += [MPC_HEADER, "-" * len(MPC_HEADER)] + [format_row(r) for r in mpc_rows]
+        header = mpc_header(wide)
+        out += [header, "-" * len(header)] + [format_row(r, wide) for r in mpc_rows]
+        if any("cpu_median_s" in r for r in mpc_rows):
+            out.append(CPU_NOTE)
+        out += [ELEMENTS_NOTE, DEALER_NOTE]
     if ptr_rows:
         if out:
             out.append("")
         out += [POINTER_HEADER, "-" * len(POINTER_HEADER)] + [format_row(r) for r in ptr_rows]
     return "\n".join(out)
+
+
+def format_markdown(rows: list[dict[str, Any]]) -> str:
+    """The MPC rows as a Markdown table (the columns of :func:`format_table`)."""
+    cols = _mpc_columns(False)
+    lines = [
+        "| " + " | ".join([h for h, _, _, _ in cols] + ["correctness"]) + " |",
+        "|" + "---|" * (len(cols) + 1),
+    ]
+    for r in rows:
+        if "messages_per_op" not in r:
+            lines.append("| " + " | ".join([c(r) for _, _, c, _ in cols] + [_fmt_err(r)]) + " |")
+    return "\n".join(lines)

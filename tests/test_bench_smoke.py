@@ -1,8 +1,12 @@
 """Smoke run of every benchmark workload at a tiny size: the workloads build, run, agree
-with plaintext, and report rounds and bytes. The real sizes run with ``make bench``."""
+with plaintext, and report rounds and bytes; and one tiny run of the ``python -m
+benchmarks`` command line (JSON and plot written). The real sizes run with ``make bench``."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,10 +18,38 @@ except ImportError:  # a bare `pytest` run without the repository root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import workloads as wl
 
-TINY = {"W1": 100, "W2": 8, "W3": 100, "W4": 100, "W5": 1, "W6": 100, "P1": 10, "P2": 10}
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "W1": 100,
+    "W2": 8,
+    "W3": 100,
+    "W4": 100,
+    "W5": 1,
+    "W6": 100,
+    "W7": 400,
+    "W8": 100,
+    "P1": 10,
+    "P2": 10,
+}
 
 
-@pytest.mark.parametrize("workload", ["W1", "W2", "W3", "W4", "W5"])
+def test_every_workload_has_a_smoke_size() -> None:
+    assert set(wl.WORKLOADS) == set(wl.OPS) <= set(TINY)
+    assert set(TINY) - set(wl.WORKLOADS) <= {"W8"}  # W8 needs mpc.SecureAggregator
+
+
+@pytest.mark.skipif("W8" not in wl.WORKLOADS, reason="mpc.SecureAggregator is not there")
+def test_secure_aggregation_workload() -> None:
+    row = wl.measure("W8", TINY["W8"], repeat=1, parties=3)
+    assert not wl.failures(row)
+    assert row["elements"] == wl.SECAGG_CLIENTS * TINY["W8"] and row["elements_per_s"] > 0
+    # linear: no rounds, no dealer; each data worker uploads one share per aggregator
+    assert row["rounds"] == 0 and row["dealer_bytes"] == 0
+    assert row["upload_bytes_per_client"] >= 3 * TINY["W8"] * 8
+    assert "upload/client" in wl.format_row(row)
+
+
+@pytest.mark.parametrize("workload", ["W1", "W2", "W3", "W4", "W5", "W7"])
 def test_protocol_workload(workload: str) -> None:
     row = wl.measure(workload, TINY[workload], repeat=1)
     assert not wl.failures(row)
@@ -30,7 +62,20 @@ def test_protocol_workload(workload: str) -> None:
     assert row["client_messages"] > 0
     assert row["client_bytes_sent"] > 0
     assert row["dealer_s"] > 0
+    assert row["elements"] > 0 and row["elements_per_s"] > 0
     assert workload in wl.format_row(row)
+
+
+def test_maxpool_workload_shape_and_three_parties() -> None:
+    assert wl.pool_shape(10**4) == (1, 1, 100, 100)
+    assert wl.pool_shape(10**5) == (1, 10, 100, 100)
+    assert wl.pool_shape(10**6) == (1, 1, 1000, 1000)
+    assert wl.pool_shape(6) == (1, 1, 2, 3)
+    row = wl.measure("W7", 64, repeat=1, parties=3)
+    assert not wl.failures(row)
+    assert row["shape"] == [1, 1, 8, 8] and row["elements"] == 64 and row["parties"] == 3
+    assert set(row["bytes_per_party"]) == {"alice", "bob", "dan"}
+    assert row["rounds"] == 16  # two levels of the pairwise max tree, 8 rounds each
 
 
 def test_comparison_is_revealed_and_exact() -> None:
@@ -75,6 +120,8 @@ def test_cases_cover_the_workload_sizes() -> None:
         "W5-lenet-b1",
         "W5-lenet-b64",
         "W6-roundtrip-1e6",
+        "W7-maxpool-1e5",
+        "W7-maxpool-1e6",
     } <= ids
     assert all(c.rounds >= 5 for c in wl.MPC_CASES)
     assert {c.id for c in wl.MPC_CASES if c.big} == {
@@ -82,4 +129,66 @@ def test_cases_cover_the_workload_sizes() -> None:
         "W3-lt-1e6",
         "W4-relu-1e6",
         "W5-lenet-b64",
-    }
+        "W7-maxpool-1e6",
+    } | ({"W8-secagg-1e6"} if "W8" in wl.WORKLOADS else set())
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_writes_table_json_and_plot(tmp_path: Path) -> None:
+    out_json, out_png = tmp_path / "out.json", tmp_path / "out.png"
+    proc = _cli(
+        "--workloads",
+        "W1,W7",
+        "--sizes",
+        "16,64",
+        "--repeat",
+        "1",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
+    )
+    assert proc.returncode == 0, proc.stderr
+    for col in ("workload", "size", "median", "elem/s", "ratio", "rounds", "bytes/party"):
+        assert col in proc.stdout
+    assert "dealer t*" in proc.stdout and "no separate offline phase" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["parties"] == 2 and data["meta"]["nproc"] >= 1
+    names = [r["name"] for r in data["rows"]]
+    assert names == ["W1-mul-16", "W1-mul-64", "W7-maxpool-16", "W7-maxpool-64"]
+    assert all(r["elements_per_s"] > 0 and r["runs"] == 1 for r in data["rows"])
+    assert all(r["cpu_median_s"] > 0 for r in data["rows"])
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_network_flags_fail_clearly(capsys: pytest.CaptureFixture) -> None:
+    import pointers
+    from benchmarks.__main__ import main
+
+    for flags in (["--network"], ["--latency-ms", "5"]):
+        assert main([*flags, "--list"]) == 2
+        err = capsys.readouterr().err
+        if not hasattr(pointers, "connect"):
+            assert "network workers are not available yet" in err
+
+
+def test_cli_sizes_parsing() -> None:
+    from benchmarks.__main__ import parse_sizes, select_cases
+
+    common, per = parse_sizes(["1e4,1e5", "W2=32"])
+    assert common == [10**4, 10**5] and per == {"W2": [32]}
+    ids = [c.id for c in select_cases(False, "", 3, common, per, ["W1", "W2", "W5"])]
+    # a bare list sizes the element-count workloads; W5 keeps its batches
+    assert ids == ["W1-mul-1e4", "W1-mul-1e5", "W2-matmul-32x32", "W5-lenet-b1", "W5-lenet-b64"]
+    assert all(c.parties == 3 for c in select_cases(True, "W3", 3, None, {}))

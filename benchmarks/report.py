@@ -1,0 +1,113 @@
+"""What a benchmark run records besides its rows: the machine and its load, and the
+throughput plot (``python -m benchmarks --plot out.png``)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (as ``uptime`` prints them), if known."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def commit() -> str | None:
+    """The checked-out commit (short), or None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_info() -> dict[str, Any]:
+    """Date, machine, load and software versions, for the JSON file and the table header."""
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu_model(),
+        "load": load_average(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "commit": commit(),
+    }
+
+
+def describe(meta: dict[str, Any]) -> str:
+    """One line: ``2 parties + crypto provider, in-process; 2 x CPU, load ...; date``."""
+    load = meta.get("load_before") or meta.get("load")
+    load_s = " ".join(f"{x:.2f}" for x in load) if load else "unknown"
+    return (
+        f"{meta.get('parties', 2)} parties + crypto provider, in-process VirtualWorkers, "
+        f"{meta.get('torch_threads', 1)} torch thread(s), {meta.get('repeat', '?')} timed runs; "
+        f"{meta['nproc']} x {meta['cpu']}, load {load_s}; {meta['date']}"
+        + (f"; commit {meta['commit']}" if meta.get("commit") else "")
+    )
+
+
+def plot_throughput(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Throughput (elements per second) against size, one line per MPC workload, log axes.
+
+    Pointer rows (P1, P2) are left out: they measure per-op overhead, not throughput.
+    Uses matplotlib's Agg backend through a bare ``Figure`` (no pyplot, no display).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        if "messages_per_op" in r or not r.get("elements_per_s"):
+            continue
+        lines[f"{r['workload']} {r['op']}"].append((r["elements"], r["elements_per_s"]))
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for label in sorted(lines):
+        pts = sorted(lines[label])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("size (elements; W2: output entries, W5: images, W8: all updates)")
+    ax.set_ylabel("throughput (elements / s)")
+    ax.grid(True, which="both", alpha=0.3)
+    if lines:
+        ax.legend(fontsize="small")
+    if title:
+        ax.set_title(textwrap.fill(title, 110), fontsize="x-small")
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path
