@@ -231,10 +231,15 @@ def message_from_list(raw: Any) -> Message:
             and type(msg.kwargs) is dict
             and type(msg.out_ids) is list
             and type(msg.want_meta) is bool
-            and all(type(i) is int or i is None for i in msg.out_ids)
-            and all(type(k) is str for k in msg.kwargs)
         ):
             raise DecodeError("malformed op message")
+        for i in msg.out_ids:
+            if type(i) is not int and i is not None:
+                raise DecodeError("malformed op message: output ids must be ints")
+        if msg.kwargs:
+            for k in msg.kwargs:
+                if type(k) is not str:
+                    raise DecodeError("malformed op message: keyword names must be strings")
         return msg
     _check_types(msg)
     return msg
