@@ -1,0 +1,116 @@
+"""``python -m pointers``: certificates and served workers.
+
+python -m pointers certs ./certs alice bob carol client
+python -m pointers serve --id alice --host 127.0.0.1 --port 7001 --certs ./certs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pointers", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("certs", help="create a development CA and one certificate per identity")
+    c.add_argument("directory", help="where ca.pem, ca.key and <id>.pem/<id>.key are written")
+    c.add_argument("ids", nargs="+", metavar="ID", help="identities (workers and clients)")
+    c.add_argument("--days", type=int, default=365, help="validity of each certificate")
+    c.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="NAME_OR_IP",
+        help="an extra DNS name or IP the certificates are valid for (repeatable); "
+        "localhost, 127.0.0.1 and ::1 are always included",
+    )
+
+    s = sub.add_parser("serve", help="serve a worker over gRPC with mutual TLS")
+    s.add_argument("--id", required=True, help="the worker's id (its certificate's identity)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=7001, help="port (0: any free port)")
+    s.add_argument("--certs", help="directory made by `python -m pointers certs`")
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and no authentication; allowed on loopback addresses only",
+    )
+    s.add_argument(
+        "--deadline",
+        type=float,
+        default=10.0,
+        help="seconds to wait for an object a peer delivers before failing (default 10)",
+    )
+    s.add_argument(
+        "--max-message-mb", type=float, default=256, help="largest message accepted (MiB)"
+    )
+    s.add_argument(
+        "--max-stored-mb",
+        type=float,
+        default=4096,
+        help="most bytes each client may store at this worker (MiB; 0: no limit)",
+    )
+    s.add_argument("--threads", type=int, default=32, help="gRPC server threads")
+    s.add_argument(
+        "--watch-stdin",
+        action="store_true",
+        help="stop when standard input closes (a supervisor or test harness holds it open)",
+    )
+    s.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="artificial latency added to every call the worker receives (benchmarks)",
+    )
+    s.add_argument(
+        "--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "certs":
+        from .network.certs import DEFAULT_HOSTS, create_certs
+
+        try:
+            written = create_certs(
+                args.directory, args.ids, days=args.days, hosts=[*DEFAULT_HOSTS, *args.host]
+            )
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for path in written:
+            print(path)
+        return 0
+
+    import torch
+
+    from .network.server import ServerConfig, serve
+
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    try:
+        config = ServerConfig(
+            worker_id=args.id,
+            host=args.host,
+            port=args.port,
+            certs=args.certs,
+            insecure=args.insecure,
+            deadline=args.deadline,
+            max_message_bytes=int(args.max_message_mb * (1 << 20)),
+            max_stored_bytes=int(args.max_stored_mb * (1 << 20)) or None,
+            threads=args.threads,
+            latency=args.latency_ms / 1000,
+        )
+        serve(config, watch_stdin=args.watch_stdin)
+    except (ValueError, OSError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

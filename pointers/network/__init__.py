@@ -1,0 +1,36 @@
+"""Network workers: each party in its own process, over gRPC with mutual TLS.
+
+* ``python -m pointers certs DIR ID...``: a development CA and one certificate per identity
+  (:mod:`pointers.network.certs`);
+* ``python -m pointers serve --id alice --port 7001 --certs DIR``: serve a worker
+  (:mod:`pointers.network.server`);
+* ``pointers.connect("alice", "127.0.0.1:7001", certs=DIR, identity="client")``: a
+  :class:`NetworkWorker` that pointers and protocols use like a ``VirtualWorker``
+  (:mod:`pointers.network.client`).
+
+See ``docs/deployment.md``.
+"""
+
+import os
+
+# gRPC core logs every failed TLS handshake at info level, and our errors already say what
+# happened; this must be set before grpc loads (an explicit GRPC_VERBOSITY wins).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from .certs import create_certs, load_credentials  # noqa: E402
+from .client import NetworkWorker, connect  # noqa: E402
+from .framing import FrameError, decode_envelope, encode_envelope  # noqa: E402
+from .server import ServerConfig, WorkerServer, serve  # noqa: E402
+
+__all__ = [
+    "FrameError",
+    "NetworkWorker",
+    "ServerConfig",
+    "WorkerServer",
+    "connect",
+    "create_certs",
+    "decode_envelope",
+    "encode_envelope",
+    "load_credentials",
+    "serve",
+]

@@ -1,0 +1,307 @@
+"""The client side of a network worker: :func:`connect` returns a :class:`NetworkWorker`.
+
+A :class:`NetworkWorker` speaks the same client interface as a
+:class:`~pointers.worker.VirtualWorker` (``id``, ``new_id``, ``request``, ``post``,
+``queue_delete``, ``introduce``, ``objects``, ``search``, ``stats``), so pointers, plans
+and the ``mpc`` protocols run on it unchanged.
+
+Pipelining: :meth:`NetworkWorker.post` encodes the message at once (so later writes to a
+sent tensor do not leak into it, and encoding errors raise at the call) and queues it; one
+background sender thread per connection sends the queue in order, many messages per call.
+Errors of posted messages are kept and raised, as the worker's own message, by the next
+synchronising call (:meth:`request`, ``get``); a request whose batch failed earlier is not
+run at all, so a ``get`` never loses a value to an earlier error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import serde
+from ..errors import LimitExceeded, PointerError, RemoteError
+from ..messages import (
+    AcceptPeer,
+    ConnectPeer,
+    ErrorReply,
+    Fetch,
+    Message,
+    Reply,
+    Search,
+    SendToPeer,
+    decode_message,
+    encode_message,
+)
+from ..worker import Frames, WorkerStats
+from .certs import Credentials, check_identity, load_credentials
+from .connection import CLOCK, Connection, Future, Item
+from .framing import buffer_bytes
+from .transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
+
+_HELLO_TIMEOUT = 10.0
+
+
+class NetworkWorker:
+    """A worker in another process, reached over gRPC (see :func:`connect`)."""
+
+    def __init__(
+        self,
+        id: str,
+        address: str,
+        connection: Connection,
+        identity: str,
+        peer_address: str | None = None,
+    ) -> None:
+        self.id = id
+        self.address = address
+        self.identity = identity
+        self.peer_address = peer_address or address
+        self._conn = connection
+        self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
+        self._introduced: dict[str, tuple[NetworkWorker, Any]] = {}
+        self._finalizer = weakref.finalize(self, connection.close)
+
+    # -- the client interface of a worker ------------------------------------------------
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def post(self, msg: Message) -> None:
+        """Queue ``msg``; its errors surface at the next synchronising call."""
+        frame = self._frame(msg)
+        if type(msg) is SendToPeer:
+            dest = self._introduced.get(msg.peer)
+            if dest is not None:  # the destination waits for this id instead of failing
+                dest[0]._conn.expects.append((self.id, msg.new_id))
+        self._conn.submit(Item(frame, None))
+
+    def request(self, msg: Message) -> Any:
+        """Send ``msg`` and wait for its reply value (raises the worker's error, or the
+        first error of a message posted before it)."""
+        item = Item(self._frame(msg), Future())
+        try:
+            rh, rb = self._roundtrip(item)
+            if not rb and rh == _OK_NONE:
+                return None
+            reply = decode_message(rh, rb)
+            if isinstance(reply, ErrorReply):
+                raise self._conn.remote_error(reply.kind, reply.message)
+        except BaseException:
+            CLOCK.consumed(item.seq)
+            raise
+        assert isinstance(reply, Reply)
+        return reply.value
+
+    def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
+        """Send one encoded message as it is and return the encoded reply (a link)."""
+        frame = (bytes(header), [bytes(buffer_bytes(b)) for b in buffers])
+        try:
+            return self._roundtrip(Item(frame, Future()))
+        except RemoteError as e:
+            return encode_message(ErrorReply(e.kind, e.remote_message))
+        except PointerError as e:
+            return encode_message(ErrorReply(type(e).__name__, str(e)))
+
+    def queue_delete(self, obj_id: int) -> None:
+        """Called when a pointer dies: no I/O and no lock; travels with a later call."""
+        self._conn.deletes.append(obj_id)
+
+    def introduce(self, peer: Any) -> None:
+        """Let this worker deliver objects to ``peer`` directly (party to party)."""
+        if not isinstance(peer, NetworkWorker):
+            raise TypeError(
+                f"network worker {self.id!r} can only deliver to another network worker, "
+                f"not a {type(peer).__name__}"
+            )
+        if peer is self or peer.id == self.id:
+            return
+        known = self._introduced.get(peer.id)
+        if known is not None and known[0] is peer and known[1] == self._link_state(peer):
+            return
+        peer.request(AcceptPeer(self.id))
+        self.post(ConnectPeer(peer.id, peer.peer_address))
+        self._introduced[peer.id] = (peer, self._link_state(peer))
+
+    def _link_state(self, peer: NetworkWorker) -> tuple[Any, ...]:
+        """Changes when either worker restarted (or may have): introduce again then."""
+        a, b = self._conn, peer._conn
+        return (a.epoch, a.failures, b.epoch, b.failures)
+
+    @property
+    def objects(self) -> Mapping[int, Any]:
+        """A read-only view of this client's objects at the worker (fetched on use)."""
+        return _RemoteObjects(self)
+
+    def search(self, *query: str) -> list[Any]:
+        """Pointers to this client's stored tensors carrying every tag in ``query``."""
+        from ..pointer_tensor import PointerTensor
+
+        if not query or not all(isinstance(q, str) for q in query):
+            raise TypeError("search() takes one or more tag strings")
+        found = self.request(Search(list(query)))
+        return [
+            PointerTensor.from_meta(self, i, shape, stride, serde.dtype_from_name(dt), owned=False)
+            for i, shape, stride, dt, _tags, _desc in found
+        ]
+
+    @property
+    def stats(self) -> WorkerStats:
+        """The worker's counters for this client (fetched after the queued messages ran)."""
+        info = self._inspect("stats", flush=False)
+        raw = info.get("stats")
+        if not isinstance(raw, dict):
+            raise PointerError(f"worker {self.id!r} sent malformed counters")
+        fields = WorkerStats.__dataclass_fields__
+        return WorkerStats(**{k: int(v) for k, v in raw.items() if k in fields})
+
+    # -- extras --------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every object this client stored at the worker and zero its counters."""
+        self._conn.deferred = None
+        self._inspect("reset", flush=True)
+
+    def clear_objects(self) -> None:
+        self.reset()
+
+    def sync(self) -> None:
+        """Wait until every queued message ran; raise the first error among them."""
+        self._inspect("stats", flush=True)
+        error = self._conn.take_deferred()
+        if error is not None:
+            CLOCK.consumed(CLOCK.tick())
+            raise error
+
+    def close(self) -> None:
+        """Send what is queued, then close the connection (also when garbage collected)."""
+        self._finalizer()
+
+    def __enter__(self) -> NetworkWorker:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<NetworkWorker id={self.id!r} address={self.address!r} as {self.identity!r}>"
+
+    # -- internals -----------------------------------------------------------------------
+    def _frame(self, msg: Message) -> tuple[bytes, list[bytes]]:
+        header, buffers = encode_message(msg)
+        # copy the buffers now: the caller may write to a sent tensor right after
+        frame = (header, [bytes(buffer_bytes(b)) for b in buffers])
+        size = len(header) + sum(len(b) for b in frame[1])
+        if size > self._conn.max_message_bytes - 4096:
+            raise LimitExceeded(
+                f"a {msg.KIND!r} message of {size} bytes exceeds the maximum message size of "
+                f"{self._conn.max_message_bytes} bytes for worker {self.id!r}; split the tensor "
+                "or raise max_message_bytes (and the worker's --max-message-mb)"
+            )
+        return frame
+
+    def _roundtrip(self, item: Item) -> tuple[Any, list[Any]]:
+        assert item.future is not None
+        self._conn.submit(item)
+        reply = item.future.wait(self._conn)
+        if reply is None:
+            return _OK_NONE, []
+        return reply
+
+    def _inspect(self, what: str, flush: bool) -> dict[str, Any]:
+        item = Item(None, Future(), what=what, flush=flush)
+        self._conn.submit(item)
+        try:
+            assert item.future is not None
+            return item.future.wait(self._conn)
+        except BaseException:
+            CLOCK.consumed(item.seq)
+            raise
+
+
+_OK_NONE, _ = encode_message(Reply(None))
+
+
+class _RemoteObjects(Mapping[int, Any]):
+    """``worker.objects`` of a network worker: ids and values fetched when used."""
+
+    def __init__(self, worker: NetworkWorker) -> None:
+        self._worker = worker
+
+    def _ids(self) -> list[int]:
+        ids = self._worker._inspect("ids", flush=True).get("ids")
+        if not isinstance(ids, list):
+            raise PointerError(f"worker {self._worker.id!r} sent a malformed id list")
+        return ids
+
+    def __getitem__(self, key: int) -> Any:
+        if not isinstance(key, int):
+            raise KeyError(key)
+        try:
+            return self._worker.request(Fetch(key, False))
+        except RemoteError as e:
+            if e.kind == "UnknownObjectError":
+                raise KeyError(key) from None
+            raise
+
+    def __contains__(self, key: object) -> bool:
+        return key in set(self._ids())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids())
+
+    def __len__(self) -> int:
+        return len(self._ids())
+
+    def __repr__(self) -> str:
+        ids = self._ids()
+        return f"RemoteObjects({len(ids)} objects at {self._worker.id!r}: {ids[:10]})"
+
+
+def connect(
+    id: str,
+    address: str,
+    *,
+    certs: str | os.PathLike[str] | None = None,
+    identity: str = "client",
+    insecure: bool = False,
+    timeout: float = 120.0,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE,
+    peer_address: str | None = None,
+    deadline: float | None = None,
+) -> NetworkWorker:
+    """Connect to worker ``id`` served at ``address`` (``host:port``) as ``identity``.
+
+    ``certs`` is the directory ``python -m pointers certs`` wrote (``ca.pem``,
+    ``<identity>.pem``, ``<identity>.key``); the worker must present the certificate of
+    ``id`` signed by the same CA. ``insecure=True`` connects without TLS (loopback only,
+    matching ``serve --insecure``). ``timeout`` bounds each call; ``peer_address`` is the
+    address the other workers use to reach this one, when it differs from ``address``.
+    ``deadline`` (seconds) overrides the worker's ``--deadline`` for this client: how long
+    the worker waits for an object a peer delivers before it reports the peer unavailable.
+    """
+    if deadline is not None and not 0 < deadline <= 3600:
+        raise ValueError(f"deadline must lie in (0, 3600] seconds, got {deadline}")
+    check_identity(id)
+    check_identity(identity)
+    if insecure == (certs is not None):
+        raise ValueError("pass certs=DIR for mutual TLS, or insecure=True (loopback), not both")
+    creds: Credentials | None = None
+    if certs is not None:
+        creds = load_credentials(Path(certs), identity)
+    channel = open_channel(
+        address, worker_id=id, credentials=creds, max_message_bytes=max_message_bytes
+    )
+    metadata = ((IDENTITY_METADATA, identity),) if insecure else None
+    conn = Connection(id, address, channel, metadata, timeout, max_message_bytes, deadline)
+    try:
+        hello = conn.inspect_direct({"what": "hello"}, min(timeout, _HELLO_TIMEOUT))
+    except BaseException:
+        conn.close()
+        raise
+    served = hello.get("worker")
+    if served != id:
+        conn.close()
+        raise PointerError(f"{address} serves worker {served!r}, not {id!r}")
+    return NetworkWorker(id, address, conn, identity, peer_address)

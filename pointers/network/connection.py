@@ -1,0 +1,344 @@
+"""One connection to a network worker: a channel, an ordered queue, a sender thread.
+
+The caller encodes a message and queues it; the sender thread sends the queue in order,
+many messages per ``Exec`` call, with the ids the client expects peers to deliver and
+the deletes of dropped pointers. Replies resolve the futures of requests; errors of
+posted messages are kept (:attr:`Connection.deferred`) until a synchronising call
+raises them. :class:`ErrorClock` orders errors across the connections of one process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import grpc
+
+from ..errors import LimitExceeded, PartyUnavailable, PointerError, RemoteError
+from ..messages import Delete, ErrorReply, decode_message, encode_message
+from .framing import FrameError, decode_envelope, encode_envelope, info_field
+from .served import is_error_header
+from .transport import EXEC, INSPECT, STALE, SYNC, Call, rpc_error
+
+_BATCH_FRAMES = 2048  # messages per call at most
+_DELETE_BATCH = 64  # deletes of dropped pointers travel in batches (as in process)
+
+
+class Future:
+    __slots__ = ("_event", "value", "error")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        self.value = value
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._event.set()
+
+    def wait(self, conn: Connection) -> Any:
+        """The result; gives up only when the sender made no progress for the timeout."""
+        while not self._event.wait(0.5):
+            idle = time.monotonic() - conn.progress
+            if idle > conn.timeout + 5.0:
+                raise PartyUnavailable(
+                    f"worker {conn.worker_id!r} at {conn.address} did not answer for {idle:.0f} s",
+                    conn.worker_id,
+                )
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class ErrorClock:
+    """Orders errors in this client process. An error raised to the caller consumes the
+    pending errors of every message posted before it, to any network worker: they belong
+    to the computation that just failed (as in process, where the first failing op raises
+    and the later ones never run), so they are not raised again by a later call."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count(1)
+        self.raised = 0
+
+    def tick(self) -> int:
+        return next(self._count)
+
+    def consumed(self, seq: int) -> None:
+        if seq > self.raised:
+            self.raised = seq
+
+
+CLOCK = ErrorClock()
+
+
+class Item:
+    """One queued unit: a message frame (``future`` set when a reply is awaited) or an
+    inspection (``what``)."""
+
+    __slots__ = ("frame", "size", "future", "what", "flush", "seq", "stale")
+
+    def __init__(
+        self,
+        frame: tuple[bytes, list[bytes]] | None,
+        future: Future | None,
+        what: str | None = None,
+        flush: bool = False,
+    ) -> None:
+        self.frame = frame
+        self.size = 0 if frame is None else len(frame[0]) + sum(len(b) for b in frame[1])
+        self.future = future
+        self.what = what
+        self.flush = flush
+        self.seq = CLOCK.tick()
+        self.stale = False  # posted before an error the caller has seen: ignore its error
+
+
+class Connection:
+    """One channel, one ordered queue, one sender thread. Holds no reference to the
+    :class:`NetworkWorker`, so dropping the worker closes the connection."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        address: str,
+        channel: grpc.Channel,
+        metadata: Any,
+        timeout: float,
+        max_message_bytes: int,
+        deadline: float | None = None,
+    ) -> None:
+        self.worker_id, self.address = worker_id, address
+        self.channel = channel
+        self.metadata = metadata
+        self.timeout = timeout
+        self.max_message_bytes = max_message_bytes
+        self._exec = Call(channel, EXEC)
+        self._inspect = Call(channel, INSPECT)
+        self._queue: deque[Item] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.deferred: tuple[BaseException, int] | None = None  # first failed post, its seq
+        self.deletes: list[int] = []
+        self.expects: list[tuple[str, int]] = []
+        self.epoch: str | None = None
+        self.progress = time.monotonic()  # when the sender last started or finished a call
+        self.failures = 0  # calls that failed in transport (the worker may have restarted)
+        self.deadline = deadline
+        self._thread = threading.Thread(
+            target=self._run, name=f"pointers-send-{worker_id}", daemon=True
+        )
+        self._thread.start()
+
+    # -- caller side ---------------------------------------------------------------------
+    def submit(self, item: Item) -> None:
+        with self._cond:
+            if self._closed:
+                raise PointerError(f"the connection to worker {self.worker_id!r} is closed")
+            if not self._queue:
+                self.progress = time.monotonic()
+            self._queue.append(item)
+            self._cond.notify()
+
+    def inspect_direct(self, info: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """An inspection outside the queue (connect's hello)."""
+        try:
+            resp = self._inspect(encode_envelope(info, []), timeout=timeout, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise rpc_error(e, self.worker_id, self.address, "a hello") from None
+        return self._inspect_reply(resp)
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:  # (a pointer freed by the sender)
+            self._thread.join(timeout)
+        self.channel.close()
+
+    # -- sender thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    break
+                batch: list[Item] = []
+                size = 0
+                while self._queue:
+                    head = self._queue[0]
+                    if head.what is not None:
+                        break
+                    if batch and (
+                        len(batch) >= _BATCH_FRAMES
+                        or size + head.size > self.max_message_bytes // 2
+                    ):
+                        break
+                    batch.append(self._queue.popleft())
+                    size += head.size
+                inspect = None
+                if not batch and self._queue:
+                    inspect = self._queue.popleft()
+            self.progress = time.monotonic()
+            try:
+                if batch or (inspect is not None and inspect.flush):
+                    # deletes travel as in process: before an answer is awaited, or in bulk
+                    with_deletes = (
+                        (inspect is not None and inspect.flush)
+                        or any(it.future is not None for it in batch)
+                        or len(self.deletes) >= _DELETE_BATCH
+                    )
+                    self._send_batch(batch, with_deletes)
+                if inspect is not None:
+                    self._send_inspect(inspect)
+            except BaseException as e:  # never let the sender die silently
+                for it in batch + ([inspect] if inspect is not None else []):
+                    if it.future is not None and not it.future._event.is_set():
+                        it.future.fail(e)
+            self.progress = time.monotonic()
+        if self.deletes:  # closing: release what dropped pointers still hold (best effort)
+            try:
+                self._send_batch([], with_deletes=True)
+            except Exception:  # noqa: S110 - the worker may be gone already
+                pass
+
+    def _take_pending(self, with_deletes: bool) -> tuple[list[list[Any]], list[int]]:
+        """Expected deliveries (always) and, when ``with_deletes``, the deletes of dropped
+        pointers."""
+        expects: dict[str, list[int]] = {}
+        n = len(self.expects)
+        if n:
+            taken = self.expects[:n]
+            del self.expects[:n]
+            for peer, obj_id in taken:
+                expects.setdefault(peer, []).append(obj_id)
+        deletes: list[int] = []
+        if with_deletes:
+            n = len(self.deletes)
+            if n:
+                deletes = self.deletes[:n]
+                del self.deletes[:n]
+        return [[p, ids] for p, ids in expects.items()], deletes
+
+    def take_deferred(self) -> BaseException | None:
+        """The pending error of a posted message, unless an error raised since covers it."""
+        deferred, self.deferred = self.deferred, None
+        if deferred is None or deferred[1] < CLOCK.raised:
+            return None
+        return deferred[0]
+
+    def _send_batch(self, batch: list[Item], with_deletes: bool) -> None:
+        expects, deletes = self._take_pending(with_deletes)
+        frames: list[Any] = []
+        sent: list[Item] = []
+        raised = CLOCK.raised
+        for it in batch:
+            if it.future is not None:
+                error = self.take_deferred()
+                if error is not None:  # an earlier post failed: report it, do not run this
+                    it.future.fail(error)
+                    continue
+            it.stale = it.seq < raised
+            flags = (SYNC if it.future is not None else 0) | (STALE if it.stale else 0)
+            assert it.frame is not None
+            frames.append((flags, it.frame[0], it.frame[1]))
+            sent.append(it)
+        if deletes:
+            header, _ = encode_message(Delete(deletes))
+            frames.append((STALE, header, []))
+        if not frames and not expects:
+            return
+        info: dict[str, Any] = {"expect": expects} if expects else {}
+        if self.deadline is not None:
+            info["deadline"] = self.deadline
+        try:
+            resp = self._exec(
+                encode_envelope(info, frames), timeout=self.timeout, metadata=self.metadata
+            )
+            rinfo, replies = decode_envelope(resp)
+            self._note_epoch(rinfo)
+            batch_error = info_field(rinfo, "error", list, None)
+        except grpc.RpcError as e:
+            self.failures += 1
+            self._fail_all(sent, rpc_error(e, self.worker_id, self.address, "a command"))
+            return
+        except FrameError as e:
+            self._fail_all(sent, PointerError(f"malformed reply from {self.worker_id!r}: {e}"))
+            return
+        if batch_error is not None:
+            self._fail_all(sent, self.remote_error(*batch_error[:2]))
+            return
+        answered = {k: (header, buffers) for k, header, buffers in replies}
+        pending: tuple[BaseException, int] | None = None  # first failed post not reported
+        for k, it in enumerate(sent):
+            reply = answered.get(k)
+            if reply is None or not is_error_header(reply[0]):
+                if it.future is not None:
+                    it.future.set(reply)
+                continue
+            err = decode_message(reply[0], reply[1])
+            assert isinstance(err, ErrorReply)
+            if it.future is not None:
+                if err.kind == "Skipped" and pending is not None:
+                    it.future.fail(pending[0])  # the post that failed before it
+                else:
+                    it.future.fail(self.remote_error(err.kind, err.message))
+                pending = None
+            elif not it.stale and pending is None:
+                pending = (self.remote_error(err.kind, err.message), it.seq)
+        if pending is not None and self.deferred is None:
+            self.deferred = pending
+
+    def _fail_all(self, sent: list[Item], error: BaseException) -> None:
+        pending: int | None = None  # a post after the batch's last request (which reports it)
+        for it in sent:
+            if it.future is not None:
+                it.future.fail(error)
+                pending = None
+            elif not it.stale and pending is None:
+                pending = it.seq
+        if pending is not None and self.deferred is None:
+            self.deferred = (error, pending)
+
+    def _send_inspect(self, it: Item) -> None:
+        assert it.future is not None and it.what is not None
+        try:
+            resp = self._inspect(
+                encode_envelope({"what": it.what}, []), timeout=self.timeout, metadata=self.metadata
+            )
+            it.future.set(self._inspect_reply(resp))
+        except grpc.RpcError as e:
+            self.failures += 1
+            it.future.fail(rpc_error(e, self.worker_id, self.address, "an inspection"))
+        except PointerError as e:
+            it.future.fail(e)
+
+    def _inspect_reply(self, resp: bytes) -> dict[str, Any]:
+        info, _ = decode_envelope(resp)
+        self._note_epoch(info)
+        error = info_field(info, "error", list, None)
+        if error is not None:
+            raise self.remote_error(*error[:2])
+        return info
+
+    def _note_epoch(self, info: dict[str, Any]) -> None:
+        epoch = info.get("epoch")
+        if isinstance(epoch, str):
+            self.epoch = epoch
+
+    def remote_error(self, kind: Any, message: Any) -> PointerError:
+        kind, message = str(kind), str(message)
+        if kind == "PartyUnavailable":
+            return PartyUnavailable(f"worker {self.worker_id!r} reports: {message}")
+        if kind == "LimitExceeded":
+            return LimitExceeded(f"worker {self.worker_id!r}: {message}")
+        return RemoteError(self.worker_id, kind, message)

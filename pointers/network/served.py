@@ -1,0 +1,321 @@
+"""The serving side of a network worker: one :class:`ServedWorker` per client namespace.
+
+A served process holds one namespace per client identity: its own object store, counters
+and peer links, so one client's ids and objects are invisible to another. Each namespace
+is an ordinary :class:`pointers.worker.Worker` (same message handler as in process) with:
+
+* a :class:`WaitingStore`: commands arrive on the client's connection while peer
+  deliveries travel separately, so a command may reach this worker before an object a
+  peer delivers to it. The client announces the ids it expects from each peer (the
+  ``expect`` field of its envelopes); a lookup of such an id waits, bounded by the
+  deadline, and then fails with :class:`~pointers.errors.PartyUnavailable`. An id nobody
+  announced fails at once, as in process. Deliveries take the store's own lock, never the
+  namespace's: a worker delivers while it runs a command (under its lock), so two workers
+  delivering to each other at once must not wait on each other's locks.
+* a byte limit on what the client stores (``max_stored_bytes``).
+* the network control messages: ``ConnectPeer`` (a link to a peer) and ``AcceptPeer``
+  (deliveries from that peer may land in this namespace).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from .. import serde
+from ..errors import LimitExceeded, NotAllowedError, PartyUnavailable, UnknownObjectError
+from ..messages import (
+    AcceptPeer,
+    ConnectPeer,
+    ErrorReply,
+    Fetch,
+    Message,
+    RunProgram,
+    SendToPeer,
+    StoreProgram,
+    encode_message,
+)
+from ..store import Entry, ObjectStore
+from ..worker import Frames, Worker, WorkerStats
+
+_ERROR_PREFIX = encode_message(ErrorReply("", ""))[0][:7]  # fixarray(3) + fixstr "error"
+
+
+def is_error_header(header: bytes | memoryview) -> bool:
+    return bytes(header[:7]) == _ERROR_PREFIX
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return 0
+
+
+class WaitingStore(ObjectStore):
+    """An object store whose lookups wait for announced peer deliveries.
+
+    Thread-safe for one command thread plus any number of delivery threads: writes happen
+    under the condition's lock; a lookup of a present object takes no lock.
+    """
+
+    def __init__(self, owner: str, *, deadline: float, max_bytes: int | None) -> None:
+        super().__init__(owner)
+        self.deadline = deadline
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._cond = threading.Condition()
+        self._expected: dict[int, str] = {}  # object id -> peer that will deliver it
+        self._failed: dict[int, str] = {}  # object id -> why its delivery failed
+        self._dropped: set[int] = set()  # expected ids deleted before they arrived
+        self._unavailable: dict[str, str] = {}  # peer -> why a wait for it timed out
+        self._waiters = 0
+
+    # -- writes ------------------------------------------------------------------------
+    def put(
+        self, obj_id: int, value: Any, tags: set[str] | None = None, description: str = ""
+    ) -> None:
+        size = _size(value)
+        with self._cond:
+            old = self._entries.get(obj_id)
+            total = self.bytes + size - (_size(old.value) if old is not None else 0)
+            if self.max_bytes is not None and total > self.max_bytes and size:
+                raise LimitExceeded(
+                    f"storing object {obj_id} ({size} bytes) would take this client's "
+                    f"storage at worker {self.owner!r} to {total} bytes, over its limit of "
+                    f"{self.max_bytes} bytes (serve --max-stored-mb); get() or drop objects"
+                )
+            self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description)
+            self.bytes = total
+            if self._waiters:
+                self._cond.notify_all()
+
+    def receive(self, peer: str, obj_id: int, value: Any) -> None:
+        """A peer delivered ``value`` for ``obj_id``."""
+        with self._cond:
+            self._unavailable.pop(peer, None)
+            self._expected.pop(obj_id, None)
+            self._failed.pop(obj_id, None)
+            if obj_id in self._dropped:  # its pointer died before the object arrived
+                self._dropped.discard(obj_id)
+                return
+            try:
+                self.put(obj_id, value)
+            except LimitExceeded as e:
+                self._failed[obj_id] = str(e)
+                self._cond.notify_all()
+                raise
+
+    def delivery_failed(self, peer: str, obj_id: int, reason: str) -> None:
+        """A peer could not deliver ``obj_id``: waiting commands fail with ``reason``."""
+        with self._cond:
+            self._expected.pop(obj_id, None)
+            if obj_id not in self._entries and obj_id not in self._dropped:
+                self._failed[obj_id] = f"peer {peer!r} could not deliver object {obj_id}: {reason}"
+                self._cond.notify_all()
+            self._dropped.discard(obj_id)
+
+    def expect(self, peer: str, obj_ids: list[int]) -> None:
+        with self._cond:
+            for i in obj_ids:
+                if i not in self._entries:
+                    self._expected[i] = peer
+
+    def peer_available(self, peer: str) -> None:
+        """Forget an earlier timeout of ``peer`` (the client introduced it again)."""
+        with self._cond:
+            self._unavailable.pop(peer, None)
+
+    def discard(self, obj_id: int) -> None:
+        with self._cond:
+            e = self._entries.pop(obj_id, None)
+            if e is not None:
+                self.bytes -= _size(e.value)
+            elif self._expected.pop(obj_id, None) is not None:
+                self._dropped.add(obj_id)
+            self._failed.pop(obj_id, None)
+
+    def pop(self, obj_id: int) -> Any:
+        value = self.get(obj_id)
+        self.discard(obj_id)
+        return value
+
+    def clear(self) -> None:
+        with self._cond:
+            self._entries.clear()
+            self._expected.clear()
+            self._failed.clear()
+            self._dropped.clear()
+            self._unavailable.clear()
+            self.bytes = 0
+
+    # -- reads -------------------------------------------------------------------------
+    def get(self, obj_id: int) -> Any:
+        e = self._entries.get(obj_id)
+        if e is None:
+            e = self._wait(obj_id)
+        return e.value
+
+    def entry(self, obj_id: int) -> Entry:
+        e = self._entries.get(obj_id)
+        return e if e is not None else self._wait(obj_id)
+
+    def _wait(self, obj_id: int) -> Entry:
+        end = time.monotonic() + self.deadline
+        with self._cond:
+            while True:
+                e = self._entries.get(obj_id)
+                if e is not None:
+                    return e
+                failed = self._failed.pop(obj_id, None)
+                if failed is not None:
+                    raise PartyUnavailable(failed, None)
+                peer = self._expected.get(obj_id)
+                if peer is None:
+                    raise UnknownObjectError(
+                        f"worker {self.owner!r} holds no object with id {obj_id}"
+                    )
+                reason = self._unavailable.get(peer)
+                if reason is not None:
+                    raise PartyUnavailable(reason, peer)
+                left = end - time.monotonic()
+                if left <= 0:
+                    reason = (
+                        f"worker {self.owner!r} waited {self.deadline:g} s for object {obj_id} "
+                        f"from peer {peer!r}, which did not deliver it: is {peer!r} still "
+                        "running and reachable from this worker?"
+                    )
+                    self._unavailable[peer] = reason
+                    self._expected.pop(obj_id, None)
+                    raise PartyUnavailable(reason, peer)
+                self._waiters += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiters -= 1
+
+    def search(self, query: list[str]) -> list[int]:
+        wanted = set(query)
+        with self._cond:
+            items = list(self._entries.items())
+        return [i for i, e in items if wanted <= e.tags]
+
+    def ids(self) -> list[int]:
+        with self._cond:
+            return list(self._entries)
+
+    def view(self) -> Mapping[int, Any]:
+        return _Snapshot(self)
+
+
+class _Snapshot(Mapping[int, Any]):
+    def __init__(self, store: WaitingStore) -> None:
+        self._store = store
+
+    def __getitem__(self, key: int) -> Any:
+        return self._store._entries[key].value
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._store.ids())
+
+    def __len__(self) -> int:
+        return len(self._store._entries)
+
+
+PeerLinkFactory = Callable[[str, str, str], Any]  # (peer id, address, client) -> link
+
+
+class ServedWorker(Worker):
+    """One client's namespace at a served worker."""
+
+    def __init__(
+        self,
+        id: str,
+        client: str,
+        *,
+        functions: Mapping[str, Callable[..., Any]],
+        link_factory: PeerLinkFactory,
+        deadline: float,
+        max_stored_bytes: int | None,
+    ) -> None:
+        super().__init__(id)
+        self.client = client
+        self.store: WaitingStore = WaitingStore(id, deadline=deadline, max_bytes=max_stored_bytes)
+        self.functions.register_all(dict(functions))
+        self.accepted: set[str] = set()
+        self._link_factory = link_factory
+        self._pop_after_reply: int | None = None
+        self._control = False
+
+    def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
+        with self._lock:
+            self._control = False
+            out = super().handle_frames(header, buffers)
+            if self._control:  # introductions are control traffic: uncounted, as in process
+                stats = self.stats
+                stats.messages_received -= 1
+                stats.bytes_received -= serde.nbytes(header, buffers)
+                stats.messages_sent -= 1
+                stats.bytes_sent -= serde.nbytes(*out)
+            obj_id = self._pop_after_reply
+            if obj_id is not None:  # a fetch-and-delete: delete once the reply is encoded
+                self._pop_after_reply = None
+                if not is_error_header(out[0]):
+                    self.store.discard(obj_id)
+            return out
+
+    def _run(self, msg: Message) -> Any:
+        kind = type(msg)
+        if kind is Fetch and msg.delete:  # type: ignore[attr-defined]
+            value = self.store.get(msg.obj_id)  # type: ignore[attr-defined]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"object {msg.obj_id} is not a tensor")  # type: ignore[attr-defined]
+            self._pop_after_reply = msg.obj_id  # type: ignore[attr-defined]
+            return value
+        if kind is SendToPeer:
+            return self._send_to_peer(msg)  # type: ignore[arg-type]
+        if kind is RunProgram or kind is StoreProgram:
+            # a program's threads would wait for each other under this namespace's lock
+            raise NotAllowedError(
+                "recorded programs (mpc.plan) run on in-process workers only for now"
+            )
+        if kind is ConnectPeer:
+            self._control = True
+            if msg.peer == self.id:  # type: ignore[attr-defined]
+                raise ValueError(f"worker {self.id!r} cannot be its own peer")
+            link = self._link_factory(msg.peer, msg.address, self.client)  # type: ignore[attr-defined]
+            self.add_peer_link(msg.peer, link)  # type: ignore[attr-defined]
+            return None
+        if kind is AcceptPeer:
+            self._control = True
+            peer = msg.peer  # type: ignore[attr-defined]
+            if peer == self.client:
+                raise ValueError(f"the client {peer!r} cannot also be a delivering peer")
+            self.accepted.add(peer)
+            self.store.peer_available(peer)
+            return None
+        return super()._run(msg)
+
+    def _send_to_peer(self, msg: SendToPeer) -> None:
+        try:
+            return super()._run(msg)
+        except PartyUnavailable:
+            raise  # the peer itself is unreachable: nobody to tell
+        except Exception as e:
+            link = self._peer_links.get(msg.peer)
+            notify = getattr(link, "delivery_failed", None)
+            if notify is not None:
+                try:  # best effort: let the peer fail its waiting command at once
+                    notify(msg.new_id, f"{type(e).__name__}: {e}")
+                except Exception:  # noqa: S110 - the original error is what matters
+                    pass
+            raise
+
+    def clear(self) -> None:
+        """Forget every object and zero the counters (the client asked for a fresh start)."""
+        with self._lock:
+            self.store.clear()
+            self.stats = WorkerStats()

@@ -1,0 +1,457 @@
+"""``python -m pointers serve``: a worker served over gRPC with mutual TLS.
+
+Every call is authenticated by the caller's certificate (its CN is the caller's
+identity; a certificate not signed by the CA is refused in the TLS handshake). Rules:
+
+* a client identity runs commands in its own namespace (its own store and counters);
+  only it can fetch or delete what it stored there;
+* a peer worker identity may only deliver objects, under its own identity and only into
+  the namespace of a client that accepted deliveries from it; once it delivered here (and
+  always for this worker's own identity) it may not run commands, fetch or inspect;
+* ``--insecure`` (no TLS, identities taken on trust) binds loopback addresses only.
+
+Worker functions beyond aten ops come from the entry-point group
+``pointers.worker_functions`` (each entry point is a mapping of name -> function), so
+``mpc`` reaches served workers without this package importing it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from .. import serde
+from ..errors import NotAllowedError, PartyUnavailable
+from ..messages import ErrorReply, Reply, Store, decode_message, encode_message
+from ..worker import Frames
+from .certs import Credentials, check_identity, load_credentials
+from .framing import FrameError, decode_envelope, encode_envelope, info_field
+from .served import ServedWorker, is_error_header
+from .transport import (
+    DEFAULT_MAX_MESSAGE,
+    DELIVER,
+    IDENTITY_METADATA,
+    SERVICE,
+    STALE,
+    SYNC,
+    Call,
+    bind_address,
+    is_loopback,
+    open_channel,
+    rpc_error,
+)
+
+ENTRY_POINT_GROUP = "pointers.worker_functions"
+_OK_NONE, _ = encode_message(Reply(None))
+_SKIPPED, _ = encode_message(
+    ErrorReply("Skipped", "not run: an earlier command of the same batch failed")
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How a worker is served. Sizes are bytes; ``max_stored_bytes`` is per client."""
+
+    worker_id: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    certs: str | None = None
+    insecure: bool = False
+    deadline: float = 10.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE
+    max_stored_bytes: int | None = 4 << 30
+    threads: int = 32
+    latency: float = 0.0  # seconds added to every call received (benchmarks: cost of rounds)
+
+    def __post_init__(self) -> None:
+        check_identity(self.worker_id)
+        if self.insecure:
+            if self.certs is not None:
+                raise ValueError("choose either --certs (mutual TLS) or --insecure, not both")
+            if not is_loopback(self.host):
+                raise ValueError(
+                    f"--insecure serves without TLS or authentication and binds loopback "
+                    f"addresses only (127.0.0.1, ::1, localhost), not {self.host!r}"
+                )
+        elif self.certs is None:
+            raise ValueError("a served worker needs --certs DIR (or --insecure on loopback)")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.deadline <= 0:
+            raise ValueError(f"deadline must be positive, got {self.deadline}")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be at least 1024")
+        if self.max_stored_bytes is not None and self.max_stored_bytes < 0:
+            raise ValueError("max_stored_bytes must be non-negative")
+        if self.threads < 4:
+            raise ValueError("a served worker needs at least 4 threads")
+        if not 0 <= self.latency <= 10:
+            raise ValueError(f"latency must lie in [0, 10] seconds, got {self.latency}")
+
+
+def plugin_functions() -> dict[str, Callable[..., Any]]:
+    """The worker functions every installed package declares under
+    ``pointers.worker_functions`` (``mpc`` declares its protocol steps there)."""
+    out: dict[str, Callable[..., Any]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        table = ep.load()
+        if not isinstance(table, Mapping):
+            raise TypeError(f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} is not a mapping")
+        for name, fn in table.items():
+            if not isinstance(name, str) or not callable(fn):
+                raise TypeError(f"entry point {ep.name!r}: {name!r} is not a named function")
+            out[name] = fn
+    return out
+
+
+class PeerLink:
+    """How one namespace delivers to one peer: a ``handle_frames`` over gRPC."""
+
+    def __init__(self, server: WorkerServer, peer: str, address: str, client: str) -> None:
+        self.server, self.peer, self.address, self.client = server, peer, address, client
+
+    def _call(self, info: dict[str, Any], frames: list[Any]) -> Any:
+        server = self.server
+        call = server.peer_call(self.peer, self.address)
+        data = encode_envelope({"client": self.client, "from": server.id, **info}, frames)
+        try:
+            resp = call(data, timeout=server.config.deadline, metadata=server.call_metadata)
+        except grpc.RpcError as e:
+            err = rpc_error(e, self.peer, self.address, "a delivery")
+            raise PartyUnavailable(
+                f"worker {server.id!r} could not deliver to its peer: {err}", self.peer
+            ) from None
+        _, out = decode_envelope(resp)
+        if len(out) != 1:
+            raise FrameError("a delivery reply carries exactly one message")
+        return out[0]
+
+    def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
+        _, rh, rb = self._call({}, [(0, header, buffers)])
+        return rh, rb
+
+    def delivery_failed(self, obj_id: int, reason: str) -> None:
+        self._call({"failed": [obj_id, reason[:2000]]}, [])
+
+
+class WorkerServer:
+    """A :class:`ServedWorker` per client identity behind one gRPC server."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        functions: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> None:
+        self.config = config
+        self.id = config.worker_id
+        self.functions = dict(plugin_functions() if functions is None else functions)
+        self.epoch = os.urandom(8).hex()  # tells clients when a worker was restarted
+        self.credentials: Credentials | None = (
+            None if config.insecure else load_credentials(config.certs or "", config.worker_id)
+        )
+        self.call_metadata = ((IDENTITY_METADATA, self.id),) if config.insecure else None
+        self._namespaces: dict[str, ServedWorker] = {}
+        # identities that may only deliver: this worker's own, and every identity that
+        # delivered here as a peer worker (a client can only ever add itself)
+        self._peers: set[str] = {self.id}
+        self._channels: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self.port: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> int:
+        cfg = self.config
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="pointers"),
+            options=[
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        handlers = {
+            "Exec": grpc.unary_unary_rpc_method_handler(self._exec),
+            "Deliver": grpc.unary_unary_rpc_method_handler(self._deliver),
+            "Inspect": grpc.unary_unary_rpc_method_handler(self._inspect),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        where = bind_address(cfg.host, cfg.port)
+        try:
+            if self.credentials is None:
+                port = server.add_insecure_port(where)
+            else:
+                creds = grpc.ssl_server_credentials(
+                    [(self.credentials.key, self.credentials.cert)],
+                    root_certificates=self.credentials.ca,
+                    require_client_auth=True,
+                )
+                port = server.add_secure_port(where, creds)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {where}: {e}") from e
+        if not port:
+            raise OSError(f"cannot listen on {where} (in use?)")
+        server.start()
+        self._server, self.port = server, port
+        return port
+
+    @property
+    def address(self) -> str:
+        return bind_address(self.config.host, self.port or self.config.port)
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+        with self._lock:
+            channels = list(self._channels.values())
+            self._channels.clear()
+        for channel, _ in channels:
+            channel.close()
+
+    def wait(self) -> None:
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+    # -- peers ---------------------------------------------------------------------------
+    def peer_call(self, peer: str, address: str) -> Any:
+        key = (peer, address)
+        with self._lock:
+            entry = self._channels.get(key)
+            if entry is None:
+                channel = open_channel(
+                    address,
+                    worker_id=peer,
+                    credentials=self.credentials,
+                    max_message_bytes=self.config.max_message_bytes,
+                )
+                entry = (channel, Call(channel, DELIVER))
+                self._channels[key] = entry
+        return entry[1]
+
+    def _link(self, peer: str, address: str, client: str) -> PeerLink:
+        check_identity(peer)
+        return PeerLink(self, peer, address, client)
+
+    def _namespace(self, client: str) -> ServedWorker:
+        ns = self._namespaces.get(client)
+        if ns is None:
+            with self._lock:
+                ns = self._namespaces.get(client)
+                if ns is None:
+                    cfg = self.config
+                    ns = ServedWorker(
+                        self.id,
+                        client,
+                        functions=self.functions,
+                        link_factory=self._link,
+                        deadline=cfg.deadline,
+                        max_stored_bytes=cfg.max_stored_bytes,
+                    )
+                    self._namespaces[client] = ns
+        return ns
+
+    # -- identity ------------------------------------------------------------------------
+    def _identity(self, context: grpc.ServicerContext) -> str:
+        if self.config.insecure:
+            for key, value in context.invocation_metadata() or ():
+                if key == IDENTITY_METADATA and isinstance(value, str):
+                    check_identity(value)
+                    return value
+            return "anonymous"
+        names = context.auth_context().get("x509_common_name")
+        if not names:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
+        return names[0].decode()
+
+    def _client(self, context: grpc.ServicerContext, what: str) -> ServedWorker:
+        who = self._identity(context)
+        if who in self._peers:
+            raise NotAllowedError(
+                f"identity {who!r} is a peer worker of {self.id!r}: it may deliver protocol "
+                f"messages but not {what}"
+            )
+        return self._namespace(who)
+
+    # -- handlers ------------------------------------------------------------------------
+    def _exec(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.config.latency:
+            time.sleep(self.config.latency)
+        try:
+            info, frames = decode_envelope(request)
+            ns = self._client(context, "run commands or fetch objects")
+            deadline = info_field(info, "deadline", (int, float), None)
+            if deadline is not None and not 0 < deadline <= 3600:
+                raise FrameError(f"a deadline must lie in (0, 3600] seconds, got {deadline}")
+            ns.store.deadline = self.config.deadline if deadline is None else float(deadline)
+            expects = info_field(info, "expect", list, None)
+            if expects is not None:
+                for item in expects:
+                    if not (
+                        isinstance(item, list)
+                        and len(item) == 2
+                        and isinstance(item[0], str)
+                        and isinstance(item[1], list)
+                        and all(type(i) is int for i in item[1])
+                    ):
+                        raise FrameError("malformed 'expect' field")
+                    ns.store.expect(item[0], item[1])
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+        replies: list[Any] = []
+        failed = False
+        for k, (tag, header, buffers) in enumerate(frames):
+            if tag & SYNC and failed:
+                replies.append((k, _SKIPPED, []))
+                continue
+            rh, rb = ns.handle_frames(header, buffers)  # never raises
+            if rb or rh != _OK_NONE:
+                replies.append((k, rh, rb))
+                if not tag & STALE and is_error_header(rh):
+                    failed = True
+        try:
+            return encode_envelope({"epoch": self.epoch}, replies)
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+
+    def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.config.latency:
+            time.sleep(self.config.latency)
+        try:
+            who = self._identity(context)
+            info, frames = decode_envelope(request)
+            client = info_field(info, "client", str, None)
+            source = info_field(info, "from", str, None)
+            if client is None or source is None:
+                raise FrameError("a delivery names its client and its source worker")
+            if source != who:
+                raise NotAllowedError(f"identity {who!r} cannot deliver as {source!r}")
+            ns = self._namespaces.get(client)
+            if ns is None or source not in ns.accepted:
+                raise NotAllowedError(
+                    f"client {client!r} has not asked worker {self.id!r} to accept "
+                    f"deliveries from {source!r}"
+                )
+            if who not in self._peers:
+                with self._lock:
+                    self._peers.add(who)
+            failed = info_field(info, "failed", list, None)
+            if failed is not None:
+                if not (len(failed) == 2 and type(failed[0]) is int and isinstance(failed[1], str)):
+                    raise FrameError("malformed 'failed' field")
+                ns.store.delivery_failed(source, failed[0], failed[1])
+                return encode_envelope({}, [(0, _OK_NONE, [])])
+            if len(frames) != 1:
+                raise FrameError("a delivery carries exactly one message")
+            _, header, buffers = frames[0]
+            msg = decode_message(header, buffers)
+            if type(msg) is not Store:
+                raise NotAllowedError(f"a peer may only deliver objects, not {msg.KIND!r}")
+            ns.store.receive(source, msg.obj_id, msg.value)
+            stats = ns.stats  # as a VirtualWorker counts what its peers hand it
+            stats.messages_received += 1
+            stats.bytes_received += serde.nbytes(header, buffers)
+            stats.messages_sent += 1
+            stats.bytes_sent += len(_OK_NONE)
+            return encode_envelope({}, [(0, _OK_NONE, [])])
+        except Exception as e:
+            h, b = encode_message(ErrorReply(type(e).__name__, str(e)))
+            return encode_envelope({}, [(0, h, b)])
+
+    def _inspect(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            info, _ = decode_envelope(request)
+            what = info_field(info, "what", str, None)
+            if what == "hello":
+                return encode_envelope(
+                    {
+                        "worker": self.id,
+                        "epoch": self.epoch,
+                        "identity": self._identity(context),
+                        "deadline": self.config.deadline,
+                        "max_message_bytes": self.config.max_message_bytes,
+                    },
+                    [],
+                )
+            ns = self._client(context, "inspect a namespace")
+            if what == "stats":
+                out: dict[str, Any] = {"stats": dict(vars(ns.stats))}
+            elif what == "ids":
+                out = {"ids": ns.store.ids()}
+            elif what == "reset":
+                ns.clear()
+                out = {}
+            else:
+                raise FrameError(f"unknown inspection {what!r}")
+            out["epoch"] = self.epoch
+            return encode_envelope(out, [])
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+
+
+def _error_envelope(e: Exception, epoch: str) -> bytes:
+    return encode_envelope({"epoch": epoch, "error": [type(e).__name__, str(e)]}, [])
+
+
+# ----------------------------------------------------------------------------------------
+# python -m pointers serve
+# ----------------------------------------------------------------------------------------
+
+
+def serve(
+    config: ServerConfig,
+    *,
+    ready: Callable[[WorkerServer], None] | None = None,
+    watch_stdin: bool = False,
+) -> None:
+    """Serve until SIGINT/SIGTERM (or, with ``watch_stdin``, until standard input
+    closes); prints one line with the address once listening."""
+    server = WorkerServer(config)
+    server.start()
+    mode = (
+        "INSECURE: no TLS, no authentication, loopback only"
+        if config.insecure
+        else f"mutual TLS, CA {Path(config.certs or '') / 'ca.pem'}"
+    )
+    names = sorted(server.functions)
+    print(
+        f"pointers: worker {server.id!r} serving on {server.address} ({mode}); "
+        f"{len(names)} worker functions; deadline {config.deadline:g} s"
+        + (f"; added latency {config.latency * 1000:g} ms per call" if config.latency else ""),
+        flush=True,
+    )
+    if ready is not None:
+        ready(server)
+    done = threading.Event()
+
+    def _stop(signum: int, frame: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    if watch_stdin:
+
+        def _watch() -> None:
+            while sys.stdin.buffer.read(4096):
+                pass
+            done.set()
+
+        threading.Thread(target=_watch, name="pointers-stdin", daemon=True).start()
+    while not done.wait(0.5):
+        pass
+    server.stop(grace=0.5)
+    print(f"pointers: worker {server.id!r} stopped", file=sys.stderr, flush=True)
+
+
+__all__ = ["PeerLink", "ServerConfig", "WorkerServer", "plugin_functions", "serve"]

@@ -1,0 +1,172 @@
+"""gRPC plumbing shared by the server and the client: method names, channels, credentials.
+
+The service has three bytes-in/bytes-out unary methods (no generated stubs: the payload is
+a :mod:`~pointers.network.framing` envelope, so msgpack stays the only format):
+
+* ``Exec``: a batch of a client's messages, run in order in the client's namespace;
+* ``Deliver``: a peer worker delivers one object into a client's namespace;
+* ``Inspect``: hello, counters, object ids, reset (not counted as messages).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Any
+
+import grpc
+
+from ..errors import LimitExceeded, PartyUnavailable, PointerError
+from .certs import Credentials
+
+SERVICE = "pointers.Worker"
+EXEC = f"/{SERVICE}/Exec"
+DELIVER = f"/{SERVICE}/Deliver"
+INSPECT = f"/{SERVICE}/Inspect"
+IDENTITY_METADATA = "pointers-identity"  # the claimed identity, insecure mode only
+SYNC = 1  # request flag: a reply is awaited; skip it if an earlier frame of the batch failed
+STALE = 2  # request flag: the client ignores this frame's error (it does not skip a SYNC)
+DEFAULT_MAX_MESSAGE = 256 << 20
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) -> (host, port)."""
+    if not isinstance(address, str) or ":" not in address:
+        raise ValueError(f"an address is 'host:port', got {address!r}")
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"an address is 'host:port' with a port in 1..65535, got {address!r}")
+    return host, int(port)
+
+
+def bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def channel_options(
+    max_message_bytes: int, target_name: str | None = None
+) -> list[tuple[str, Any]]:
+    opts: list[tuple[str, Any]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # a restarted worker is found again quickly
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        ("grpc.enable_retries", 0),
+    ]
+    if target_name is not None:  # the server must present this identity's certificate
+        opts.append(("grpc.ssl_target_name_override", target_name))
+    return opts
+
+
+def open_channel(
+    address: str,
+    *,
+    worker_id: str,
+    credentials: Credentials | None,
+    max_message_bytes: int,
+) -> grpc.Channel:
+    """A channel to ``worker_id`` at ``address``: mutual TLS with ``credentials``, or
+    plaintext (loopback only) when ``credentials`` is None."""
+    host, _ = split_address(address)
+    if credentials is None:
+        if not is_loopback(host):
+            raise PointerError(
+                f"an insecure connection may only go to a loopback address, not {address!r}"
+            )
+        return grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=credentials.ca,
+        private_key=credentials.key,
+        certificate_chain=credentials.cert,
+    )
+    return grpc.secure_channel(
+        address, creds, options=channel_options(max_message_bytes, target_name=worker_id)
+    )
+
+
+def rpc_error(e: grpc.RpcError, worker: str, address: str, what: str) -> PointerError:
+    """A clear error for a failed call, without gRPC's internals."""
+    code = e.code() if hasattr(e, "code") else None
+    details = (e.details() if hasattr(e, "details") else None) or str(code)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return LimitExceeded(
+            f"{what} to worker {worker!r} at {address} went past a message size limit "
+            f"({details}); send smaller tensors or raise --max-message-mb / max_message_bytes"
+        )
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return PartyUnavailable(
+            f"worker {worker!r} at {address} did not answer {what} in time", worker
+        )
+    if code == grpc.StatusCode.UNAUTHENTICATED or code == grpc.StatusCode.PERMISSION_DENIED:
+        return PartyUnavailable(f"worker {worker!r} at {address} refused us: {details}", worker)
+    if _is_tls_failure(details.lower()):
+        return PartyUnavailable(
+            f"the TLS handshake with worker {worker!r} at {address} failed (is its certificate "
+            f"from the same CA, and does it serve {worker!r}?): {details}",
+            worker,
+        )
+    return PartyUnavailable(f"worker {worker!r} at {address} is unreachable: {details}", worker)
+
+
+class Call:
+    """A unary call on a channel that waits once for a lost connection to come back.
+
+    When a call could not even be sent (the channel is not connected: the worker is down,
+    or restarting), it is tried once more, waiting up to ``reconnect_wait`` seconds for
+    the channel, at most once a second: a restarted worker is found again at the next
+    call, while calls to a dead one keep failing fast.
+    """
+
+    def __init__(self, channel: grpc.Channel, method: str, reconnect_wait: float = 1.5) -> None:
+        self._call = channel.unary_unary(method)
+        self.reconnect_wait = reconnect_wait
+        self._last_retry = -1e9
+
+    def __call__(self, data: bytes, timeout: float, metadata: Any = None) -> bytes:
+        try:
+            return self._call(data, timeout=timeout, metadata=metadata)
+        except grpc.RpcError as e:
+            if not _not_sent(e) or time.monotonic() - self._last_retry < 1.0:
+                raise
+            first = e
+        try:
+            return self._call(
+                data,
+                timeout=min(timeout, self.reconnect_wait),
+                metadata=metadata,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise first from None
+            raise
+        finally:
+            self._last_retry = time.monotonic()
+
+
+def _not_sent(e: grpc.RpcError) -> bool:
+    """The call never reached the worker, for a reason a reconnection may cure."""
+    code = e.code() if hasattr(e, "code") else None
+    details = ((e.details() if hasattr(e, "details") else "") or "").lower()
+    return (
+        code == grpc.StatusCode.UNAVAILABLE
+        and "failed to connect" in details
+        and not _is_tls_failure(details)
+    )
+
+
+def _is_tls_failure(details: str) -> bool:
+    return any(w in details for w in ("ssl", "handshake", "certificate", "tls", "verif"))
