@@ -12,19 +12,33 @@ Examples::
 
 ``--sizes`` takes a comma-separated list (``1e4,1e5``): the sizes of every workload whose
 size counts elements (W1, W3, W4, W6, W7, W8); ``W2=64,128`` (matrix side) or ``W5=1,8``
-(batch) sets one workload's sizes, and may be repeated. Exit status: 0, 1 if a result was
-incorrect, 2 on a usage error (including ``--network``/``--latency-ms`` for now).
+(batch) sets one workload's sizes, and may be repeated.
+
+``--network`` runs the same workloads on served workers: the tool writes a development CA
+into a temporary directory, starts one ``python -m pointers serve`` process per worker the
+selected cases use (the parties, the crypto provider ``carol``, and W8's five data workers
+``client0``..``client4``) on 127.0.0.1 with free ports and mutual TLS, connects to them as
+``client`` and stops them all at the end, also after an error or Ctrl-C.
+``--latency-ms X`` (with ``--network`` only) is every server's ``--latency-ms X``: each
+worker sleeps X ms before it handles each gRPC call it receives (a batch of pipelined
+commands from the client, or one object a peer delivers).
+
+Exit status: 0, 1 if a result was incorrect, 2 on a usage error, 130 on Ctrl-C (and, with
+``--network``, on SIGTERM: both stop the worker processes first).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-import pointers
 from benchmarks import report
 from benchmarks.workloads import (
     MPC_CASES,
@@ -37,17 +51,18 @@ from benchmarks.workloads import (
     format_markdown,
     format_table,
     measure,
+    worker_names,
 )
 
-NETWORK_UNAVAILABLE = (
-    "python -m benchmarks: network workers are not available yet (--network and "
-    "--latency-ms need pointers.connect, issue 5); run without them to use in-process "
-    "workers"
+LATENCY_NEEDS_NETWORK = (
+    "--latency-ms needs --network: the latency is added by the served worker processes "
+    "(python -m pointers serve --latency-ms); in-process workers have no network to delay"
 )
-NETWORK_NOT_WIRED = (
-    "python -m benchmarks: pointers.connect exists, but this tool does not start network "
-    "workers yet (issue 6: --network, --latency-ms); run without them to use in-process "
-    "workers"
+LATENCY_HELP = (
+    "with --network only: each worker process sleeps MS milliseconds before it handles "
+    "every gRPC call it receives (a batch of pipelined commands from the client, or one "
+    "object a peer delivers: a share opened to it, dealer material); replies are not "
+    "delayed. 0 to 10000; default 0"
 )
 
 
@@ -148,14 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--network",
         action="store_true",
-        help="run the parties as network workers (not available yet)",
+        help="run the workers as `python -m pointers serve` processes on 127.0.0.1 (mutual "
+        "TLS, temporary certificates), started and stopped by this tool",
     )
-    ap.add_argument(
-        "--latency-ms",
-        type=float,
-        default=None,
-        help="added one-way latency between network workers (not available yet)",
-    )
+    ap.add_argument("--latency-ms", type=float, default=None, metavar="MS", help=LATENCY_HELP)
     return ap
 
 
@@ -166,13 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--parties must be 2..5, got {args.parties}")
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
-    if args.network or args.latency_ms is not None:
-        # TODO(issue 6): start `python -m pointers serve` processes and connect to them
-        print(
-            NETWORK_NOT_WIRED if hasattr(pointers, "connect") else NETWORK_UNAVAILABLE,
-            file=sys.stderr,
-        )
-        return 2
+    if args.latency_ms is not None:
+        if not args.network:
+            ap.error(LATENCY_NEEDS_NETWORK)
+        if not 0 <= args.latency_ms <= 10_000:
+            ap.error(f"--latency-ms must lie in [0, 10000], got {args.latency_ms:g}")
+    latency = args.latency_ms or 0.0
     try:
         common, per = parse_sizes(args.sizes)
     except argparse.ArgumentTypeError as e:
@@ -198,16 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         torch_threads=1,
         load_before=meta.pop("load"),
     )
-    rows, bad = [], []
-    progress = _progress(len(cases) * (args.repeat + 2), disable=args.no_progress)
+    if args.network:
+        meta.update(workers=report.NETWORK_WORKERS, network=True, latency_ms=latency)
     try:
-        for case in cases:
-            progress.set_description(case.id)
-            row = measure(case.build(), repeat=args.repeat, progress=lambda: progress.update())
-            rows.append(row)
-            bad += failures(row)
-    finally:
-        progress.close()
+        with _sigterm_as_interrupt() if args.network else contextlib.nullcontext():
+            rows, bad = _run(cases, args, latency)
+    except KeyboardInterrupt:
+        stopped = " (worker processes stopped)" if args.network else ""
+        print(f"python -m benchmarks: interrupted{stopped}", file=sys.stderr)
+        return 130
     meta["load_after"] = report.load_average()
 
     print(report.describe(meta))
@@ -225,6 +234,69 @@ def main(argv: list[str] | None = None) -> int:
     for line in bad:
         print(f"INCORRECT: {line}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _run(
+    cases: list[Case], args: argparse.Namespace, latency: float
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Measure every case (on served workers with ``--network``); the rows and failures."""
+    rows: list[dict[str, Any]] = []
+    bad: list[str] = []
+    cluster = None
+    progress = None
+    try:
+        factory = None
+        if args.network:
+            cluster = _start_cluster(cases, latency)
+            factory = cluster.connect
+        progress = _progress(len(cases) * (args.repeat + 2), disable=args.no_progress)
+        for case in cases:
+            progress.set_description(case.id)
+            row = measure(
+                case.build(factory), repeat=args.repeat, progress=lambda: progress.update()
+            )
+            if cluster is not None:
+                cluster.close_connections()  # the next case connects afresh
+                row.update(workers="network", latency_ms=latency)
+            rows.append(row)
+            bad += failures(row)
+    finally:
+        if progress is not None:
+            progress.close()
+        if cluster is not None:
+            cluster.stop()
+    return rows, bad
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so ``finally`` stops the worker
+    processes; the previous handler comes back afterwards. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _start_cluster(cases: list[Case], latency: float) -> Any:
+    """Serve every worker the cases use, each in its own process on 127.0.0.1."""
+    from pointers.network.cluster import LocalCluster
+
+    names = list(dict.fromkeys(n for c in cases for n in worker_names(c.workload, c.parties)))
+    print(
+        f"python -m benchmarks: starting {len(names)} worker processes "
+        f"({', '.join(names)}) on 127.0.0.1, mutual TLS, added latency {latency:g} ms ...",
+        file=sys.stderr,
+    )
+    return LocalCluster(names, latency_ms=latency).start()
 
 
 def _finite(obj: Any) -> Any:

@@ -67,12 +67,25 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+NETWORK_WORKERS = (
+    "network: one `python -m pointers serve` process per worker on 127.0.0.1, gRPC with mutual TLS"
+)
+
+
 def describe(meta: dict[str, Any]) -> str:
-    """One line: ``2 parties + crypto provider, in-process; 2 x CPU, load ...; date``."""
+    """One line: ``2 parties + crypto provider, in-process; 2 x CPU, load ...; date``
+    (with ``--network``: the worker processes and the added latency instead)."""
     load = meta.get("load_before") or meta.get("load")
     load_s = " ".join(f"{x:.2f}" for x in load) if load else "unknown"
+    if meta.get("network"):
+        where = (
+            f"NETWORK workers (one `python -m pointers serve` process each on 127.0.0.1, "
+            f"mutual TLS), added latency {meta.get('latency_ms') or 0:g} ms per call received"
+        )
+    else:
+        where = "in-process VirtualWorkers"
     return (
-        f"{meta.get('parties', 2)} parties + crypto provider, in-process VirtualWorkers, "
+        f"{meta.get('parties', 2)} parties + crypto provider, {where}, "
         f"{meta.get('torch_threads', 1)} torch thread(s), {meta.get('repeat', '?')} timed runs; "
         f"{meta['nproc']} x {meta['cpu']}, load {load_s}; {meta['date']}"
         + (f"; commit {meta['commit']}" if meta.get("commit") else "")

@@ -2,8 +2,10 @@
 aggregation (W8), both from issue 6, and the pointer per-op overhead (P1, P2).
 
 Each builder (``w1_mul(n)``, ..., ``w7_maxpool(n, parties=3)``) makes fresh workers (2 to 5
-computing parties plus a crypto provider), builds and shares its inputs (before any
-timer, unless the workload says otherwise) and returns a :class:`Workload`:
+computing parties plus a crypto provider) with its ``factory`` (a name -> worker callable:
+``pt.VirtualWorker`` by default; ``python -m benchmarks --network`` passes one that connects
+to served worker processes), builds and shares its inputs (before any timer, unless the
+workload says otherwise) and returns a :class:`Workload`:
 
 * ``run()``: the secure op, what the timer measures. Only W3 (the comparison result is
   revealed as 0/1) and W6 (share + reconstruct) reconstruct anything inside it.
@@ -51,8 +53,8 @@ class Workload:
     run: Callable[[], Any]
     plain: Callable[[], Any]
     check: Callable[[], dict[str, Any]]
-    workers: list[pt.VirtualWorker] = field(default_factory=list)
-    dealer: pt.VirtualWorker | None = None
+    workers: list[Any] = field(default_factory=list)  # VirtualWorkers or NetworkWorkers
+    dealer: Any | None = None
     kind: str = "mpc"  # "mpc" or "pointer"
     notes: str = ""
     # what the throughput counts: elements of the input (W1, W3, W4, W6, W7), entries of
@@ -60,11 +62,28 @@ class Workload:
     elements: int = 0
     shape: tuple[int, ...] = ()
     # data workers that send to the parties (W8): their upload is recorded per run
-    clients: list[pt.VirtualWorker] = field(default_factory=list)
+    clients: list[Any] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return f"{self.id}-{self.op}-{self.size}"
+
+    @property
+    def everyone(self) -> list[Any]:
+        """Every worker of the workload: parties, crypto provider, data workers."""
+        return self.workers + ([self.dealer] if self.dealer is not None else []) + self.clients
+
+    @property
+    def in_process(self) -> bool:
+        """Whether every worker is a ``VirtualWorker`` (runs in this process)."""
+        return all(isinstance(w, pt.VirtualWorker) for w in self.everyone)
+
+    def sync(self) -> None:
+        """Wait until every worker ran what it was sent (network workers pipeline their
+        commands, so an op returns before the workers did it); nothing in process."""
+        for w in self.everyone:
+            if not isinstance(w, pt.VirtualWorker):
+                w.sync()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -93,11 +112,30 @@ PARTY_NAMES = ("alice", "bob", "dan", "erin", "frank")
 DEALER_NAME = "carol"
 
 
-def _parties(n: int = 2) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
-    """``n`` fresh computing parties (alice, bob, dan, erin, frank) and a crypto provider."""
+# Makes the worker of a name: ``pt.VirtualWorker`` (the default, in process), or a fresh
+# connection to a served worker (``python -m benchmarks --network``).
+WorkerFactory = Callable[[str], Any]
+
+
+def _parties(
+    n: int = 2, factory: WorkerFactory | None = None, dealer: bool = True
+) -> tuple[list[Any], Any]:
+    """``n`` fresh computing parties (alice, bob, dan, erin, frank) and a crypto provider
+    (None with ``dealer=False``), made by ``factory`` (default ``pt.VirtualWorker``)."""
     if not 2 <= n <= len(PARTY_NAMES):
         raise ValueError(f"parties must be 2..{len(PARTY_NAMES)}, got {n}")
-    return [pt.VirtualWorker(name) for name in PARTY_NAMES[:n]], pt.VirtualWorker(DEALER_NAME)
+    make = factory or pt.VirtualWorker
+    return [make(name) for name in PARTY_NAMES[:n]], make(DEALER_NAME) if dealer else None
+
+
+def worker_names(workload: str, parties: int = 2) -> list[str]:
+    """The workers a workload uses (what ``--network`` must serve)."""
+    if workload.startswith("P"):
+        return [PARTY_NAMES[0]]
+    names = list(PARTY_NAMES[:parties])
+    if workload == "W8":
+        return names + [f"client{k}" for k in range(SECAGG_CLIENTS)]
+    return names + [DEALER_NAME]
 
 
 def pool_shape(n: int) -> tuple[int, int, int, int]:
@@ -158,8 +196,9 @@ def _binary(
     plain: Callable,
     parties: int,
     elements: int,
+    factory: WorkerFactory | None = None,
 ) -> Workload:
-    ws, carol = _parties(parties)
+    ws, carol = _parties(parties, factory)
     x = mpc.share(a, *ws, crypto_provider=carol)
     y = mpc.share(b, *ws, crypto_provider=carol)
 
@@ -180,7 +219,7 @@ def _binary(
     )
 
 
-def w1_mul(n: int, parties: int = 2) -> Workload:
+def w1_mul(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W1: private x private elementwise multiply (with truncation), n elements."""
     g = _gen()
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
@@ -195,10 +234,11 @@ def w1_mul(n: int, parties: int = 2) -> Workload:
         lambda x, y: x * y,
         parties,
         n,
+        factory,
     )
 
 
-def w2_matmul(n: int, parties: int = 2) -> Workload:
+def w2_matmul(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W2: private x private matmul, (n x n) @ (n x n); throughput counts the n^2 entries."""
     g = _gen()
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
@@ -212,10 +252,11 @@ def w2_matmul(n: int, parties: int = 2) -> Workload:
         lambda x, y: x @ y,
         parties,
         n * n,
+        factory,
     )
 
 
-def w3_lt(n: int, parties: int = 2) -> Workload:
+def w3_lt(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W3: private < private comparison, the result revealed as 0/1 (inside the timer).
 
     Correctness is exact agreement with the comparison of the fixed-point encodings (values
@@ -224,7 +265,7 @@ def w3_lt(n: int, parties: int = 2) -> Workload:
     """
     g = _gen()
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
-    ws, carol = _parties(parties)
+    ws, carol = _parties(parties, factory)
     x = mpc.share(a, *ws, crypto_provider=carol)
     y = mpc.share(b, *ws, crypto_provider=carol)
     ref = encode(a, FRAC_BITS) < encode(b, FRAC_BITS)
@@ -253,11 +294,11 @@ def w3_lt(n: int, parties: int = 2) -> Workload:
     )
 
 
-def w4_relu(n: int, parties: int = 2) -> Workload:
+def w4_relu(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W4: ReLU of a private tensor of n elements."""
     g = _gen()
     a = torch.randn(n, generator=g)
-    ws, carol = _parties(parties)
+    ws, carol = _parties(parties, factory)
     x = mpc.share(a, *ws, crypto_provider=carol)
     positive = encode(a, FRAC_BITS) > 0
 
@@ -282,12 +323,12 @@ def w4_relu(n: int, parties: int = 2) -> Workload:
     )
 
 
-def w5_lenet(batch: int, parties: int = 2) -> Workload:
+def w5_lenet(batch: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W5: encrypted inference, model and input both private (LeNet-like, 28x28 input);
     throughput counts images."""
     model = lenet()
     inp = torch.rand(batch, 1, 28, 28, generator=_gen())
-    ws, carol = _parties(parties)
+    ws, carol = _parties(parties, factory)
     shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
     session = next(shared_model.parameters()).session
     x = mpc.share(inp, session=session)
@@ -321,13 +362,13 @@ def w5_lenet(batch: int, parties: int = 2) -> Workload:
     )
 
 
-def w6_roundtrip(n: int, parties: int = 2) -> Workload:
+def w6_roundtrip(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W6: share + reconstruct round trip of n elements (both inside the timer).
 
     The session (parties introduced, dealer seeds) is set up once, before the timer.
     """
     a = torch.randn(n, generator=_gen())
-    ws, carol = _parties(parties)
+    ws, carol = _parties(parties, factory)
     session = mpc.Session(ws, carol)
 
     def run() -> torch.Tensor:
@@ -347,7 +388,7 @@ def w6_roundtrip(n: int, parties: int = 2) -> Workload:
     )
 
 
-def w7_maxpool(n: int, parties: int = 2) -> Workload:
+def w7_maxpool(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W7: ``F.max_pool2d(x, 2)`` on a private (N, C, H, W) tensor of about n elements
     (shape from :func:`pool_shape`); the result stays shared.
 
@@ -357,7 +398,7 @@ def w7_maxpool(n: int, parties: int = 2) -> Workload:
     """
     shape = pool_shape(n)
     a = torch.randn(*shape, generator=_gen())
-    ws, carol = _parties(parties)
+    ws, carol = _parties(parties, factory)
     x = mpc.share(a, *ws, crypto_provider=carol)
     ref = F.max_pool2d(encode(a, FRAC_BITS).double(), 2)
 
@@ -386,7 +427,7 @@ def w7_maxpool(n: int, parties: int = 2) -> Workload:
 SECAGG_CLIENTS = 5  # data workers whose updates W8 aggregates
 
 
-def w8_secagg(n: int, parties: int = 2) -> Workload:
+def w8_secagg(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W8: secure aggregation (``mpc.SecureAggregator``) of 5 data workers' updates of n
     elements each, weighted by example counts 10, 20, ..., 50; only the weighted mean is
     revealed (to the client, inside the timer). Throughput counts the 5 n update elements.
@@ -399,8 +440,9 @@ def w8_secagg(n: int, parties: int = 2) -> Workload:
     g = _gen()
     updates = [torch.randn(n, generator=g) * 0.01 for _ in range(SECAGG_CLIENTS)]
     counts = [10 * (k + 1) for k in range(SECAGG_CLIENTS)]
-    ws, _ = _parties(parties)
-    clients = [pt.VirtualWorker(f"client{k}") for k in range(SECAGG_CLIENTS)]
+    ws, _ = _parties(parties, factory, dealer=False)
+    make = factory or pt.VirtualWorker
+    clients = [make(f"client{k}") for k in range(SECAGG_CLIENTS)]
     sent = [(pt.send(u, c), k) for u, c, k in zip(updates, clients, counts)]
     aggregator = mpc.SecureAggregator(ws)
 
@@ -422,7 +464,7 @@ def w8_secagg(n: int, parties: int = 2) -> Workload:
     )
 
 
-def pointer_add(n: int = 10, parties: int = 2) -> Workload:
+def pointer_add(n: int = 10, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """P1: ``p + p`` on a pointer to an n-element tensor at a VirtualWorker vs ``t + t``.
 
     The op is sent without waiting for a value (the result stays at the worker), so this is
@@ -430,7 +472,7 @@ def pointer_add(n: int = 10, parties: int = 2) -> Workload:
     running the op at the worker.
     """
     t = torch.randn(n, generator=_gen())
-    alice = pt.VirtualWorker("alice")
+    alice = (factory or pt.VirtualWorker)("alice")
     p = pt.send(t, alice)
     del parties  # one worker: the pointer layer alone
     return Workload(
@@ -447,10 +489,12 @@ def pointer_add(n: int = 10, parties: int = 2) -> Workload:
     )
 
 
-def pointer_add_get(n: int = 10, parties: int = 2) -> Workload:
+def pointer_add_get(
+    n: int = 10, parties: int = 2, factory: WorkerFactory | None = None
+) -> Workload:
     """P2: ``(p + p).get()``: one op plus the request/reply round trip that fetches it."""
     t = torch.randn(n, generator=_gen())
-    alice = pt.VirtualWorker("alice")
+    alice = (factory or pt.VirtualWorker)("alice")
     p = pt.send(t, alice)
 
     def run() -> torch.Tensor:
@@ -524,8 +568,9 @@ class Case:
     rounds: int = 5  # timed runs in the pytest-benchmark tests
     parties: int = 2  # computing parties (the crypto provider comes on top)
 
-    def build(self) -> Workload:
-        return WORKLOADS[self.workload](self.size, parties=self.parties)
+    def build(self, factory: WorkerFactory | None = None) -> Workload:
+        """The workload, its workers made by ``factory`` (default ``pt.VirtualWorker``)."""
+        return WORKLOADS[self.workload](self.size, parties=self.parties, factory=factory)
 
     @property
     def id(self) -> str:
@@ -558,21 +603,24 @@ POINTER_CASES: list[Case] = [Case("P1", 10), Case("P2", 10)]
 # --------------------------------------------------------------------------- measuring
 
 
-def _time_calls(fn: Callable[[], Any], inner: int) -> float:
-    """Seconds per call of ``fn``, over ``inner`` back-to-back calls."""
+def _time_calls(fn: Callable[[], Any], inner: int, sync: Callable[[], Any] | None = None) -> float:
+    """Seconds per call of ``fn``, over ``inner`` back-to-back calls (then ``sync()``,
+    inside the timer: waiting until network workers ran them)."""
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()
+    if sync is not None:
+        sync()
     return (time.perf_counter() - t0) / inner
 
 
-def _calibrate(fn: Callable[[], Any], target: float) -> int:
+def _calibrate(fn: Callable[[], Any], target: float, sync: Callable[[], Any] | None = None) -> int:
     """How many calls make one timing sample last about ``target`` seconds (at least 1)."""
-    once = _time_calls(fn, 1)
+    once = _time_calls(fn, 1, sync)
     if once >= target:
         return 1
     inner = max(1, int(target / max(once, 1e-7)))
-    per = _time_calls(fn, inner)  # refine: the first call is often slower
+    per = _time_calls(fn, inner, sync)  # refine: the first call is often slower
     return max(1, int(target / max(per, 1e-9)))
 
 
@@ -596,8 +644,8 @@ class _DealerTimer:
         self.seconds = 0.0
 
     def __enter__(self) -> _DealerTimer:
-        if self.worker is None or not hasattr(self.worker, "handle_frames"):
-            self.worker = None  # nothing to time (no dealer, or not an in-process worker)
+        if not isinstance(self.worker, pt.VirtualWorker):
+            self.worker = None  # nothing to time here: no dealer, or a served one
             self.seconds = math.nan
             return self
         inner = self.worker.handle_frames
@@ -636,11 +684,12 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
     }
     info["plain_s"] = time_plain(w.plain, repeat)
     if w.kind == "mpc":
-        everyone = w.workers + ([w.dealer] if w.dealer is not None else []) + w.clients
+        everyone = w.everyone
         before = _worker_totals(everyone)
         clients_before = [c.stats.snapshot() for c in w.clients]
         with _DealerTimer(w.dealer) as dt, mpc.stats() as s:
             w.run()
+            w.sync()
         after = _worker_totals(everyone)
         info.update(
             rounds=s.rounds,
@@ -665,6 +714,7 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
         before = worker.stats.snapshot()
         for _ in range(calls):
             w.run()
+        w.sync()
         after = worker.stats.snapshot()
         msgs = after.messages_received - before.messages_received
         info.update(
@@ -703,33 +753,43 @@ def measure(
     repeat: int = 5,
     parties: int = 2,
     progress: Callable[[], Any] | None = None,
+    factory: WorkerFactory | None = None,
 ) -> dict[str, Any]:
     """Warm up once, time ``repeat`` runs (perf_counter; median/min/max), time the
     plaintext op, and record rounds, bytes, client messages and correctness of one run.
 
-    ``workload`` is an id ("W1".."W7", "P1", "P2") with ``size`` (and ``parties``, 2 to 5
-    computing parties), or a built Workload. Sub-millisecond ops (the pointer cases) are
-    looped so each sample lasts ~10 ms; times are per call. ``progress`` is called after
-    the warm-up, after each timed run and after the profiling run (``repeat + 2`` calls).
+    ``workload`` is an id ("W1".."W8", "P1", "P2") with ``size`` (and ``parties``, 2 to 5
+    computing parties; ``factory`` makes the workers, default ``pt.VirtualWorker``), or a
+    built Workload. Sub-millisecond ops (the pointer cases) are looped so each sample lasts
+    ~10 ms; times are per call. ``progress`` is called after the warm-up, after each timed
+    run and after the profiling run (``repeat + 2`` calls).
+
+    On network workers (any worker that is not a ``VirtualWorker``) each timed sample ends
+    with :meth:`Workload.sync` inside the timer (commands are pipelined: without it the
+    timer would stop before the workers did the work), and there is no ``cpu`` column (the
+    work happens in other processes).
     """
     torch.set_num_threads(1)
     tick = progress or (lambda: None)
     if isinstance(workload, str):
         if size is None:
             raise TypeError("measure() needs a size with a workload id")
-        w = WORKLOADS[workload](size, parties=parties)
+        w = WORKLOADS[workload](size, parties=parties, factory=factory)
     else:
         w = workload
+    local = w.in_process
+    sync = None if local else w.sync
     w.run()  # warm-up
+    w.sync()
     tick()
-    inner = _calibrate(w.run, 0.01) if w.kind == "pointer" else 1
+    inner = _calibrate(w.run, 0.01, sync) if w.kind == "pointer" else 1
     times, cpu_times = [], []
     for _ in range(repeat):
         c0 = time.process_time()
-        times.append(_time_calls(w.run, inner))
+        times.append(_time_calls(w.run, inner, sync))
         cpu_times.append((time.process_time() - c0) / inner)
         tick()
-    row = finish(profile(w, repeat), times, cpu_times)
+    row = finish(profile(w, repeat), times, cpu_times if local else None)
     tick()
     return row
 
@@ -851,6 +911,11 @@ DEALER_NOTE = (
     "(the one that counts rounds and bytes). There is no separate offline phase yet: the "
     "dealer works inline, so this is part of the online time, not in addition to it."
 )
+NETWORK_NOTE = (
+    "network: every worker is its own process; each timed run ends with a sync of every "
+    "worker (commands are pipelined), inside the timer. cpu and dealer t are not measured "
+    "there (the work happens in the worker processes): '-'."
+)
 ELEMENTS_NOTE = (
     "elem/s: elements per second of the median (W2: output entries, W5: images, W8: the "
     "elements of all updates)."
@@ -904,6 +969,8 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
         if out:
             out.append("")
         out += [POINTER_HEADER, "-" * len(POINTER_HEADER)] + [format_row(r) for r in ptr_rows]
+    if any(r.get("workers") == "network" for r in rows):
+        out.append(NETWORK_NOTE)
     return "\n".join(out)
 
 

@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         "--latency-ms",
         type=float,
         default=0.0,
-        help="artificial latency added to every call the worker receives (benchmarks)",
+        help="milliseconds to sleep before handling each command batch (Exec) or peer "
+        "delivery (Deliver) call received; replies and inspections are not delayed "
+        "(benchmarks: the cost of rounds)",
     )
     s.add_argument(
         "--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)"

@@ -133,8 +133,8 @@ def test_cases_cover_the_workload_sizes() -> None:
     } | ({"W8-secagg-1e6"} if "W8" in wl.WORKLOADS else set())
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "benchmarks", *args],
         cwd=ROOT,
@@ -172,15 +172,80 @@ def test_cli_writes_table_json_and_plot(tmp_path: Path) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_network_flags_fail_clearly(capsys: pytest.CaptureFixture) -> None:
-    import pointers
+def test_cli_latency_needs_network(capsys: pytest.CaptureFixture) -> None:
     from benchmarks.__main__ import main
 
-    for flags in (["--network"], ["--latency-ms", "5"]):
-        assert main([*flags, "--list"]) == 2
-        err = capsys.readouterr().err
-        if not hasattr(pointers, "connect"):
-            assert "network workers are not available yet" in err
+    for argv in (["--latency-ms", "5", "--list"], ["--network", "--latency-ms", "-1", "--list"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--latency-ms needs --network" in err
+    assert "--latency-ms must lie in [0, 10000]" in err
+    # --list starts nothing, with or without --network
+    assert main(["--network", "--latency-ms", "1", "--workloads", "W1", "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["W1-mul-1e5", "W1-mul-1e6"]
+
+
+def test_network_worker_names() -> None:
+    assert wl.worker_names("W1", 3) == ["alice", "bob", "dan", "carol"]
+    assert wl.worker_names("P2") == ["alice"]
+    if "W8" in wl.WORKLOADS:
+        assert wl.worker_names("W8") == ["alice", "bob"] + [f"client{k}" for k in range(5)]
+
+
+def _our_servers(marker: str) -> list[str]:
+    """Command lines of `pointers serve` processes whose arguments mention ``marker``."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = " ".join(a.decode(errors="replace") for a in args)
+        if "pointers" in text and "serve" in text and marker in text:
+            out.append(text)
+    return out
+
+
+@pytest.mark.network
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="looks for leftover processes in /proc")
+def test_cli_network_runs_on_served_workers(tmp_path: Path) -> None:
+    """--network: worker processes started, measured on, and stopped (none left over);
+    the table says where it ran, the JSON rows carry the latency."""
+    out_json = tmp_path / "out.json"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = _cli(
+        "--network",
+        "--latency-ms",
+        "1",
+        "--workloads",
+        "W1,W3",
+        "--sizes",
+        "64",
+        "--repeat",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out_json),
+        env={"TMPDIR": str(tmp)},  # the certificates and logs go here, and are removed
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "starting 3 worker processes (alice, bob, carol)" in proc.stderr
+    assert "NETWORK workers" in proc.stdout and "added latency 1 ms" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["network"] is True and data["meta"]["latency_ms"] == 1
+    rows = data["rows"]
+    assert [r["name"] for r in rows] == ["W1-mul-64", "W3-lt-64"]
+    for r in rows:
+        assert r["workers"] == "network" and r["latency_ms"] == 1
+        assert not wl.failures(r) and r["rounds"] > 0 and r["max_bytes_per_party"] > 0
+        assert "cpu_median_s" not in r and r["dealer_s"] is None  # not measured there
+    # each run pays at least one added latency per round, and everything was stopped
+    assert rows[1]["median_s"] >= rows[1]["rounds"] * 1e-3
+    assert not list(tmp.glob("pointers-cluster-*"))
+    assert not _our_servers(str(tmp))
 
 
 def test_cli_sizes_parsing() -> None:
