@@ -11,18 +11,28 @@ BOTH_WORKER_KINDS = {
     "test_pointer_ops",
     "test_remote_training",
     "test_plans",
+    "test_mpc_ops",
+    "test_mpc_errors",
+    "test_mpc_privacy",
+    "test_federated",
 }
-# ... except these, which reach into an in-process worker (its function registry)
+# ... except tests marked ``@pytest.mark.virtual_only("why")`` and these, which reach into
+# an in-process worker (its function registry)
 VIRTUAL_ONLY = {"test_registered_function_node_runs_at_the_worker"}
-NETWORK_WORKERS = ("alice", "bob", "carol", "dave")
+# as many workers as the largest mpc setting needs: 5 parties and a crypto provider
+NETWORK_WORKERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 NETWORK_CLIENTS = ("client", "mallory")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rpartition(".")[2]
+    marker = metafunc.definition.get_closest_marker("virtual_only")
+    if marker is not None and not (marker.args or marker.kwargs.get("reason")):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: virtual_only needs a reason")
     if (
         "worker_kind" in metafunc.fixturenames
         and module in BOTH_WORKER_KINDS
+        and marker is None
         and metafunc.function.__name__ not in VIRTUAL_ONLY
     ):
         kinds = ["virtual", pytest.param("network", marks=pytest.mark.network)]

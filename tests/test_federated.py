@@ -1,9 +1,17 @@
-"""Federated data, the federated data loader, FedAvg and secure aggregation (issue 4)."""
+"""Federated data, the federated data loader, FedAvg and secure aggregation (issue 4).
+
+Runs on both worker kinds (see conftest.py): workers come from the ``new_workers``
+fixture, so a network run uses the cluster's worker processes, whose ids may differ from
+the names asked for (``w1`` is ``alice`` there): tests compare against ``w.id``. The
+audits of what each worker stores and sends wrap an in-process worker's store and message
+handler, so they run on virtual workers only (``virtual_only``).
+"""
 
 from __future__ import annotations
 
 import copy
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,8 +30,17 @@ from pointers.messages import Fetch, Reply, decode_message
 # ---------------------------------------------------------------------------------------
 
 
-def _workers(*names: str) -> list[pt.VirtualWorker]:
-    return [pt.VirtualWorker(n) for n in names]
+NewWorkers = Callable[..., list[Any]]
+
+
+@pytest.fixture
+def new_workers(make_worker: Callable[[str], Any]) -> NewWorkers:
+    """names -> new workers of the test's kind."""
+
+    def make(*names: str) -> list[Any]:
+        return [make_worker(n) for n in names]
+
+    return make
 
 
 def _indexed(n: int) -> TensorDataset:
@@ -46,8 +63,8 @@ def _epoch(loader: pt.FederatedDataLoader) -> list[tuple[str, list[int], list[in
 # ---------------------------------------------------------------------------------------
 
 
-def test_federate_splits_evenly_and_sends_each_worker_its_part():
-    bob, alice, carol = _workers("bob", "alice", "carol")
+def test_federate_splits_evenly_and_sends_each_worker_its_part(new_workers):
+    bob, alice, carol = new_workers("bob", "alice", "carol")
     ds = _indexed(11)
     fed = pt.FederatedDataset.federate(ds, (bob, alice, carol))
     assert fed.workers == ["bob", "alice", "carol"]
@@ -69,11 +86,11 @@ def test_federate_splits_evenly_and_sends_each_worker_its_part():
         fed["dave"]
 
 
-def test_federate_by_fractions():
+def test_federate_by_fractions(new_workers):
     assert pt.federated.split_sizes(10, 3, (0.5, 0.3, 0.2)) == [5, 3, 2]
     assert pt.federated.split_sizes(7, 2, (0.5, 0.5)) == [4, 3]  # ties: the earlier worker
     assert pt.federated.split_sizes(10, 3, (0.55, 0.25, 0.2)) == [6, 2, 2]
-    bob, alice = _workers("bob", "alice")
+    bob, alice = new_workers("bob", "alice")
     fed = pt.FederatedDataset.federate(_indexed(10), (bob, alice), fractions=[0.7, 0.3])
     assert fed.num_examples == {"bob": 7, "alice": 3}
     for bad, match in [((0.5, 0.6), "sum to 1"), ((1.0,), "one per worker"), ((1.5, -0.5), "non")]:
@@ -83,8 +100,8 @@ def test_federate_by_fractions():
         pt.FederatedDataset.federate(_indexed(10), (bob, alice), fractions=(0.99, 0.01))
 
 
-def test_federate_errors_are_clear_and_send_nothing():
-    bob, alice = _workers("bob", "alice")
+def test_federate_errors_are_clear_and_send_nothing(new_workers):
+    bob, alice = new_workers("bob", "alice")
     with pytest.raises(ValueError, match="zero workers"):
         pt.FederatedDataset.federate(_indexed(4), ())
     with pytest.raises(ValueError, match="same length"):
@@ -114,7 +131,7 @@ def test_federate_errors_are_clear_and_send_nothing():
         pt.FederatedDataset([])
 
 
-def test_federate_a_map_style_dataset_and_prebuilt_parts():
+def test_federate_a_map_style_dataset_and_prebuilt_parts(new_workers):
     class Squares(Dataset):
         def __len__(self) -> int:
             return 6
@@ -122,7 +139,7 @@ def test_federate_a_map_style_dataset_and_prebuilt_parts():
         def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
             return torch.tensor([float(i), float(i * i)]), i % 2
 
-    bob, alice = _workers("bob", "alice")
+    bob, alice = new_workers("bob", "alice")
     fed = pt.FederatedDataset.federate(Squares(), [bob, alice])
     assert fed.num_examples == {"bob": 3, "alice": 3}
     assert torch.equal(fed["alice"].data.copy().get()[:, 1], torch.tensor([9.0, 16.0, 25.0]))
@@ -131,10 +148,10 @@ def test_federate_a_map_style_dataset_and_prebuilt_parts():
     assert again.workers == ["alice", "bob"] and len(again) == 6
 
 
-def test_dataset_federate_after_hook():
+def test_dataset_federate_after_hook(new_workers):
     added = pt.hook(torch)
     assert "Dataset.federate" in added or hasattr(Dataset, "federate")
-    bob, alice = _workers("bob", "alice")
+    bob, alice = new_workers("bob", "alice")
     fed = _indexed(6).federate((bob, alice))
     assert isinstance(fed, pt.FederatedDataset) and fed.num_examples == {"bob": 3, "alice": 3}
     assert "Dataset.federate" not in pt.hook(torch)  # twice is harmless
@@ -146,10 +163,10 @@ def test_dataset_federate_after_hook():
 
 
 @pytest.fixture
-def fed3() -> pt.FederatedDataset:
+def fed3(new_workers: NewWorkers) -> pt.FederatedDataset:
     """23 examples over three workers: 10, 8 and 5."""
     return pt.FederatedDataset.federate(
-        _indexed(23), _workers("bob", "alice", "carol"), fractions=(10 / 23, 8 / 23, 5 / 23)
+        _indexed(23), new_workers("bob", "alice", "carol"), fractions=(10 / 23, 8 / 23, 5 / 23)
     )
 
 
@@ -199,8 +216,7 @@ def test_loader_shuffles_at_the_worker_every_example_once_per_epoch(fed3):
     assert bob.stats.bytes_received - before < 4096  # index commands only: no data travels
     gc.collect()
     for w in fed3.locations:  # batch copies are released with their pointers
-        w._flush_deletes()
-        assert len(w.objects) == 2
+        assert len(w.objects) == 2  # (objects sends the deletes of dropped pointers first)
 
 
 def test_loader_shuffle_is_reproducible_by_seed(fed3):
@@ -229,9 +245,9 @@ def test_loader_rejects_bad_arguments(fed3):
         pt.FederatedDataLoader(fed3, seed="x")  # type: ignore[arg-type]
 
 
-def test_the_seed_scenario_loop_with_a_loader():
+def test_the_seed_scenario_loop_with_a_loader(new_workers):
     pt.hook(torch)
-    bob, alice = _workers("bob", "alice")
+    bob, alice = new_workers("bob", "alice")
     torch.manual_seed(0)
     x = torch.randn(64, 3)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5]])
@@ -279,9 +295,11 @@ def _initial_model() -> nn.Module:
     return nn.Linear(64, 10)
 
 
-def _train(digits: Any, aggregator_for: Any = None, audit: Any = None) -> tuple[Any, ...]:
+def _train(
+    new_workers: NewWorkers, digits: Any, aggregator_for: Any = None, audit: Any = None
+) -> tuple[Any, ...]:
     x_train, y_train, x_test, y_test = digits
-    workers = _workers("w1", "w2", "w3")
+    workers = new_workers("w1", "w2", "w3")
     if audit is not None:
         audit.watch(workers)
     fed = pt.FederatedDataset.federate(TensorDataset(x_train, y_train), workers)
@@ -298,19 +316,28 @@ def _train(digits: Any, aggregator_for: Any = None, audit: Any = None) -> tuple[
 
 
 @pytest.fixture(scope="module")
-def plain_run(digits: Any) -> tuple[Any, ...]:
-    return _train(digits)
+def _runs() -> dict[tuple[str, str], tuple[Any, ...]]:
+    """Training runs shared by the tests of this module, by (run, worker kind)."""
+    return {}
+
+
+@pytest.fixture
+def plain_run(_runs, worker_kind, new_workers, digits) -> tuple[Any, ...]:
+    """(model, history, workers) of plain FedAvg on digits: trained once per worker kind."""
+    if ("plain", worker_kind) not in _runs:
+        _runs["plain", worker_kind] = _train(new_workers, digits)
+    return _runs["plain", worker_kind]
 
 
 def test_fedavg_plain_reaches_90_percent_on_digits(plain_run, digits):
-    model, history, _ = plain_run
+    model, history, workers = plain_run
     x_test, y_test = digits[2], digits[3]
     acc = accuracy(model, x_test, y_test)
     print(f"plain FedAvg: test accuracy {acc:.4f}, loss per round {history.loss}")
     assert acc >= 0.90
     assert history.rounds == ROUNDS and history.metrics[-1] == acc
     assert history.loss[0] > history.loss[1] > history.loss[2]
-    assert history.num_examples == {"w1": 449, "w2": 449, "w3": 449}
+    assert history.num_examples == {w.id: 449 for w in workers}
     assert all(type(p) is nn.Parameter and not pt.is_pointer(p) for p in model.parameters())
 
 
@@ -337,20 +364,22 @@ def _reference_fedavg(
 
 
 class _Recording:
-    """An aggregator that records what it was given (values read at the workers)."""
+    """An aggregator that records what it was given (values read at the workers, without
+    deleting them: ``worker.objects`` of either kind)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, torch.Tensor, int]] = []
 
     def aggregate(self, updates: Any) -> torch.Tensor:
         for u, n in updates:
-            self.seen.append((u.location.id, u.location.store.get(u.id_at_location).clone(), n))
+            value = u.location.objects[u.id_at_location].clone()
+            self.seen.append((u.location.id, value, n))
         return pt.PlainAggregator().aggregate(updates)
 
 
-def test_fedavg_weights_deltas_by_example_counts(digits):
+def test_fedavg_weights_deltas_by_example_counts(new_workers, digits):
     x, y = digits[0][:200], digits[1][:200]
-    workers = _workers("w1", "w2", "w3")
+    workers = new_workers("w1", "w2", "w3")
     fed = pt.FederatedDataset.federate((x, y), workers, fractions=(0.5, 0.3, 0.2))
     model = _initial_model()
     initial = copy.deepcopy(model)
@@ -361,19 +390,18 @@ def test_fedavg_weights_deltas_by_example_counts(digits):
     for a, b in zip(model.parameters(), expected.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
     # each update is (trained - initial) flattened, plus the mean loss: a delta, not weights
-    assert [(w, n) for w, _, n in spy.seen] == [("w1", 100), ("w2", 60), ("w3", 40)]
+    assert [(w, n) for w, _, n in spy.seen] == [(w.id, n) for w, n in zip(workers, (100, 60, 40))]
     for (_, update, _), delta in zip(spy.seen, deltas):
         assert update.shape == (64 * 10 + 10 + 1,)
         assert torch.allclose(update[:-1], delta, atol=1e-6)
         assert 0.0 < float(update[-1]) < 3.0  # the mean loss
     gc.collect()
     for w in workers:  # the local copies and their deltas are released
-        w._flush_deletes()
-        assert len(w.objects) == 2
+        assert len(w.objects) == 2  # (objects sends the deletes of dropped pointers first)
 
 
-def test_fedavg_rejects_bad_arguments(digits):
-    (w,) = _workers("w1")
+def test_fedavg_rejects_bad_arguments(new_workers, digits):
+    (w,) = new_workers("w1")
     fed = pt.FederatedDataset.federate((digits[0][:10], digits[1][:10]), (w,))
     for kw, match in [
         ({"rounds": 0}, "rounds"), ({"epochs": 0}, "epochs"), ({"lr": 0.0}, "lr"),
@@ -500,13 +528,18 @@ class Audit:
         return sorted(set(found))
 
 
-@pytest.fixture(scope="module")
-def secure_run(digits: Any) -> tuple[Any, ...]:
-    audit = Audit()
-    model, history, workers = _train(
-        digits, lambda ws: mpc.SecureAggregator(ws, frac_bits=FRAC_BITS), audit
-    )
-    return model, history, workers, audit
+@pytest.fixture
+def secure_run(_runs, worker_kind, new_workers, digits) -> tuple[Any, ...]:
+    """(model, history, workers, audit) of secure FedAvg on digits, the data workers being
+    the aggregation parties: trained once per worker kind. The audit wraps in-process
+    workers: it is None on network workers."""
+    if ("secure", worker_kind) not in _runs:
+        audit = Audit() if worker_kind == "virtual" else None
+        model, history, workers = _train(
+            new_workers, digits, lambda ws: mpc.SecureAggregator(ws, frac_bits=FRAC_BITS), audit
+        )
+        _runs["secure", worker_kind] = (model, history, workers, audit)
+    return _runs["secure", worker_kind]
 
 
 def test_secure_fedavg_reaches_90_percent_and_equals_plain(secure_run, plain_run, digits):
@@ -524,6 +557,7 @@ def test_secure_fedavg_reaches_90_percent_and_equals_plain(secure_run, plain_run
     assert history.metrics == pytest.approx(plain_history.metrics, abs=2 / len(digits[3]))
 
 
+@pytest.mark.virtual_only("the audit wraps an in-process worker's store and message handler")
 def test_audit_no_worker_or_server_sees_an_individual_update_or_foreign_data(secure_run):
     _, _, workers, audit = secure_run
     assert all(len(audit.updates[w.id]) == ROUNDS for w in workers)
@@ -537,11 +571,12 @@ def test_audit_no_worker_or_server_sees_an_individual_update_or_foreign_data(sec
         assert all(r.dtype == torch.int64 and r.shape == (d,) for r in replies)
 
 
-def test_audit_catches_plain_fedavg_and_moved_data(digits):
+@pytest.mark.virtual_only("the audit wraps an in-process worker's store and message handler")
+def test_audit_catches_plain_fedavg_and_moved_data(new_workers, digits):
     """The audit is not vacuous: plain FedAvg sends every delta to the server in the clear."""
     audit = Audit()
     x, y = digits[0][:120], digits[1][:120]
-    workers = _workers("w1", "w2", "w3")
+    workers = new_workers("w1", "w2", "w3")
     audit.watch(workers)
     fed = pt.FederatedDataset.federate((x, y), workers)
     audit.data = _parts(x, fed)
@@ -557,10 +592,10 @@ def test_audit_catches_plain_fedavg_and_moved_data(digits):
     assert "w3 holds w1's update in the clear" in audit.violations()
 
 
-def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision():
-    data_workers = _workers("w1", "w2", "w3")
-    parties = _workers("agg1", "agg2")
-    dealer = pt.VirtualWorker("dealer")
+def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision(new_workers):
+    data_workers = new_workers("w1", "w2", "w3")
+    parties = new_workers("agg1", "agg2")
+    (dealer,) = new_workers("dealer")
     agg = mpc.SecureAggregator(parties, crypto_provider=dealer)
     gen = torch.Generator().manual_seed(3)
     values = [torch.randn(50, generator=gen) * 3 for _ in data_workers]
@@ -578,7 +613,6 @@ def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision():
     for w, b in zip(data_workers, before):
         assert w.stats.peer_messages_sent - b.peer_messages_sent == 2  # one share per party
         assert w.stats.messages_sent - b.messages_sent <= 4  # no reply carries a value
-        w._flush_deletes()
         assert len(w.objects) == 0  # the worker keeps no share
     assert dealer.stats.peer_messages_sent == 2  # only the session's seeds: no material
     shared = agg.share_update(pt.send(values[0], data_workers[0]))
@@ -586,12 +620,28 @@ def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision():
     assert torch.allclose(shared.get(), values[0].double(), atol=2.0**-17)
 
 
-def test_secure_aggregation_errors():
-    (w,) = _workers("w1")
-    parties = _workers("agg1", "agg2")
-    agg = mpc.SecureAggregator(parties)
+def test_secure_aggregation_refuses_updates_too_large(new_workers, worker_kind, request):
+    if worker_kind == "network":
+        request.applymarker(
+            pytest.mark.xfail(
+                raises=pt.PartyUnavailable,
+                strict=True,
+                reason="network: the data worker's error (too large) is posted, so deferred on "
+                "its connection; the next synchronising call is the parties' get(), which fails "
+                "first with 'peer could not deliver ... UnknownObjectError' and consumes the "
+                "earlier error on the ErrorClock: the cause never reaches the caller",
+            )
+        )
+    (w,) = new_workers("w1")
+    agg = mpc.SecureAggregator(new_workers("agg1", "agg2"))
     with pytest.raises(pt.RemoteError, match="too large"):
         agg.aggregate([(pt.send(torch.tensor([1e11]), w), 1000)])  # 1e11 * 1000 * 2^16 > 2^62
+
+
+def test_secure_aggregation_errors(new_workers):
+    (w,) = new_workers("w1")
+    parties = new_workers("agg1", "agg2")
+    agg = mpc.SecureAggregator(parties)
     with pytest.raises(mpc.MPCError, match="PointerTensor"):
         agg.share_update(torch.ones(3))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="2 to"):
@@ -605,12 +655,11 @@ def test_secure_aggregation_errors():
         mpc.secure_fedavg(nn.Linear(64, 10), fed, parties, aggregator=agg)
 
 
-def test_secure_fedavg_shortcut_with_a_dealer(digits):
-    workers = _workers("w1", "w2")
+def test_secure_fedavg_shortcut_with_a_dealer(new_workers, digits):
+    workers = new_workers("w1", "w2")
     fed = pt.FederatedDataset.federate((digits[0][:100], digits[1][:100]), workers)
-    aggs = _workers("agg1", "agg2")
-    model, history = mpc.secure_fedavg(
-        _initial_model(), fed, aggs, pt.VirtualWorker("dealer"), rounds=1, batch_size=25
-    )
+    aggs = new_workers("agg1", "agg2")
+    (dealer,) = new_workers("dealer")
+    model, history = mpc.secure_fedavg(_initial_model(), fed, aggs, dealer, rounds=1, batch_size=25)
     assert history.rounds == 1 and 0.0 < history.loss[0] < 3.0
     assert isinstance(model.weight, nn.Parameter) and not pt.is_pointer(model.weight)

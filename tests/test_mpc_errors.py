@@ -1,4 +1,9 @@
-"""Failure cases of the mpc layer: each one raises a clear, specific error."""
+"""Failure cases of the mpc layer: each one raises a clear, specific error.
+
+Runs on both worker kinds (see conftest.py): the workers come from ``make_worker`` (on the
+network kind ``dan`` is the cluster's ``dave``). Tests that only check arguments, before
+any worker is used, build in-process workers and run once.
+"""
 
 from __future__ import annotations
 
@@ -16,17 +21,17 @@ import pointers as pt
 
 
 @pytest.fixture
-def workers() -> tuple[pt.VirtualWorker, ...]:
-    return tuple(pt.VirtualWorker(n) for n in ("alice", "bob", "carol", "dan"))
+def workers(make_worker: Callable[[str], Any]) -> tuple[Any, ...]:
+    return tuple(make_worker(n) for n in ("alice", "bob", "carol", "dan"))
 
 
 @pytest.fixture
-def shared(workers: tuple[pt.VirtualWorker, ...]) -> mpc.SharedTensor:
+def shared(workers: tuple[Any, ...]) -> mpc.SharedTensor:
     alice, bob, carol, _ = workers
     return mpc.share(torch.tensor([1.5, -2.0, 3.0]), alice, bob, crypto_provider=carol)
 
 
-def party_messages(*ws: pt.VirtualWorker) -> int:
+def party_messages(*ws: Any) -> int:
     return sum(w.stats.messages_received for w in ws)
 
 
@@ -50,7 +55,7 @@ def party_messages(*ws: pt.VirtualWorker) -> int:
     ],
 )
 def test_products_and_comparisons_need_a_crypto_provider(
-    workers: tuple[pt.VirtualWorker, ...], op: Callable[[Any], Any]
+    workers: tuple[Any, ...], op: Callable[[Any], Any]
 ) -> None:
     alice, bob, _, _ = workers
     x = mpc.share(torch.tensor([1.5, -2.0, 3.0]), alice, bob)  # no dealer
@@ -61,7 +66,7 @@ def test_products_and_comparisons_need_a_crypto_provider(
 
 
 def test_linear_ops_work_without_a_crypto_provider(
-    workers: tuple[pt.VirtualWorker, ...],
+    workers: tuple[Any, ...],
 ) -> None:
     alice, bob, _, _ = workers
     v = torch.tensor([1.5, -2.0, 3.0])
@@ -75,6 +80,8 @@ def test_linear_ops_work_without_a_crypto_provider(
 
 @pytest.mark.parametrize("n", [0, 1, 6, 7])
 def test_party_count_must_be_2_to_5(n: int) -> None:
+    # refused before any worker is used; 7 parties and a dealer are more than the network
+    # cluster has, so this runs on in-process workers only
     parties = [pt.VirtualWorker(f"w{i}") for i in range(n)]
     dealer = pt.VirtualWorker("dealer")
     with pytest.raises(ValueError, match=f"2 to 5 parties, got {n}"):
@@ -82,13 +89,13 @@ def test_party_count_must_be_2_to_5(n: int) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 5])
-def test_party_count_bounds_are_inclusive(n: int) -> None:
-    parties = [pt.VirtualWorker(f"w{i}") for i in range(n)]
-    x = mpc.share(torch.tensor([2.0]), *parties, crypto_provider=pt.VirtualWorker("dealer"))
+def test_party_count_bounds_are_inclusive(make_worker: Callable[[str], Any], n: int) -> None:
+    parties = [make_worker(f"w{i}") for i in range(n)]
+    x = mpc.share(torch.tensor([2.0]), *parties, crypto_provider=make_worker("dealer"))
     assert (x * x).get().item() == 4.0
 
 
-def test_crypto_provider_must_not_be_a_party(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_crypto_provider_must_not_be_a_party(workers: tuple[Any, ...]) -> None:
     alice, bob, _, _ = workers
     with pytest.raises(ValueError, match="crypto provider 'bob' must not be one of the parties"):
         mpc.share(torch.ones(2), alice, bob, crypto_provider=bob)
@@ -97,7 +104,7 @@ def test_crypto_provider_must_not_be_a_party(workers: tuple[pt.VirtualWorker, ..
         mpc.share(torch.ones(2), alice, bob, crypto_provider=pt.VirtualWorker("alice"))
 
 
-def test_parties_must_be_distinct_workers(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_parties_must_be_distinct_workers(workers: tuple[Any, ...]) -> None:
     alice, _, carol, _ = workers
     with pytest.raises(ValueError, match="distinct"):
         mpc.share(torch.ones(2), alice, alice, crypto_provider=carol)
@@ -120,7 +127,7 @@ def test_parties_must_be_distinct_workers(workers: tuple[pt.VirtualWorker, ...])
 )
 @pytest.mark.parametrize("other", ["other_parties", "other_dealer", "other_order"])
 def test_mixing_party_sets_raises(
-    workers: tuple[pt.VirtualWorker, ...], op: Callable[[Any, Any], Any], other: str
+    workers: tuple[Any, ...], op: Callable[[Any, Any], Any], other: str
 ) -> None:
     alice, bob, carol, dan = workers
     v = torch.tensor([1.0, 2.0, 3.0])
@@ -139,9 +146,7 @@ def test_mixing_party_sets_raises(
 
 
 @pytest.mark.parametrize("value", [2.0**46, -(2.0**46), 1e20, -3e38])
-def test_float_outside_safe_range_raises(
-    workers: tuple[pt.VirtualWorker, ...], value: float
-) -> None:
+def test_float_outside_safe_range_raises(workers: tuple[Any, ...], value: float) -> None:
     alice, bob, carol, _ = workers
     with pytest.raises(mpc.EncodingError, match="safe range") as info:
         mpc.share(
@@ -151,14 +156,14 @@ def test_float_outside_safe_range_raises(
     assert isinstance(info.value, ValueError)
 
 
-def test_largest_safe_float_encodes(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_largest_safe_float_encodes(workers: tuple[Any, ...]) -> None:
     alice, bob, carol, _ = workers
     x = mpc.share(torch.tensor([2.0**45, -(2.0**45)]), alice, bob, crypto_provider=carol)
     assert x.get().tolist() == [2.0**45, -(2.0**45)]
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_floats_raise(workers: tuple[pt.VirtualWorker, ...], bad: float) -> None:
+def test_non_finite_floats_raise(workers: tuple[Any, ...], bad: float) -> None:
     alice, bob, carol, _ = workers
     with pytest.raises(mpc.EncodingError, match="NaN or infinity"):
         mpc.share(torch.tensor([1.0, bad]), alice, bob, crypto_provider=carol)
@@ -171,13 +176,13 @@ def test_public_operand_outside_safe_range_raises(shared: mpc.SharedTensor) -> N
         _ = shared < torch.tensor([1e30, 0.0, 0.0])
 
 
-def test_unsupported_dtype_raises(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_unsupported_dtype_raises(workers: tuple[Any, ...]) -> None:
     alice, bob, carol, _ = workers
     with pytest.raises(TypeError, match="complex64"):
         mpc.share(torch.ones(2, dtype=torch.complex64), alice, bob, crypto_provider=carol)
 
 
-def test_bad_frac_bits_raise(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_bad_frac_bits_raise(workers: tuple[Any, ...]) -> None:
     alice, bob, carol, _ = workers
     with pytest.raises(ValueError, match="frac_bits must be in"):
         mpc.share(torch.ones(2), alice, bob, crypto_provider=carol, frac_bits=40)
@@ -209,9 +214,7 @@ def test_unsupported_op_names_the_op(
     assert isinstance(info.value, NotImplementedError)  # torch's convention for missing ops
 
 
-def test_unsupported_variants_say_why(
-    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
-) -> None:
+def test_unsupported_variants_say_why(workers: tuple[Any, ...], shared: mpc.SharedTensor) -> None:
     alice, bob, carol, _ = workers
 
     def img() -> mpc.SharedTensor:
@@ -231,9 +234,7 @@ def test_unsupported_variants_say_why(
         torch.addmm(shared[:1], shared.view(1, 3), shared.view(3, 1), beta=2)
 
 
-def test_secret_indices_are_refused(
-    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
-) -> None:
+def test_secret_indices_are_refused(workers: tuple[Any, ...], shared: mpc.SharedTensor) -> None:
     alice, bob, carol, _ = workers
     index = mpc.share(torch.tensor([0, 2]), alice, bob, crypto_provider=carol)
     with pytest.raises(mpc.UnsupportedOpError, match="indices must be public"):
@@ -296,9 +297,7 @@ def test_division_by_public_zero_raises(shared: mpc.SharedTensor) -> None:
 # -------------------------------------------------------------- sharing twice, remote
 
 
-def test_sharing_a_shared_tensor_raises(
-    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
-) -> None:
+def test_sharing_a_shared_tensor_raises(workers: tuple[Any, ...], shared: mpc.SharedTensor) -> None:
     alice, bob, carol, dan = workers
     with pytest.raises(mpc.MPCError, match="already secret-shared"):
         mpc.share(shared, alice, bob, crypto_provider=carol)
@@ -306,16 +305,14 @@ def test_sharing_a_shared_tensor_raises(
         mpc.share(shared, alice, dan, crypto_provider=carol)
 
 
-def test_sharing_a_pointer_raises(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_sharing_a_pointer_raises(workers: tuple[Any, ...]) -> None:
     alice, bob, carol, _ = workers
     ptr = pt.send(torch.ones(2), alice)
     with pytest.raises(mpc.MPCError, match="remote tensor"):
         mpc.share(ptr, alice, bob, crypto_provider=carol)
 
 
-def test_pointer_operands_are_refused(
-    workers: tuple[pt.VirtualWorker, ...], shared: mpc.SharedTensor
-) -> None:
+def test_pointer_operands_are_refused(workers: tuple[Any, ...], shared: mpc.SharedTensor) -> None:
     alice = workers[0]
     ptr = pt.send(torch.ones(3), alice)
     for op in (lambda: shared + ptr, lambda: shared * ptr):
@@ -323,7 +320,7 @@ def test_pointer_operands_are_refused(
             op()
 
 
-def test_errors_come_before_data_moves(workers: tuple[pt.VirtualWorker, ...]) -> None:
+def test_errors_come_before_data_moves(workers: tuple[Any, ...]) -> None:
     """A product without a dealer fails before any party is sent anything."""
     alice, bob, _, _ = workers
     x = mpc.share(torch.tensor([1.5, -2.0]), alice, bob)

@@ -1,8 +1,9 @@
 """Property tests of every secure op: the reconstructed result against plaintext torch.
 
-Each test shares random small tensors among 2 and 3 fresh ``VirtualWorker`` parties (plus a
-crypto provider), runs the op on the ``SharedTensor`` and compares ``get()`` with the same
-op on the plaintext in float64.
+Each test shares random small tensors among 2 and 3 fresh parties (plus a crypto provider)
+of either worker kind (in process, or network workers on loopback: see conftest.py), runs
+the op on the ``SharedTensor`` and compares ``get()`` with the same op on the plaintext in
+float64.
 
 Tolerances are derived from the fixed-point encoding (``F`` = 16 fractional bits, one unit
 ``U = 2**-16``), never a loose constant:
@@ -24,6 +25,8 @@ must be exact whenever the operands differ by more than ``2**-14``.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import math
 import operator
 from collections.abc import Callable
@@ -37,7 +40,6 @@ from hypothesis import strategies as st
 from torch import nn
 
 import mpc
-import pointers as pt
 
 U = 2.0**-16  # one unit of the fixed-point encoding
 ENC = U / 2  # rounding error of encoding one float
@@ -58,9 +60,10 @@ FEW = settings(SETTINGS, max_examples=4)
 class Parties:
     """Fresh parties and a crypto provider; ``share`` secret-shares a tensor among them."""
 
-    def __init__(self, n: int) -> None:
-        self.workers = [pt.VirtualWorker(f"party{i}") for i in range(n)]
-        self.dealer = pt.VirtualWorker("dealer")
+    def __init__(self, make_worker: Callable[[str], Any], n: int, kind: str) -> None:
+        self.workers = [make_worker(f"party{i}") for i in range(n)]
+        self.dealer = make_worker("dealer")
+        self.kind = kind
 
     def share(self, t: Any) -> mpc.SharedTensor:
         return mpc.share(t, *self.workers, crypto_provider=self.dealer)
@@ -70,8 +73,34 @@ class Parties:
 
 
 @pytest.fixture(params=[2, 3], ids=lambda n: f"{n}parties")
-def mp(request: pytest.FixtureRequest) -> Parties:
-    return Parties(request.param)
+def mp(
+    request: pytest.FixtureRequest, make_worker: Callable[[str], Any], worker_kind: str
+) -> Parties:
+    return Parties(make_worker, request.param, worker_kind)
+
+
+def property_test(
+    examples: settings,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``@examples @given(data=st.data())`` on in-process parties; on network parties, where
+    every op crosses loopback, half as many examples (rounded up) keep the suite's runtime in
+    check. The same test, strategies and tolerances run on both kinds."""
+
+    def decorate(test: Callable[..., None]) -> Callable[..., None]:
+        network = settings(examples, max_examples=-(-examples.max_examples // 2))
+        by_kind = {
+            "virtual": examples(given(data=st.data())(test)),
+            "network": network(given(data=st.data())(test)),
+        }
+
+        @functools.wraps(test, updated=())
+        def run(mp: Parties, **kwargs: Any) -> None:
+            by_kind[mp.kind](mp=mp, **kwargs)
+
+        run.__signature__ = inspect.signature(by_kind["virtual"])  # type: ignore[attr-defined]
+        return run
+
+    return decorate
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -183,8 +212,7 @@ def matmul_tol(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------- addition and subtraction
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_add_sub_neg_shared_shared(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -200,8 +228,7 @@ def test_add_sub_neg_shared_shared(mp: Parties, data: st.DataObject) -> None:
     check(-xs, -x.double(), ENC)
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_add_sub_public(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -228,8 +255,7 @@ def test_add_sub_public(mp: Parties, data: st.DataObject) -> None:
 # -------------------------------------------------------------------------- products
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_mul_shared_shared(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -241,8 +267,7 @@ def test_mul_shared_shared(mp: Parties, data: st.DataObject) -> None:
     check(xs * xs, x.double() ** 2, product_tol(x, x))
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_mul_shared_public_float(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -256,8 +281,7 @@ def test_mul_shared_public_float(mp: Parties, data: st.DataObject) -> None:
     check(p * xs, x64 * p.double(), product_tol(x, p))
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_mul_shared_public_int(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -272,8 +296,7 @@ def test_mul_shared_public_int(mp: Parties, data: st.DataObject) -> None:
     check(xs * float(k), x64 * k, ENC * abs(k))  # an integral float is an integer too
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_div_by_public(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -309,8 +332,7 @@ def test_vector_matmul_matrix(mp: Parties) -> None:
 
 
 @pytest.mark.parametrize("weights", ["shared", "public"])
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_matmul_mm_bmm_addmm_linear(mp: Parties, weights: str, data: st.DataObject) -> None:
     m, k, n, b = (data.draw(st.integers(1, 4)) for _ in range(4))
     x = draw_floats(data, (m, k))
@@ -343,8 +365,7 @@ def test_matmul_mm_bmm_addmm_linear(mp: Parties, weights: str, data: st.DataObje
 
 
 @pytest.mark.parametrize("variant", ["shared_weights", "public_weights", "public_input"])
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_conv2d(mp: Parties, variant: str, data: st.DataObject) -> None:
     groups = data.draw(st.integers(1, 2))
     cin, cout = groups * data.draw(st.integers(1, 2)), groups * data.draw(st.integers(1, 2))
@@ -391,8 +412,7 @@ def test_conv2d(mp: Parties, variant: str, data: st.DataObject) -> None:
 # ------------------------------------------------------------------------ reductions
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_sum_mean(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)
@@ -427,8 +447,7 @@ COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_compare_shared_shared(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data, max_dims=2)
     x = draw_floats(data, shape)
@@ -441,8 +460,7 @@ def test_compare_shared_shared(mp: Parties, data: st.DataObject) -> None:
         check_exact(got, op(x, y))
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_compare_public(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data, max_dims=2)
     c = float(draw_scalar(data))
@@ -464,8 +482,7 @@ def test_compare_public(mp: Parties, data: st.DataObject) -> None:
 # ----------------------------------------------------------- relu, max, argmax, pooling
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_relu(mp: Parties, data: st.DataObject) -> None:
     x = draw_floats(data, draw_shape(data))
     ref = torch.relu(x.double())
@@ -476,8 +493,7 @@ def test_relu(mp: Parties, data: st.DataObject) -> None:
     check(F.relu(xs * 2.5), torch.relu(x.double() * 2.5), product_tol(x, 2.5))
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_max_min_dim(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_distinct(data, shape)
@@ -494,8 +510,7 @@ def test_max_min_dim(mp: Parties, data: st.DataObject) -> None:
     check_exact(indices, x.max(dim).indices)
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_argmax_argmin(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_distinct(data, shape)
@@ -509,8 +524,7 @@ def test_argmax_argmin(mp: Parties, data: st.DataObject) -> None:
     check_exact(xs.argmin(dim=dim, keepdim=keepdim), x.argmin(dim=dim, keepdim=keepdim))
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_max_min_full(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)  # ties allowed: only values are compared
@@ -533,8 +547,7 @@ def draw_pool(data: st.DataObject) -> tuple[torch.Tensor, int, int, int]:
     return draw_floats(data, shape), kernel, stride, padding
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_max_pool2d(mp: Parties, data: st.DataObject) -> None:
     x, kernel, stride, padding = draw_pool(data)
     ref = F.max_pool2d(x.double(), kernel, stride, padding)
@@ -550,8 +563,7 @@ def pool_tol(x: torch.Tensor, kernel: Any, stride: Any, padding: Any) -> torch.T
     return ENC + ENC * (abs_sum + d * ENC) + TRUNC
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_avg_pool2d(mp: Parties, data: st.DataObject) -> None:
     x, kernel, stride, padding = draw_pool(data)
     ref = F.avg_pool2d(x.double(), kernel, stride, padding)
@@ -560,8 +572,7 @@ def test_avg_pool2d(mp: Parties, data: st.DataObject) -> None:
     check(nn.AvgPool2d(kernel, stride, padding)(mp.share(x)), ref, tol)
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_adaptive_avg_pool2d(mp: Parties, data: st.DataObject) -> None:
     oh, ow = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
     kh, kw = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
@@ -587,8 +598,7 @@ def random_batch_norm(data: st.DataObject, c: int) -> nn.BatchNorm2d:
 
 
 @pytest.mark.parametrize("model", ["shared", "public"])
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_batch_norm_eval(mp: Parties, model: str, data: st.DataObject) -> None:
     c = data.draw(st.integers(1, 3))
     shape = (
@@ -656,8 +666,7 @@ SHAPE_OPS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 @pytest.mark.parametrize("name", list(SHAPE_OPS))
-@FEW
-@given(data=st.data())
+@property_test(FEW)
 def test_shape_ops(mp: Parties, name: str, data: st.DataObject) -> None:
     op = SHAPE_OPS[name]
     shape = draw_shape(data)
@@ -678,8 +687,7 @@ def test_shape_ops(mp: Parties, name: str, data: st.DataObject) -> None:
 # ---------------------------------------------------------------- integer tensors: exact
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_int_arithmetic_exact(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_ints(data, shape, 2**30)
@@ -704,8 +712,7 @@ def test_int_arithmetic_exact(mp: Parties, data: st.DataObject) -> None:
     check_exact(xs.sum(), x.sum())
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_int_matmul_exact(mp: Parties, data: st.DataObject) -> None:
     m, k, n = (data.draw(st.integers(1, 4)) for _ in range(3))
     x, w = draw_ints(data, (m, k), 2**20), draw_ints(data, (k, n), 2**20)
@@ -714,8 +721,7 @@ def test_int_matmul_exact(mp: Parties, data: st.DataObject) -> None:
     check_exact(xs @ w, x @ w)
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_int_compare_max_exact(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data, max_dims=2)
     x = draw_ints(data, shape, 2**40)
@@ -731,8 +737,7 @@ def test_int_compare_max_exact(mp: Parties, data: st.DataObject) -> None:
     check_exact(xs.max(-1).values, x.max(-1).values)
 
 
-@SETTINGS
-@given(data=st.data())
+@property_test(SETTINGS)
 def test_int_mixed_with_float(mp: Parties, data: st.DataObject) -> None:
     """An integer tensor times a float (shared or public) moves to fixed point."""
     shape = draw_shape(data)

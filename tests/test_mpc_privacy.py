@@ -5,12 +5,20 @@
 (c) during a multiplication, a comparison and a small CNN inference, no tensor stored at,
     delivered to or sent by a party (or the dealer) contains a secret input, a secret
     weight or its fixed-point encoding, and the client fetches nothing before ``get()``.
+
+(a) and (b) run on both worker kinds (see conftest.py): on network workers the shares are
+the ones the parties hold after the trip over loopback, and the dealer's seeds come from
+the dealer's own process. The audits (c) record what a worker stores, receives and
+delivers by wrapping the in-process worker's store, message handler and peer delivery,
+which a network worker's client does not have (it runs in another process): they build
+``VirtualWorker`` parties and run in process only.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -35,8 +43,10 @@ def encode(x: torch.Tensor, frac: int = FRAC) -> torch.Tensor:
     return torch.round(x.double() * 2**frac).to(torch.int64)
 
 
-def make_parties(n: int) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
-    return [pt.VirtualWorker(f"party{i}") for i in range(n)], pt.VirtualWorker("dealer")
+def make_parties(
+    n: int, make_worker: Callable[[str], Any] = pt.VirtualWorker
+) -> tuple[list[Any], Any]:
+    return [make_worker(f"party{i}") for i in range(n)], make_worker("dealer")
 
 
 # ------------------------------------------------------------------ (a) uniformity
@@ -68,8 +78,7 @@ def uniformity_failures(share: torch.Tensor) -> list[str]:
     return out
 
 
-def shares_of(value: torch.Tensor, n: int) -> list[torch.Tensor]:
-    parties, dealer = make_parties(n)
+def shares_of(value: torch.Tensor, parties: list[Any], dealer: Any) -> list[torch.Tensor]:
     x = mpc.share(value, *parties, crypto_provider=dealer)
     return [s.get() for s in x.shares]
 
@@ -93,16 +102,21 @@ def test_the_uniformity_check_has_power() -> None:
         pytest.param(torch.full((N_SAMPLES,), 7, dtype=torch.int64), id="int_7"),
     ],
 )
-def test_each_share_is_uniform(n: int, value: torch.Tensor) -> None:
-    for i, share in enumerate(shares_of(value, n)):
+def test_each_share_is_uniform(
+    make_worker: Callable[[str], Any], n: int, value: torch.Tensor
+) -> None:
+    for i, share in enumerate(shares_of(value, *make_parties(n, make_worker))):
         assert share.dtype == torch.int64 and share.shape == value.shape
         assert not uniformity_failures(share), f"share of party {i}: {uniformity_failures(share)}"
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_shares_of_0_and_1e6_are_indistinguishable(n: int) -> None:
-    zero = shares_of(torch.zeros(N_SAMPLES), n)
-    million = shares_of(torch.full((N_SAMPLES,), 1e6), n)
+def test_shares_of_0_and_1e6_are_indistinguishable(
+    make_worker: Callable[[str], Any], n: int
+) -> None:
+    parties, dealer = make_parties(n, make_worker)
+    zero = shares_of(torch.zeros(N_SAMPLES), parties, dealer)
+    million = shares_of(torch.full((N_SAMPLES,), 1e6), parties, dealer)
     for i, (a, b) in enumerate(zip(zero, million)):
         gap = (bit_means(a) - bit_means(b)).abs().max().item()
         assert gap < BIT_TOLERANCE, f"party {i}: bit means differ by {gap:.3f}"
@@ -121,8 +135,8 @@ def reseed_everything() -> None:
     random.seed(0)
 
 
-def test_shares_do_not_repeat_after_reseeding_torch() -> None:
-    (alice, bob), carol = make_parties(2)
+def test_shares_do_not_repeat_after_reseeding_torch(make_worker: Callable[[str], Any]) -> None:
+    (alice, bob), carol = make_parties(2, make_worker)
     x = torch.full((256,), 3.25)
     runs = []
     for _ in range(2):
@@ -133,9 +147,11 @@ def test_shares_do_not_repeat_after_reseeding_torch() -> None:
         assert not bool((first == second).any()), "a share repeated after torch.manual_seed(0)"
 
 
-def test_dealer_material_does_not_repeat_after_reseeding_torch() -> None:
+def test_dealer_material_does_not_repeat_after_reseeding_torch(
+    make_worker: Callable[[str], Any],
+) -> None:
     """Session seeds, and so triples and masks, come from os.urandom."""
-    (alice, bob), carol = make_parties(2)
+    (alice, bob), carol = make_parties(2, make_worker)
     x, y = torch.tensor([1.5, -2.0, 0.25]), torch.tensor([4.0, 0.5, -3.0])
     seeds, products = [], []
     for _ in range(2):
@@ -258,7 +274,8 @@ def ring_value(s: mpc.SharedTensor) -> torch.Tensor:
 def run_audited(
     monkeypatch: pytest.MonkeyPatch, n: int, protocol: Any
 ) -> tuple[Audit, list[pt.VirtualWorker], Any]:
-    parties, dealer = make_parties(n)
+    # in process only: the audit wraps the workers' own store, handler and delivery
+    parties, dealer = make_parties(n, pt.VirtualWorker)
     audit = Audit(monkeypatch, [*parties, dealer])
     result = protocol(parties, dealer)
     audit.snapshot_stores()

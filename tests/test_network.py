@@ -1,8 +1,9 @@
 """Network workers in their own processes (gRPC, mutual TLS): pointers, training, mpc.
 
-The worker processes come from the session's ``network_cluster`` (alice, bob, carol, dave
-on loopback). The pointer behaviour suites also run on them through the ``worker_kind``
-parametrisation in conftest.py; this module covers what is specific to the network.
+The worker processes come from the session's ``network_cluster`` (alice, bob, carol, dave,
+erin and frank on loopback). The pointer, plan, federated and mpc suites also run on them
+through the ``worker_kind`` parametrisation in conftest.py; this module covers what is
+specific to the network.
 """
 
 from __future__ import annotations
