@@ -116,9 +116,15 @@ class Worker:
     def _run(self, msg: Message) -> Any:
         if type(msg) is ExecuteOp:  # the hot path
             op = resolve_op(msg.op)
-            args = [self.store.get(a.obj_id) if type(a) is Ref else a for a in msg.args]
-            if any(type(a) in (list, tuple) for a in args):
-                args = self._resolve(args)
+            args = msg.args
+            get = self.store.get
+            for k, a in enumerate(args):  # one pass; nested lists take the general path
+                t = type(a)
+                if t is Ref:
+                    args[k] = get(a.obj_id)
+                elif t is list or t is tuple:
+                    args = self._resolve(args)
+                    break
             kwargs = self._resolve(msg.kwargs) if msg.kwargs else {}
             return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta)
         if isinstance(msg, ExecuteOp):
