@@ -241,10 +241,8 @@ def _run_program(worker: Any, program: Program, bindings: list[int], promised: l
     except Exception as e:  # waiting clients and peers learn it at once
         worker.store.fail_promises(promised, f"program failed: {type(e).__name__}: {e}")
     finally:
-        with worker._lock:
-            worker.store.fail_promises([], "")  # wake waiters so they re-check
-            for i in promised:
-                worker.store.drop_promise(i)
+        with worker._lock:  # ids it never made: waiters for them fail now, not at the deadline
+            worker.store.release_promises(promised)
 
 
 def run_programs(

@@ -48,10 +48,14 @@ class ObjectStore:
             if i not in self._entries:
                 self._promised[i] = None
 
-    def drop_promise(self, obj_id: int) -> None:
-        """Forget a pending promise (a failed one stays until a waiter reads it)."""
-        if self._promised.get(obj_id, 0) is None:
-            del self._promised[obj_id]
+    def release_promises(self, ids: list[int]) -> None:
+        """Forget the pending promises among ``ids`` (failed ones stay until a waiter reads
+        them) and wake the waiters so that they re-check."""
+        with self.condition:
+            for i in ids:
+                if self._promised.get(i, 0) is None:
+                    del self._promised[i]
+            self.condition.notify_all()
 
     def fail_promises(self, ids: list[int], why: str) -> None:
         with self.condition:

@@ -56,7 +56,7 @@ _SHAPE_OPS = [
     aten.unfold.default,
     aten.narrow.default,
     aten.flatten.using_ints,
-    aten.contiguous.default if hasattr(aten, "contiguous") else aten.clone.default,
+    aten.contiguous.default,
 ]
 _SHAPE_OPS = list(dict.fromkeys(_SHAPE_OPS))
 
