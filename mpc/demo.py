@@ -76,16 +76,21 @@ def quick_benchmarks() -> None:
 
     rows = []
     n = 100_000
+    gen = torch.Generator().manual_seed(0)  # plaintext demo inputs, not shares
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.empty(shape).normal_(generator=gen)
+
     cases = [
-        ("mul", f"n={n:.0e}", lambda: (torch.randn(n), torch.randn(n)), lambda a, b: _done(a * b)),
+        ("mul", f"n={n:.0e}", lambda: (randn(n), randn(n)), lambda a, b: _done(a * b)),
         (
             "matmul",
             "256x256",
-            lambda: (torch.randn(256, 256), torch.randn(256, 256)),
+            lambda: (randn(256, 256), randn(256, 256)),
             lambda a, b: _done(a @ b),
         ),
-        ("compare", f"n={n:.0e}", lambda: (torch.randn(n), torch.randn(n)), torch.lt),
-        ("relu", f"n={n:.0e}", lambda: (torch.randn(n),), torch.relu),
+        ("compare", f"n={n:.0e}", lambda: (randn(n), randn(n)), torch.lt),
+        ("relu", f"n={n:.0e}", lambda: (randn(n),), torch.relu),
     ]
     for name, size, make, op in cases:
         inputs = make()

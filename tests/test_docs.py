@@ -17,6 +17,8 @@ def _blocks(page: Path) -> list[str]:
 @pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=lambda p: p.name)
 def test_page_code_runs(page: Path) -> None:
     namespace: dict = {"__name__": f"docs_{page.stem}"}
-    for i, block in enumerate(_blocks(page)):
+    blocks = _blocks(page)
+    assert blocks, f"{page.name} has no python blocks"
+    for i, block in enumerate(blocks):
         code = compile(block, f"{page.name}[block {i}]", "exec")
         exec(code, namespace)  # noqa: S102 - running our own documentation
