@@ -113,6 +113,7 @@ def test_peer_identity_may_not_run_commands(served):
     a_srv, b_srv = start("alice"), start("bob")
     alice, bob = connect(a_srv), connect(b_srv)
     pt.send(torch.ones(1), alice).move(bob)
+    alice.sync()  # the move is pipelined: wait until alice has delivered to bob
     as_alice = connect(b_srv, identity="alice")
     with pytest.raises(pt.RemoteError, match="peer worker"):
         as_alice.search("x")
