@@ -22,6 +22,18 @@ def call(worker: Any, name: str, args: list[Any], out: list[tuple[Any, torch.dty
     return pt.call_function(worker, name, args, out=out)  # type: ignore[return-value]
 
 
+def deal(
+    session: Session, what: str, name: str, args: list[Any], out: list[tuple[Any, torch.dtype]]
+) -> Shares:
+    """Run the dealer function ``name`` (its first argument: the dealer's copies of the
+    party seeds) and deliver its outputs, the last party's corrections, dealer -> last
+    party. The other parties derive their material from their seeds."""
+    dealer = session.require_dealer(what)
+    corr = call(dealer, name, [session.dealer_seeds, *args], out=out)
+    last_party = session.parties[-1]
+    return [c.move(last_party) for c in corr]
+
+
 def open_among(
     session: Session, values: list[Shares], xor: bool = False, count: bool = True
 ) -> list[Shares]:
@@ -65,17 +77,16 @@ class BeaverRun:
         params: dict[str, Any],
         out_shape: tuple[int, ...],
     ) -> None:
-        dealer = session.require_dealer(f"{op} of two secret values")
         self.session, self.op, self.params, self.out_shape = session, op, params, out_shape
         self.nonce = nonce = session.next_nonce()
         x_shape, y_shape = list(x[0].shape), list(y[0].shape)
-        (c_last,) = call(
-            dealer,
+        (self.c_last,) = deal(
+            session,
+            f"{op} of two secret values",
             "mpc.dealer_triple",
-            [session.dealer_seeds, nonce, x_shape, y_shape, op, params],
+            [nonce, x_shape, y_shape, op, params],
             out=[(out_shape, I64)],
         )
-        self.c_last = c_last.move(session.parties[-1])
         self.masks = [
             call(
                 p,
@@ -142,18 +153,16 @@ class TruncRun:
     """Truncation with known MSB, split in phases (see :func:`truncate`)."""
 
     def __init__(self, session: Session, z: Shares, bits: int) -> None:
-        dealer = session.require_dealer("truncation of a fixed-point product")
         self.session, self.bits = session, bits
         self.nonce = nonce = session.next_nonce()
         self.shape = shape = list(z[0].shape)
-        corr = call(
-            dealer,
+        self.corr = deal(
+            session,
+            "truncation of a fixed-point product",
             "mpc.dealer_trunc",
-            [session.dealer_seeds, nonce, shape, bits],
+            [nonce, shape, bits],
             out=[(shape, I64), (shape, I64)],
         )
-        last_party = session.parties[-1]
-        self.corr = [c.move(last_party) for c in corr]
         self.masked = [
             call(
                 p, "mpc.trunc_mask", [session.party_seeds[i], nonce, i == 0, z[i]], [(shape, I64)]

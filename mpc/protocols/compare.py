@@ -24,7 +24,7 @@ from collections.abc import Callable
 from .. import bits
 from ..material import TAG_T_ARITH
 from ..session import Session
-from .arith import I64, BeaverRun, Shares, TruncRun, call, open_among
+from .arith import I64, BeaverRun, Shares, TruncRun, call, deal, open_among
 
 
 def msb(session: Session, x: Shares) -> Shares:
@@ -75,20 +75,19 @@ class _MsbRun:
         extra_open: list[Shares] | None = None,
         late_values: Callable[[list[Shares]], list[Shares]] | None = None,
     ) -> None:
-        dealer = session.require_dealer("comparison of secret values")
         self.session = session
         parties, n = session.parties, session.n
         last = n - 1
         shape = list(x[0].shape)
         self.shape = shape
         self.nonce = nonce = session.next_nonce()
-        corr = call(
-            dealer,
+        r_bits_last, self.t_arith_last, t_bin_last = deal(
+            session,
+            "comparison of secret values",
             "mpc.dealer_compare",
-            [session.dealer_seeds, nonce, shape],
+            [nonce, shape],
             out=[(shape, I64)] * 3,
         )
-        r_bits_last, self.t_arith_last, t_bin_last = (c.move(parties[last]) for c in corr)
         self.values = list(values)
         beavers = []
         t_shares: Shares = []
@@ -209,13 +208,9 @@ def _ks_level(
     last = level == bits.LEVELS - 1
     nonce = session.next_nonce()
     and_shape = [words] if last else [2, words]
-    (c_last,) = call(
-        session.require_dealer("comparison"),
-        "mpc.dealer_and_triple",
-        [session.dealer_seeds, nonce, and_shape],
-        out=[(and_shape, I64)],
+    (c_last,) = deal(
+        session, "comparison", "mpc.dealer_and_triple", [nonce, and_shape], [(and_shape, I64)]
     )
-    c_last = c_last.move(parties[n_last])
     masks = [
         call(
             p,
