@@ -620,22 +620,19 @@ def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision(new_w
     assert torch.allclose(shared.get(), values[0].double(), atol=2.0**-17)
 
 
-def test_secure_aggregation_refuses_updates_too_large(new_workers, worker_kind, request):
-    if worker_kind == "network":
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=pt.PartyUnavailable,
-                strict=True,
-                reason="network: the data worker's error (too large) is posted, so deferred on "
-                "its connection; the next synchronising call is the parties' get(), which fails "
-                "first with 'peer could not deliver ... UnknownObjectError' and consumes the "
-                "earlier error on the ErrorClock: the cause never reaches the caller",
-            )
-        )
+def test_secure_aggregation_refuses_updates_too_large(new_workers):
+    """The data worker's own error reaches the caller. On network workers it is posted, so
+    held on its connection, and the parties' get() fails first, with the follow-on error
+    (the data worker could not deliver its shares): the root cause is raised instead."""
     (w,) = new_workers("w1")
-    agg = mpc.SecureAggregator(new_workers("agg1", "agg2"))
-    with pytest.raises(pt.RemoteError, match="too large"):
+    parties = new_workers("agg1", "agg2")
+    agg = mpc.SecureAggregator(parties)
+    with pytest.raises(pt.RemoteError, match="too large") as caught:
         agg.aggregate([(pt.send(torch.tensor([1e11]), w), 1000)])  # 1e11 * 1000 * 2^16 > 2^62
+    assert caught.value.worker == w.id
+    # reported once: the workers stay usable and raise nothing more
+    assert torch.equal(pt.send(torch.ones(2), parties[0]).get(), torch.ones(2))
+    assert agg.aggregate([(pt.send(torch.tensor([2.0]), w), 1)]).item() == pytest.approx(2.0)
 
 
 def test_secure_aggregation_errors(new_workers):

@@ -23,6 +23,7 @@ import mpc
 import pointers as pt
 from pointers.__main__ import main as cli
 from pointers.messages import ExecuteOp, Fetch
+from pointers.network import DEFAULT_CONTEXT, ClientContext
 from pointers.network.certs import certificate_identity
 from pointers.network.server import ServerConfig
 from pointers.serde import Ref
@@ -106,6 +107,34 @@ def test_errors_surface_at_the_next_sync_and_lose_nothing(net):
     assert torch.equal(p.get(), torch.tensor([1.0, 2.0]))  # now it runs
     with pytest.raises(pt.ObjectGoneError):
         p.get()
+
+
+def test_a_failed_call_raises_the_root_cause_held_by_another_connection(net):
+    """alice's posted op fails, so her delivery to bob fails, so bob's get() fails: the
+    caller gets alice's error (the root cause), not the follow-on 'could not deliver'."""
+    alice, bob = net.fresh("alice"), net.fresh("bob")
+    bad = alice.new_id()
+    alice.post(ExecuteOp("aten::abs.default", [Ref(424242)], {}, [bad], False))
+    q = pt.PointerTensor.from_meta(alice, bad, (2,), (1,), torch.float32)
+    moved = q.move(bob)
+    with pytest.raises(pt.RemoteError, match="no object with id 424242") as info:
+        (moved + 1).get()
+    assert info.value.worker == "alice" and info.value.kind == "UnknownObjectError"
+    alice.sync()  # reported once: nothing is raised again
+    bob.sync()
+    assert torch.equal(pt.send(torch.ones(2), bob).get(), torch.ones(2))
+
+
+def test_separate_client_contexts_keep_their_errors_apart(net):
+    alice = net.fresh("alice")
+    bob = net.fresh("bob", context=ClientContext())
+    assert alice._conn.context is DEFAULT_CONTEXT and bob._conn.context is not DEFAULT_CONTEXT
+    alice.post(ExecuteOp("aten::abs.default", [Ref(424242)], {}, [alice.new_id()], False))
+    with pytest.raises(pt.RemoteError, match="no object with id 434343") as info:
+        bob.request(Fetch(434343, False))  # its own error: alice's is in another context
+    assert info.value.worker == "bob"
+    with pytest.raises(pt.RemoteError, match="no object with id 424242"):
+        alice.sync()  # not consumed by bob's error
 
 
 def test_search_and_tags_are_per_client(net):

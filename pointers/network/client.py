@@ -10,7 +10,9 @@ sent tensor do not leak into it, and encoding errors raise at the call) and queu
 background sender thread per connection sends the queue in order, many messages per call.
 Errors of posted messages are kept and raised, as the worker's own message, by the next
 synchronising call (:meth:`request`, ``get``); a request whose batch failed earlier is not
-run at all, so a ``get`` never loses a value to an earlier error.
+run at all, so a ``get`` never loses a value to an earlier error. A failed call raises the
+root cause: the earliest error held for a message posted before it to any worker of the
+same :class:`~pointers.network.context.ClientContext`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from ..messages import (
 )
 from ..worker import Frames, WorkerStats
 from .certs import Credentials, check_identity, load_credentials
-from .connection import CLOCK, Connection, Future, Item
+from .connection import Connection, Future, Item
+from .context import DEFAULT_CONTEXT, ClientContext
 from .framing import buffer_bytes
 from .transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
 
@@ -89,9 +92,11 @@ class NetworkWorker:
             reply = decode_message(rh, rb)
             if isinstance(reply, ErrorReply):
                 raise self._conn.remote_error(reply.kind, reply.message)
-        except BaseException:
-            CLOCK.consumed(item.seq)
-            raise
+        except BaseException as e:
+            root = self._failed(e, item)
+            if root is e:
+                raise
+            raise root from None
         assert isinstance(reply, Reply)
         return reply.value
 
@@ -169,10 +174,12 @@ class NetworkWorker:
     def sync(self) -> None:
         """Wait until every queued message ran; raise the first error among them."""
         self._inspect("stats", flush=True)
-        error = self._conn.take_deferred()
-        if error is not None:
-            CLOCK.consumed(CLOCK.tick())
-            raise error
+        held = self._conn.take_deferred()
+        if held is not None:
+            context = self._conn.context
+            root = context.root_cause(*held)
+            context.consumed(context.tick())
+            raise root
 
     def close(self) -> None:
         """Send what is queued, then close the connection (also when garbage collected)."""
@@ -209,15 +216,32 @@ class NetworkWorker:
             return _OK_NONE, []
         return reply
 
-    def _inspect(self, what: str, flush: bool) -> dict[str, Any]:
-        item = Item(None, Future(), what=what, flush=flush)
+    def _inspect(
+        self, what: str, flush: bool, info: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        item = Item(None, Future(), what=what, flush=flush, info=info)
         self._conn.submit(item)
         try:
             assert item.future is not None
             return item.future.wait(self._conn)
-        except BaseException:
-            CLOCK.consumed(item.seq)
-            raise
+        except BaseException as e:
+            root = self._failed(e, item)
+            if root is e:
+                raise
+            raise root from None
+
+    def _failed(self, error: BaseException, item: Item) -> BaseException:
+        """What to raise for the failed call ``item``: the root cause, the earliest error
+        of a message posted before, to any worker of the context, if there is one
+        (see :class:`~pointers.network.context.ClientContext`); then every error of a
+        message posted before the call counts as reported."""
+        context = self._conn.context
+        root = error
+        if isinstance(error, PointerError) and item.seq:
+            origin = item.future.origin if item.future is not None else None
+            root = context.root_cause(error, origin or item.seq)
+        context.consumed(item.seq)
+        return root
 
 
 _OK_NONE, _ = encode_message(Reply(None))
@@ -270,6 +294,7 @@ def connect(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE,
     peer_address: str | None = None,
     deadline: float | None = None,
+    context: ClientContext | None = None,
 ) -> NetworkWorker:
     """Connect to worker ``id`` served at ``address`` (``host:port``) as ``identity``.
 
@@ -280,6 +305,9 @@ def connect(
     address the other workers use to reach this one, when it differs from ``address``.
     ``deadline`` (seconds) overrides the worker's ``--deadline`` for this client: how long
     the worker waits for an object a peer delivers before it reports the peer unavailable.
+    ``context`` orders the errors of this connection with those of the others in the same
+    context (:data:`~pointers.network.context.DEFAULT_CONTEXT` unless given): a failed call
+    raises the earliest error among them, the root cause.
     """
     if deadline is not None and not 0 < deadline <= 3600:
         raise ValueError(f"deadline must lie in (0, 3600] seconds, got {deadline}")
@@ -294,7 +322,16 @@ def connect(
         address, worker_id=id, credentials=creds, max_message_bytes=max_message_bytes
     )
     metadata = ((IDENTITY_METADATA, identity),) if insecure else None
-    conn = Connection(id, address, channel, metadata, timeout, max_message_bytes, deadline)
+    conn = Connection(
+        id,
+        address,
+        channel,
+        metadata,
+        timeout,
+        max_message_bytes,
+        deadline,
+        context=DEFAULT_CONTEXT if context is None else context,
+    )
     try:
         hello = conn.inspect_direct({"what": "hello"}, min(timeout, _HELLO_TIMEOUT))
     except BaseException:

@@ -4,12 +4,13 @@ The caller encodes a message and queues it; the sender thread sends the queue in
 many messages per ``Exec`` call, with the ids the client expects peers to deliver and
 the deletes of dropped pointers. Replies resolve the futures of requests; errors of
 posted messages are kept (:attr:`Connection.deferred`) until a synchronising call
-raises them. :class:`ErrorClock` orders errors across the connections of one process.
+raises them. The connections of one client share a
+:class:`~pointers.network.context.ClientContext`, which numbers their messages and orders
+their errors.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ import grpc
 
 from ..errors import LimitExceeded, PartyUnavailable, PointerError, RemoteError
 from ..messages import Delete, ErrorReply, decode_message, encode_message
+from .context import ClientContext
 from .framing import FrameError, decode_envelope, encode_envelope, info_field
 from .served import is_error_header
 from .transport import EXEC, INSPECT, STALE, SYNC, Call, rpc_error
@@ -28,19 +30,24 @@ _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches (as in proce
 
 
 class Future:
-    __slots__ = ("_event", "value", "error")
+    """The reply to one request. ``origin`` is the number of the message whose error it
+    carries: the request's own, or an earlier post's that failed before it."""
+
+    __slots__ = ("_event", "value", "error", "origin")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
+        self.origin: int | None = None
 
     def set(self, value: Any) -> None:
         self.value = value
         self._event.set()
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, origin: int | None = None) -> None:
         self.error = error
+        self.origin = origin
         self._event.set()
 
     def wait(self, conn: Connection) -> Any:
@@ -57,32 +64,11 @@ class Future:
         return self.value
 
 
-class ErrorClock:
-    """Orders errors in this client process. An error raised to the caller consumes the
-    pending errors of every message posted before it, to any network worker: they belong
-    to the computation that just failed (as in process, where the first failing op raises
-    and the later ones never run), so they are not raised again by a later call."""
-
-    def __init__(self) -> None:
-        self._count = itertools.count(1)
-        self.raised = 0
-
-    def tick(self) -> int:
-        return next(self._count)
-
-    def consumed(self, seq: int) -> None:
-        if seq > self.raised:
-            self.raised = seq
-
-
-CLOCK = ErrorClock()
-
-
 class Item:
     """One queued unit: a message frame (``future`` set when a reply is awaited) or an
     inspection (``what``)."""
 
-    __slots__ = ("frame", "size", "future", "what", "flush", "seq", "stale")
+    __slots__ = ("frame", "size", "future", "what", "info", "flush", "seq", "stale")
 
     def __init__(
         self,
@@ -90,19 +76,22 @@ class Item:
         future: Future | None,
         what: str | None = None,
         flush: bool = False,
+        info: dict[str, Any] | None = None,
     ) -> None:
         self.frame = frame
         self.size = 0 if frame is None else len(frame[0]) + sum(len(b) for b in frame[1])
         self.future = future
         self.what = what
+        self.info = info  # more fields of an inspection
         self.flush = flush
-        self.seq = CLOCK.tick()
+        self.seq = 0  # numbered by the connection's context when queued
         self.stale = False  # posted before an error the caller has seen: ignore its error
 
 
 class Connection:
     """One channel, one ordered queue, one sender thread. Holds no reference to the
-    :class:`NetworkWorker`, so dropping the worker closes the connection."""
+    :class:`NetworkWorker`, so dropping the worker closes the connection. Its messages
+    are numbered by ``context`` (see :class:`~pointers.network.context.ClientContext`)."""
 
     def __init__(
         self,
@@ -113,8 +102,11 @@ class Connection:
         timeout: float,
         max_message_bytes: int,
         deadline: float | None = None,
+        *,
+        context: ClientContext,
     ) -> None:
         self.worker_id, self.address = worker_id, address
+        self.context = context
         self.channel = channel
         self.metadata = metadata
         self.timeout = timeout
@@ -124,6 +116,7 @@ class Connection:
         self._queue: deque[Item] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._running: int | None = None  # the number of the first message in flight
         self.deferred: tuple[BaseException, int] | None = None  # first failed post, its seq
         self.deletes: list[int] = []
         self.expects: list[tuple[str, int]] = []
@@ -131,6 +124,7 @@ class Connection:
         self.progress = time.monotonic()  # when the sender last started or finished a call
         self.failures = 0  # calls that failed in transport (the worker may have restarted)
         self.deadline = deadline
+        context.register(self)
         self._thread = threading.Thread(
             target=self._run, name=f"pointers-send-{worker_id}", daemon=True
         )
@@ -143,8 +137,17 @@ class Connection:
                 raise PointerError(f"the connection to worker {self.worker_id!r} is closed")
             if not self._queue:
                 self.progress = time.monotonic()
+            item.seq = self.context.tick()  # under the lock: the queue is in number order
             self._queue.append(item)
             self._cond.notify()
+
+    def busy_before(self, seq: int) -> bool:
+        """Whether a message numbered below ``seq`` is still queued or in flight here."""
+        with self._cond:
+            running = self._running
+            if running is not None and running < seq:
+                return True
+            return bool(self._queue) and self._queue[0].seq < seq
 
     def inspect_direct(self, info: dict[str, Any], timeout: float) -> dict[str, Any]:
         """An inspection outside the queue (connect's hello)."""
@@ -188,6 +191,7 @@ class Connection:
                 inspect = None
                 if not batch and self._queue:
                     inspect = self._queue.popleft()
+                self._running = batch[0].seq if batch else getattr(inspect, "seq", None)
             self.progress = time.monotonic()
             try:
                 if batch or (inspect is not None and inspect.flush):
@@ -205,6 +209,9 @@ class Connection:
                     if it.future is not None and not it.future._event.is_set():
                         it.future.fail(e)
             self.progress = time.monotonic()
+            with self._cond:
+                self._running = None
+            self.context.settled()
         if self.deletes:  # closing: release what dropped pointers still hold (best effort)
             try:
                 self._send_batch([], with_deletes=True)
@@ -229,23 +236,24 @@ class Connection:
                 del self.deletes[:n]
         return [[p, ids] for p, ids in expects.items()], deletes
 
-    def take_deferred(self) -> BaseException | None:
-        """The pending error of a posted message, unless an error raised since covers it."""
+    def take_deferred(self) -> tuple[BaseException, int] | None:
+        """The pending error of a posted message and the message's number, unless an error
+        raised since covers it."""
         deferred, self.deferred = self.deferred, None
-        if deferred is None or deferred[1] < CLOCK.raised:
+        if deferred is None or deferred[1] < self.context.raised:
             return None
-        return deferred[0]
+        return deferred
 
     def _send_batch(self, batch: list[Item], with_deletes: bool) -> None:
         expects, deletes = self._take_pending(with_deletes)
         frames: list[Any] = []
         sent: list[Item] = []
-        raised = CLOCK.raised
+        raised = self.context.raised
         for it in batch:
             if it.future is not None:
-                error = self.take_deferred()
-                if error is not None:  # an earlier post failed: report it, do not run this
-                    it.future.fail(error)
+                held = self.take_deferred()
+                if held is not None:  # an earlier post failed: report it, do not run this
+                    it.future.fail(*held)
                     continue
             it.stale = it.seq < raised
             flags = (SYNC if it.future is not None else 0) | (STALE if it.stale else 0)
@@ -289,7 +297,7 @@ class Connection:
             assert isinstance(err, ErrorReply)
             if it.future is not None:
                 if err.kind == "Skipped" and pending is not None:
-                    it.future.fail(pending[0])  # the post that failed before it
+                    it.future.fail(*pending)  # the post that failed before it
                 else:
                     it.future.fail(self.remote_error(err.kind, err.message))
                 pending = None
@@ -312,8 +320,9 @@ class Connection:
     def _send_inspect(self, it: Item) -> None:
         assert it.future is not None and it.what is not None
         try:
+            info = {"what": it.what, **(it.info or {})}
             resp = self._inspect(
-                encode_envelope({"what": it.what}, []), timeout=self.timeout, metadata=self.metadata
+                encode_envelope(info, []), timeout=self.timeout, metadata=self.metadata
             )
             it.future.set(self._inspect_reply(resp))
         except grpc.RpcError as e:
