@@ -25,7 +25,7 @@ from .ring import ring_conv2d, ring_matmul
 _LOW63 = 0x7FFFFFFFFFFFFFFF
 
 # tags of the streams derived for one nonce
-TAG_A, TAG_B, TAG_C, TAG_R, TAG_RHI, TAG_RLO, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN = range(9)
+TAG_A, TAG_B, TAG_C, TAG_R, TAG_U, TAG_D, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN = range(9)
 
 
 def derive(seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
@@ -84,7 +84,7 @@ def dealer_triple(
     """Beaver triple c = op(a, b): the last party's share of c (the others derive theirs)."""
     a = sum_derived(seeds, nonce, TAG_A, a_shape)
     b = sum_derived(seeds, nonce, TAG_B, b_shape)
-    c = bilinear(op, params, a, b)
+    c = a.mul_(b) if op == "mul" and a_shape == b_shape else bilinear(op, params, a, b)
     for s in seeds[:-1]:
         c -= derive(s, nonce, TAG_C, list(c.shape))
     return c
@@ -103,15 +103,18 @@ def dealer_and_triple(ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: li
 def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
 ) -> list[torch.Tensor]:
-    """Truncation material for r = sum of derived shares: the last party's shares of
-    msb(r) and (r mod 2^63) >> bits."""
-    r = sum_derived(seeds, nonce, TAG_R, shape)
-    r_hi = (r >> 63).neg_()  # the top bit as 0/1
-    r_lo = r.bitwise_and_(_LOW63).bitwise_right_shift_(bits)
+    """Truncation material for the mask r = sum of derived shares (see :func:`trunc_finish`):
+    the last party's shares of U = 2^(63-f) h - L and D = 2^(64-f) (1 - h), where
+    r' = r - 2^62, h = msb(r') and L = ((r' mod 2^63) >> f) + 2^(62-f)."""
+    r = sum_derived(seeds, nonce, TAG_R, shape).sub_(1 << 62)
+    minus_h = r >> 63  # -h
+    low = r.bitwise_and_(_LOW63).bitwise_right_shift_(bits).add_(1 << (62 - bits))  # L
+    u = torch.mul(minus_h, -(1 << (63 - bits))).sub_(low)
+    d = minus_h.add_(1).bitwise_left_shift_(64 - bits)
     for s in seeds[:-1]:
-        r_hi -= derive(s, nonce, TAG_RHI, shape)
-        r_lo -= derive(s, nonce, TAG_RLO, shape)
-    return [r_hi, r_lo]
+        u -= derive(s, nonce, TAG_U, shape)
+        d -= derive(s, nonce, TAG_D, shape)
+    return [u, d]
 
 
 def dealer_compare(
@@ -163,50 +166,43 @@ def beaver_mask(
     x: torch.Tensor,
     y: torch.Tensor,
 ) -> list[torch.Tensor]:
-    """Party i: its triple shares a_i, b_i and the masked e_i = x_i - a_i, f_i = y_i - b_i."""
+    """Party i: the masked e_i = x_i - a_i, f_i = y_i - b_i, and its triple share a_i."""
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
-    return [torch.sub(x, a), torch.sub(y, b), a, b]
+    return [torch.sub(x, a), torch.sub(y, b, out=b), a]
 
 
 def beaver_combine(
     ctx: Any,
     seed: torch.Tensor,
     nonce: int,
-    first: bool,
     c: torch.Tensor | None,
+    y: torch.Tensor,
     a: torch.Tensor,
-    b: torch.Tensor,
     e: torch.Tensor,
     f: torch.Tensor,
     op: str,
     params: dict[str, Any],
 ) -> torch.Tensor:
-    """Party i's share of op(x, y) = c + op(e, b) + op(a, f) (+ op(e, f) at party 0).
+    """Party i's share of op(x, y) = c + op(e, y) + op(a, f), summed over the parties:
+    c + op(e, b + f) + op(a, f) = op(a + e, b + f). No party needs a special term.
 
     ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
+    ``e`` and ``a`` are this call's own temporaries (opened here, derived for this nonce):
+    the elementwise case works in their buffers.
     """
-    z = bilinear(op, params, e, b)
-    if op == "mul" and a.shape == z.shape and e.shape == z.shape:
-        z += a.mul_(f)  # elementwise, no broadcasting: reuse the temporaries' buffers
-        if first:
-            z += e.mul_(f)
+    if op == "mul" and e.shape == y.shape == a.shape == f.shape:
+        z = e.mul_(y).addcmul_(a, f)
     else:
+        z = bilinear(op, params, e, y)
         z += bilinear(op, params, a, f)
-        if first:
-            z += bilinear(op, params, e, f)
     z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
     return z
 
 
-def trunc_mask(
-    ctx: Any, seed: torch.Tensor, nonce: int, first: bool, z: torch.Tensor
-) -> torch.Tensor:
-    """Party i: c_i = z_i + r_i (+ 2^62 at party 0, making z non-negative)."""
-    out = derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
-    if first:
-        out += 1 << 62
-    return out
+def trunc_mask(ctx: Any, seed: torch.Tensor, nonce: int, z: torch.Tensor) -> torch.Tensor:
+    """Party i: c_i = z_i + r_i."""
+    return derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
 
 
 def trunc_finish(
@@ -218,28 +214,24 @@ def trunc_finish(
     c: torch.Tensor,
     bits: int,
 ) -> torch.Tensor:
-    """Party i's share of z >> bits from the opened c = z + 2^62 + r.
+    """Party i's share of z >> bits from the opened c = z + r = (z + 2^62) + r'.
 
-    With c_hi = msb(c), c_lo = c mod 2^63 and b = c_hi xor msb(r) (the carry out of the
-    low 63 bits): z + 2^62 = c_lo - r_lo + 2^63 b, so
-    z >> bits ~ (c_lo >> bits) - (r_lo >> bits) + 2^(63-bits) b - 2^(62-bits).
+    With w = z + 2^62 (in [0, 2^63) for |z| < 2^62), c_lo = c mod 2^63 and the carry
+    b = msb(c) xor h out of the low 63 bits of w + r': w = c_lo - (r' mod 2^63) + 2^63 b,
+    so z >> bits ~ (c_lo >> bits) + 2^(63-bits) b - L. If msb(c) = 0, b = h and that is
+    (c >> bits) + U; otherwise b = 1 - h, c_lo >> bits = (c >> bits) + 2^(64-bits) -
+    2^(63-bits), and it is (c >> bits) + U + D. The public msb(c) selects [D] or 0, so:
+    [z >> bits] = [U] + ([D] & (c >> 63)) (+ c >> bits at party 0).
     """
-    shape = list(c.shape)
     if corrections is None:
-        r_hi = derive(seed, nonce, TAG_RHI, shape)
-        r_lo = derive(seed, nonce, TAG_RLO, shape)
+        u = derive(seed, nonce, TAG_U, list(c.shape))
+        d = derive(seed, nonce, TAG_D, list(c.shape))
     else:
-        r_hi, r_lo = corrections
-    # in place on the temporaries: c (opened here), r_hi and r_lo (derived or delivered)
-    c_hi = (c >> 63).neg_()  # msb(c) as 0/1
-    b = r_hi.mul_(c_hi.mul(-2).add_(1))  # msb(r) xor msb(c), before the public c_hi term
-    if first:
-        b += c_hi
-    out = b.mul_(1 << (63 - bits)).sub_(r_lo)
-    if first:
-        out += c.bitwise_and_(_LOW63).bitwise_right_shift_(bits)
-        out -= 1 << (62 - bits)
-    return out
+        u, d = corrections
+    u += d.bitwise_and_(c >> 63)  # c >> 63: all ones where msb(c) = 1, else 0
+    if first:  # c is the opened copy, this call's own
+        u += c.bitwise_right_shift_(bits)
+    return u
 
 
 def bilinear_public(

@@ -256,6 +256,29 @@ def test_add_sub_public(mp: Parties, data: st.DataObject) -> None:
 
 
 @property_test(SETTINGS)
+def test_truncation_is_floor_or_one_less_over_the_whole_range(
+    mp: Parties, data: st.DataObject
+) -> None:
+    """The ring-level truncation: for any |z| < 2^62 and any shift, z >> bits is exact up to
+    one unit (floor(z / 2^bits) or one more), with no wrap-around failure near the ends."""
+    from mpc.protocols.arith import truncate
+
+    bits = data.draw(st.integers(1, 40), label="bits")
+    edge = st.sampled_from([-(2**62) + 1, -(2**62) + 2**bits, -1, 0, 1, 2**62 - 1])
+    zs = data.draw(
+        st.lists(st.one_of(st.integers(-(2**62) + 1, 2**62 - 1), edge), min_size=1, max_size=40),
+        label="z",
+    )
+    z = torch.tensor(zs, dtype=torch.int64)
+    shared = mp.share(z)  # integers: shared exactly, frac_bits = 0
+    out = truncate(shared.session, shared.shares, bits)
+    got = sum(s.get() for s in out)
+    floor = torch.div(z, 2**bits, rounding_mode="floor")
+    diff = floor - got
+    assert bool(((diff == 0) | (diff == -1)).all()), (zs, bits, got.tolist())
+
+
+@property_test(SETTINGS)
 def test_mul_shared_shared(mp: Parties, data: st.DataObject) -> None:
     shape = draw_shape(data)
     x = draw_floats(data, shape)

@@ -78,6 +78,7 @@ class BeaverRun:
         out_shape: tuple[int, ...],
     ) -> None:
         self.session, self.op, self.params, self.out_shape = session, op, params, out_shape
+        self.y = y
         self.nonce = nonce = session.next_nonce()
         x_shape, y_shape = list(x[0].shape), list(y[0].shape)
         (self.c_last,) = deal(
@@ -92,7 +93,7 @@ class BeaverRun:
                 p,
                 "mpc.beaver_mask",
                 [session.party_seeds[i], nonce, x[i], y[i]],
-                out=[(x_shape, I64), (y_shape, I64), (x_shape, I64), (y_shape, I64)],
+                out=[(x_shape, I64), (y_shape, I64), (x_shape, I64)],
             )
             for i, p in enumerate(session.parties)
         ]
@@ -112,10 +113,9 @@ class BeaverRun:
                 [
                     session.party_seeds[i],
                     self.nonce,
-                    i == 0,
                     self.c_last if i == last else None,
+                    self.y[i],
                     self.masks[i][2],
-                    self.masks[i][3],
                     e[i],
                     f[i],
                     self.op,
@@ -124,7 +124,7 @@ class BeaverRun:
                 out=[(self.out_shape, I64)],
             )
             z.append(zi)
-        self.masks = []
+        self.masks, self.y = [], []
         return z
 
 
@@ -141,7 +141,7 @@ def beaver(
     Offline: the dealer expands every party's seed to a = sum a_i, b = sum b_i, computes
     c = op(a, b) and ships c_{n-1} = c - sum_{i<n-1} c_i to the last party only.
     Online (one round): open e = x - a and f = y - b together; then
-    [z] = [c] + op(e, [b]) + op([a], f) + op(e, f) (the last term at party 0).
+    [z] = [c] + op(e, [y]) + op([a], f), which sums to op(a + e, b + f).
     Beaver, "Efficient multiparty protocols using circuit randomization", CRYPTO 1991.
     """
     run = BeaverRun(session, x, y, op, params, out_shape)
@@ -164,9 +164,7 @@ class TruncRun:
             out=[(shape, I64), (shape, I64)],
         )
         self.masked = [
-            call(
-                p, "mpc.trunc_mask", [session.party_seeds[i], nonce, i == 0, z[i]], [(shape, I64)]
-            )[0]
+            call(p, "mpc.trunc_mask", [session.party_seeds[i], nonce, z[i]], [(shape, I64)])[0]
             for i, p in enumerate(session.parties)
         ]
 
@@ -194,11 +192,14 @@ class TruncRun:
 def truncate(session: Session, z: Shares, bits: int) -> Shares:
     """[z >> bits] for |z| < 2^62, exact up to one unit in the last place, any n.
 
-    Dealer: r uniform, with [r], [msb(r)] and [(r mod 2^63) >> bits]. Parties open
-    c = z + 2^62 + r (one round). With b = msb(c) xor msb(r), the carry out of the low
-    63 bits, z + 2^62 = (c mod 2^63) - (r mod 2^63) + 2^63 b, which is linear in the
-    shared bits given public c. Rounding error: the result is floor(z / 2^bits) or one
-    less; there is no wrap-around failure (unlike local truncation), because the mask's
+    Dealer: r uniform, shared; with r' = r - 2^62, h = msb(r') and
+    L = ((r' mod 2^63) >> bits) + 2^(62-bits) it deals [U] = [2^(63-bits) h - L] and
+    [D] = [2^(64-bits) (1 - h)]. Parties open c = z + r = (z + 2^62) + r' (one round).
+    With b = msb(c) xor h, the carry out of the low 63 bits, z + 2^62 = (c mod 2^63) -
+    (r' mod 2^63) + 2^63 b; given the public msb(c) this is linear in h: each party keeps
+    [U] + [D] where msb(c) = 1 and [U] elsewhere, and party 0 adds c >> bits (three local
+    passes). Rounding error: the result is floor(z / 2^bits) or one
+    more; there is no wrap-around failure (unlike local truncation), because the mask's
     top bit is known in shared form ("truncation with known MSB", cf. Escudero et al.,
     CRYPTO 2020; Dalskov et al., PoPETs 2020).
     """
