@@ -11,8 +11,15 @@ peer delivers to it, so programs whose steps depend on each other across workers
 without the client in the loop.
 
 This is how an encrypted inference becomes one message per party (see ``mpc.plan``).
-Programs record in-process workers (``VirtualWorker``); recording network workers is
-not supported yet.
+Both worker kinds record and run programs: in-process workers (``VirtualWorker``) and
+network workers (``pointers.connect``), whose served namespaces run a program in a thread
+that sets the namespace's lock aside while it waits for a peer's delivery.
+
+A worker client can be recorded when every command it sends passes through its
+``_exchange(msg, ...)``, it allocates ids with ``new_id()``, and ``_flush_deletes()`` sends
+the deletes of dropped pointers as a ``Delete`` command through ``_exchange``. A client
+whose deletes normally travel another way (a network worker's go with its batches) also
+has ``_record_deletes(on)``: while on, they are held for ``_flush_deletes``.
 """
 
 from __future__ import annotations
@@ -57,19 +64,26 @@ class Recording:
 
     def __enter__(self) -> Recording:
         for w in self.workers:
-            if not hasattr(w, "_exchange"):
-                raise PointerError(f"worker {w.id!r} cannot be recorded (in-process workers only)")
+            if not hasattr(w, "_exchange") or not hasattr(w, "_flush_deletes"):
+                raise PointerError(
+                    f"worker {w.id!r} ({type(w).__name__}) cannot be recorded: it does not "
+                    "pass its commands through _exchange"
+                )
+        for w in self.workers:
             w._flush_deletes()  # earlier garbage is not part of the program
+            hold = getattr(w, "_record_deletes", None)
+            if hold is not None:
+                hold(True)
             orig_exchange, orig_new_id = w._exchange, w.new_id
 
-            def exchange(msg: Message, _w: Any = w, _orig: Any = orig_exchange) -> Any:
+            def exchange(msg: Message, *more: Any, _w: Any = w, _orig: Any = orig_exchange) -> Any:
                 if not isinstance(msg, RECORDABLE):
                     raise PointerError(
                         f"a {msg.KIND!r} command waits for a reply and cannot be part of a "
                         "program; keep fetches and searches outside the recorded code"
                     )
                 self.messages[_w.id].append(msg)
-                return _orig(msg)
+                return _orig(msg, *more)
 
             def new_id(_w: Any = w, _orig: Any = orig_new_id) -> int:
                 i = _orig()
@@ -90,6 +104,9 @@ class Recording:
             for w in self.workers:
                 w.__dict__.pop("_exchange", None)
                 w.__dict__.pop("new_id", None)
+                hold = getattr(w, "_record_deletes", None)
+                if hold is not None:
+                    hold(False)
 
 
 class Slots:
@@ -224,9 +241,10 @@ def start_program(worker: Any, msg: RunProgram) -> None:
 
 
 def _run_program(worker: Any, program: Program, bindings: list[int], promised: list[int]) -> None:
+    step = 0
     try:
-        for raw in program.raw:
-            msg = message_from_list(bind(raw, bindings))
+        for step in range(len(program.raw)):
+            msg = message_from_list(bind(program.raw[step], bindings))
             if isinstance(msg, SendToPeer):
                 # read under our lock, deliver without it: two workers delivering to each
                 # other at once must not wait on each other's locks
@@ -239,10 +257,31 @@ def _run_program(worker: Any, program: Program, bindings: list[int], promised: l
                 with worker._lock:
                     worker._run(msg)
     except Exception as e:  # waiting clients and peers learn it at once
-        worker.store.fail_promises(promised, f"program failed: {type(e).__name__}: {e}")
+        why = f"program failed: {type(e).__name__}: {e}"
+        worker.store.fail_promises(promised, why)
+        _tell_peers(worker, program.raw[step:], bindings, why)
     finally:
         with worker._lock:  # ids it never made: waiters for them fail now, not at the deadline
             worker.store.release_promises(promised)
+
+
+def _tell_peers(worker: Any, rest: list[Any], bindings: list[int], why: str) -> None:
+    """Best effort: the peers a failed program was still to deliver to stop waiting now
+    (through links that can tell them; a peer without such a link waits its deadline)."""
+    unreachable: set[str] = set()
+    for raw in rest:
+        if not (isinstance(raw, list) and raw and raw[0] == SendToPeer.KIND):
+            continue
+        peer = None
+        try:
+            msg = message_from_list(bind(raw, bindings))
+            peer = msg.peer  # type: ignore[attr-defined]
+            notify = getattr(worker._peer_links.get(peer), "delivery_failed", None)
+            if notify is not None and peer not in unreachable:
+                notify(msg.new_id, f"worker {worker.id!r}: {why}")  # type: ignore[attr-defined]
+        except Exception:  # the program's own error is what matters
+            if peer is not None:
+                unreachable.add(peer)
 
 
 def run_programs(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import gc
 import stat
+import threading
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from pointers.__main__ import main as cli
 from pointers.messages import ExecuteOp, Fetch
 from pointers.network import DEFAULT_CONTEXT, ClientContext
 from pointers.network.certs import certificate_identity
+from pointers.network.served import NamespaceLock, WaitingStore
 from pointers.network.server import ServerConfig
 from pointers.serde import Ref
 
@@ -264,6 +266,96 @@ def test_another_client_cannot_read_or_delete_your_objects(net):
     mallory.queue_delete(p.id_at_location)
     mallory.sync()
     assert torch.equal(p.get(), torch.tensor([42.0]))
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def test_a_waiting_lookup_sets_the_namespace_lock_aside():
+    """A command (or a program's step) waiting for an object lets the namespace run the
+    command that produces it; a promise nobody keeps ends in a bounded, clear error."""
+    lock = NamespaceLock()
+    store = WaitingStore("alice", deadline=5.0, max_bytes=None, lock=lock)
+    store.promise([7])
+
+    def produce() -> None:
+        with lock:  # the namespace's next command: it needs the lock the waiter holds
+            store.put(7, torch.ones(2))
+
+    producer = threading.Thread(target=produce)
+    with lock, lock:  # held twice, as by a served command
+        producer.start()
+        assert torch.equal(store.get(7), torch.ones(2))  # waits, with the lock set aside
+    producer.join(5)  # (leaving the with blocks released the lock twice: it was restored)
+    assert not producer.is_alive()
+    store.deadline = 0.3
+    store.promise([8])
+    start = time.monotonic()
+    with lock, pytest.raises(pt.PartyUnavailable, match="waited 0.3 s for object 8"):
+        store.get(8)
+    assert time.monotonic() - start < 3
+    store.promise([9])
+    store.fail_promises([9], "program failed: boom")
+    with pytest.raises(pt.PartyUnavailable, match="program failed: boom"):
+        store.get(9)
+    with pytest.raises(pt.UnknownObjectError):
+        store.get(10)  # nobody promised it: no wait
+
+
+def test_plan_over_shared_values_runs_on_served_workers(trio):
+    """One message per worker per call; the same result as op by op and as plaintext."""
+    alice, bob, carol = trio
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    images = torch.rand(4, 6)
+    with torch.no_grad():
+        expected = model(images)
+    mpc.share(model, alice, bob, crypto_provider=carol)
+    x = mpc.share(images, alice, bob, crypto_provider=carol)
+    inference = mpc.plan(model, x)
+    for _ in range(2):
+        x2 = mpc.share(images, alice, bob, crypto_provider=carol)
+        gc.collect()
+        for w in trio:
+            w.sync()  # earlier deletes travel now, not counted below
+        with mpc.stats() as s:
+            out = inference(x2)
+            for w in trio:
+                w.wait_programs()
+        assert s.client_messages == 3
+        got = out.get()
+        op_by_op = model(x2).get()
+        del out  # (else its deletes would travel, and count, in the next call's block)
+        _close(got, expected, 200)
+        _close(got, op_by_op, 200)
+    assert alice.stats.peer_messages_sent > 0 and carol.stats.peer_messages_sent > 0
+
+
+def test_party_killed_before_a_plan_call_fails_within_the_deadline(net):
+    deadline = 2.0
+    alice, dave, carol = (net.fresh(w, deadline=deadline) for w in ("alice", "dave", "carol"))
+    x = torch.tensor([1.0, -2.0, 3.0])
+    a = mpc.share(x, alice, dave, crypto_provider=carol)
+    relu_plan = mpc.plan(F.relu, a)
+    _close(relu_plan(a).get(), F.relu(x), 40)
+    b = mpc.share(-x, alice, dave, crypto_provider=carol)
+    server = net.servers["dave"]
+    try:
+        dave.sync()
+        server.kill()
+        start = time.monotonic()
+        with pytest.raises(pt.PartyUnavailable, match="dave"):
+            relu_plan(b).get()  # alice's program waits for dave's deliveries, bounded
+        assert time.monotonic() - start < deadline + 8.0
+        alice.wait_programs(deadline + 5.0)  # nothing hangs at the survivors
+        carol.wait_programs(deadline + 5.0)
+        assert torch.equal(pt.send(torch.ones(2), alice).get(), torch.ones(2))
+        bob = net.fresh("bob", deadline=deadline)
+        c = mpc.share(x, alice, bob, crypto_provider=carol)
+        _close(mpc.plan(F.relu, c)(c).get(), F.relu(x), 40)
+    finally:
+        server.restart()
+        dave.sync()
 
 
 # ----------------------------------------------------------------------------- faults

@@ -29,6 +29,7 @@ from ..errors import LimitExceeded, PointerError, RemoteError
 from ..messages import (
     AcceptPeer,
     ConnectPeer,
+    Delete,
     ErrorReply,
     Fetch,
     Message,
@@ -46,6 +47,7 @@ from .framing import buffer_bytes
 from .transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
 
 _HELLO_TIMEOUT = 10.0
+_DELETE_BATCH = 64  # while recording, deletes become a command every so many (as in process)
 
 
 class NetworkWorker:
@@ -66,6 +68,7 @@ class NetworkWorker:
         self._conn = connection
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._introduced: dict[str, tuple[NetworkWorker, Any]] = {}
+        self._held_deletes: list[int] | None = None  # while a program is recorded
         self._finalizer = weakref.finalize(self, connection.close)
 
     # -- the client interface of a worker ------------------------------------------------
@@ -74,16 +77,27 @@ class NetworkWorker:
 
     def post(self, msg: Message) -> None:
         """Queue ``msg``; its errors surface at the next synchronising call."""
-        frame = self._frame(msg)
-        if type(msg) is SendToPeer:
-            dest = self._introduced.get(msg.peer)
-            if dest is not None:  # the destination waits for this id instead of failing
-                dest[0]._conn.expects.append((self.id, msg.new_id))
-        self._conn.submit(Item(frame, None))
+        self._exchange(msg, False)
 
     def request(self, msg: Message) -> Any:
         """Send ``msg`` and wait for its reply value (raises the worker's error, or the
-        first error of a message posted before it)."""
+        root cause: the earliest error of a message posted before it)."""
+        return self._exchange(msg, True)
+
+    def _exchange(self, msg: Message, reply: bool = True) -> Any:
+        """Every command passes here (so that :class:`pointers.program.Recording` can
+        capture it): queued when no ``reply`` is awaited, else sent and waited for."""
+        held = self._held_deletes
+        if held is not None and (reply or len(held) >= _DELETE_BATCH):
+            self._flush_deletes()  # recording: deletes are commands of the program
+        if not reply:
+            frame = self._frame(msg)
+            if type(msg) is SendToPeer:
+                dest = self._introduced.get(msg.peer)
+                if dest is not None:  # the destination waits for this id instead of failing
+                    dest[0]._conn.expects.append((self.id, msg.new_id))
+            self._conn.submit(Item(frame, None))
+            return None
         item = Item(self._frame(msg), Future())
         try:
             rh, rb = self._roundtrip(item)
@@ -112,7 +126,34 @@ class NetworkWorker:
 
     def queue_delete(self, obj_id: int) -> None:
         """Called when a pointer dies: no I/O and no lock; travels with a later call."""
-        self._conn.deletes.append(obj_id)
+        held = self._held_deletes
+        (self._conn.deletes if held is None else held).append(obj_id)
+
+    def _flush_deletes(self) -> None:
+        """Send the deletes of dropped pointers now, as one ``Delete`` command."""
+        pending = self._conn.deletes if self._held_deletes is None else self._held_deletes
+        n = len(pending)
+        if n:
+            ids = pending[:n]
+            del pending[:n]
+            self._exchange(Delete(ids), False)
+
+    def _record_deletes(self, on: bool) -> None:
+        """While ``on`` (a program is recorded), deletes are held for :meth:`_flush_deletes`
+        instead of travelling with the next batch, so that the program captures them."""
+        if on:
+            self._held_deletes = []
+            return
+        held, self._held_deletes = self._held_deletes, None
+        if held:
+            self._conn.deletes.extend(held)
+
+    def wait_programs(self, timeout: float | None = None) -> None:
+        """Wait until the programs this client started at the worker (``mpc.plan``) ended,
+        at most ``timeout`` seconds (default: a little less than the call timeout)."""
+        limit = max(self._conn.timeout - 5.0, 1.0)
+        wait = limit if timeout is None else min(max(float(timeout), 0.0), limit)
+        self._inspect("programs", flush=True, info={"timeout": wait})
 
     def introduce(self, peer: Any) -> None:
         """Let this worker deliver objects to ``peer`` directly (party to party)."""

@@ -7,11 +7,18 @@ is an ordinary :class:`pointers.worker.Worker` (same message handler as in proce
 * a :class:`WaitingStore`: commands arrive on the client's connection while peer
   deliveries travel separately, so a command may reach this worker before an object a
   peer delivers to it. The client announces the ids it expects from each peer (the
-  ``expect`` field of its envelopes); a lookup of such an id waits, bounded by the
-  deadline, and then fails with :class:`~pointers.errors.PartyUnavailable`. An id nobody
-  announced fails at once, as in process. Deliveries take the store's own lock, never the
-  namespace's: a worker delivers while it runs a command (under its lock), so two workers
-  delivering to each other at once must not wait on each other's locks.
+  ``expect`` field of its envelopes), and a running program (``mpc.plan``, see
+  :mod:`pointers.program`) promises the ids it or its peers will produce; a lookup of
+  such an id waits, bounded by the deadline, and then fails with
+  :class:`~pointers.errors.PartyUnavailable`. An id nobody announced fails at once, as in
+  process. Deliveries take the store's own lock, never the namespace's: a worker delivers
+  while it runs a command (under its lock), so two workers delivering to each other at
+  once must not wait on each other's locks.
+* a :class:`NamespaceLock`: commands of the client and of the programs it started run one
+  at a time, and a command waiting for an object sets the lock aside until it arrives, so
+  the command (or program) that produces it can run meanwhile: a client's ``get`` waits
+  for a program's output, and a program's step waits for a peer's delivery, without
+  stopping the namespace.
 * a byte limit on what the client stores (``max_stored_bytes``).
 * the network control messages: ``ConnectPeer`` (a link to a peer) and ``AcceptPeer``
   (deliveries from that peer may land in this namespace).
@@ -27,16 +34,14 @@ from typing import Any
 import torch
 
 from .. import serde
-from ..errors import LimitExceeded, NotAllowedError, PartyUnavailable, UnknownObjectError
+from ..errors import LimitExceeded, PartyUnavailable, UnknownObjectError
 from ..messages import (
     AcceptPeer,
     ConnectPeer,
     ErrorReply,
     Fetch,
     Message,
-    RunProgram,
     SendToPeer,
-    StoreProgram,
     encode_message,
 )
 from ..store import Entry, ObjectStore
@@ -55,18 +60,84 @@ def _size(value: Any) -> int:
     return 0
 
 
-class WaitingStore(ObjectStore):
-    """An object store whose lookups wait for announced peer deliveries.
+class NamespaceLock:
+    """A reentrant lock that its owner can set aside while it waits.
 
-    Thread-safe for one command thread plus any number of delivery threads: writes happen
-    under the condition's lock; a lookup of a present object takes no lock.
+    :meth:`suspend` releases it entirely (however deep the owner holds it) and returns
+    what :meth:`resume` needs to take it back as it was. ``threading.RLock`` does this
+    only through private methods, hence this small class.
     """
 
-    def __init__(self, owner: str, *, deadline: float, max_bytes: int | None) -> None:
+    __slots__ = ("_lock", "_owner", "_depth")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def acquire(self) -> bool:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._depth += 1
+            return True
+        self._lock.acquire()
+        self._owner = me
+        self._depth = 1
+        return True
+
+    def release(self) -> None:
+        if self._owner != threading.get_ident():
+            raise RuntimeError("cannot release a namespace lock this thread does not hold")
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+            self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def suspend(self) -> int:
+        """Release the lock if this thread holds it; the depth to resume (0: not held)."""
+        if self._owner != threading.get_ident():
+            return 0
+        depth, self._depth, self._owner = self._depth, 0, None
+        self._lock.release()
+        return depth
+
+    def resume(self, depth: int) -> None:
+        """Take the lock back after :meth:`suspend` returned ``depth``."""
+        if depth:
+            self._lock.acquire()
+            self._owner = threading.get_ident()
+            self._depth = depth
+
+
+class WaitingStore(ObjectStore):
+    """An object store whose lookups wait for announced peer deliveries and for the ids a
+    running program promised.
+
+    Thread-safe for command and program threads (serialised by the namespace's ``lock``)
+    plus any number of delivery threads: writes happen under the condition's lock; a
+    lookup of a present object takes no lock. A lookup that waits suspends ``lock``
+    meanwhile (see :class:`NamespaceLock`).
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        *,
+        deadline: float,
+        max_bytes: int | None,
+        lock: NamespaceLock | None = None,
+    ) -> None:
         super().__init__(owner)
         self.deadline = deadline
         self.max_bytes = max_bytes
         self.bytes = 0
+        self.lock = lock
         self._cond = threading.Condition()
         self._expected: dict[int, str] = {}  # object id -> peer that will deliver it
         self._failed: dict[int, str] = {}  # object id -> why its delivery failed
@@ -90,6 +161,8 @@ class WaitingStore(ObjectStore):
                 )
             self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description)
             self.bytes = total
+            if self._promised:
+                self._promised.pop(obj_id, None)
             if self._waiters:
                 self._cond.notify_all()
 
@@ -113,6 +186,7 @@ class WaitingStore(ObjectStore):
         """A peer could not deliver ``obj_id``: waiting commands fail with ``reason``."""
         with self._cond:
             self._expected.pop(obj_id, None)
+            self._promised.pop(obj_id, None)
             if obj_id not in self._entries and obj_id not in self._dropped:
                 self._failed[obj_id] = f"peer {peer!r} could not deliver object {obj_id}: {reason}"
                 self._cond.notify_all()
@@ -123,6 +197,28 @@ class WaitingStore(ObjectStore):
             for i in obj_ids:
                 if i not in self._entries:
                     self._expected[i] = peer
+
+    def promise(self, ids: list[int]) -> None:
+        """Ids a program started here will produce, or its peers will deliver: lookups of
+        them wait (see :mod:`pointers.program`)."""
+        with self._cond:
+            for i in ids:
+                if i not in self._entries and i not in self._failed:
+                    self._promised[i] = None
+
+    def release_promises(self, ids: list[int]) -> None:
+        with self._cond:
+            for i in ids:
+                if self._promised.get(i, 0) is None:
+                    del self._promised[i]
+            self._cond.notify_all()
+
+    def fail_promises(self, ids: list[int], why: str) -> None:
+        with self._cond:
+            for i in ids:
+                if i in self._promised:
+                    self._promised[i] = why
+            self._cond.notify_all()
 
     def peer_available(self, peer: str) -> None:
         """Forget an earlier timeout of ``peer`` (the client introduced it again)."""
@@ -136,12 +232,23 @@ class WaitingStore(ObjectStore):
                 self.bytes -= _size(e.value)
             elif self._expected.pop(obj_id, None) is not None:
                 self._dropped.add(obj_id)
+            elif obj_id in self._promised:  # a delivery may still come: drop it then
+                del self._promised[obj_id]
+                self._dropped.add(obj_id)
             self._failed.pop(obj_id, None)
 
     def pop(self, obj_id: int) -> Any:
         value = self.get(obj_id)
         self.discard(obj_id)
         return value
+
+    def forget(self, obj_id: int) -> tuple[set[str], str]:
+        """Drop the entry of ``obj_id`` (which must exist); return its tags and description
+        (a move: the caller holds the value). Its bytes no longer count."""
+        with self._cond:
+            e = self._entries.pop(obj_id)
+            self.bytes -= _size(e.value)
+            return e.tags, e.description
 
     def clear(self) -> None:
         with self._cond:
@@ -150,7 +257,9 @@ class WaitingStore(ObjectStore):
             self._failed.clear()
             self._dropped.clear()
             self._unavailable.clear()
+            self._promised.clear()
             self.bytes = 0
+            self._cond.notify_all()
 
     # -- reads -------------------------------------------------------------------------
     def get(self, obj_id: int) -> Any:
@@ -165,37 +274,61 @@ class WaitingStore(ObjectStore):
 
     def _wait(self, obj_id: int) -> Entry:
         end = time.monotonic() + self.deadline
-        with self._cond:
-            while True:
-                e = self._entries.get(obj_id)
-                if e is not None:
-                    return e
-                failed = self._failed.pop(obj_id, None)
-                if failed is not None:
-                    raise PartyUnavailable(failed, None)
-                peer = self._expected.get(obj_id)
-                if peer is None:
-                    raise UnknownObjectError(
-                        f"worker {self.owner!r} holds no object with id {obj_id}"
-                    )
-                reason = self._unavailable.get(peer)
-                if reason is not None:
-                    raise PartyUnavailable(reason, peer)
-                left = end - time.monotonic()
-                if left <= 0:
-                    reason = (
-                        f"worker {self.owner!r} waited {self.deadline:g} s for object {obj_id} "
-                        f"from peer {peer!r}, which did not deliver it: is {peer!r} still "
-                        "running and reachable from this worker?"
-                    )
-                    self._unavailable[peer] = reason
-                    self._expected.pop(obj_id, None)
-                    raise PartyUnavailable(reason, peer)
-                self._waiters += 1
-                try:
-                    self._cond.wait(left)
-                finally:
-                    self._waiters -= 1
+        lock = self.lock
+        while True:
+            depth = 0
+            try:
+                with self._cond:
+                    e = self._entries.get(obj_id)
+                    if e is not None:
+                        return e
+                    left = end - time.monotonic()
+                    self._check(obj_id, left)
+                    self._waiters += 1
+                    try:
+                        if lock is not None:  # let the producer run meanwhile
+                            depth = lock.suspend()
+                        self._cond.wait(left)
+                    finally:
+                        self._waiters -= 1
+            finally:
+                if depth:  # outside the store's lock: the namespace's is taken first
+                    lock.resume(depth)  # type: ignore[union-attr]
+
+    def _check(self, obj_id: int, left: float) -> None:
+        """Raise unless ``obj_id`` may still come (called with the store's lock held)."""
+        failed = self._failed.pop(obj_id, None)
+        if failed is not None:
+            raise PartyUnavailable(failed, None)
+        if obj_id in self._promised:
+            why = self._promised[obj_id]
+            if why is not None:
+                del self._promised[obj_id]
+                raise PartyUnavailable(f"worker {self.owner!r}: {why}", None)
+            if left <= 0:
+                del self._promised[obj_id]
+                raise PartyUnavailable(
+                    f"worker {self.owner!r} waited {self.deadline:g} s for object {obj_id}, "
+                    "which a program or a peer was to produce: are the other parties running "
+                    "and reachable from this worker?",
+                    None,
+                )
+            return
+        peer = self._expected.get(obj_id)
+        if peer is None:
+            raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
+        reason = self._unavailable.get(peer)
+        if reason is not None:
+            raise PartyUnavailable(reason, peer)
+        if left <= 0:
+            reason = (
+                f"worker {self.owner!r} waited {self.deadline:g} s for object {obj_id} "
+                f"from peer {peer!r}, which did not deliver it: is {peer!r} still "
+                "running and reachable from this worker?"
+            )
+            self._unavailable[peer] = reason
+            self._expected.pop(obj_id, None)
+            raise PartyUnavailable(reason, peer)
 
     def search(self, query: list[str]) -> list[int]:
         wanted = set(query)
@@ -243,7 +376,10 @@ class ServedWorker(Worker):
     ) -> None:
         super().__init__(id)
         self.client = client
-        self.store: WaitingStore = WaitingStore(id, deadline=deadline, max_bytes=max_stored_bytes)
+        self._lock = NamespaceLock()  # type: ignore[assignment]
+        self.store: WaitingStore = WaitingStore(
+            id, deadline=deadline, max_bytes=max_stored_bytes, lock=self._lock
+        )
         self.functions.register_all(dict(functions))
         self.accepted: set[str] = set()
         self._link_factory = link_factory
@@ -254,7 +390,9 @@ class ServedWorker(Worker):
         with self._lock:
             self._control = False
             out = super().handle_frames(header, buffers)
-            if self._control:  # introductions are control traffic: uncounted, as in process
+            # (reset after reading: a command that waited let other commands run meanwhile)
+            control, self._control = self._control, False
+            if control:  # introductions are control traffic: uncounted, as in process
                 stats = self.stats
                 stats.messages_received -= 1
                 stats.bytes_received -= serde.nbytes(header, buffers)
@@ -277,11 +415,6 @@ class ServedWorker(Worker):
             return value
         if kind is SendToPeer:
             return self._send_to_peer(msg)  # type: ignore[arg-type]
-        if kind is RunProgram or kind is StoreProgram:
-            # a program's threads would wait for each other under this namespace's lock
-            raise NotAllowedError(
-                "recorded programs (mpc.plan) run on in-process workers only for now"
-            )
         if kind is ConnectPeer:
             self._control = True
             if msg.peer == self.id:  # type: ignore[attr-defined]
@@ -313,6 +446,13 @@ class ServedWorker(Worker):
                 except Exception:  # noqa: S110 - the original error is what matters
                     pass
             raise
+
+    def wait_programs(self, timeout: float | None = None) -> None:
+        """Wait until this client's programs ended, ``timeout`` seconds at most in all."""
+        end = None if timeout is None else time.monotonic() + timeout
+        for t in list(self._program_threads):
+            t.join(None if end is None else max(end - time.monotonic(), 0.0))
+        self._program_threads = [t for t in self._program_threads if t.is_alive()]
 
     def clear(self) -> None:
         """Forget every object and zero the counters (the client asked for a fresh start)."""

@@ -392,6 +392,12 @@ class WorkerServer:
             elif what == "reset":
                 ns.clear()
                 out = {}
+            elif what == "programs":  # wait (bounded) for the programs this client started
+                timeout = info_field(info, "timeout", (int, float), None)
+                if timeout is None or not 0 <= timeout <= 3600:
+                    raise FrameError("waiting for programs needs a timeout in [0, 3600] s")
+                ns.wait_programs(float(timeout))
+                out = {}
             else:
                 raise FrameError(f"unknown inspection {what!r}")
             out["epoch"] = self.epoch

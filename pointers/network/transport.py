@@ -5,7 +5,8 @@ a :mod:`~pointers.network.framing` envelope, so msgpack stays the only format):
 
 * ``Exec``: a batch of a client's messages, run in order in the client's namespace;
 * ``Deliver``: a peer worker delivers one object into a client's namespace;
-* ``Inspect``: hello, counters, object ids, reset (not counted as messages).
+* ``Inspect``: hello, counters, object ids, reset, waiting for the client's programs (not
+  counted as messages).
 """
 
 from __future__ import annotations
