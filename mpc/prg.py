@@ -93,12 +93,12 @@ class PRG:
     def int64(self, shape: ShapeLike) -> torch.Tensor:
         """Uniform int64 ring elements of ``shape`` (a fresh tensor the caller owns)."""
         dims, n = _numel(shape)
-        out = np.empty(n, dtype=np.int64)
+        out = np.empty(dims, dtype=np.int64)  # shaped here: the tensor is not a view
         if n:
-            self._fill(out.view(np.uint8).data)
+            self._fill(memoryview(out).cast("B"))
         if sys.byteorder == "big":  # little-endian words: same seed, same tensor on any host
             out.byteswap(inplace=True)
-        return torch.from_numpy(out).reshape(dims)
+        return torch.from_numpy(out)
 
     def bits(self, shape: ShapeLike) -> torch.Tensor:
         """Uniform bits (int64 zeros and ones) of ``shape``, 8 per keystream byte."""

@@ -205,8 +205,9 @@ def encode_message(msg: Message) -> tuple[bytes, list[torch.Tensor]]:
     return serde.encode([msg.KIND, *[getattr(msg, n) for n in _FIELD_NAMES[msg.KIND]]])
 
 
-def decode_message(header: bytes, buffers: list[Any]) -> Message:
-    return message_from_list(serde.decode(header, buffers))
+def decode_message(header: bytes, buffers: list[Any], copy: bool = True) -> Message:
+    """Decode a message; ``copy=False`` takes in-process tensor buffers over as they are."""
+    return message_from_list(serde.decode(header, buffers, copy=copy))
 
 
 def message_to_list(msg: Message) -> list[Any]:

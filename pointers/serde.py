@@ -153,10 +153,11 @@ def encode(obj: Any) -> tuple[bytes, list[torch.Tensor]]:
     return header, buffers
 
 
-def decode(header: bytes, buffers: list[Any]) -> Any:
+def decode(header: bytes, buffers: list[Any], copy: bool = True) -> Any:
     """Decode a header produced by :func:`encode`.
 
-    ``buffers`` holds tensors (in-process: they are copied) or bytes-like objects (network).
+    ``buffers`` holds tensors (in-process: they are copied unless ``copy`` is False, for a
+    sender that gives them up) or bytes-like objects (network).
     Raises :class:`DecodeError` on anything malformed.
     """
 
@@ -170,7 +171,7 @@ def decode(header: bytes, buffers: list[Any]) -> Any:
                 raise DecodeError(f"tensor buffer index {index!r} out of range")
             if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
                 raise DecodeError(f"malformed tensor shape {shape!r}")
-            return _tensor_from_buffer(buffers[index], dtype_from_name(name), shape)
+            return _tensor_from_buffer(buffers[index], dtype_from_name(name), shape, copy)
         if code == _EXT_REF:
             if len(data) != _REF.size:
                 raise DecodeError("malformed object reference")
@@ -211,14 +212,18 @@ def decode(header: bytes, buffers: list[Any]) -> Any:
         raise DecodeError(f"malformed message: {type(e).__name__}: {e}") from e
 
 
-def _tensor_from_buffer(buf: Any, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+def _tensor_from_buffer(
+    buf: Any, dtype: torch.dtype, shape: list[int], copy: bool = True
+) -> torch.Tensor:
     numel = 1
     for s in shape:
         numel *= s
     if isinstance(buf, torch.Tensor):
         if buf.dtype != dtype or buf.numel() != numel:
             raise DecodeError("tensor buffer does not match its header")
-        return buf.clone().view(shape)
+        if not copy and list(buf.shape) == shape:
+            return buf
+        return buf.view(shape).clone()
     raw = bytes(buf) if not isinstance(buf, bytes | bytearray | memoryview) else buf
     itemsize = torch.empty((), dtype=dtype).element_size()
     if len(raw) != numel * itemsize:

@@ -103,6 +103,11 @@ class ObjectStore:
         self._entries.pop(obj_id, None)
         return value
 
+    def forget(self, obj_id: int) -> tuple[set[str], str]:
+        """Drop the entry of ``obj_id`` (which must exist); return its tags and description."""
+        entry = self._entries.pop(obj_id)
+        return entry.tags, entry.description
+
     def discard(self, obj_id: int) -> None:
         self._entries.pop(obj_id, None)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,33 @@ from .store import ObjectStore
 
 Frames = tuple[bytes, list[Any]]
 _OK_NONE = encode_message(Reply(None))[0]
+
+
+def _refs_and_uses(t: Any) -> tuple[int, int]:
+    """Python references to ``t`` and tensors using its memory (as seen from here)."""
+    return sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _lone_tensor() -> tuple[int, int]:
+    t = torch.empty(2)
+    return _refs_and_uses(t)
+
+
+try:
+    _LONE = _lone_tensor()  # a tensor held by one local name, its memory by nobody else
+except (AttributeError, RuntimeError):  # the private counter is gone: never donate
+    _LONE = (-1, -1)
+
+
+def _sole_owner(value: Any) -> bool:
+    """Whether the caller's one local name is all that refers to the plain tensor
+    ``value`` and to its memory (no other name, store entry, view or base), so that an
+    in-process peer may take it over without a copy."""
+    if type(value) is not torch.Tensor or not value.is_contiguous():
+        return False
+    return _refs_and_uses(value) == (_LONE[0] + 1, _LONE[1])  # + this function's parameter
+
+
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches
 
 
@@ -93,14 +121,17 @@ class Worker:
         self._program_threads = [t for t in self._program_threads if t.is_alive()]
 
     # -- serving ---------------------------------------------------------------------
-    def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
-        """Decode one request, run it, return the encoded reply. Never raises."""
+    def handle_frames(self, header: bytes, buffers: list[Any], donated: bool = False) -> Frames:
+        """Decode one request, run it, return the encoded reply. Never raises.
+
+        ``donated``: the buffers are tensors nobody else refers to (an in-process peer
+        moving an object), taken over without a copy."""
         with self._lock:
             stats = self.stats
             stats.messages_received += 1
             stats.bytes_received += serde.nbytes(header, buffers) if buffers else len(header)
             try:
-                msg = decode_message(header, buffers)
+                msg = decode_message(header, buffers, copy=not donated)
                 value = self._run(msg)
                 reply: Message | None = None if value is None else Reply(value)
             except Exception as e:  # every failure becomes an error reply
@@ -164,9 +195,16 @@ class Worker:
             return [tensor_meta(self.store.get(i)) for i in msg.obj_ids]
         if isinstance(msg, SendToPeer):
             value = self.store.get(msg.obj_id)
-            self.deliver(msg.peer, msg.new_id, value)
-            if msg.delete:
-                self.store.discard(msg.obj_id)
+            if not msg.delete:
+                self.deliver(msg.peer, msg.new_id, value)
+                return None
+            tags, description = self.store.forget(msg.obj_id)  # a move: drop the store's ref
+            donate = _sole_owner(value)  # before ``value`` is also an argument on the stack
+            try:
+                self.deliver(msg.peer, msg.new_id, value, donate=donate)
+            except BaseException:
+                self.store.put(msg.obj_id, value, tags, description)  # nothing lost on failure
+                raise
             return None
         if isinstance(msg, StorePlan):  # validated op by op before it is stored
             self.store.put(msg.obj_id, plan_from_wire(msg.plan, self.functions))
@@ -231,15 +269,22 @@ class Worker:
         return None
 
     # -- peer delivery -----------------------------------------------------------------
-    def deliver(self, peer: str, obj_id: int, value: Any) -> None:
-        """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``."""
+    def deliver(self, peer: str, obj_id: int, value: Any, donate: bool = False) -> None:
+        """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``.
+
+        ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); an
+        in-process peer then takes the tensor over instead of copying it."""
         link = self._peer_links.get(peer)
         if link is None:
             raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
         header, buffers = encode_message(Store(obj_id, value, [], ""))
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
-        rh, rb = link.handle_frames(header, buffers)
+        if donate and isinstance(link, VirtualWorker):
+            del value
+            rh, rb = link.handle_frames(header, buffers, donated=True)
+        else:
+            rh, rb = link.handle_frames(header, buffers)
         reply = decode_message(rh, rb)
         if isinstance(reply, ErrorReply):
             raise RemoteError(peer, reply.kind, reply.message)

@@ -215,17 +215,17 @@ class Audit:
                 self._record(w.id, "stored", value)
             return put(obj_id, value, *args, **kwargs)
 
-        def audited_handle(header: bytes, buffers: list[Any]) -> Any:
-            msg = decode_message(header, buffers)
+        def audited_handle(header: bytes, buffers: list[Any], **kwargs: Any) -> Any:
+            msg = decode_message(header, buffers)  # a copy: the real decode may take buffers
             self.kinds[(w.id, type(msg).__name__)] += 1
             for f in fields(msg):
                 if f.name in ("args", "kwargs", "value"):
                     self._record(w.id, f"received {type(msg).__name__}", getattr(msg, f.name))
-            return handle(header, buffers)
+            return handle(header, buffers, **kwargs)
 
-        def audited_deliver(peer: str, obj_id: int, value: Any) -> None:
+        def audited_deliver(peer: str, obj_id: int, value: Any, **kwargs: Any) -> None:
             self._record(w.id, f"sent to {peer}", value)
-            return deliver(peer, obj_id, value)
+            return deliver(peer, obj_id, value, **kwargs)
 
         monkeypatch.setattr(w.store, "put", audited_put)
         monkeypatch.setattr(w, "handle_frames", audited_handle)

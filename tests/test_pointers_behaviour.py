@@ -117,6 +117,36 @@ def test_move_and_copy(alice, bob):
     assert alice.stats.peer_messages_sent == 1
 
 
+def _stored_data_ptrs(worker):
+    return [t.data_ptr() for t in worker.objects.values()]
+
+
+def test_in_process_move_hands_the_memory_over_and_copies_otherwise():
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    alice.introduce(bob)
+    alice.introduce(carol)
+    p = pt.send(torch.arange(1000), alice)
+    (before,) = _stored_data_ptrs(alice)
+    m = p.move(bob)  # nothing else refers to the tensor at alice: no copy
+    assert _stored_data_ptrs(bob) == [before] and len(alice.objects) == 0
+    m.add_(1)
+    assert torch.equal(m.get(), torch.arange(1000) + 1)
+
+    q = pt.send(torch.arange(1000), alice)
+    v = q.view(10, 100)  # a view at alice keeps the memory in use: the move copies
+    (kept,) = set(_stored_data_ptrs(alice))
+    moved = q.move(carol)
+    assert _stored_data_ptrs(carol) != [kept]
+    moved.add_(1)  # alice's view is unaffected
+    assert torch.equal(v.get(), torch.arange(1000).view(10, 100))
+    assert torch.equal(moved.get(), torch.arange(1000) + 1)
+
+    r = pt.send(torch.arange(1000), alice)
+    c = r.copy_to(bob)  # a copy never shares memory
+    c.add_(1)
+    assert torch.equal(r.get(), torch.arange(1000))
+
+
 def test_tags_and_search():
     x = torch.tensor([1.0, 2.0, 3.0])
     dev = pt.VirtualWorker("device_1", data=(pt.tag(x, "input_data"), torch.zeros(1)))
