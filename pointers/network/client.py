@@ -84,13 +84,14 @@ class NetworkWorker:
         root cause: the earliest error of a message posted before it)."""
         return self._exchange(msg, True)
 
-    def _exchange(self, msg: Message, reply: bool = True) -> Any:
+    def _exchange(self, msg: Message, wait: bool = True) -> Any:
         """Every command passes here (so that :class:`pointers.program.Recording` can
-        capture it): queued when no ``reply`` is awaited, else sent and waited for."""
+        capture it): queued when no reply is awaited (``wait=False``), else sent and its
+        reply value returned."""
         held = self._held_deletes
-        if held is not None and (reply or len(held) >= _DELETE_BATCH):
+        if held is not None and (wait or len(held) >= _DELETE_BATCH):
             self._flush_deletes()  # recording: deletes are commands of the program
-        if not reply:
+        if not wait:
             frame = self._frame(msg)
             if type(msg) is SendToPeer:
                 dest = self._introduced.get(msg.peer)

@@ -376,9 +376,10 @@ class ServedWorker(Worker):
     ) -> None:
         super().__init__(id)
         self.client = client
-        self._lock = NamespaceLock()  # type: ignore[assignment]
+        lock = NamespaceLock()
+        self._lock = lock  # type: ignore[assignment]
         self.store: WaitingStore = WaitingStore(
-            id, deadline=deadline, max_bytes=max_stored_bytes, lock=self._lock
+            id, deadline=deadline, max_bytes=max_stored_bytes, lock=lock
         )
         self.functions.register_all(dict(functions))
         self.accepted: set[str] = set()
