@@ -10,14 +10,22 @@ RING_BITS = 64
 @dataclass(frozen=True)
 class MPCConfig:
     """``frac_bits``: fractional bits of the fixed-point encoding of floats (default 16).
+    ``concurrent_from``: operand size (elements) from which in-process parties run an op
+    side by side, one thread each (default 2^15; ``None``: always one after the other).
 
     Products are exact in the ring while |value| < 2^(62 - 2 * frac_bits) before
     truncation (2^30 at 16 bits); see docs/secret-sharing.md for the error bounds.
     """
 
     frac_bits: int = 16
+    # In-process parties (VirtualWorkers) run an op concurrently, one thread each (see
+    # pointers.concurrently), when an operand has at least this many elements; None: never.
+    concurrent_from: int | None = 1 << 15
 
     def __post_init__(self) -> None:
+        c = self.concurrent_from
+        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
+            raise ValueError(f"concurrent_from must be a non-negative int or None, got {c!r}")
         if not isinstance(self.frac_bits, int) or isinstance(self.frac_bits, bool):
             raise TypeError(f"frac_bits must be an int, got {type(self.frac_bits).__name__}")
         if not 0 <= self.frac_bits <= 28:

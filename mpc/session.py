@@ -8,8 +8,10 @@ pointers to the seeds; it never fetches them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -96,6 +98,15 @@ class Session:
             raise PartyMismatchError(
                 f"operands are shared among different parties: {self.key} and {other.key}"
             )
+
+    def concurrently(self, numel: int) -> AbstractContextManager[Any]:
+        """Run the commands of an op on ``numel``-element operands with every in-process
+        worker in its own thread (:func:`pointers.concurrently`) if the op is large enough
+        (``config.concurrent_from``); otherwise one after the other."""
+        start = self.config.concurrent_from
+        if start is None or numel < start:
+            return contextlib.nullcontext()
+        return pt.concurrently(*self.parties, *([self.dealer] if self.dealer is not None else []))
 
     def watch(self) -> None:
         accounting.watch(self.parties, self.dealer)

@@ -60,7 +60,8 @@ class SharedTensor(torch.Tensor):
         if self.pending:
             from .protocols.arith import truncate
 
-            self.shares = truncate(self.session, self.shares, self.pending)
+            with self.session.concurrently(self.numel()):
+                self.shares = truncate(self.session, self.shares, self.pending)
             self.frac_bits -= self.pending
             self.pending = 0
         return self
@@ -119,16 +120,23 @@ class SharedTensor(torch.Tensor):
         handler = OPS.get(func)
         if handler is None:
             raise UnsupportedOpError(str(func))
-        watched = False
+        session: Session | None = None
+        numel = 0
         for a in args:
             for t in a if isinstance(a, list | tuple) else (a,):
                 if isinstance(t, SharedTensor):
-                    if not watched:
-                        t.session.watch()
-                        watched = True
-                    if t.pending and handler not in LAZY:
+                    if session is None:
+                        session = t.session
+                        session.watch()
+                    numel = max(numel, t.numel())
+        if session is None:
+            return handler(func, args, kwargs or {})
+        with session.concurrently(numel):
+            for a in args:
+                for t in a if isinstance(a, list | tuple) else (a,):
+                    if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
                         t.materialize()
-        return handler(func, args, kwargs or {})
+            return handler(func, args, kwargs or {})
 
 
 def _needs_get(what: str) -> MPCError:

@@ -7,6 +7,7 @@
 tensor([2., 4.])
 """
 
+from .concurrent import concurrently
 from .errors import (
     DecodeError,
     LimitExceeded,
@@ -38,6 +39,7 @@ from .worker import VirtualWorker, Worker, WorkerStats
 
 __all__ = [
     "Aggregator",
+    "concurrently",
     "DecodeError",
     "FedAvgHistory",
     "FederatedDataLoader",

@@ -32,6 +32,7 @@ class ObjectStore:
         self.owner = owner
         self._entries: dict[int, Entry] = {}
         self._promised: dict[int, str | None] = {}  # id -> failure message (None: pending)
+        self._patient: set[int] = set()  # promised ids whose lookups wait without a deadline
         self.condition = condition or threading.Condition(threading.RLock())
         self.wait_seconds = wait_seconds
 
@@ -40,13 +41,19 @@ class ObjectStore:
     ) -> None:
         self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description)
         if self._promised and self._promised.pop(obj_id, 0) is None:
+            self._patient.discard(obj_id)
             with self.condition:
                 self.condition.notify_all()
 
-    def promise(self, ids: list[int]) -> None:
+    def promise(self, ids: list[int], patient: bool = False) -> None:
+        """Lookups of ``ids`` wait for them; ``patient``: without a deadline (an in-process
+        delivery posted earlier, see :mod:`pointers.concurrent`, which fails the promise
+        rather than leave it hanging)."""
         for i in ids:
             if i not in self._entries:
                 self._promised[i] = None
+                if patient:
+                    self._patient.add(i)
 
     def release_promises(self, ids: list[int]) -> None:
         """Forget the pending promises among ``ids`` (failed ones stay until a waiter reads
@@ -55,6 +62,7 @@ class ObjectStore:
             for i in ids:
                 if self._promised.get(i, 0) is None:
                     del self._promised[i]
+                self._patient.discard(i)
             self.condition.notify_all()
 
     def fail_promises(self, ids: list[int], why: str) -> None:
@@ -73,6 +81,7 @@ class ObjectStore:
         return entry.value
 
     def _wait(self, obj_id: int) -> Entry | None:
+        patient = obj_id in self._patient
         deadline = time.monotonic() + self.wait_seconds
         with self.condition:
             while obj_id not in self._entries:
@@ -80,7 +89,7 @@ class ObjectStore:
                 if why is not None:
                     self._promised.pop(obj_id, None)
                     raise PartyUnavailable(f"worker {self.owner!r}: {why}")
-                left = deadline - time.monotonic()
+                left = self.wait_seconds if patient else deadline - time.monotonic()
                 if left <= 0 or obj_id not in self._promised:
                     self._promised.pop(obj_id, None)
                     raise PartyUnavailable(

@@ -289,6 +289,27 @@ class Worker:
         if isinstance(reply, ErrorReply):
             raise RemoteError(peer, reply.kind, reply.message)
 
+    def send_to_peer_unlocked(self, msg: SendToPeer) -> None:
+        """Run ``msg`` holding this worker's lock only to read (for a move: to drop) the
+        object, not while the peer stores it: two workers delivering to each other at once
+        must not wait on each other's locks. Counted like any other command."""
+        with self._lock:
+            self.stats.messages_received += 1
+            value = self.store.get(msg.obj_id)
+            if msg.delete:
+                tags, description = self.store.forget(msg.obj_id)
+            donate = msg.delete and _sole_owner(value)
+        try:
+            self.deliver(msg.peer, msg.new_id, value, donate=donate)
+        except BaseException:
+            if msg.delete:
+                with self._lock:
+                    self.store.put(msg.obj_id, value, tags, description)
+            raise
+        finally:
+            with self._lock:
+                self.stats.messages_sent += 1
+
     def take(self, obj_id: int) -> Any:
         """Remove and return a stored object (used by registered functions)."""
         return self.store.pop(obj_id)
@@ -313,6 +334,7 @@ class VirtualWorker(Worker):
         # in different sessions do not look alike.
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._pending_deletes: list[int] = []
+        self._block: Any = None  # the pointers.concurrent block this worker runs in, if any
         for t in data:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"worker data must be tensors, got {type(t).__name__}")
@@ -330,12 +352,19 @@ class VirtualWorker(Worker):
         return self._exchange(msg)
 
     def post(self, msg: Message) -> None:
-        """Send ``msg`` without needing its value (in process: errors raise at once)."""
+        """Send ``msg`` without needing its value (in process: errors raise at once, or at
+        the end of a :func:`~pointers.concurrently` block)."""
         if len(self._pending_deletes) >= _DELETE_BATCH:
             self._flush_deletes()
-        self._exchange(msg)
+        self._exchange(msg, False)
 
-    def _exchange(self, msg: Message) -> Any:
+    def _exchange(self, msg: Message, reply: bool = True) -> Any:
+        block = self._block
+        if block is not None:  # running concurrently (pointers.concurrent)
+            if not reply:
+                block.post(self, msg)
+                return None
+            block.barrier()  # a reply needs everything posted before it done
         header, buffers = encode_message(msg)
         rh, rb = self.handle_frames(header, buffers)
         if rh == _OK_NONE and not rb:
@@ -359,7 +388,7 @@ class VirtualWorker(Worker):
             return
         ids = pending[:n]
         del pending[:n]
-        self._exchange(Delete(ids))
+        self._exchange(Delete(ids), False)
 
     def introduce(self, peer: Worker) -> None:
         """Let this worker deliver objects to ``peer`` directly."""

@@ -58,18 +58,23 @@ FEW = settings(SETTINGS, max_examples=4)
 
 
 class Parties:
-    """Fresh parties and a crypto provider; ``share`` secret-shares a tensor among them."""
+    """Fresh parties and a crypto provider; ``share`` secret-shares a tensor among them.
+
+    In-process parties run one after the other with 2 parties, and concurrently (one thread
+    each, see pointers.concurrently) with 3, whatever the size: both modes see every test.
+    """
 
     def __init__(self, make_worker: Callable[[str], Any], n: int, kind: str) -> None:
         self.workers = [make_worker(f"party{i}") for i in range(n)]
         self.dealer = make_worker("dealer")
         self.kind = kind
+        self.config = mpc.MPCConfig(concurrent_from=0 if n == 3 else None)
 
     def share(self, t: Any) -> mpc.SharedTensor:
-        return mpc.share(t, *self.workers, crypto_provider=self.dealer)
+        return mpc.share(t, *self.workers, crypto_provider=self.dealer, config=self.config)
 
     def share_model(self, m: nn.Module) -> nn.Module:
-        return mpc.share(m, *self.workers, crypto_provider=self.dealer)
+        return mpc.share(m, *self.workers, crypto_provider=self.dealer, config=self.config)
 
 
 @pytest.fixture(params=[2, 3], ids=lambda n: f"{n}parties")

@@ -1,0 +1,219 @@
+"""In-process workers that run their commands concurrently, each in its own thread.
+
+By default a :class:`~pointers.worker.VirtualWorker` runs every command in the caller's
+thread, one after the other, whoever it is for. Real parties run side by side; inside
+``with pt.concurrently(alice, bob, carol):`` in-process workers do too. Each listed
+``VirtualWorker`` gets a *lane*: a thread that runs the commands posted to that worker in
+the order they were posted, while the client goes on posting. Torch kernels and AES release
+the GIL, so parties' work on large tensors overlaps on several cores.
+
+Semantics stay those of running the commands one by one in posting order:
+
+* each worker runs its own commands in order;
+* an object a worker delivers to a peer (``copy_to``, ``move``) is *promised* at the peer
+  when the command is posted, so a peer command that uses it waits for it to arrive (only
+  a program that was valid one command at a time is accepted, and for those the waits end:
+  a delivery precedes its use in posting order);
+* a command that needs a reply (``get``, meta inference, ``search``) first waits until
+  every lane of the block is idle, then runs as usual;
+* the first failure (in posting order) is raised when the block ends or at the next
+  command that needs a reply; the commands posted after it are skipped (deletes still run)
+  and every promise still open is failed, so nothing waits for a delivery that will not
+  come.
+
+Workers that are not ``VirtualWorker`` (network workers already run in their own
+processes) and workers already inside a block are left as they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .errors import RemoteError
+from .messages import Delete, ErrorReply, Message, SendToPeer, decode_message, encode_message
+
+__all__ = ["ConcurrentBlock", "concurrently"]
+
+
+class _Lane:
+    """One worker's thread inside a block: runs that worker's posted commands in order."""
+
+    def __init__(self, worker: Any, block: ConcurrentBlock) -> None:
+        self.worker, self.block = worker, block
+        self.items: deque[tuple[int, bytes, list[Any], bool, list[tuple[Any, int]]]] = deque()
+        self.pending = 0  # posted and not yet finished
+        self.closing = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(
+            target=self._loop, name=f"pointers-lane-{worker.id}", daemon=True
+        )
+        self.thread.start()
+
+    def put(
+        self, seq: int, header: bytes, buffers: list[Any], delete: bool, gives: list[Any]
+    ) -> None:
+        with self.cond:
+            self.items.append((seq, header, buffers, delete, gives))
+            self.pending += 1
+            self.cond.notify_all()
+
+    def wait_idle(self) -> None:
+        with self.cond:
+            while self.pending:
+                self.cond.wait()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.items and not self.closing:
+                    self.cond.wait()
+                if not self.items:
+                    return
+                seq, header, buffers, delete, gives = self.items.popleft()
+            try:
+                self._run(seq, header, buffers, delete, gives)
+            except BaseException as e:  # noqa: BLE001 - handle_frames never raises; be safe
+                self.block.fail(seq, e)
+            finally:
+                with self.cond:
+                    self.pending -= 1
+                    self.cond.notify_all()
+
+    def _run(
+        self, seq: int, header: bytes, buffers: list[Any], delete: bool, gives: list[Any]
+    ) -> None:
+        block, worker = self.block, self.worker
+        if block.failed and not delete:
+            return  # skipped: its promises were failed with the block
+        if gives:  # a SendToPeer: delivered without holding this worker's lock
+            try:
+                msg = decode_message(header, buffers)
+                assert isinstance(msg, SendToPeer)
+                worker.send_to_peer_unlocked(msg)
+            except Exception as e:
+                block.fail(seq, RemoteError(worker.id, type(e).__name__, str(e)))
+            return
+        rh, rb = worker.handle_frames(header, buffers, donated=True)
+        if rb or rh != block.ok_reply:
+            reply = decode_message(rh, rb)
+            if isinstance(reply, ErrorReply):
+                block.fail(seq, RemoteError(worker.id, reply.kind, reply.message))
+
+
+class ConcurrentBlock:
+    """The state of one ``with concurrently(...)`` block (see the module docstring)."""
+
+    def __init__(self, workers: Iterable[Any], ok_reply: bytes) -> None:
+        from .worker import VirtualWorker
+
+        seen: set[int] = set()
+        self.workers = []
+        for w in workers:
+            if isinstance(w, VirtualWorker) and w._block is None and id(w) not in seen:
+                seen.add(id(w))
+                self.workers.append(w)
+        self.ok_reply = ok_reply
+        self.lanes: dict[int, _Lane] = {}
+        self.seq = itertools.count()
+        self.lock = threading.Lock()
+        self.failed = False
+        self.error: tuple[int, BaseException] | None = None
+        self.reported = False
+        self.promised: list[tuple[Any, int]] = []
+
+    # -- lifecycle -------------------------------------------------------------------
+    def __enter__(self) -> ConcurrentBlock:
+        for w in self.workers:
+            self.lanes[id(w)] = _Lane(w, self)
+            w._block = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.wait_idle()
+        finally:
+            for w in self.workers:
+                w._block = None
+            for lane in self.lanes.values():
+                lane.close()
+            self._release_promises()
+        if exc_type is None:
+            self.raise_error()
+
+    # -- client side -----------------------------------------------------------------
+    def post(self, worker: Any, msg: Message) -> None:
+        """Queue ``msg`` for ``worker``'s lane (called by ``VirtualWorker._exchange``)."""
+        header, buffers = encode_message(msg)
+        # the lane decodes later: take a snapshot of the caller's tensors now
+        buffers = [b.clone() if isinstance(b, torch.Tensor) else b for b in buffers]
+        gives: list[tuple[Any, int]] = []
+        if type(msg) is SendToPeer:
+            peer = worker._peer_links.get(msg.peer)
+            if peer is not None and hasattr(peer, "_block"):  # an in-process peer
+                # registered before any command that uses it is queued (no lock needed:
+                # that command's lane reads the promise after this)
+                peer.store.promise([msg.new_id], patient=True)
+                with self.lock:
+                    self.promised.append((peer, msg.new_id))
+            gives.append((peer, msg.new_id))
+        seq = next(self.seq)
+        self.lanes[id(worker)].put(seq, header, buffers, type(msg) is Delete, gives)
+
+    def wait_idle(self) -> None:
+        """Wait until every lane has run everything posted to it."""
+        for lane in self.lanes.values():
+            lane.wait_idle()
+
+    def barrier(self) -> None:
+        """Wait for the lanes, then raise the block's first failure (once)."""
+        self.wait_idle()
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        if self.error is not None and not self.reported:
+            self.reported = True
+            raise self.error[1]
+
+    # -- lane side -------------------------------------------------------------------
+    def fail(self, seq: int, error: BaseException) -> None:
+        with self.lock:
+            if self.error is None or seq < self.error[0]:
+                self.error = (seq, error)
+            first = not self.failed
+            self.failed = True
+            promised = list(self.promised) if first else []
+        why = f"an earlier command failed: {error}"
+        for peer, obj_id in promised:
+            peer.store.fail_promises([obj_id], why)
+
+    def _release_promises(self) -> None:
+        by_store: dict[int, tuple[Any, list[int]]] = {}
+        for peer, obj_id in self.promised:
+            by_store.setdefault(id(peer), (peer, []))[1].append(obj_id)
+        for peer, ids in by_store.values():
+            peer.store.release_promises(ids)
+        self.promised = []
+
+
+def concurrently(*workers: Any) -> ConcurrentBlock:
+    """``with concurrently(alice, bob, carol):`` runs the in-process workers' commands
+    concurrently, one thread per worker, with the results of running them one by one.
+
+    Worth it for commands on large tensors; for small ones the threads' hand-offs cost
+    more than they save. Network workers and workers already in a block are unaffected.
+    """
+    from .worker import _OK_NONE
+
+    return ConcurrentBlock(workers, _OK_NONE)
