@@ -149,6 +149,17 @@ def test_stored_bytes_limit_per_client(served):
     assert pt.send(torch.ones(25 << 10), alice).get().sum() == 25 << 10
 
 
+def test_moved_objects_no_longer_count_against_the_limit(served):
+    start, connect = served
+    a_srv, b_srv = start("alice", max_stored_bytes=256 << 10), start("bob")
+    alice, bob = connect(a_srv), connect(b_srv)
+    for _ in range(3):  # 3 x 2 x 100 KiB pass through alice's 256 KiB
+        moved = [pt.send(torch.zeros(25 << 10), alice).move(bob) for _ in range(2)]
+        alice.sync()
+        assert all(m.get().shape == (25 << 10,) for m in moved)
+    assert len(alice.objects) == 0
+
+
 def test_ops_over_the_limit_fail_cleanly(served):
     start, connect = served
     srv = start("alice", max_stored_bytes=64 << 10)
