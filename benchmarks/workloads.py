@@ -650,10 +650,10 @@ class _DealerTimer:
             return self
         inner = self.worker.handle_frames
 
-        def timed(header: bytes, buffers: list[Any]) -> Any:
+        def timed(header: bytes, buffers: list[Any], **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                return inner(header, buffers)
+                return inner(header, buffers, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t0
 

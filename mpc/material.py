@@ -6,7 +6,7 @@ party expands its own seed locally. The orchestrating client only passes object 
 public parameters (shapes, nonces); it never sees a seed, a triple or a mask.
 
 Seed expansion: a party's 16-byte seed ``s`` and a public ``(nonce, tag)`` give the key
-``AES_s(nonce || tag)`` of a fresh AES-CTR stream (AES as a PRF), so each piece of
+``AES_s(nonce || tag)`` of a fresh AES counter-mode stream (AES as a PRF), so each piece of
 material has its own stream and both sides derive it without talking.
 """
 

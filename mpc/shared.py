@@ -146,7 +146,7 @@ def _needs_get(what: str) -> MPCError:
 def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None) -> SharedTensor:
     """Split ``x`` into additive shares and send share i to party i.
 
-    The caller (the data owner) draws the shares from a CSPRNG (AES-CTR seeded by
+    The caller (the data owner) draws the shares from a CSPRNG (AES counter mode seeded by
     os.urandom); floats are encoded in fixed point, integers shared exactly.
     """
     if isinstance(x, SharedTensor):

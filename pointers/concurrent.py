@@ -27,8 +27,10 @@ processes) and workers already inside a block are left as they are.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -41,19 +43,57 @@ from .messages import Delete, ErrorReply, Message, SendToPeer, decode_message, e
 __all__ = ["ConcurrentBlock", "concurrently"]
 
 
-class _Lane:
-    """One worker's thread inside a block: runs that worker's posted commands in order."""
+LANE_IDLE_SECONDS = 2.0  # a lane's thread ends after this long without a block
 
-    def __init__(self, worker: Any, block: ConcurrentBlock) -> None:
-        self.worker, self.block = worker, block
+# Lanes whose thread may still run: stopped at interpreter exit, before daemon threads are
+# frozen (a thread frozen inside torch aborts the process). Bookkeeping of threads only.
+_LIVE_LANES: weakref.WeakSet[_Lane] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_lanes() -> None:
+    for lane in list(_LIVE_LANES):
+        lane.stop()
+
+
+class _Lane:
+    """A worker's thread for concurrent blocks: runs the commands posted to that worker, in
+    order. It outlives a block (the next block reuses it, with its warm allocator arena)
+    and ends after :data:`LANE_IDLE_SECONDS` without one."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.block: ConcurrentBlock | None = None
         self.items: deque[tuple[int, bytes, list[Any], bool, list[tuple[Any, int]]]] = deque()
         self.pending = 0  # posted and not yet finished
-        self.closing = False
+        self.alive = True
+        self.stopping = False
         self.cond = threading.Condition()
         self.thread = threading.Thread(
             target=self._loop, name=f"pointers-lane-{worker.id}", daemon=True
         )
         self.thread.start()
+        _LIVE_LANES.add(self)
+
+    def stop(self) -> None:
+        """End the thread once it has run what was posted (used at interpreter exit)."""
+        with self.cond:
+            self.block = None
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join(timeout=10)
+
+    def claim(self, block: ConcurrentBlock) -> bool:
+        with self.cond:
+            if not self.alive:
+                return False
+            self.block = block
+            return True
+
+    def release(self) -> None:
+        with self.cond:
+            self.block = None
+            self.cond.notify_all()
 
     def put(
         self, seq: int, header: bytes, buffers: list[Any], delete: bool, gives: list[Any]
@@ -68,33 +108,42 @@ class _Lane:
             while self.pending:
                 self.cond.wait()
 
-    def close(self) -> None:
-        with self.cond:
-            self.closing = True
-            self.cond.notify_all()
-        self.thread.join()
-
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.items and not self.closing:
-                    self.cond.wait()
-                if not self.items:
+                while not self.items:
+                    if not self.stopping:
+                        if self.block is not None:
+                            self.cond.wait()
+                            continue
+                        woken = self.cond.wait(LANE_IDLE_SECONDS)
+                        if woken or self.block is not None or self.items:
+                            continue
+                    self.alive = False  # stopped, or idle too long without a block
+                    self.worker = None
                     return
                 seq, header, buffers, delete, gives = self.items.popleft()
+                block = self.block
+            assert block is not None
             try:
-                self._run(seq, header, buffers, delete, gives)
+                self._run(block, seq, header, buffers, delete, gives)
             except BaseException as e:  # noqa: BLE001 - handle_frames never raises; be safe
-                self.block.fail(seq, e)
+                block.fail(seq, e)
             finally:
                 with self.cond:
                     self.pending -= 1
                     self.cond.notify_all()
 
     def _run(
-        self, seq: int, header: bytes, buffers: list[Any], delete: bool, gives: list[Any]
+        self,
+        block: ConcurrentBlock,
+        seq: int,
+        header: bytes,
+        buffers: list[Any],
+        delete: bool,
+        gives: list[Any],
     ) -> None:
-        block, worker = self.block, self.worker
+        worker = self.worker
         if block.failed and not delete:
             return  # skipped: its promises were failed with the block
         if gives:  # a SendToPeer: delivered without holding this worker's lock
@@ -136,7 +185,11 @@ class ConcurrentBlock:
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> ConcurrentBlock:
         for w in self.workers:
-            self.lanes[id(w)] = _Lane(w, self)
+            lane = w._lane
+            if lane is None or not lane.claim(self):
+                lane = w._lane = _Lane(w)
+                lane.claim(self)
+            self.lanes[id(w)] = lane
             w._block = self
         return self
 
@@ -147,7 +200,7 @@ class ConcurrentBlock:
             for w in self.workers:
                 w._block = None
             for lane in self.lanes.values():
-                lane.close()
+                lane.release()
             self._release_promises()
         if exc_type is None:
             self.raise_error()

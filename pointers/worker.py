@@ -335,6 +335,7 @@ class VirtualWorker(Worker):
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._pending_deletes: list[int] = []
         self._block: Any = None  # the pointers.concurrent block this worker runs in, if any
+        self._lane: Any = None  # and the thread that runs its commands there
         for t in data:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"worker data must be tensors, got {type(t).__name__}")

@@ -116,7 +116,8 @@ def test_the_caller_may_change_its_tensor_right_after_sending_it() -> None:
     assert torch.equal(p.get(), torch.zeros(1000))
 
 
-def test_blocks_nest_and_skip_other_workers() -> None:
+def test_blocks_nest_and_skip_other_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pt.concurrent, "LANE_IDLE_SECONDS", 0.05)
     a, b, _ = trio()
     x = pt.send(torch.ones(2), a)
     with pt.concurrently(a, b) as outer:
@@ -126,8 +127,10 @@ def test_blocks_nest_and_skip_other_workers() -> None:
         assert a._block is outer
     assert a._block is None and b._block is None
     assert torch.equal(x.get(), torch.full((2,), 2.0))
-    lanes = [t for t in threading.enumerate() if t.name.startswith("pointers-lane-")]
-    assert lanes == []
+    lanes = [a._lane, b._lane]
+    assert all(lane.thread.is_alive() for lane in lanes)  # kept for the next block ...
+    time.sleep(0.5)
+    assert not any(lane.thread.is_alive() for lane in lanes)  # ... until idle too long
 
 
 def test_a_large_secure_product_runs_concurrently_and_matches_the_serial_one() -> None:
