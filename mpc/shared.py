@@ -19,6 +19,7 @@ from .prg import random_ring
 from .session import Session
 
 _CPU = torch.device("cpu")
+_MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
 
 
 class SharedTensor(torch.Tensor):
@@ -34,7 +35,19 @@ class SharedTensor(torch.Tensor):
     session: Session
     frac_bits: int
     pending: int
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    views_of_pending: bool
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        # vector @ matrix: torch decomposes it into mm(v.unsqueeze(0), W).squeeze_(0), an
+        # in-place change of shape a wrapper cannot make; do it out of place instead
+        if func in _MATMULS and len(args) == 2 and not kwargs:
+            v, w = args
+            if isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor):
+                if v.dim() == 1 and w.dim() >= 2:
+                    with torch._C.DisableTorchFunctionSubclass():
+                        return torch.matmul(v.unsqueeze(0), w).squeeze(-2)
+        return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     @staticmethod
     def __new__(
@@ -53,6 +66,7 @@ class SharedTensor(torch.Tensor):
         t.session = session
         t.frac_bits = frac_bits
         t.pending = pending
+        t.views_of_pending = False  # a view was taken while a truncation was pending
         return t
 
     def materialize(self) -> SharedTensor:

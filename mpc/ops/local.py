@@ -7,6 +7,7 @@ by party 0 only, or multiplies every share.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -89,8 +90,13 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             raise UnsupportedOpError(str(func), "indices must be public")
     per = [_per_share(func, args, kwargs, i) for i in range(x.session.n)]
     if isinstance(per[0], list | tuple):
-        return type(per[0])(x.with_shares([p[k] for p in per]) for k in range(len(per[0])))
-    return x.with_shares(per)
+        outs = [x.with_shares([p[k] for p in per]) for k in range(len(per[0]))]
+    else:
+        outs = [x.with_shares(per)]
+    if x.pending or x.views_of_pending:  # see mpc.ops.inplace
+        for t in [x, *outs]:
+            t.views_of_pending = True
+    return type(per[0])(outs) if isinstance(per[0], list | tuple) else outs[0]
 
 
 def _as_shared_list(xs: list[Any]) -> tuple[SharedTensor, list[list[Any]], int]:
@@ -136,6 +142,9 @@ def pad(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _add(a: Any, b: Any, sign: int) -> SharedTensor:
     """a + sign * b with at least one shared operand."""
+    for t in (a, b):  # a pending product by a small public (e.g. x / d) carries extra bits:
+        if isinstance(t, SharedTensor) and t.frac_bits > 2 * t.session.config.frac_bits:
+            t.materialize()  # truncate it rather than scale the other operand up as far
     if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
         a.session.check_compatible(b.session)
         f = max(a.frac_bits, b.frac_bits)
@@ -206,11 +215,28 @@ def _mul_public(x: SharedTensor, p: Any) -> SharedTensor:
         dtype = x.dtype if is_mask else result_dtype(x, p)
         return wrap(x, [s * k for s in x.shares], x.frac_bits, dtype)
     f = x.session.config.frac_bits
-    enc = encode_public(p, f)
+    g = f + _extra_bits(p, x.frac_bits + f)
+    enc = encode_public(p, g)
     shares = [s * enc for s in x.shares]
-    if x.frac_bits == 0:
-        return wrap(x, shares, f, result_dtype(x, p))
-    return SharedTensor(shares, x.session, x.frac_bits + f, result_dtype(x, p), pending=f)
+    final = x.frac_bits or f  # the result's precision once the truncation is applied
+    pending = x.frac_bits + g - final
+    return SharedTensor(shares, x.session, x.frac_bits + g, result_dtype(x, p), pending=pending)
+
+
+_MAX_EXTRA_BITS = 24
+
+
+def _extra_bits(p: Any, scale: int) -> int:
+    """Extra fractional bits for encoding a public multiplier below 1 in magnitude (such as
+    1/d): e = floor(log2(1 / max|p|)), so that p * 2^e <= 1 and the product of a share
+    with p encoded at f + e bits needs no more room than a product with a value near 1,
+    while p keeps f significant bits (relative error <= 2^-(f+1), instead of d * 2^-(f+1)
+    for 1/d at f bits). Capped so that the scale stays well inside the ring."""
+    top = float(p.detach().abs().max()) if isinstance(p, torch.Tensor) else abs(float(p))
+    if not math.isfinite(top) or top == 0.0 or top >= 1.0:
+        return 0
+    e = math.floor(-math.log2(top))
+    return max(0, min(e, _MAX_EXTRA_BITS, 60 - scale))
 
 
 def mul_public(x: SharedTensor, p: Any) -> SharedTensor:

@@ -95,14 +95,6 @@ def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return x.with_shares(out)
 
 
-@register(aten.relu_.default)
-def relu_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    x = args[0]
-    out = relu(aten.relu.default, (x,), {})
-    x.shares = out.shares
-    return x
-
-
 # -- max / argmax over the last dim by a pairwise tree -------------------------------------
 
 
