@@ -195,6 +195,10 @@ class ConcurrentBlock:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
+            # objects dropped during the block are freed now rather than a batch later: big
+            # temporaries would otherwise pile up and every run touch fresh memory
+            for w in self.workers:
+                w._flush_deletes()
             self.wait_idle()
         finally:
             for w in self.workers:
