@@ -10,6 +10,8 @@ Encoded magnitudes must stay below ``2**62``, so the float range that encodes sa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["EncodingError", "decode", "encode", "max_safe_value"]
@@ -71,10 +73,10 @@ def encode(x: torch.Tensor | float | int, frac_bits: int) -> torch.Tensor:
         raise EncodingError(f"cannot encode complex tensor of dtype {t.dtype}")
     t64 = t.detach().to(torch.float64)
     if t64.numel() > 0:
-        if not bool(torch.isfinite(t64).all()):
+        max_abs = float(t.detach().abs().max())  # NaN and inf propagate to the max
+        if not math.isfinite(max_abs):
             raise EncodingError("cannot encode a tensor containing NaN or infinity")
         bound = max_safe_value(frac_bits)
-        max_abs = float(t64.abs().max())
         if max_abs >= bound:
             raise EncodingError(
                 f"value out of the safe range: max |x| = {max_abs!r} but frac_bits="
@@ -82,7 +84,7 @@ def encode(x: torch.Tensor | float | int, frac_bits: int) -> torch.Tensor:
                 "scale the input down or use fewer fractional bits"
             )
     # x * 2**f is exact in float64 (a power-of-two scale), so only the rounding is inexact
-    return torch.round(t64 * float(2**frac_bits)).to(torch.int64)
+    return (t64 * float(2**frac_bits)).round_().to(torch.int64)
 
 
 def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -96,7 +98,7 @@ def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) 
         found = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise EncodingError(f"decode expects an int64 tensor of ring elements, got {found}")
     if dtype.is_floating_point or dtype.is_complex:
-        return (x.to(torch.float64) / float(2**frac_bits)).to(dtype)
+        return x.to(torch.float64, copy=True).div_(float(2**frac_bits)).to(dtype)
     if frac_bits != 0:
         raise EncodingError(
             f"decoding to integer dtype {dtype} needs frac_bits=0, got frac_bits={frac_bits}"

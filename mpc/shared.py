@@ -181,12 +181,12 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
         f, dtype = 0, torch.int64
     else:
         raise TypeError(f"cannot secret-share a tensor of dtype {x.dtype}")
-    ring = encode(x, f)
+    ring = encode(x, f)  # may be x itself (an int64 tensor): never changed in place
     shares = []
-    rest = ring.clone()
+    rest = ring
     for p in session.parties[:-1]:
         r = random_ring(tuple(ring.shape))
-        rest -= r
+        rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
         shares.append(pt.send(r, p))
     shares.append(pt.send(rest, session.parties[-1]))
     return SharedTensor(shares, session, f, dtype)
