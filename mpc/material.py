@@ -104,13 +104,11 @@ def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
 ) -> list[torch.Tensor]:
     """Truncation material for the mask r = sum of derived shares (see :func:`trunc_finish`):
-    the last party's shares of U = 2^(63-f) h - L and D = 2^(64-f) (1 - h), where
-    r' = r - 2^62, h = msb(r') and L = ((r' mod 2^63) >> f) + 2^(62-f)."""
+    the last party's shares of U = -(r' >> f) - 2^(62-f) and D = 2^(64-f) (1 - msb(r')),
+    where r' = r - 2^62."""
     r = sum_derived(seeds, nonce, TAG_R, shape).sub_(1 << 62)
-    minus_h = r >> 63  # -h
-    low = r.bitwise_and_(_LOW63).bitwise_right_shift_(bits).add_(1 << (62 - bits))  # L
-    u = torch.mul(minus_h, -(1 << (63 - bits))).sub_(low)
-    d = minus_h.add_(1).bitwise_left_shift_(64 - bits)
+    d = (r >> 63).add_(1).bitwise_left_shift_(64 - bits)  # 2^(64-f) (1 - h)
+    u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
     for s in seeds[:-1]:
         u -= derive(s, nonce, TAG_U, shape)
         d -= derive(s, nonce, TAG_D, shape)
@@ -216,12 +214,14 @@ def trunc_finish(
 ) -> torch.Tensor:
     """Party i's share of z >> bits from the opened c = z + r = (z + 2^62) + r'.
 
-    With w = z + 2^62 (in [0, 2^63) for |z| < 2^62), c_lo = c mod 2^63 and the carry
-    b = msb(c) xor h out of the low 63 bits of w + r': w = c_lo - (r' mod 2^63) + 2^63 b,
-    so z >> bits ~ (c_lo >> bits) + 2^(63-bits) b - L. If msb(c) = 0, b = h and that is
-    (c >> bits) + U; otherwise b = 1 - h, c_lo >> bits = (c >> bits) + 2^(64-bits) -
-    2^(63-bits), and it is (c >> bits) + U + D. The public msb(c) selects [D] or 0, so:
-    [z >> bits] = [U] + ([D] & (c >> 63)) (+ c >> bits at party 0).
+    With w = z + 2^62 (in [0, 2^63) for |z| < 2^62), h = msb(r') and b = msb(c) xor h,
+    the carry out of the low 63 bits of w + r': w = (c mod 2^63) - (r' mod 2^63) + 2^63 b.
+    Shifting by f (floor(A / 2^f) - floor(B / 2^f) is floor((A - B) / 2^f) or one more)
+    and writing x mod 2^63 >> f = (x >> f) + 2^(63-f) msb(x) for the arithmetic shift:
+    z >> f ~ (c >> f) - (r' >> f) - 2^(62-f) + 2^(63-f) (msb(c) - h + b)
+           = (c >> f) + U + msb(c) D,
+    since msb(c) - h + b = 2 msb(c) (1 - h). The public msb(c) selects [D] or 0, so:
+    [z >> f] = [U] + ([D] & (c >> 63)) (+ c >> f at party 0).
     """
     if corrections is None:
         u = derive(seed, nonce, TAG_U, list(c.shape))

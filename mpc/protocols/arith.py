@@ -192,16 +192,15 @@ class TruncRun:
 def truncate(session: Session, z: Shares, bits: int) -> Shares:
     """[z >> bits] for |z| < 2^62, exact up to one unit in the last place, any n.
 
-    Dealer: r uniform, shared; with r' = r - 2^62, h = msb(r') and
-    L = ((r' mod 2^63) >> bits) + 2^(62-bits) it deals [U] = [2^(63-bits) h - L] and
-    [D] = [2^(64-bits) (1 - h)]. Parties open c = z + r = (z + 2^62) + r' (one round).
-    With b = msb(c) xor h, the carry out of the low 63 bits, z + 2^62 = (c mod 2^63) -
-    (r' mod 2^63) + 2^63 b; given the public msb(c) this is linear in h: each party keeps
-    [U] + [D] where msb(c) = 1 and [U] elsewhere, and party 0 adds c >> bits (three local
-    passes). Rounding error: the result is floor(z / 2^bits) or one
-    more; there is no wrap-around failure (unlike local truncation), because the mask's
-    top bit is known in shared form ("truncation with known MSB", cf. Escudero et al.,
-    CRYPTO 2020; Dalskov et al., PoPETs 2020).
+    Dealer: r uniform, shared; with r' = r - 2^62 and h = msb(r') it deals
+    [U] = [-(r' >> bits) - 2^(62-bits)] and [D] = [2^(64-bits) (1 - h)]. Parties open
+    c = z + r = (z + 2^62) + r' (one round). With b = msb(c) xor h, the carry out of the
+    low 63 bits, z + 2^62 = (c mod 2^63) - (r' mod 2^63) + 2^63 b; given the public msb(c)
+    this is linear in h: each party keeps [U] + [D] where msb(c) = 1 and [U] elsewhere,
+    and party 0 adds c >> bits (three local passes). Rounding error: the result is
+    floor(z / 2^bits) or one more; there is no wrap-around failure (unlike local
+    truncation), because the mask's top bit is known in shared form ("truncation with
+    known MSB", cf. Escudero et al., CRYPTO 2020; Dalskov et al., PoPETs 2020).
     """
     if bits == 0:
         return z
