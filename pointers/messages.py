@@ -95,13 +95,17 @@ class Describe(Message):
 
 @dataclass(slots=True)
 class SendToPeer(Message):
-    """Deliver a stored object to a peer worker under ``new_id`` (peer delivery)."""
+    """Deliver a stored object to a peer worker under ``new_id`` (peer delivery).
+
+    ``lend``: the object will only be read, at both ends (an opening of shares): an
+    in-process peer may keep the sender's tensor itself rather than a copy."""
 
     KIND: ClassVar[str] = "send_peer"
     obj_id: int
     peer: str
     new_id: int
     delete: bool
+    lend: bool = False
 
 
 @dataclass(slots=True)
@@ -250,6 +254,7 @@ _SIMPLE_CHECKS: dict[str, type | tuple[type, ...]] = {
     "obj_id": int,
     "new_id": int,
     "delete": bool,
+    "lend": bool,
     "want_meta": bool,
     "op": str,
     "name": str,

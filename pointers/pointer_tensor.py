@@ -174,14 +174,18 @@ class PointerTensor(torch.Tensor):
             destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
         )
 
-    def copy_to(self, destination: Any) -> PointerTensor:
+    def copy_to(self, destination: Any, lend: bool = False) -> PointerTensor:
         """A copy of the object at another worker, delivered party to party; this pointer
-        keeps its object."""
+        keeps its object.
+
+        ``lend=True``: a promise that neither the object nor its copy will be changed
+        in place (both are only read, as the shares of an opening are); between
+        in-process workers the destination then keeps the same memory, not a copy."""
         ref = self._ref
         ref.check()
         ref.location.introduce(destination)
         new_id = destination.new_id()
-        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, False))
+        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, False, bool(lend)))
         return PointerTensor.from_meta(
             destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
         )

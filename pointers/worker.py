@@ -196,7 +196,7 @@ class Worker:
         if isinstance(msg, SendToPeer):
             value = self.store.get(msg.obj_id)
             if not msg.delete:
-                self.deliver(msg.peer, msg.new_id, value)
+                self.deliver(msg.peer, msg.new_id, value, lend=msg.lend)
                 return None
             tags, description = self.store.forget(msg.obj_id)  # a move: drop the store's ref
             donate = _sole_owner(value)  # before ``value`` is also an argument on the stack
@@ -269,18 +269,21 @@ class Worker:
         return None
 
     # -- peer delivery -----------------------------------------------------------------
-    def deliver(self, peer: str, obj_id: int, value: Any, donate: bool = False) -> None:
+    def deliver(
+        self, peer: str, obj_id: int, value: Any, donate: bool = False, lend: bool = False
+    ) -> None:
         """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``.
 
-        ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); an
-        in-process peer then takes the tensor over instead of copying it."""
+        ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); ``lend``:
+        both sides only read it (see :class:`~pointers.messages.SendToPeer`). Either way
+        an in-process peer keeps the tensor itself instead of a copy."""
         link = self._peer_links.get(peer)
         if link is None:
             raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
         header, buffers = encode_message(Store(obj_id, value, [], ""))
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
-        if donate and isinstance(link, VirtualWorker):
+        if (donate or lend) and isinstance(link, VirtualWorker):
             del value
             rh, rb = link.handle_frames(header, buffers, donated=True)
         else:
@@ -300,7 +303,7 @@ class Worker:
                 tags, description = self.store.forget(msg.obj_id)
             donate = msg.delete and _sole_owner(value)
         try:
-            self.deliver(msg.peer, msg.new_id, value, donate=donate)
+            self.deliver(msg.peer, msg.new_id, value, donate=donate, lend=msg.lend)
         except BaseException:
             if msg.delete:
                 with self._lock:

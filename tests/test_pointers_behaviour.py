@@ -144,7 +144,12 @@ def test_in_process_move_hands_the_memory_over_and_copies_otherwise():
     r = pt.send(torch.arange(1000), alice)
     c = r.copy_to(bob)  # a copy never shares memory
     c.add_(1)
-    assert torch.equal(r.get(), torch.arange(1000))
+    assert torch.equal(r.get(delete=False), torch.arange(1000))
+    # lent (both sides promise to only read it, as for an opening): the same memory
+    (held,) = set(_stored_data_ptrs(alice))
+    lent = r.copy_to(carol, lend=True)
+    assert held in _stored_data_ptrs(carol)
+    assert torch.equal((lent + r.copy_to(carol)).get(), 2 * torch.arange(1000))
 
 
 def test_tags_and_search():

@@ -50,12 +50,15 @@ def open_among(
         for i, s in enumerate(shares):
             for j, pj in enumerate(parties):
                 if i != j:
-                    received[j].append(s.copy_to(pj))
+                    # only read at both ends: in process, no copy (SendToPeer.lend)
+                    received[j].append(s.copy_to(pj, lend=True))
         out = []
         for j in range(len(parties)):
-            # accumulate in place into the received copies (fresh at the party): no new buffer
-            acc = received[j][0]
-            for r in [*received[j][1:], shares[j]]:
+            # the first sum is a fresh tensor (the received shares are the senders' own,
+            # in process); later terms accumulate into it
+            first, *rest = [*received[j], shares[j]]
+            acc = torch.bitwise_xor(first, rest[0]) if xor else torch.add(first, rest[0])
+            for r in rest[1:]:
                 if xor:
                     acc.bitwise_xor_(r)
                 else:
