@@ -387,10 +387,10 @@ class ServedWorker(Worker):
         self._pop_after_reply: int | None = None
         self._control = False
 
-    def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
+    def handle_frames(self, header: bytes, buffers: list[Any], donated: bool = False) -> Frames:
         with self._lock:
             self._control = False
-            out = super().handle_frames(header, buffers)
+            out = super().handle_frames(header, buffers, donated)
             # (reset after reading: a command that waited let other commands run meanwhile)
             control, self._control = self._control, False
             if control:  # introductions are control traffic: uncounted, as in process
