@@ -162,3 +162,21 @@ def test_a_large_secure_product_runs_concurrently_and_matches_the_serial_one() -
     ][1]
     for got, _ in out.values():
         assert torch.allclose(got, x * y, atol=2e-4)
+
+
+def test_a_failing_secure_op_raises_once_and_the_parties_stay_usable() -> None:
+    parties, dealer = trio()[:2], pt.VirtualWorker("dealer")
+    cfg = mpc.MPCConfig(concurrent_from=0)  # every op through the lanes
+    xs = mpc.share(torch.ones(64), *parties, crypto_provider=dealer, config=cfg)
+    ys = mpc.share(torch.full((64,), 3.0), *parties, crypto_provider=dealer, config=cfg)
+    # lose bob's share of x behind the client's back: his commands using it fail there
+    bob = parties[1]
+    del bob.store._entries[xs.shares[1].id_at_location]
+    start = time.monotonic()
+    with pytest.raises(pt.RemoteError, match="bob") as info:
+        (xs * ys).materialize()
+    assert "holds no object" in str(info.value)
+    assert time.monotonic() - start < 5  # nobody waited for a delivery that never came
+    assert all(w._block is None for w in [*parties, dealer])
+    zs = mpc.share(torch.full((64,), 2.0), *parties, crypto_provider=dealer, config=cfg)
+    assert torch.allclose((zs * ys).get(), torch.full((64,), 6.0), atol=1e-3)
