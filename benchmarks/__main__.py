@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import signal
@@ -39,6 +40,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pointers as pt
 from benchmarks import report
 from benchmarks.workloads import (
     MPC_CASES,
@@ -167,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
         "TLS, temporary certificates), started and stopped by this tool",
     )
     ap.add_argument("--latency-ms", type=float, default=None, metavar="MS", help=LATENCY_HELP)
+    ap.add_argument(
+        "--serial",
+        action="store_true",
+        help="in-process workers run one after the other in one thread, even for large "
+        "operands (VirtualWorker(concurrent=False)): the protocol's work on one core",
+    )
     return ap
 
 
@@ -177,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--parties must be 2..5, got {args.parties}")
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.serial and args.network:
+        ap.error("--serial is for in-process workers; network workers run in their own processes")
     if args.latency_ms is not None:
         if not args.network:
             ap.error(LATENCY_NEEDS_NETWORK)
@@ -203,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(
         parties=args.parties,
         repeat=args.repeat,
-        workers="in-process (VirtualWorker)",
+        workers="in-process (VirtualWorker), serial"
+        if args.serial
+        else "in-process (VirtualWorker)",
         frac_bits=16,
         torch_threads=1,
         load_before=meta.pop("load"),
@@ -246,6 +258,8 @@ def _run(
     progress = None
     try:
         factory = None
+        if args.serial:
+            factory = functools.partial(pt.VirtualWorker, concurrent=False)
         if args.network:
             cluster = _start_cluster(cases, latency)
             factory = cluster.connect

@@ -82,8 +82,10 @@ def describe(meta: dict[str, Any]) -> str:
             f"NETWORK workers (one `python -m pointers serve` process each on 127.0.0.1, "
             f"mutual TLS), added latency {meta.get('latency_ms') or 0:g} ms per call received"
         )
+    elif "serial" in str(meta.get("workers", "")):
+        where = "in-process VirtualWorkers one after the other (--serial)"
     else:
-        where = "in-process VirtualWorkers"
+        where = "in-process VirtualWorkers (side by side for operands of 2^15+ elements)"
     return (
         f"{meta.get('parties', 2)} parties + crypto provider, {where}, "
         f"{meta.get('torch_threads', 1)} torch thread(s), {meta.get('repeat', '?')} timed runs; "

@@ -22,7 +22,8 @@ Semantics stay those of running the commands one by one in posting order:
   come.
 
 Workers that are not ``VirtualWorker`` (network workers already run in their own
-processes) and workers already inside a block are left as they are.
+processes), workers made with ``VirtualWorker(..., concurrent=False)`` and workers already
+inside a block are left as they are.
 """
 
 from __future__ import annotations
@@ -170,7 +171,12 @@ class ConcurrentBlock:
         seen: set[int] = set()
         self.workers = []
         for w in workers:
-            if isinstance(w, VirtualWorker) and w._block is None and id(w) not in seen:
+            if (
+                isinstance(w, VirtualWorker)
+                and w.concurrent
+                and w._block is None
+                and id(w) not in seen
+            ):
                 seen.add(id(w))
                 self.workers.append(w)
         self.ok_reply = ok_reply

@@ -328,11 +328,15 @@ class VirtualWorker(Worker):
     """An in-process worker, with the client side of the message layer built in.
 
     ``data`` holds tensors the worker owns from the start (tag them with
-    :func:`pointers.tag` so that :meth:`search` finds them).
+    :func:`pointers.tag` so that :meth:`search` finds them). ``concurrent=False``: the
+    worker runs every command in the caller's thread even inside
+    :func:`pointers.concurrently` (one party after the other, e.g. to measure the work
+    of a protocol on one core).
     """
 
-    def __init__(self, id: str, data: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, id: str, data: Iterable[torch.Tensor] = (), concurrent: bool = True) -> None:
         super().__init__(id)
+        self.concurrent = bool(concurrent)
         # Ids are chosen by the sender; start at a random point so that pointers made
         # in different sessions do not look alike.
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)

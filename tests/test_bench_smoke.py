@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,6 +186,35 @@ def test_cli_latency_needs_network(capsys: pytest.CaptureFixture) -> None:
     # --list starts nothing, with or without --network
     assert main(["--network", "--latency-ms", "1", "--workloads", "W1", "--list"]) == 0
     assert capsys.readouterr().out.split() == ["W1-mul-1e5", "W1-mul-1e6"]
+
+
+def test_cli_serial_runs_every_party_in_the_callers_thread(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    import pointers as pt
+    from benchmarks.__main__ import main
+
+    threads: set[str] = set()
+    original = pt.VirtualWorker.handle_frames
+
+    def spy(self: pt.VirtualWorker, *args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pt.VirtualWorker, "handle_frames", spy)
+    # 2^15 elements: large enough for the lanes, were the workers not serial
+    argv = ["--workloads", "W1", "--sizes", "32768", "--repeat", "1", "--no-progress"]
+    assert main([*argv, "--serial"]) == 0
+    assert threads == {"MainThread"}
+    assert "one after the other (--serial)" in capsys.readouterr().out
+    threads.clear()
+    assert main(argv) == 0
+    assert any(t.startswith("pointers-lane-") for t in threads)
+    with pytest.raises(SystemExit) as exc:
+        main(["--serial", "--network", "--list"])
+    assert exc.value.code == 2
 
 
 def test_network_worker_names() -> None:
