@@ -366,10 +366,10 @@ class VirtualWorker(Worker):
             self._flush_deletes()
         self._exchange(msg, False)
 
-    def _exchange(self, msg: Message, reply: bool = True) -> Any:
+    def _exchange(self, msg: Message, want_reply: bool = True) -> Any:
         block = self._block
         if block is not None:  # running concurrently (pointers.concurrent)
-            if not reply:
+            if not want_reply:
                 block.post(self, msg)
                 return None
             block.barrier()  # a reply needs everything posted before it done
