@@ -65,7 +65,8 @@ class _Lane:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.block: ConcurrentBlock | None = None
-        self.items: deque[tuple[int, bytes, list[Any], bool, list[tuple[Any, int]]]] = deque()
+        # (posting order, header, buffers, message class) of each command to run
+        self.items: deque[tuple[int, bytes, list[Any], type]] = deque()
         self.pending = 0  # posted and not yet finished
         self.alive = True
         self.stopping = False
@@ -96,11 +97,9 @@ class _Lane:
             self.block = None
             self.cond.notify_all()
 
-    def put(
-        self, seq: int, header: bytes, buffers: list[Any], delete: bool, gives: list[Any]
-    ) -> None:
+    def put(self, seq: int, header: bytes, buffers: list[Any], kind: type) -> None:
         with self.cond:
-            self.items.append((seq, header, buffers, delete, gives))
+            self.items.append((seq, header, buffers, kind))
             self.pending += 1
             self.cond.notify_all()
 
@@ -123,11 +122,11 @@ class _Lane:
                     self.alive = False  # stopped, or idle too long without a block
                     self.worker = None
                     return
-                seq, header, buffers, delete, gives = self.items.popleft()
+                seq, header, buffers, kind = self.items.popleft()
                 block = self.block
             assert block is not None
             try:
-                self._run(block, seq, header, buffers, delete, gives)
+                self._run(block, seq, header, buffers, kind)
             except BaseException as e:  # noqa: BLE001 - handle_frames never raises; be safe
                 block.fail(seq, e)
             finally:
@@ -141,13 +140,12 @@ class _Lane:
         seq: int,
         header: bytes,
         buffers: list[Any],
-        delete: bool,
-        gives: list[Any],
+        kind: type,
     ) -> None:
         worker = self.worker
-        if block.failed and not delete:
+        if block.failed and kind is not Delete:
             return  # skipped: its promises were failed with the block
-        if gives:  # a SendToPeer: delivered without holding this worker's lock
+        if kind is SendToPeer:  # delivered without holding this worker's lock
             try:
                 msg = decode_message(header, buffers)
                 assert isinstance(msg, SendToPeer)
@@ -221,7 +219,6 @@ class ConcurrentBlock:
         header, buffers = encode_message(msg)
         # the lane decodes later: take a snapshot of the caller's tensors now
         buffers = [b.clone() if isinstance(b, torch.Tensor) else b for b in buffers]
-        gives: list[tuple[Any, int]] = []
         if type(msg) is SendToPeer:
             peer = worker._peer_links.get(msg.peer)
             if peer is not None and hasattr(peer, "_block"):  # an in-process peer
@@ -230,9 +227,8 @@ class ConcurrentBlock:
                 peer.store.promise([msg.new_id], patient=True)
                 with self.lock:
                     self.promised.append((peer, msg.new_id))
-            gives.append((peer, msg.new_id))
         seq = next(self.seq)
-        self.lanes[id(worker)].put(seq, header, buffers, type(msg) is Delete, gives)
+        self.lanes[id(worker)].put(seq, header, buffers, type(msg))
 
     def wait_idle(self) -> None:
         """Wait until every lane has run everything posted to it."""

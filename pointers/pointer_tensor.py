@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import LocationMismatchError, ObjectGoneError, PointerError, ValueRequiresGetError
-from .messages import CallFunction, ExecuteOp, Fetch, SendToPeer, Tag
+from .messages import CallFunction, ExecuteOp, Fetch, Search, SendToPeer, Tag
 from .ops import op_name
 from .serde import dtype_from_name, ref_ext
 
@@ -166,13 +166,9 @@ class PointerTensor(torch.Tensor):
         ref.check()
         if destination is ref.location or getattr(destination, "id", None) == ref.location.id:
             return self
-        ref.location.introduce(destination)
-        new_id = destination.new_id()
-        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, True))
+        moved = self._send_to_peer(destination, delete=True, lend=False)
         ref.release()
-        return PointerTensor.from_meta(
-            destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
-        )
+        return moved
 
     def copy_to(self, destination: Any, lend: bool = False) -> PointerTensor:
         """A copy of the object at another worker, delivered party to party; this pointer
@@ -181,11 +177,15 @@ class PointerTensor(torch.Tensor):
         ``lend=True``: a promise that neither the object nor its copy will be changed
         in place (both are only read, as the shares of an opening are); between
         in-process workers the destination then keeps the same memory, not a copy."""
+        self._ref.check()
+        return self._send_to_peer(destination, delete=False, lend=bool(lend))
+
+    def _send_to_peer(self, destination: Any, delete: bool, lend: bool) -> PointerTensor:
+        """Have the object's worker deliver it to ``destination``; a pointer to it there."""
         ref = self._ref
-        ref.check()
         ref.location.introduce(destination)
         new_id = destination.new_id()
-        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, False, bool(lend)))
+        ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, delete, lend))
         return PointerTensor.from_meta(
             destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
         )
@@ -407,6 +407,18 @@ def _contiguous_stride(shape: Any) -> tuple[int, ...]:
         stride.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(stride))
+
+
+def search_worker(worker: Any, query: tuple[str, ...]) -> list[PointerTensor]:
+    """Pointers to ``worker``'s stored tensors carrying every tag in ``query`` (one
+    ``Search`` request; the pointers do not own the objects)."""
+    if not query or not all(isinstance(q, str) for q in query):
+        raise TypeError("search() takes one or more tag strings")
+    found = worker.request(Search(list(query)))
+    return [
+        PointerTensor.from_meta(worker, i, shape, stride, dtype_from_name(dt), owned=False)
+        for i, shape, stride, dt, _tags, _desc in found
+    ]
 
 
 def is_pointer(x: Any) -> bool:

@@ -246,13 +246,7 @@ def _run_program(worker: Any, program: Program, bindings: list[int], promised: l
         for step in range(len(program.raw)):
             msg = message_from_list(bind(program.raw[step], bindings))
             if isinstance(msg, SendToPeer):
-                # read under our lock, deliver without it: two workers delivering to each
-                # other at once must not wait on each other's locks
-                with worker._lock:
-                    value = worker.store.get(msg.obj_id)
-                    if msg.delete:
-                        worker.store.discard(msg.obj_id)
-                worker.deliver(msg.peer, msg.new_id, value)
+                worker.send_to_peer(msg)  # our lock only to read: peers deliver to us too
             else:
                 with worker._lock:
                     worker._run(msg)

@@ -194,17 +194,7 @@ class Worker:
         if isinstance(msg, Describe):
             return [tensor_meta(self.store.get(i)) for i in msg.obj_ids]
         if isinstance(msg, SendToPeer):
-            value = self.store.get(msg.obj_id)
-            if not msg.delete:
-                self.deliver(msg.peer, msg.new_id, value, lend=msg.lend)
-                return None
-            tags, description = self.store.forget(msg.obj_id)  # a move: drop the store's ref
-            donate = _sole_owner(value)  # before ``value`` is also an argument on the stack
-            try:
-                self.deliver(msg.peer, msg.new_id, value, donate=donate)
-            except BaseException:
-                self.store.put(msg.obj_id, value, tags, description)  # nothing lost on failure
-                raise
+            self.send_to_peer(msg)
             return None
         if isinstance(msg, StorePlan):  # validated op by op before it is stored
             self.store.put(msg.obj_id, plan_from_wire(msg.plan, self.functions))
@@ -284,7 +274,6 @@ class Worker:
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
         if (donate or lend) and isinstance(link, VirtualWorker):
-            del value
             rh, rb = link.handle_frames(header, buffers, donated=True)
         else:
             rh, rb = link.handle_frames(header, buffers)
@@ -292,16 +281,19 @@ class Worker:
         if isinstance(reply, ErrorReply):
             raise RemoteError(peer, reply.kind, reply.message)
 
-    def send_to_peer_unlocked(self, msg: SendToPeer) -> None:
-        """Run ``msg`` holding this worker's lock only to read (for a move: to drop) the
-        object, not while the peer stores it: two workers delivering to each other at once
-        must not wait on each other's locks. Counted like any other command."""
+    def send_to_peer(self, msg: SendToPeer) -> None:
+        """Copy or move (``msg.delete``) a stored object to a peer worker.
+
+        This worker's lock is taken only to read the object (for a move: to drop the
+        store's reference), not while the peer stores it, so that two workers delivering
+        to each other from their own threads do not wait on each other's locks (a caller
+        that already holds the lock, such as :meth:`handle_frames`, keeps holding it).
+        A move that fails puts the object back: nothing is lost."""
         with self._lock:
-            self.stats.messages_received += 1
             value = self.store.get(msg.obj_id)
             if msg.delete:
                 tags, description = self.store.forget(msg.obj_id)
-            donate = msg.delete and _sole_owner(value)
+            donate = msg.delete and _sole_owner(value)  # before ``value`` is an argument
         try:
             self.deliver(msg.peer, msg.new_id, value, donate=donate, lend=msg.lend)
         except BaseException:
@@ -309,6 +301,14 @@ class Worker:
                 with self._lock:
                     self.store.put(msg.obj_id, value, tags, description)
             raise
+
+    def send_to_peer_unlocked(self, msg: SendToPeer) -> None:
+        """:meth:`send_to_peer` as a command from a thread that does not hold this
+        worker's lock (a :mod:`pointers.concurrent` lane), counted like any other."""
+        with self._lock:
+            self.stats.messages_received += 1
+        try:
+            self.send_to_peer(msg)
         finally:
             with self._lock:
                 self.stats.messages_sent += 1
@@ -412,15 +412,9 @@ class VirtualWorker(Worker):
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to the stored tensors carrying every tag in ``query``."""
-        from .pointer_tensor import PointerTensor
+        from .pointer_tensor import search_worker
 
-        if not query or not all(isinstance(q, str) for q in query):
-            raise TypeError("search() takes one or more tag strings")
-        found = self.request(Search(list(query)))
-        return [
-            PointerTensor.from_meta(self, i, shape, stride, serde.dtype_from_name(dt), owned=False)
-            for i, shape, stride, dt, _tags, _desc in found
-        ]
+        return search_worker(self, query)
 
     def clear_objects(self) -> None:
         """Drop every stored object (pointers to them become dangling)."""

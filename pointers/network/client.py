@@ -24,7 +24,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import serde
 from ..errors import LimitExceeded, PointerError, RemoteError
 from ..messages import (
     AcceptPeer,
@@ -34,7 +33,6 @@ from ..messages import (
     Fetch,
     Message,
     Reply,
-    Search,
     SendToPeer,
     decode_message,
     encode_message,
@@ -184,15 +182,9 @@ class NetworkWorker:
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to this client's stored tensors carrying every tag in ``query``."""
-        from ..pointer_tensor import PointerTensor
+        from ..pointer_tensor import search_worker
 
-        if not query or not all(isinstance(q, str) for q in query):
-            raise TypeError("search() takes one or more tag strings")
-        found = self.request(Search(list(query)))
-        return [
-            PointerTensor.from_meta(self, i, shape, stride, serde.dtype_from_name(dt), owned=False)
-            for i, shape, stride, dt, _tags, _desc in found
-        ]
+        return search_worker(self, query)
 
     @property
     def stats(self) -> WorkerStats:
