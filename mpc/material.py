@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from pointers.errors import NotAllowedError
+from pointers.sealing import protocol_function
+
 from . import bits
 from .prg import PRG
 from .ring import ring_conv2d, ring_matmul
@@ -28,11 +31,38 @@ _LOW63 = 0x7FFFFFFFFFFFFFFF
 TAG_A, TAG_B, TAG_C, TAG_R, TAG_U, TAG_D, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN = range(9)
 
 
+def _seed_bytes(seed: torch.Tensor) -> bytes:
+    if seed.numel() != 16:
+        raise ValueError("a seed must hold 16 bytes")
+    return bytes(seed.to(torch.uint8).tolist())
+
+
+def consume(ctx: Any, seeds: list[torch.Tensor], nonce: int, *tags: int) -> None:
+    """Mark the streams ``(nonce, tag)`` of each seed as used at this worker, refusing any
+    that was used before: whatever a client sends, no mask or triple is derived twice.
+
+    Keyed by the seed's bytes (a copy of a seed shares its history), kept per worker (per
+    client namespace on a served worker) in ``ctx.function_state``."""
+    if not isinstance(nonce, int) or isinstance(nonce, bool):
+        raise TypeError(f"a nonce must be an int, got {type(nonce).__name__}")
+    used: dict[bytes, set[tuple[int, int]]] = ctx.function_state.setdefault("mpc.streams", {})
+    keys = [_seed_bytes(s) for s in seeds]
+    for key in keys:
+        seen = used.get(key)
+        if seen is not None:
+            for tag in tags:
+                if (nonce, tag) in seen:
+                    raise NotAllowedError(
+                        f"nonce {nonce} was already used for stream {tag} of this seed at "
+                        f"worker {ctx.id!r}: a mask or triple is never used twice"
+                    )
+    for key in keys:
+        used.setdefault(key, set()).update((nonce, tag) for tag in tags)
+
+
 def derive(seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
     """Uniform int64 tensor from ``seed`` for the public ``(nonce, tag)``."""
-    key = bytes(seed.to(torch.uint8).tolist()) if seed.numel() == 16 else None
-    if key is None:
-        raise ValueError("a seed must hold 16 bytes")
+    key = _seed_bytes(seed)
     block = nonce.to_bytes(12, "little", signed=False) + tag.to_bytes(4, "little")
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     sub = enc.update(block) + enc.finalize()
@@ -67,11 +97,13 @@ def bilinear(op: str, params: dict[str, Any], a: torch.Tensor, b: torch.Tensor) 
 # ---------------------------------------------------------------------------------------
 
 
+@protocol_function(sealed_outputs=True)
 def new_seed(ctx: Any) -> torch.Tensor:
     """A fresh 16-byte seed from the operating system (stored at the dealer)."""
     return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
 
 
+@protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_triple(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -82,6 +114,7 @@ def dealer_triple(
     params: dict[str, Any],
 ) -> torch.Tensor:
     """Beaver triple c = op(a, b): the last party's share of c (the others derive theirs)."""
+    consume(ctx, seeds, nonce, TAG_A, TAG_B, TAG_C)
     a = sum_derived(seeds, nonce, TAG_A, a_shape)
     b = sum_derived(seeds, nonce, TAG_B, b_shape)
     c = a.mul_(b) if op == "mul" and a_shape == b_shape else bilinear(op, params, a, b)
@@ -90,8 +123,10 @@ def dealer_triple(
     return c
 
 
+@protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_and_triple(ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]) -> Any:
     """Binary (XOR-shared, bitwise) triple c = a & b: the last party's share of c."""
+    consume(ctx, seeds, nonce, TAG_A, TAG_B, TAG_C)
     a = xor_derived(seeds, nonce, TAG_A, shape)
     b = xor_derived(seeds, nonce, TAG_B, shape)
     c = a & b
@@ -100,12 +135,14 @@ def dealer_and_triple(ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: li
     return c
 
 
+@protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
 ) -> list[torch.Tensor]:
     """Truncation material for the mask r = sum of derived shares (see :func:`trunc_finish`):
     the last party's shares of U = -(r' >> f) - 2^(62-f) and D = 2^(64-f) (1 - msb(r')),
     where r' = r - 2^62."""
+    consume(ctx, seeds, nonce, TAG_R, TAG_U, TAG_D)
     r = sum_derived(seeds, nonce, TAG_R, shape).sub_(1 << 62)
     d = (r >> 63).add_(1).bitwise_left_shift_(64 - bits)  # 2^(64-f) (1 - h)
     u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
@@ -115,12 +152,14 @@ def dealer_trunc(
     return [u, d]
 
 
+@protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_compare(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]
 ) -> list[torch.Tensor]:
     """Comparison material: r (arithmetic, derived by all) shared bitwise as well, and a
     random bit t shared both ways (a "daBit"): the last party's binary share of r, its
     arithmetic share of t and its binary share of t."""
+    consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN)
     r = sum_derived(seeds, nonce, TAG_R, shape)
     r_bits = r.clone()
     for s in seeds[:-1]:
@@ -153,10 +192,14 @@ def xor_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int
 # ---------------------------------------------------------------------------------------
 
 
+@protocol_function(material=("seed",), sealed_outputs=True)
 def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> Any:
+    """The party's share of the dealer's material ``(nonce, tag)`` (e.g. a daBit's [t])."""
+    consume(ctx, [seed], nonce, tag)
     return derive(seed, nonce, tag, shape)
 
 
+@protocol_function(material=("seed",), either=("x", "y"), sealed_outputs=True)
 def beaver_mask(
     ctx: Any,
     seed: torch.Tensor,
@@ -165,11 +208,13 @@ def beaver_mask(
     y: torch.Tensor,
 ) -> list[torch.Tensor]:
     """Party i: the masked e_i = x_i - a_i, f_i = y_i - b_i, and its triple share a_i."""
+    consume(ctx, [seed], nonce, TAG_A, TAG_B)
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
     return [torch.sub(x, a), torch.sub(y, b, out=b), a]
 
 
+@protocol_function(material=("seed", "c", "a", "e", "f"), either=("y",))
 def beaver_combine(
     ctx: Any,
     seed: torch.Tensor,
@@ -189,6 +234,7 @@ def beaver_combine(
     ``e`` and ``a`` are this call's own temporaries (opened here, derived for this nonce):
     the elementwise case works in their buffers.
     """
+    consume(ctx, [seed], nonce, TAG_C)
     if op == "mul" and e.shape == y.shape == a.shape == f.shape:
         z = e.mul_(y).addcmul_(a, f)
     else:
@@ -198,11 +244,14 @@ def beaver_combine(
     return z
 
 
+@protocol_function(material=("seed",), either=("z",), sealed_outputs=True)
 def trunc_mask(ctx: Any, seed: torch.Tensor, nonce: int, z: torch.Tensor) -> torch.Tensor:
     """Party i: c_i = z_i + r_i."""
+    consume(ctx, [seed], nonce, TAG_R)
     return derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
 
 
+@protocol_function(material=("seed", "corrections", "c"))
 def trunc_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -223,6 +272,7 @@ def trunc_finish(
     since msb(c) - h + b = 2 msb(c) (1 - h). The public msb(c) selects [D] or 0, so:
     [z >> f] = [U] + ([D] & (c >> 63)) (+ c >> f at party 0).
     """
+    consume(ctx, [seed], nonce, TAG_U, TAG_D)
     if corrections is None:
         u = derive(seed, nonce, TAG_U, list(c.shape))
         d = derive(seed, nonce, TAG_D, list(c.shape))
@@ -251,11 +301,14 @@ def bilinear_public(
 # -- comparison (MSB extraction), party side ---------------------------------------------
 
 
+@protocol_function(material=("seed",), either=("x",), sealed_outputs=True)
 def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
     """c_i = x_i + r_i: the party's share of x masked by the dealer's r."""
+    consume(ctx, [seed], nonce, TAG_R)
     return x + derive(seed, nonce, TAG_R, list(x.shape))
 
 
+@protocol_function(material=("seed", "r_bits", "c"), sealed_outputs=True)
 def cmp_init(
     ctx: Any,
     seed: torch.Tensor,
@@ -267,6 +320,7 @@ def cmp_init(
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
     carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded for the
     carry tree; and the party's XOR share of msb(c) ^ msb(~r)."""
+    consume(ctx, [seed], nonce, TAG_RBITS)
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
     if first:
         y = ~y
@@ -289,6 +343,7 @@ def cmp_init(
     return [g, p, top]
 
 
+@protocol_function(material=("seed", "g", "p"), sealed_outputs=True)
 def ks_mask(
     ctx: Any,
     seed: torch.Tensor,
@@ -299,12 +354,14 @@ def ks_mask(
 ) -> list[torch.Tensor]:
     """One carry-tree level: the AND operands (see :mod:`mpc.bits`) masked with a binary
     triple: e_i = x_i ^ a_i, f_i = y_i ^ b_i."""
+    consume(ctx, [seed], nonce, TAG_A, TAG_B)
     x, y = bits.level_operands(g, p, level)
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
     return [x ^ a, y ^ b, a, b]
 
 
+@protocol_function(material=("seed", "c", "a", "b", "e", "f", "g"), sealed_outputs=True)
 def ks_combine(
     ctx: Any,
     seed: torch.Tensor,
@@ -319,6 +376,7 @@ def ks_combine(
     level: int,
 ) -> list[torch.Tensor]:
     """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), then the next (G, P)."""
+    consume(ctx, [seed], nonce, TAG_C)
     z = b.bitwise_and_(e)
     z ^= a.bitwise_and_(f)
     if first:
@@ -328,6 +386,7 @@ def ks_combine(
     return [g_new] if p_new is None else [g_new, p_new]
 
 
+@protocol_function(material=("seed", "t_bin", "g", "top"), sealed_outputs=True)
 def cmp_bit_mask(
     ctx: Any,
     seed: torch.Tensor,
@@ -337,11 +396,13 @@ def cmp_bit_mask(
     top: torch.Tensor,
 ) -> torch.Tensor:
     """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i."""
+    consume(ctx, [seed], nonce, TAG_T_BIN)
     carry = bits.unpack_carries(g, top.numel()).view(top.shape)
     t = derive(seed, nonce, TAG_T_BIN, list(top.shape)) & 1 if t_bin is None else t_bin
     return carry.bitwise_xor_(top).bitwise_xor_(t)
 
 
+@protocol_function(material=("seed", "t_arith", "d"))
 def cmp_bit_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -351,6 +412,7 @@ def cmp_bit_finish(
     d: torch.Tensor,
 ) -> torch.Tensor:
     """Arithmetic share of msb(x) = d + (1 - 2d) t from the opened d = msb(x) ^ t."""
+    consume(ctx, [seed], nonce, TAG_T_ARITH)
     t = derive(seed, nonce, TAG_T_ARITH, list(d.shape)) if t_arith is None else t_arith
     out = (1 - 2 * d) * t
     if first:
@@ -358,6 +420,7 @@ def cmp_bit_finish(
     return out
 
 
+@protocol_function(material=("d", "vt"))
 def cmp_select_finish(
     ctx: Any,
     complement: bool,

@@ -23,13 +23,17 @@ class Message:
 
 @dataclass(slots=True)
 class Store(Message):
-    """Store ``value`` under ``obj_id`` with optional search tags and description."""
+    """Store ``value`` under ``obj_id`` with optional search tags and description.
+
+    ``sealed``: the value is protocol material (see :mod:`pointers.sealing`); only a peer
+    delivering a sealed object may set it, a client's store with it set is refused."""
 
     KIND: ClassVar[str] = "store"
     obj_id: int
     value: torch.Tensor
     tags: list[str]
     description: str
+    sealed: bool = False
 
 
 @dataclass(slots=True)
@@ -129,6 +133,23 @@ class RunPlan(Message):
 
 
 @dataclass(slots=True)
+class StoreRunPlan(Message):
+    """Store a variant of plan ``plan_id`` under ``obj_id``, then run it as RunPlan runs a
+    plan: ``plan`` is the plan traced again for another input signature, without the
+    state tensors, which it shares with plan ``plan_id`` (see
+    :func:`pointers.plan_serde.variant_from_wire`). A call with a new signature is thus
+    one message too."""
+
+    KIND: ClassVar[str] = "store_run_plan"
+    plan_id: int
+    obj_id: int
+    plan: list[Any]
+    args: list[Any]
+    out_ids: list[int | None]
+    want_meta: bool
+
+
+@dataclass(slots=True)
 class ConnectPeer(Message):
     """Network workers: deliver to peer worker ``peer`` at ``address`` (host:port)."""
 
@@ -193,6 +214,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         SendToPeer,
         StorePlan,
         RunPlan,
+        StoreRunPlan,
         StoreProgram,
         RunProgram,
         ConnectPeer,
@@ -255,6 +277,7 @@ _SIMPLE_CHECKS: dict[str, type | tuple[type, ...]] = {
     "new_id": int,
     "delete": bool,
     "lend": bool,
+    "sealed": bool,
     "want_meta": bool,
     "op": str,
     "name": str,
@@ -317,6 +340,7 @@ __all__ = [
     "SendToPeer",
     "StorePlan",
     "RunPlan",
+    "StoreRunPlan",
     "StoreProgram",
     "RunProgram",
     "ConnectPeer",

@@ -16,6 +16,7 @@ class Entry:
     value: Any
     tags: set[str] = field(default_factory=set)
     description: str = ""
+    sealed: bool = False  # protocol material: no client may fetch, describe or find it
 
 
 class ObjectStore:
@@ -37,9 +38,14 @@ class ObjectStore:
         self.wait_seconds = wait_seconds
 
     def put(
-        self, obj_id: int, value: Any, tags: set[str] | None = None, description: str = ""
+        self,
+        obj_id: int,
+        value: Any,
+        tags: set[str] | None = None,
+        description: str = "",
+        sealed: bool = False,
     ) -> None:
-        self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description)
+        self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description, sealed)
         if self._promised and self._promised.pop(obj_id, 0) is None:
             self._patient.discard(obj_id)
             with self.condition:
@@ -73,12 +79,7 @@ class ObjectStore:
             self.condition.notify_all()
 
     def get(self, obj_id: int) -> Any:
-        entry = self._entries.get(obj_id)
-        if entry is None and obj_id in self._promised:
-            entry = self._wait(obj_id)
-        if entry is None:
-            raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
-        return entry.value
+        return self.entry(obj_id).value
 
     def _wait(self, obj_id: int) -> Entry | None:
         patient = obj_id in self._patient
@@ -100,22 +101,26 @@ class ObjectStore:
         return self._entries.get(obj_id)
 
     def entry(self, obj_id: int) -> Entry:
-        try:
-            return self._entries[obj_id]
-        except KeyError:
-            raise UnknownObjectError(
-                f"worker {self.owner!r} holds no object with id {obj_id}"
-            ) from None
+        """The entry of ``obj_id`` (waiting for it if it is promised)."""
+        entry = self._entries.get(obj_id)
+        if entry is None and obj_id in self._promised:
+            entry = self._wait(obj_id)
+        if entry is None:
+            raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
+        return entry
 
     def pop(self, obj_id: int) -> Any:
         value = self.get(obj_id)
         self._entries.pop(obj_id, None)
         return value
 
-    def forget(self, obj_id: int) -> tuple[set[str], str]:
-        """Drop the entry of ``obj_id`` (which must exist); return its tags and description."""
-        entry = self._entries.pop(obj_id)
-        return entry.tags, entry.description
+    def forget(self, obj_id: int) -> Entry:
+        """Drop the entry of ``obj_id`` (which must exist) and return it."""
+        return self._entries.pop(obj_id)
+
+    def is_sealed(self, obj_id: int) -> bool:
+        entry = self._entries.get(obj_id)
+        return entry is not None and entry.sealed
 
     def discard(self, obj_id: int) -> None:
         self._entries.pop(obj_id, None)
@@ -123,7 +128,7 @@ class ObjectStore:
     def search(self, query: list[str]) -> list[int]:
         """Ids of objects carrying every tag in ``query`` (an exact tag match)."""
         wanted = set(query)
-        return [i for i, e in self._entries.items() if wanted <= e.tags]
+        return [i for i, e in self._entries.items() if wanted <= e.tags and not e.sealed]
 
     def view(self) -> Mapping[int, Any]:
         return _ReadOnlyView(self._entries)

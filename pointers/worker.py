@@ -20,7 +20,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import serde
-from .errors import DecodeError, RemoteError, UnknownObjectError, ValueRequiresGetError
+from .errors import (
+    DecodeError,
+    NotAllowedError,
+    RemoteError,
+    UnknownObjectError,
+    ValueRequiresGetError,
+)
 from .functions import FunctionRegistry
 from .messages import (
     CallFunction,
@@ -38,14 +44,16 @@ from .messages import (
     Store,
     StorePlan,
     StoreProgram,
+    StoreRunPlan,
     Tag,
     decode_message,
     encode_message,
 )
 from .ops import resolve_op
 from .plan_graph import PlanGraph
-from .plan_serde import plan_from_wire
+from .plan_serde import plan_from_wire, variant_from_wire
 from .program import program_from_wire, start_program
+from .sealing import SEALED_OPS, refused, sealing_of
 from .serde import Ref
 from .store import ObjectStore
 
@@ -113,6 +121,9 @@ class Worker:
         self.stats = WorkerStats()
         self._peer_links: dict[str, Any] = {}
         self._program_threads: list[threading.Thread] = []
+        # state that registered functions keep at this worker, by the function family's
+        # name (e.g. the nonces mpc has used with each seed)
+        self.function_state: dict[str, Any] = {}
 
     def wait_programs(self, timeout: float | None = None) -> None:
         """Wait until the programs this worker runs (see :mod:`pointers.program`) end."""
@@ -121,18 +132,33 @@ class Worker:
         self._program_threads = [t for t in self._program_threads if t.is_alive()]
 
     # -- serving ---------------------------------------------------------------------
-    def handle_frames(self, header: bytes, buffers: list[Any], donated: bool = False) -> Frames:
+    def handle_frames(
+        self,
+        header: bytes,
+        buffers: list[Any],
+        donated: bool = False,
+        from_peer: str | None = None,
+    ) -> Frames:
         """Decode one request, run it, return the encoded reply. Never raises.
 
         ``donated``: the buffers are tensors nobody else refers to (an in-process peer
-        moving an object), taken over without a copy."""
+        moving an object), taken over without a copy. ``from_peer``: an in-process peer
+        worker delivers an object (a :class:`Store`, which may be sealed), not a client."""
         with self._lock:
             stats = self.stats
             stats.messages_received += 1
             stats.bytes_received += serde.nbytes(header, buffers) if buffers else len(header)
             try:
                 msg = decode_message(header, buffers, copy=not donated)
-                value = self._run(msg)
+                if from_peer is None:
+                    value = self._run(msg)
+                elif type(msg) is Store:
+                    self.store.put(
+                        msg.obj_id, msg.value, set(msg.tags), msg.description, msg.sealed
+                    )
+                    value = None
+                else:
+                    raise NotAllowedError(f"a peer may only deliver objects, not {msg.KIND!r}")
                 reply: Message | None = None if value is None else Reply(value)
             except Exception as e:  # every failure becomes an error reply
                 reply = ErrorReply(type(e).__name__, str(e))
@@ -146,33 +172,20 @@ class Worker:
 
     def _run(self, msg: Message) -> Any:
         if type(msg) is ExecuteOp:  # the hot path
-            op = resolve_op(msg.op)
-            args = msg.args
-            get = self.store.get
-            for k, a in enumerate(args):  # one pass; nested lists take the general path
-                t = type(a)
-                if t is Ref:
-                    args[k] = get(a.obj_id)
-                elif t is list or t is tuple:
-                    args = self._resolve(args)
-                    break
-            kwargs = self._resolve(msg.kwargs) if msg.kwargs else {}
-            return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta)
-        if isinstance(msg, ExecuteOp):
-            op = resolve_op(msg.op)
-            args, kwargs = self._resolve(msg.args), self._resolve(msg.kwargs)
-            return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta)
+            return self._execute_op(msg)
         if isinstance(msg, CallFunction):
-            fn = self.functions.get(msg.name)
-            args, kwargs = self._resolve(msg.args), self._resolve(msg.kwargs)
-            return self._store_outputs(fn(self, *args, **kwargs), msg.out_ids, msg.want_meta)
+            return self._call_function(msg)
         if isinstance(msg, Store):
+            if msg.sealed:
+                raise refused("a client's store of a sealed object")
             self.store.put(msg.obj_id, msg.value, set(msg.tags), msg.description)
             return None
         if isinstance(msg, Fetch):
-            value = self.store.pop(msg.obj_id) if msg.delete else self.store.get(msg.obj_id)
+            value = self._readable(msg.obj_id, "fetching it").value
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"object {msg.obj_id} is not a tensor")
+            if msg.delete:
+                self.store.discard(msg.obj_id)
             return value
         if isinstance(msg, Delete):
             for i in msg.obj_ids:
@@ -186,24 +199,34 @@ class Worker:
                     out.append([i, *tensor_meta(e.value), sorted(e.tags), e.description])
             return out
         if isinstance(msg, Tag):
-            e = self.store.entry(msg.obj_id)
+            e = self._readable(msg.obj_id, "tagging it")
             e.tags.update(msg.tags)
             if msg.description:
                 e.description = msg.description
             return None
         if isinstance(msg, Describe):
-            return [tensor_meta(self.store.get(i)) for i in msg.obj_ids]
+            return [tensor_meta(self._readable(i, "describing it").value) for i in msg.obj_ids]
         if isinstance(msg, SendToPeer):
             self.send_to_peer(msg)
             return None
         if isinstance(msg, StorePlan):  # validated op by op before it is stored
             self.store.put(msg.obj_id, plan_from_wire(msg.plan, self.functions))
             return None
+        if isinstance(msg, StoreRunPlan):  # a plan traced for a new signature: store, run
+            base = self.store.get(msg.plan_id)
+            if not isinstance(base, PlanGraph):
+                raise TypeError(f"object {msg.plan_id} is not a plan")
+            self.store.put(msg.obj_id, variant_from_wire(base, msg.plan, self.functions))
+            msg = RunPlan(msg.obj_id, msg.args, msg.out_ids, msg.want_meta)
         if isinstance(msg, RunPlan):
             plan = self.store.get(msg.plan_id)
             if not isinstance(plan, PlanGraph):
                 raise TypeError(f"object {msg.plan_id} is not a plan")
-            outs = plan.run(self._resolve(msg.args), functions=self.functions, ctx=self)
+            marks = [0, 0, 0]
+            args = self._resolve_marked(msg.args, marks)
+            if marks[0]:
+                raise refused("running a plan on it")
+            outs = plan.run(args, functions=self.functions, ctx=self)
             return self._store_outputs(outs, msg.out_ids, msg.want_meta)
         if isinstance(msg, StoreProgram):
             self.store.put(msg.obj_id, program_from_wire(msg.messages))
@@ -212,6 +235,90 @@ class Worker:
             start_program(self, msg)
             return None
         raise DecodeError(f"a worker cannot run a {msg.KIND!r} message")
+
+    def _readable(self, obj_id: int, what: str) -> Any:
+        """The entry of ``obj_id``, unless it is sealed (then ``what`` is refused)."""
+        e = self.store.entry(obj_id)
+        if e.sealed:
+            raise refused(what, obj_id)
+        return e
+
+    def _execute_op(self, msg: ExecuteOp) -> Any:
+        op = resolve_op(msg.op)
+        args = msg.args
+        first = args[0] if args else None
+        entry = self.store.entry
+        sealed = False
+        for k, a in enumerate(args):  # one pass; nested lists take the general path
+            t = type(a)
+            if t is Ref:
+                e = entry(a.obj_id)
+                args[k] = e.value
+                if e.sealed:
+                    sealed = True
+            elif t is list or t is tuple or t is dict:
+                marks = [0, 0, 0]
+                args = self._resolve_marked(args, marks)
+                sealed = sealed or marks[0] > 0
+                break
+        if msg.kwargs:
+            marks = [0, 0, 0]
+            kwargs = self._resolve_marked(msg.kwargs, marks)
+            sealed = sealed or marks[0] > 0
+        else:
+            kwargs = {}
+        if sealed:  # protocol material: only the sums and XORs of an opening
+            writes = SEALED_OPS.get(msg.op)
+            if writes is None:
+                raise refused(f"running {msg.op} on it")
+            if writes and not (type(first) is Ref and self.store.is_sealed(first.obj_id)):
+                raise refused(f"writing it into an unsealed object with {msg.op}")
+        return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta, sealed)
+
+    def _call_function(self, msg: CallFunction) -> Any:
+        fn = self.functions.get(msg.name)
+        spec = sealing_of(fn)
+        params = self.functions.parameters(msg.name)
+        tainted = False
+
+        def arg(name: str | None, raw: Any) -> Any:
+            nonlocal tainted
+            marks = [0, 0, 0]  # sealed refs, unsealed refs, other values (not None)
+            value = self._resolve_marked(raw, marks)
+            if name is not None and name in spec.material:
+                if marks[1] or marks[2]:
+                    raise refused(
+                        f"parameter {name!r} of {msg.name} takes protocol material only; "
+                        "passing it anything else"
+                    )
+            elif name is not None and name in spec.either:
+                tainted = tainted or marks[0] > 0
+            elif marks[0]:
+                raise refused(f"passing it as parameter {name!r} of {msg.name}")
+            return value
+
+        args = [arg(params[k] if k < len(params) else None, a) for k, a in enumerate(msg.args)]
+        kwargs = {k: arg(k, v) for k, v in msg.kwargs.items()}
+        sealed = spec.sealed_outputs or tainted
+        return self._store_outputs(fn(self, *args, **kwargs), msg.out_ids, msg.want_meta, sealed)
+
+    def _resolve_marked(self, obj: Any, marks: list[int]) -> Any:
+        """:meth:`_resolve`, counting in ``marks`` the sealed and unsealed references
+        and the other values (not None) it meets."""
+        t = type(obj)
+        if t is Ref:
+            e = self.store.entry(obj.obj_id)
+            marks[0 if e.sealed else 1] += 1
+            return e.value
+        if t is list:
+            return [self._resolve_marked(o, marks) for o in obj]
+        if t is tuple:
+            return tuple(self._resolve_marked(o, marks) for o in obj)
+        if t is dict:
+            return {k: self._resolve_marked(v, marks) for k, v in obj.items()}
+        if obj is not None:
+            marks[2] += 1
+        return obj
 
     def _resolve(self, obj: Any) -> Any:
         if isinstance(obj, Ref):
@@ -224,10 +331,13 @@ class Worker:
             return {k: self._resolve(v) for k, v in obj.items()}
         return obj
 
-    def _store_outputs(self, result: Any, out_ids: list[int | None], want_meta: bool) -> Any:
+    def _store_outputs(
+        self, result: Any, out_ids: list[int | None], want_meta: bool, sealed: bool = False
+    ) -> Any:
+        put = self.store.put
         if type(result) is torch.Tensor and not want_meta and len(out_ids) == 1:
             if out_ids[0] is not None:
-                self.store.put(out_ids[0], result)
+                put(out_ids[0], result, None, "", sealed)
             return None
         leaves, spec = pytree.tree_flatten(result)
         if want_meta:
@@ -240,7 +350,7 @@ class Worker:
                 elif isinstance(leaf, torch.Tensor):
                     if base is None:
                         raise ValueError("want_meta needs a base output id")
-                    self.store.put(base + k, leaf)
+                    put(base + k, leaf, None, "", sealed)
                     metas.append(tensor_meta(leaf))
                 else:
                     raise ValueRequiresGetError(
@@ -255,26 +365,38 @@ class Worker:
             if obj_id is not None:
                 if not isinstance(leaf, torch.Tensor):
                     raise TypeError(f"output for id {obj_id} is a {type(leaf).__name__}")
-                self.store.put(obj_id, leaf)
+                put(obj_id, leaf, None, "", sealed)
         return None
 
     # -- peer delivery -----------------------------------------------------------------
     def deliver(
-        self, peer: str, obj_id: int, value: Any, donate: bool = False, lend: bool = False
+        self,
+        peer: str,
+        obj_id: int,
+        value: Any,
+        donate: bool = False,
+        lend: bool = False,
+        sealed: bool = False,
     ) -> None:
         """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``.
 
         ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); ``lend``:
         both sides only read it (see :class:`~pointers.messages.SendToPeer`). Either way
-        an in-process peer keeps the tensor itself instead of a copy."""
+        an in-process peer keeps the tensor itself instead of a copy. ``sealed``: it is
+        protocol material, and stays sealed at the peer (:mod:`pointers.sealing`)."""
         link = self._peer_links.get(peer)
         if link is None:
             raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
-        header, buffers = encode_message(Store(obj_id, value, [], ""))
+        header, buffers = encode_message(Store(obj_id, value, [], "", sealed))
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
-        if (donate or lend) and isinstance(link, VirtualWorker):
-            rh, rb = link.handle_frames(header, buffers, donated=True)
+        if isinstance(link, Worker):  # in process
+            rh, rb = link.handle_frames(
+                header,
+                buffers,
+                donated=(donate or lend) and isinstance(link, VirtualWorker),
+                from_peer=self.id,
+            )
         else:
             rh, rb = link.handle_frames(header, buffers)
         reply = decode_message(rh, rb)
@@ -290,16 +412,19 @@ class Worker:
         that already holds the lock, such as :meth:`handle_frames`, keeps holding it).
         A move that fails puts the object back: nothing is lost."""
         with self._lock:
-            value = self.store.get(msg.obj_id)
+            entry = self.store.entry(msg.obj_id)
+            value, sealed = entry.value, entry.sealed
+            tags, description = entry.tags, entry.description
+            del entry  # (it refers to the value too)
             if msg.delete:
-                tags, description = self.store.forget(msg.obj_id)
+                self.store.forget(msg.obj_id)
             donate = msg.delete and _sole_owner(value)  # before ``value`` is an argument
         try:
-            self.deliver(msg.peer, msg.new_id, value, donate=donate, lend=msg.lend)
+            self.deliver(msg.peer, msg.new_id, value, donate=donate, lend=msg.lend, sealed=sealed)
         except BaseException:
             if msg.delete:
                 with self._lock:
-                    self.store.put(msg.obj_id, value, tags, description)
+                    self.store.put(msg.obj_id, value, tags, description, sealed)
             raise
 
     def send_to_peer_unlocked(self, msg: SendToPeer) -> None:

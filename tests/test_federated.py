@@ -448,8 +448,10 @@ class Audit:
                     self.stored[_id].append(value)
                 _put(obj_id, value, *a, **k)
 
-            def recording_handle(header: bytes, buffers: list[Any], _h=handle, _id=w.id) -> Any:
-                out = _h(header, buffers)
+            def recording_handle(
+                header: bytes, buffers: list[Any], _h=handle, _id=w.id, **kw: Any
+            ) -> Any:
+                out = _h(header, buffers, **kw)
                 if isinstance(decode_message(header, buffers), Fetch):
                     reply = decode_message(*out)
                     if isinstance(reply, Reply) and isinstance(reply.value, torch.Tensor):

@@ -147,7 +147,12 @@ class WaitingStore(ObjectStore):
 
     # -- writes ------------------------------------------------------------------------
     def put(
-        self, obj_id: int, value: Any, tags: set[str] | None = None, description: str = ""
+        self,
+        obj_id: int,
+        value: Any,
+        tags: set[str] | None = None,
+        description: str = "",
+        sealed: bool = False,
     ) -> None:
         size = _size(value)
         with self._cond:
@@ -159,15 +164,15 @@ class WaitingStore(ObjectStore):
                     f"storage at worker {self.owner!r} to {total} bytes, over its limit of "
                     f"{self.max_bytes} bytes (serve --max-stored-mb); get() or drop objects"
                 )
-            self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description)
+            self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description, sealed)
             self.bytes = total
             if self._promised:
                 self._promised.pop(obj_id, None)
             if self._waiters:
                 self._cond.notify_all()
 
-    def receive(self, peer: str, obj_id: int, value: Any) -> None:
-        """A peer delivered ``value`` for ``obj_id``."""
+    def receive(self, peer: str, obj_id: int, value: Any, sealed: bool = False) -> None:
+        """A peer delivered ``value`` for ``obj_id`` (``sealed``: protocol material)."""
         with self._cond:
             self._unavailable.pop(peer, None)
             self._expected.pop(obj_id, None)
@@ -176,7 +181,7 @@ class WaitingStore(ObjectStore):
                 self._dropped.discard(obj_id)
                 return
             try:
-                self.put(obj_id, value)
+                self.put(obj_id, value, sealed=sealed)
             except LimitExceeded as e:
                 self._failed[obj_id] = str(e)
                 self._cond.notify_all()
@@ -242,13 +247,13 @@ class WaitingStore(ObjectStore):
         self.discard(obj_id)
         return value
 
-    def forget(self, obj_id: int) -> tuple[set[str], str]:
-        """Drop the entry of ``obj_id`` (which must exist); return its tags and description
-        (a move: the caller holds the value). Its bytes no longer count."""
+    def forget(self, obj_id: int) -> Entry:
+        """Drop the entry of ``obj_id`` (which must exist) and return it (a move: the
+        caller holds the value). Its bytes no longer count."""
         with self._cond:
             e = self._entries.pop(obj_id)
             self.bytes -= _size(e.value)
-            return e.tags, e.description
+            return e
 
     def clear(self) -> None:
         with self._cond:
@@ -334,7 +339,7 @@ class WaitingStore(ObjectStore):
         wanted = set(query)
         with self._cond:
             items = list(self._entries.items())
-        return [i for i, e in items if wanted <= e.tags]
+        return [i for i, e in items if wanted <= e.tags and not e.sealed]
 
     def ids(self) -> list[int]:
         with self._cond:
@@ -409,7 +414,7 @@ class ServedWorker(Worker):
     def _run(self, msg: Message) -> Any:
         kind = type(msg)
         if kind is Fetch and msg.delete:  # type: ignore[attr-defined]
-            value = self.store.get(msg.obj_id)  # type: ignore[attr-defined]
+            value = self._readable(msg.obj_id, "fetching it").value  # type: ignore[attr-defined]
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"object {msg.obj_id} is not a tensor")  # type: ignore[attr-defined]
             self._pop_after_reply = msg.obj_id  # type: ignore[attr-defined]
@@ -459,4 +464,5 @@ class ServedWorker(Worker):
         """Forget every object and zero the counters (the client asked for a fresh start)."""
         with self._lock:
             self.store.clear()
+            self.function_state.clear()
             self.stats = WorkerStats()

@@ -358,7 +358,7 @@ class WorkerServer:
             msg = decode_message(header, buffers)
             if type(msg) is not Store:
                 raise NotAllowedError(f"a peer may only deliver objects, not {msg.KIND!r}")
-            ns.store.receive(source, msg.obj_id, msg.value)
+            ns.store.receive(source, msg.obj_id, msg.value, msg.sealed)
             stats = ns.stats  # as a VirtualWorker counts what its peers hand it
             stats.messages_received += 1
             stats.bytes_received += serde.nbytes(header, buffers)
