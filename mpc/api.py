@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .config import MPCConfig
-from .session import Session
+from .session import Session, session_for
 from .shared import SharedTensor, share_tensor
 
 
@@ -33,13 +33,15 @@ def share(
     Floats are encoded in fixed point (``frac_bits``, default 16), integers exactly.
     Products and comparisons need a ``crypto_provider`` (a worker that deals correlated
     randomness and colludes with no party); without one only linear ops are available.
+    Every call with the same parties, crypto provider and config shares one
+    :class:`Session` (one set of seeds); ``session=`` names one explicitly.
     """
     if session is None:
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
             parties = tuple(parties[0])
         if config is None:
             config = MPCConfig() if frac_bits is None else MPCConfig(frac_bits=frac_bits)
-        session = Session(list(parties), crypto_provider, config)
+        session = session_for(list(parties), crypto_provider, config)
     elif parties:
         raise TypeError("pass either parties or session, not both")
     if isinstance(x, nn.Module):

@@ -5,7 +5,11 @@ commands the client sends to every party and to the crypto provider; each worker
 its own command list once. A call then costs the client one message per worker instead
 of one per op: the parties run their programs concurrently, waiting for each other's
 deliveries, and every call binds fresh object ids and fresh nonces (so no triple or mask
-is ever reused).
+is ever reused, whichever operand's session a step drew its nonce from).
+
+Like PySyft's plans, the examples only serve to record: a call on inputs of another
+shape, dtype or scale records (once) a program set for that signature, running ``fn``
+op by op that one time; later calls with that signature cost one message per worker.
 
 >>> import torch, pointers as pt, mpc
 >>> alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
@@ -20,17 +24,56 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from pointers.messages import StoreProgram
 from pointers.pointer_tensor import PointerTensor, RemoteRef
-from pointers.program import Recording, build_programs, run_programs
+from pointers.program import Recording, Slots, build_programs, run_programs
 
 from . import accounting
 from .errors import MPCError
+from .session import Session, recording_nonces
 from .shared import SharedTensor
+
+Signature = tuple[tuple[tuple[int, ...], torch.dtype, int], ...]
+
+
+def _signature(inputs: tuple[SharedTensor, ...]) -> Signature:
+    return tuple((tuple(x.shape), x.dtype, x.frac_bits) for x in inputs)
+
+
+class _Programs:
+    """The program set recorded for one input signature."""
+
+    def __init__(
+        self, fn: Callable[..., Any], workers: list[Any], inputs: tuple[SharedTensor, ...]
+    ) -> None:
+        with recording_nonces() as nonces, accounting.stats() as counted:
+            with Recording(workers) as rec:
+                out = fn(*inputs)
+                if not isinstance(out, SharedTensor):
+                    raise MPCError("a plan must return one SharedTensor")
+        self.rounds = counted.rounds
+        self.output = out  # the recording run's own result
+        input_ids = [s.id_at_location for x in inputs for s in x.shares]
+        programs, self.slots = build_programs(rec, input_ids)
+        # each nonce slot is bound, at every call, to a fresh nonce of the session it
+        # was drawn from during the recording
+        self.nonce_sessions: list[Session] = [nonces.sessions[v] for v in self.slots.extras]
+        self.out_slots = [self.slots.index[s.id_at_location] for s in out.shares]
+        self.out_meta = (out.dtype, out.frac_bits, out.pending)
+        self.out_share_meta = [(tuple(s.shape), s.stride(), s.dtype) for s in out.shares]
+        self.commands = {wid: len(p) for wid, p in programs.items()}
+        self.program_ids: dict[str, int] = {}
+        for w in workers:
+            pid = w.new_id()
+            w.post(StoreProgram(pid, programs[w.id]))
+            self.program_ids[w.id] = pid
 
 
 class SharedPlan:
-    """A function of SharedTensors recorded into one program per worker."""
+    """A function of SharedTensors recorded into one program per worker (per input
+    signature: shapes, dtypes and fixed-point scales)."""
 
     def __init__(self, fn: Callable[..., Any], *examples: SharedTensor) -> None:
         if not examples or not all(isinstance(e, SharedTensor) for e in examples):
@@ -40,87 +83,95 @@ class SharedPlan:
             session.check_compatible(e.session)
         for e in examples:
             e.materialize()
+        self.fn = fn
         self.session = session
         self.workers = list(session.parties) + (
             [session.dealer] if session.dealer is not None else []
         )
-        self._input_meta = [(tuple(e.shape), e.dtype, e.frac_bits) for e in examples]
-        nonces: list[int] = []
-        next_nonce = session.next_nonce
+        self.n_inputs = len(examples)
+        first = _Programs(fn, self.workers, examples)
+        self._variants: dict[Signature, _Programs] = {_signature(examples): first}
+        self.example_output = first.output
+        first.output = None  # type: ignore[assignment]
 
-        def recording_nonce() -> int:
-            v = next_nonce()
-            nonces.append(v)
-            return v
+    # the figures of the program set recorded for the examples
+    @property
+    def _first(self) -> _Programs:
+        return next(iter(self._variants.values()))
 
-        session.next_nonce = recording_nonce  # type: ignore[method-assign]
-        try:
-            with accounting.stats() as counted, Recording(self.workers) as rec:
-                out = fn(*examples)
-                if not isinstance(out, SharedTensor):
-                    raise MPCError("a plan must return one SharedTensor")
-        finally:
-            del session.next_nonce
-        self.rounds = counted.rounds
-        self.example_output = out
-        inputs = [s.id_at_location for e in examples for s in e.shares]
-        programs, self.slots = build_programs(rec, inputs, nonces)
-        self._n_extras = len(nonces)
-        self._out_slots = [self.slots.index[s.id_at_location] for s in out.shares]
-        self._out_meta = (tuple(out.shape), out.dtype, out.frac_bits, out.pending)
-        self._out_share_meta = [(tuple(s.shape), s.stride(), s.dtype) for s in out.shares]
-        self.program_ids: dict[str, int] = {}
-        self.commands = {wid: len(p) for wid, p in programs.items()}
-        for w in self.workers:
-            pid = w.new_id()
-            w.post(StoreProgram(pid, programs[w.id]))
-            self.program_ids[w.id] = pid
+    @property
+    def rounds(self) -> int:
+        return self._first.rounds
+
+    @property
+    def commands(self) -> dict[str, int]:
+        return self._first.commands
+
+    @property
+    def slots(self) -> Slots:
+        return self._first.slots
+
+    @property
+    def program_ids(self) -> dict[str, int]:
+        return self._first.program_ids
+
+    @property
+    def signatures(self) -> list[Signature]:
+        """The input signatures a program set was recorded for."""
+        return list(self._variants)
 
     def __call__(self, *inputs: SharedTensor) -> SharedTensor:
-        if len(inputs) != len(self._input_meta):
-            raise TypeError(f"this plan takes {len(self._input_meta)} inputs, got {len(inputs)}")
-        for x, (shape, _dtype, frac) in zip(inputs, self._input_meta):
+        if len(inputs) != self.n_inputs:
+            raise TypeError(f"this plan takes {self.n_inputs} inputs, got {len(inputs)}")
+        for x in inputs:
             if not isinstance(x, SharedTensor):
                 raise TypeError(f"plan inputs must be SharedTensors, got {type(x).__name__}")
             self.session.check_compatible(x.session)
             x.materialize()
-            if tuple(x.shape) != shape or x.frac_bits != frac:
-                raise MPCError(
-                    f"plan input of shape {tuple(x.shape)} (frac_bits {x.frac_bits}) does not "
-                    f"match the recorded {shape} (frac_bits {frac})"
-                )
+        sig = _signature(inputs)
+        variant = self._variants.get(sig)
+        if variant is None:  # a new signature: record it, running fn op by op this once
+            variant = _Programs(self.fn, self.workers, inputs)
+            self._variants[sig] = variant
+            out, variant.output = variant.output, None  # type: ignore[assignment]
+            return out
+        return self._run(variant, inputs)
+
+    def _run(self, variant: _Programs, inputs: tuple[SharedTensor, ...]) -> SharedTensor:
         self.session.watch()
         by_id = {w.id: w for w in self.workers}
         input_ids = [s.id_at_location for x in inputs for s in x.shares]
-        extras = [self.session.next_nonce() for _ in range(self._n_extras)]
+        nonces = [s.next_nonce() for s in variant.nonce_sessions]
         bindings: list[int] = []
         promised: dict[str, list[int]] = {w.id: [] for w in self.workers}
-        for kind, arg in self.slots.kind:
+        for kind, arg in variant.slots.kind:
             if kind == "new":
                 v = by_id[arg].new_id()
                 promised[arg].append(v)
             elif kind == "input":
                 v = input_ids[arg]
             else:
-                v = extras[arg]
+                v = nonces[arg]
             bindings.append(v)
-        run_programs(self.program_ids, self.workers, bindings, promised)
-        accounting.count_round(self.rounds)
+        run_programs(variant.program_ids, self.workers, bindings, promised)
+        accounting.count_round(variant.rounds)
         shares = []
         for party, slot, (shape, stride, dtype) in zip(
-            self.session.parties, self._out_slots, self._out_share_meta
+            self.session.parties, variant.out_slots, variant.out_share_meta
         ):
             shares.append(PointerTensor(RemoteRef(party, bindings[slot]), shape, stride, dtype))
-        shape, dtype, frac, pending = self._out_meta
+        dtype, frac, pending = variant.out_meta
         return SharedTensor(shares, self.session, frac, dtype, pending)
 
     def __repr__(self) -> str:
         return (
             f"SharedPlan(parties={[p.id for p in self.session.parties]}, "
-            f"commands={self.commands}, rounds={self.rounds})"
+            f"commands={self.commands}, rounds={self.rounds}, "
+            f"signatures={len(self._variants)})"
         )
 
 
 def plan(fn: Callable[..., Any], *examples: SharedTensor) -> SharedPlan:
-    """Record ``fn`` (e.g. a model) on example SharedTensors into per-worker programs."""
+    """Record ``fn`` (e.g. a model) on example SharedTensors into per-worker programs;
+    a call with inputs of another signature records a program set for it once."""
     return SharedPlan(fn, *examples)

@@ -3,7 +3,19 @@
 Creating a session installs the mpc worker functions on in-process workers, introduces
 the parties to each other (and the dealer to the parties), and has the dealer create one
 16-byte seed per party which travels dealer -> party directly. The client keeps only
-pointers to the seeds; it never fetches them.
+pointers to the seeds, which are sealed at the workers: no client can fetch them.
+
+One session serves every sharing among the same group (the same party workers, in the
+same order, the same crypto provider and config): :func:`session_for` finds the group's
+session, so ``mpc.share`` deals seeds once per group, not once per call. A group's
+session lives while something uses it (a shared value, a plan, a held reference); a
+``with mpc.Session(...) as s:`` block makes ``s`` the session of its group inside it.
+
+Nonces: every protocol step draws a fresh one from the session of its operands. While a
+plan is recorded (:func:`recording_nonces`), every session hands out
+:class:`~pointers.program.RunValue` nonces and notes where each came from, so a recorded
+program binds a fresh nonce from the same session at every run, whichever operand's
+session the step drew from.
 """
 
 from __future__ import annotations
@@ -11,12 +23,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import weakref
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
 import pointers as pt
+from pointers.program import RunValue
 
 from . import accounting
 from .config import MPCConfig
@@ -66,6 +82,7 @@ class Session:
             for q in parties:
                 if p is not q:
                     p.introduce(q)
+        self._tokens: list[Any] = []
         self.party_seeds: list[pt.PointerTensor] = []
         self.dealer_seeds: list[pt.PointerTensor] = []
         if crypto_provider is not None:
@@ -86,7 +103,18 @@ class Session:
         return (tuple(p.id for p in self.parties), getattr(self.dealer, "id", None))
 
     def next_nonce(self) -> int:
-        return next(self._nonces)
+        """A nonce never handed out before by this session (a :class:`RunValue` while a
+        plan is recorded)."""
+        v = next(self._nonces)
+        recorder = _RECORDER.get()
+        return v if recorder is None else recorder.record(self, v)
+
+    def __enter__(self) -> Session:
+        self._tokens.append(_ACTIVE.set(self))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.reset(self._tokens.pop())
 
     def require_dealer(self, what: str) -> Any:
         if self.dealer is None:
@@ -114,3 +142,71 @@ class Session:
     def __repr__(self) -> str:
         dealer = self.dealer.id if self.dealer is not None else None
         return f"Session(parties={[p.id for p in self.parties]}, crypto_provider={dealer!r})"
+
+
+def _group_key(parties: list[Any], dealer: Any, config: MPCConfig) -> tuple[Any, ...]:
+    # worker objects by identity: a group's session holds its workers, so while it lives
+    # these ids name them
+    return (tuple(id(p) for p in parties), id(dealer) if dealer is not None else None, config)
+
+
+class SessionGroups:
+    """The session of each group of (parties, crypto provider, config), held weakly."""
+
+    def __init__(self) -> None:
+        self._sessions: weakref.WeakValueDictionary[tuple[Any, ...], Session] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def session_for(
+        self, parties: list[Any], crypto_provider: Any | None, config: MPCConfig
+    ) -> Session:
+        key = _group_key(list(parties), crypto_provider, config)
+        active = _ACTIVE.get()
+        if active is not None and _group_key(active.parties, active.dealer, active.config) == key:
+            return active
+        session = self._sessions.get(key)
+        if session is None:
+            session = Session(list(parties), crypto_provider, config)
+            self._sessions[key] = session
+        return session
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+
+# The explicit default context: the groups that ``mpc.share`` looks sessions up in.
+DEFAULT_GROUPS = SessionGroups()
+_ACTIVE: ContextVar[Session | None] = ContextVar("mpc_active_session", default=None)
+
+
+def session_for(
+    parties: list[Any], crypto_provider: Any | None = None, config: MPCConfig | None = None
+) -> Session:
+    """The session of this group (created, with its seeds, on first use)."""
+    return DEFAULT_GROUPS.session_for(parties, crypto_provider, config or MPCConfig())
+
+
+class NonceRecorder:
+    """The nonces drawn while a plan is recorded, and the session each came from."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[int, Session] = {}
+
+    def record(self, session: Session, value: int) -> RunValue:
+        self.sessions[value] = session
+        return RunValue(value)
+
+
+_RECORDER: ContextVar[NonceRecorder | None] = ContextVar("mpc_nonce_recorder", default=None)
+
+
+@contextlib.contextmanager
+def recording_nonces() -> Iterator[NonceRecorder]:
+    """Inside: every session's nonces are recorded (see the module docstring)."""
+    recorder = NonceRecorder()
+    token = _RECORDER.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDER.reset(token)

@@ -10,6 +10,12 @@ slots: every worker runs its program in its own thread, waiting (bounded) for ob
 peer delivers to it, so programs whose steps depend on each other across workers run
 without the client in the loop.
 
+Slots are marked explicitly, never guessed from values: an id the recording allocated
+becomes a slot where it stands in an id position (``obj_id``, ``new_id``, ``out_ids``,
+``obj_ids``) or in an object reference, and any other run-specific value is a
+:class:`RunValue` (an ``int`` subclass the higher layer hands out while recording, e.g. a
+protocol nonce). An ordinary int argument that happens to equal an id stays a constant.
+
 This is how an encrypted inference becomes one message per party (see ``mpc.plan``).
 Both worker kinds record and run programs: in-process workers (``VirtualWorker``) and
 network workers (``pointers.connect``), whose served namespaces run a program in a thread
@@ -27,6 +33,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any
 
 import msgpack
@@ -42,12 +49,23 @@ from .messages import (
     Store,
     Tag,
     message_from_list,
-    message_to_list,
 )
 from .serde import Ref, Slot, SlotRef, ref_id
 
 RECORDABLE = (ExecuteOp, CallFunction, Store, Delete, SendToPeer, Tag)
 _KINDS = {cls.KIND for cls in RECORDABLE}
+# the fields of the recordable commands that hold object ids
+_ID_FIELDS = frozenset({"obj_id", "new_id", "out_ids", "obj_ids"})
+
+
+class RunValue(int):
+    """An int that a recorded program binds anew at every run (for example a protocol
+    nonce): :func:`build_programs` makes each one a slot because of its type."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"RunValue({int(self)})"
 
 
 class Recording:
@@ -115,6 +133,7 @@ class Slots:
     def __init__(self) -> None:
         self.index: dict[int, int] = {}
         self.kind: list[tuple[str, Any]] = []  # ("new", worker id) | ("input", k) | ("extra", k)
+        self.extras: list[int] = []  # the RunValues, in the order of their ("extra", k) slots
 
     def add(self, value: int, kind: tuple[str, Any]) -> None:
         if value in self.index:
@@ -126,31 +145,38 @@ class Slots:
         return len(self.kind)
 
 
-def build_programs(
-    rec: Recording, inputs: list[int], extras: list[int]
-) -> tuple[dict[str, list[Any]], Slots]:
-    """Per worker, its recorded commands in wire form with run-specific ints as slots.
+def build_programs(rec: Recording, inputs: list[int]) -> tuple[dict[str, list[Any]], Slots]:
+    """Per worker, its recorded commands in wire form with run-specific values as slots.
 
-    ``inputs`` are the ids of the run's input objects (bound anew at each run), ``extras``
-    other run-specific ints that appear in commands (e.g. nonces)."""
+    ``inputs`` are the ids of the run's input objects (bound anew at each run); the ids the
+    recording allocated are slots too, and every :class:`RunValue` in a command's payload
+    becomes an ``("extra", k)`` slot (``slots.extras[k]`` is its recorded value)."""
     slots = Slots()
     for wid, ids in rec.new_ids.items():
         for i in ids:
             slots.add(i, ("new", wid))
     for k, i in enumerate(inputs):
         slots.add(i, ("input", k))
-    for k, v in enumerate(extras):
-        slots.add(v, ("extra", k))
     temps = set(slots.index)
 
+    def sub_id(o: Any) -> Any:
+        if isinstance(o, list):
+            return [sub_id(x) for x in o]
+        k = slots.index.get(o) if isinstance(o, int) and not isinstance(o, bool) else None
+        return Slot(k) if k is not None else o
+
     def sub(o: Any) -> Any:
+        if isinstance(o, RunValue):
+            k = slots.index.get(o)
+            if k is None:
+                slots.add(int(o), ("extra", len(slots.extras)))
+                slots.extras.append(int(o))
+                k = slots.index[o]
+            return Slot(k)
         rid = ref_id(o)
         if rid is not None:
             k = slots.index.get(rid)
             return SlotRef(k) if k is not None else o
-        if isinstance(o, int) and not isinstance(o, bool):
-            k = slots.index.get(o)
-            return Slot(k) if k is not None else o
         if isinstance(o, list):
             return [sub(x) for x in o]
         if isinstance(o, tuple):
@@ -168,7 +194,11 @@ def build_programs(
                 if not ids:
                     continue
                 m = Delete(ids)
-            out.append(sub(message_to_list(m)))
+            raw = [m.KIND]
+            for f in fields(m):
+                v = getattr(m, f.name)
+                raw.append(sub_id(v) if f.name in _ID_FIELDS else sub(v))
+            out.append(raw)
         programs[wid] = out
     return programs, slots
 

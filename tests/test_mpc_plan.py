@@ -76,37 +76,46 @@ def test_one_message_per_worker_per_call_and_no_leak(trio):
     assert _settled_sizes(trio) == sizes
 
 
-def test_each_call_uses_fresh_nonces(trio):
-    x = _share(torch.tensor([1.0, 2.0]), trio)
-    y = _share(torch.tensor([3.0, 4.0]), trio)
-    mul_plan = mpc.plan(lambda a, b: a * b, x, y)
-    session = x.session
-    seen = []
-    original = session.next_nonce
-
-    def spy():
-        v = original()
-        seen.append(v)
-        return v
-
-    session.next_nonce = spy
-    try:
-        first = mul_plan(x, y).get()
-        second = mul_plan(x, y).get()
-    finally:
-        del session.next_nonce
-    assert torch.allclose(first, torch.tensor([3.0, 8.0]), atol=1e-3)
-    assert torch.allclose(second, first, atol=1e-3)
-    assert len(seen) == 2 * mul_plan._n_extras and len(set(seen)) == len(seen)
-
-
-def test_wrong_input_shape_is_refused(trio):
+def test_a_new_input_shape_records_once_then_runs_by_one_message_per_worker(trio):
+    """As in PySyft, the example only serves to record: another batch size works, records
+    its program set once, and its later calls cost one message per worker."""
     x = _share(torch.ones(3), trio)
-    p = mpc.plan(F.relu, x)
-    with pytest.raises(mpc.MPCError, match="does not match the recorded"):
-        p(_share(torch.ones(4), trio))
+    p = mpc.plan(lambda a: F.relu(a * a - 2.0), x)
+    values = torch.tensor([[1.0, -2.0, 3.0, 0.5], [2.0, 0.0, -1.0, -3.0]])
+    first = p(_share(values, trio)).get()  # (2, 4): recorded now, run op by op
+    expected = F.relu(values * values - 2.0)
+    assert torch.allclose(first, expected, atol=1e-3)
+    assert len(p.signatures) == 2
+    y = _share(values.flip(0), trio)
+    gc.collect()
+    _settled_sizes(trio)  # (earlier deletes travel before the count)
+    with mpc.stats() as s:
+        out = p(y)
+        for w in trio:
+            w.wait_programs(10)
+    assert s.client_messages == 3
+    assert torch.allclose(out.get(), expected.flip(0), atol=1e-3)
+    assert len(p.signatures) == 2
     with pytest.raises(TypeError, match="takes 1 inputs"):
         p(x, x)
+
+
+def test_a_shape_the_function_rejects_fails_with_its_own_error(trio):
+    w = _share(torch.ones(3, 2), trio)
+
+    def fn(a):
+        return a @ w
+
+    p = mpc.plan(fn, _share(torch.ones(4, 3), trio))
+    bad = _share(torch.ones(4, 5), trio)
+    with pytest.raises(RuntimeError) as eager:
+        fn(bad)
+    with pytest.raises(RuntimeError) as planned:
+        p(bad)
+    assert str(planned.value) == str(eager.value)
+    assert "[4, 5] X [3, 2]" in str(planned.value)
+    ok = torch.ones(2, 3) * 0.5  # and the plan still works on a shape fn accepts
+    assert torch.allclose(p(_share(ok, trio)).get(), torch.full((2, 2), 1.5), atol=1e-3)
 
 
 def test_fetch_inside_a_plan_is_refused(trio):
