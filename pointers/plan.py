@@ -14,11 +14,26 @@ A :class:`Plan` is an ``nn.Module``: subclass it and write ``forward`` for a mod
 plan whose parameters travel with it as its state. :func:`func2plan` turns a function
 into a plan. Tracing and its limits are in :mod:`pointers.plan_trace`; the graph format
 and interpreter in :mod:`pointers.plan_graph`, the wire form in :mod:`pointers.plan_serde`.
+
+Other shapes and dtypes: as in PySyft, the build's examples (or ``args_shape``) only
+serve to trace; a plan runs on any input its function accepts. A call whose signature
+(shapes, dtypes, strides) the built graph does not accept is traced again for that
+signature by the plan's owner, which keeps the Python function; the new graph (a
+*variant*) is cached per signature, and travels to a worker with the call that first
+needs it there, as one :class:`~pointers.messages.StoreRunPlan` message (without the
+state, which the worker already holds). Later calls with that signature are a plain
+:class:`~pointers.messages.RunPlan`. A plan without its function (loaded from bytes)
+runs only the signatures it was traced for.
+
+>>> ptr_plan(pt.send(torch.tensor([[1, -2], [3, -4]]), alice)).get()  # (2, 2) int64
+tensor([[2, 4],
+        [6, 8]])
 """
 
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,19 +41,93 @@ import torch
 from torch import nn
 
 from .errors import LocationMismatchError
-from .messages import RunPlan, StorePlan
+from .messages import RunPlan, StorePlan, StoreRunPlan
 from .plan_graph import (
     PlanBuildError,
     PlanCallError,
     PlanGraph,
     PlanNotBuiltError,
+    PlanRunError,
 )
-from .plan_serde import plan_from_bytes, plan_to_bytes, plan_to_wire
+from .plan_serde import plan_from_bytes, plan_to_bytes, plan_to_wire, variant_to_wire
 from .plan_trace import TRACE_SIZE, trace_plan
 from .pointer_tensor import PointerTensor, RemoteRef
 from .serde import dtype_from_name
 
 Shape = Sequence[int]
+Layout = tuple[int, ...] | None  # an argument's strides; None: contiguous
+Signature = tuple[tuple[tuple[int, ...], torch.dtype, Layout], ...]
+
+MAX_VARIANTS = 64  # signatures traced per plan (and stored per plan and worker), LRU
+REAL_TRACE_LIMIT = 1 << 26  # bytes of examples a retrace may allocate (see _variant_for)
+
+
+def _layout(a: torch.Tensor) -> Layout:
+    """``a``'s strides, or None when it is contiguous (the common case)."""
+    shape, stride = tuple(a.shape), tuple(a.stride())
+    if 0 in shape:
+        return None
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1 and st != expected:
+            return stride
+        expected *= size
+    return None
+
+
+def _signature(args: Sequence[torch.Tensor]) -> Signature:
+    return tuple((tuple(a.shape), a.dtype, _layout(a)) for a in args)
+
+
+def _storage_size(a: torch.Tensor) -> int:
+    """Elements of memory a tensor with ``a``'s shape and strides spans."""
+    shape, stride = tuple(a.shape), tuple(a.stride())
+    return 0 if 0 in shape else 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def _example(a: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with ``a``'s shape, strides and dtype to trace on: ``a``'s values
+    for a local tensor (where its layout lets them be copied), ones for a pointer."""
+    t = torch.ones(_storage_size(a), dtype=a.dtype).as_strided(tuple(a.shape), a.stride())
+    if type(a) is torch.Tensor:
+        try:
+            t.copy_(a.detach())
+        except RuntimeError:  # overlapping strides (an expanded tensor): keep the ones
+            pass
+    return t
+
+
+def _accepts(graph: PlanGraph, layouts: Sequence[Layout] | None, args: Sequence[Any]) -> bool:
+    """Whether ``graph`` runs ``args`` as the function would: their shapes and dtypes fit
+    its inputs, their strides are those it was traced with (a traced ``reshape`` is a
+    ``view`` for contiguous inputs, a copy for others), and its size checks pass."""
+    try:
+        graph.check_args(args)
+    except PlanCallError:
+        return False
+    if layouts and any(_layout(a) != lay for a, lay in zip(args, layouts)):
+        return False
+    if graph.has_checks or any(None in i.shape for i in graph.inputs):
+        try:
+            graph.infer(args)  # its size checks, and ops that cannot take these sizes
+        except (PlanCallError, PlanRunError):
+            return False
+    return True
+
+
+def _traced_only(graph: PlanGraph, args: Sequence[Any]) -> PlanGraph:
+    """``graph``, if it accepts ``args``: a plan without its Python function cannot be
+    traced for another signature."""
+    graph.check_kinds(args)
+    try:
+        graph.check_args(args)
+    except PlanCallError as e:
+        raise PlanCallError(
+            f"{e}. Plan {graph.name!r} has no Python function here (it was loaded from "
+            "bytes, or received without its code), so it runs only the input shapes and "
+            "dtypes it was traced for; build it from its function to run it on others"
+        ) from None
+    return graph
 
 
 class State:
@@ -103,6 +192,8 @@ class Plan(nn.Module):
         self._has_state = state is not None
         self._state_tensors = [t.detach().clone() for t in state or ()]
         self._graph: PlanGraph | None = None
+        self._layouts: list[Layout] = []  # the built graph's argument strides
+        self._variants: OrderedDict[Signature, PlanGraph] = OrderedDict()
         self._loaded = False
         self._tracing = False
         self._sent: dict[int, PointerPlan] = {}
@@ -147,6 +238,8 @@ class Plan(nn.Module):
             dynamic_dims=dynamic_dims,
             arg_names=self._arg_names(),
         )
+        self._layouts = [_layout(a) for a in args]
+        self._variants.clear()
         self._sent.clear()
         return self
 
@@ -195,8 +288,68 @@ class Plan(nn.Module):
         graph = self._graph
         if graph is None:
             return self._run_python(args)
+        graph = self._graph_for(graph, self._layouts, args)
         outs = graph.run(list(args), state=self._current_state())
         return tuple(outs) if graph.tuple_output else outs[0]
+
+    # -- other signatures ------------------------------------------------------------------
+    @property
+    def can_trace(self) -> bool:
+        """Whether the plan has its Python code, and so can be traced for other shapes and
+        dtypes (False for a plan loaded from bytes)."""
+        return not self._loaded
+
+    @property
+    def variants(self) -> list[PlanGraph]:
+        """The graphs traced for call signatures other than the built one (cached,
+        least recently used first)."""
+        return list(self._variants.values())
+
+    def _graph_for(
+        self, base: PlanGraph, layouts: Sequence[Layout], args: Sequence[Any]
+    ) -> PlanGraph:
+        """The graph that runs ``args``: ``base`` where it accepts them, else the variant
+        traced for their signature (traced now if new)."""
+        if not self.can_trace:
+            return _traced_only(base, args)
+        base.check_kinds(args)
+        if _accepts(base, layouts, args):
+            return base
+        return self._variant_for(args)
+
+    def _variant_for(self, args: Sequence[torch.Tensor]) -> PlanGraph:
+        """The graph traced for the signature of ``args`` (cached, at most MAX_VARIANTS).
+
+        It is traced as :meth:`build` traces, on real tensors of that signature: the
+        call's own values for local arguments, ones for pointers (as ``args_shape``
+        does). So a function that cannot take these inputs raises here, before any
+        message, the very error an eager call raises. Beyond REAL_TRACE_LIMIT bytes of
+        inputs it is traced on fake tensors instead, which allocate and compute nothing;
+        torch words a few errors differently there, and an op that does not support a
+        dtype then fails only when the worker runs it."""
+        sig = _signature(args)
+        graph = self._variants.get(sig)
+        if graph is not None:
+            self._variants.move_to_end(sig)
+            return graph
+        common: dict[str, Any] = {
+            "name": self.name,
+            "arg_names": self._arg_names(),
+            "own_errors": True,
+        }
+        state = self._current_state()
+        if sum(_storage_size(a) * a.element_size() for a in args) <= REAL_TRACE_LIMIT:
+            examples = [_example(a) for a in args]
+            graph = trace_plan(self._run_python_with, examples, state, copy_inputs=False, **common)
+        else:
+            metas = [
+                torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta") for a in args
+            ]
+            graph = trace_plan(self._run_python_with, metas, state, mode="fake", **common)
+        self._variants[sig] = graph
+        if len(self._variants) > MAX_VARIANTS:
+            self._variants.popitem(last=False)
+        return graph
 
     def _remote_call(self, args: tuple[Any, ...]) -> Any:
         self._require_built("run at a worker")
@@ -270,7 +423,7 @@ class Plan(nn.Module):
         snapshot = graph.with_state(self._current_state())
         obj_id = worker.new_id()
         worker.post(StorePlan(obj_id, plan_to_wire(snapshot)))
-        return PointerPlan(worker, obj_id, snapshot)
+        return PointerPlan(worker, obj_id, snapshot, owner=self, layouts=self._layouts)
 
     def to_bytes(self) -> bytes:
         """The built plan and its current state as bytes (msgpack, no pickle)."""
@@ -322,12 +475,27 @@ class PointerPlan:
 
     Arguments are pointers at the plan's worker (or local tensors, which travel with the
     call). The outputs' shapes are inferred locally from the trace, so the call does not
-    wait for a reply, as with single ops.
+    wait for a reply, as with single ops. A pointer plan made by :meth:`Plan.send` keeps
+    its plan (the ``owner``): a call with a signature its graph does not accept gets the
+    variant the owner traces for it, stored at the worker by that same call (one
+    :class:`~pointers.messages.StoreRunPlan` message) and reused by later calls.
     """
 
-    def __init__(self, location: Any, obj_id: int, graph: PlanGraph) -> None:
+    def __init__(
+        self,
+        location: Any,
+        obj_id: int,
+        graph: PlanGraph,
+        *,
+        owner: Plan | None = None,
+        layouts: Sequence[Layout] = (),
+    ) -> None:
         self._ref = RemoteRef(location, obj_id)
         self.graph = graph
+        self._owner = owner
+        self._layouts = list(layouts)
+        # signature -> (the variant stored at the worker, its graph), least recent first
+        self._variants: OrderedDict[Signature, tuple[RemoteRef, PlanGraph]] = OrderedDict()
 
     @property
     def location(self) -> Any:
@@ -341,6 +509,12 @@ class PointerPlan:
     @property
     def name(self) -> str:
         return self.graph.name
+
+    @property
+    def variants(self) -> list[PlanGraph]:
+        """The graphs for other signatures stored at the worker by earlier calls (least
+        recently used first)."""
+        return [graph for _, graph in self._variants.values()]
 
     def __call__(self, *args: Any) -> Any:
         ref = self._ref
@@ -359,26 +533,73 @@ class PointerPlan:
                 wire_args.append(a.detach())
             else:
                 wire_args.append(a)
-        metas = self.graph.infer(args)  # checks count, shapes, dtypes and size guards
+        graph, run_id, variant = self._select(args)
+        metas = graph.infer(args)  # checks count, shapes, dtypes and size guards
+
+        def message(out_ids: list[int | None], want_meta: bool) -> Any:
+            if variant is None:
+                return RunPlan(run_id, wire_args, out_ids, want_meta)
+            return StoreRunPlan(ref.obj_id, run_id, variant, wire_args, out_ids, want_meta)
+
         if metas is not None:
             ids = [location.new_id() for _ in metas]
-            location.post(RunPlan(ref.obj_id, wire_args, list(ids), False))
+            try:
+                location.post(message(list(ids), False))
+            finally:  # in process, a failed run raises here; the variant was stored first
+                self._stored(args, run_id, graph, variant)
             outs = [
                 PointerTensor(RemoteRef(location, i), shape, stride, dtype)
                 for i, (shape, stride, dtype) in zip(ids, metas)
             ]
         else:  # a node can only run at the worker: the reply describes the outputs
             base = location.new_id()
-            for _ in range(self.graph.n_outputs - 1):
+            for _ in range(graph.n_outputs - 1):
                 location.new_id()
-            _, described = location.request(RunPlan(ref.obj_id, wire_args, [base], True))
+            try:
+                _, described = location.request(message([base], True))
+            finally:  # stored even when the run failed (the store comes first)
+                self._stored(args, run_id, graph, variant)
             outs = [
                 PointerTensor(
                     RemoteRef(location, base + k), tuple(m[0]), tuple(m[1]), dtype_from_name(m[2])
                 )
                 for k, m in enumerate(described)
             ]
-        return tuple(outs) if self.graph.tuple_output else outs[0]
+        return tuple(outs) if graph.tuple_output else outs[0]
+
+    def _select(self, args: Sequence[Any]) -> tuple[PlanGraph, int, list[Any] | None]:
+        """The graph for ``args``, the id to run at the worker, and the variant's wire
+        form when the worker does not have it yet (None: it has)."""
+        base, owner = self.graph, self._owner
+        if owner is None or not owner.can_trace:
+            return _traced_only(base, args), self._ref.obj_id, None
+        base.check_kinds(args)
+        if _accepts(base, self._layouts, args):
+            return base, self._ref.obj_id, None
+        sig = _signature(args)
+        known = self._variants.get(sig)
+        if known is not None:
+            self._variants.move_to_end(sig)
+            return known[1], known[0].obj_id, None
+        graph = owner._variant_for(args)
+        shapes = [(t.shape, t.dtype) for t in graph.state]
+        if shapes != [(t.shape, t.dtype) for t in base.state]:
+            raise PlanCallError(
+                f"plan {self.name!r}: its state changed shape or dtype since it was sent to "
+                f"{self.location.id!r}; send it again"
+            )
+        return graph, self.location.new_id(), variant_to_wire(graph)
+
+    def _stored(
+        self, args: Sequence[Any], run_id: int, graph: PlanGraph, variant: list[Any] | None
+    ) -> None:
+        """Remember a variant sent to the worker (dropping the least recently used one
+        beyond MAX_VARIANTS deletes it there)."""
+        if variant is None:
+            return
+        self._variants[_signature(args)] = (RemoteRef(self.location, run_id), graph)
+        if len(self._variants) > MAX_VARIANTS:
+            self._variants.popitem(last=False)
 
     def __repr__(self) -> str:
         gone = " (deleted)" if self._ref.gone else ""

@@ -51,9 +51,12 @@ class PlanNotBuiltError(PlanError):
 class PlanBuildError(PlanError):
     """Tracing failed, or the traced function uses something a plan cannot hold."""
 
+    data_dependent = False  # the function reads a tensor's value (a plan cannot record it)
+
 
 class PlanCallError(PlanError, TypeError):
-    """A plan was called with the wrong number, kinds, shapes or dtypes of arguments."""
+    """A plan was called with the wrong number or kinds of arguments, or a graph with a
+    signature (shapes, dtypes) it was not traced for and no Python function to trace."""
 
 
 class PlanRunError(PlanError):
@@ -260,32 +263,42 @@ class PlanGraph:
         return tuple(steps)
 
     # -- checks ----------------------------------------------------------------------------
-    def check_args(self, args: Sequence[Any]) -> None:
-        """Check the number, kinds, shapes and dtypes of a call's arguments."""
+    @property
+    def has_checks(self) -> bool:
+        """Whether the plan checks size conditions its trace relied on (``plan::check``)."""
+        return any(n.target == "plan::check" for n in self.nodes)
+
+    def check_kinds(self, args: Sequence[Any]) -> None:
+        """Check the number of a call's arguments and that each is a tensor."""
         if len(args) != self.n_inputs:
             raise PlanCallError(
                 f"plan {self.name!r} takes {self.n_inputs} argument"
                 f"{'' if self.n_inputs == 1 else 's'}, got {len(args)}"
             )
-        for k, (a, spec) in enumerate(zip(args, self.inputs)):
+        for k, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 raise PlanCallError(
                     f"plan {self.name!r}: argument {k} must be a tensor, got {type(a).__name__}"
                 )
+
+    def check_args(self, args: Sequence[Any]) -> None:
+        """Check the number, kinds, shapes and dtypes of a call's arguments against the
+        signature this graph was traced for."""
+        self.check_kinds(args)
+        for k, (a, spec) in enumerate(zip(args, self.inputs)):
             shape = tuple(a.shape)
             if len(shape) != len(spec.shape) or any(
                 s is not None and s != d for s, d in zip(spec.shape, shape)
             ):
                 hint = " ('*': any size)" if None in spec.shape else ""
                 raise PlanCallError(
-                    f"plan {self.name!r}: argument {k} has shape {shape}, but the plan was "
-                    f"built for {spec.describe()}{hint}; rebuild it for this shape, "
-                    "or build it with args_shape using -1 for the sizes that vary"
+                    f"plan {self.name!r}: argument {k} has shape {shape}, but this graph "
+                    f"was traced for {spec.describe()}{hint}"
                 )
             if a.dtype != spec.dtype:
                 raise PlanCallError(
-                    f"plan {self.name!r}: argument {k} has dtype {a.dtype}, but the plan was "
-                    f"built for {spec.dtype}"
+                    f"plan {self.name!r}: argument {k} has dtype {a.dtype}, but this graph "
+                    f"was traced for {spec.dtype}"
                 )
 
     # -- running ---------------------------------------------------------------------------

@@ -14,6 +14,12 @@ state then the constants (they travel as message buffers), ``nodes`` a list of
 each op against the worker's allow-list, every reference (only to values computed
 earlier), every argument's type and nesting. :func:`plan_to_bytes` packs the wire form
 and its tensor buffers into one msgpack byte string; nothing here uses pickle.
+
+A *variant* is a stored plan traced again for another input signature (what
+:class:`~pointers.messages.StoreRunPlan` carries): the same wire form under the magic
+``"pointers.plan.variant"``, with the state left out of its tensor table (only the
+constants travel): :func:`variant_from_wire` takes the state from the stored plan it is
+a variant of, so a model's weights never travel again for a new batch size.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from .plan_graph import SYM_OPS, InputSpec, Node, PlanDecodeError, PlanGraph
 from .serde import Ref
 
 MAGIC = "pointers.plan"
+VARIANT_MAGIC = "pointers.plan.variant"
 BYTES_MAGIC = "pointers.plan.bytes"
 VERSION = 1
 MAX_NODES = 1_000_000
@@ -53,6 +60,30 @@ def plan_to_wire(graph: PlanGraph) -> list[Any]:
         [Ref(s) for s in graph.outputs],
         graph.tuple_output,
     ]
+
+
+def variant_to_wire(graph: PlanGraph) -> list[Any]:
+    """A graph's wire form as a variant of a stored plan: without its state tensors."""
+    wire = plan_to_wire(graph)
+    wire[0] = VARIANT_MAGIC
+    wire[5] = wire[5][graph.n_state :]
+    return wire
+
+
+def variant_from_wire(base: PlanGraph, wire: Any, functions: Any = None) -> PlanGraph:
+    """Validate a variant of the stored plan ``base`` (see :func:`variant_to_wire`) and
+    build it with ``base``'s state tensors; raises :class:`PlanDecodeError`."""
+    if not isinstance(wire, list) or len(wire) != 9 or wire[0] != VARIANT_MAGIC:
+        raise PlanDecodeError(
+            "not a plan variant: expected a 9-field list starting with 'pointers.plan.variant'"
+        )
+    if type(wire[4]) is not int or wire[4] != base.n_state:
+        raise PlanDecodeError(
+            f"a variant of plan {base.name!r} must use its {base.n_state} state tensors"
+        )
+    if not isinstance(wire[5], list):
+        raise PlanDecodeError("the plan's tensor table must be a list of tensors")
+    return plan_from_wire([MAGIC, *wire[1:5], [*base.state, *wire[5]], *wire[6:]], functions)
 
 
 def plan_to_bytes(graph: PlanGraph) -> bytes:
@@ -218,10 +249,13 @@ def plan_from_wire(wire: Any, functions: Any = None) -> PlanGraph:
 __all__ = [
     "BYTES_MAGIC",
     "MAGIC",
+    "VARIANT_MAGIC",
     "VERSION",
     "check_target",
     "plan_from_bytes",
     "plan_from_wire",
     "plan_to_bytes",
     "plan_to_wire",
+    "variant_from_wire",
+    "variant_to_wire",
 ]

@@ -13,12 +13,20 @@ them as guards, and the plan turns each guard written in user code (or in
 fails with a clear error instead of running the wrong ops. Guards raised inside torch's
 shape-inference internals are dropped: they only choose how an output's strides are
 computed, and the worker re-runs each op on the real sizes anyway.
+
+A plan called with a signature (shapes, dtypes, strides) none of its graphs accepts is
+traced again for it (:meth:`pointers.Plan._variant_for`): ``mode="fake"`` traces on fake
+tensors of that signature, which allocate nothing and compute nothing, and
+``own_errors=True`` lets the function's own exception (a shape mismatch inside it)
+propagate as it is rather than as a :class:`PlanBuildError`.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,11 +83,18 @@ def trace_plan(
     name: str,
     dynamic_dims: Sequence[Sequence[int]] | None = None,
     arg_names: Sequence[str] | None = None,
+    mode: str = "real",
+    own_errors: bool = False,
+    copy_inputs: bool = True,
 ) -> PlanGraph:
     """Trace ``call(inputs, state)`` into a plan.
 
     ``dynamic_dims[k]`` lists the dims of argument ``k`` that may have any size.
-    ``arg_names`` name the arguments in error messages.
+    ``arg_names`` name the arguments in error messages. ``mode="fake"``: trace on fake
+    tensors with the examples' shapes, strides and dtypes (the examples may be meta
+    tensors; no dynamic dims). ``own_errors``: an exception the function raises (other
+    than a read of a tensor's value) propagates unchanged. ``copy_inputs=False``: a real
+    trace runs on the examples themselves (fresh tensors the caller made for it).
     """
     n_in = len(example_args)
     for k, a in enumerate(example_args):
@@ -87,6 +102,8 @@ def trace_plan(
             raise PlanBuildError(
                 f"plan {name!r}: build argument {k} must be a local tensor, got {type(a).__name__}"
             )
+    if mode not in ("real", "fake") or (mode == "fake" and dynamic_dims):
+        raise ValueError("mode is 'real' or 'fake' (and a fake trace has no dynamic dims)")
     dyn = [set(d) for d in dynamic_dims] if dynamic_dims else [set() for _ in example_args]
     if len(dyn) != n_in:
         raise PlanBuildError(f"plan {name!r}: dynamic_dims must have one entry per argument")
@@ -107,16 +124,23 @@ def trace_plan(
     try:
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        if any(dyn):
+        if mode == "fake":
+            with _quiet_fake_tensor_log():
+                gm = make_fx(flat, tracing_mode="fake")(*_fake_static(example_args, state))
+        elif any(dyn):
             env, fakes = _fake_inputs(example_args, dyn, state_copies)
-            gm = make_fx(flat, tracing_mode="symbolic")(*fakes)
+            with _quiet_fake_tensor_log():
+                gm = make_fx(flat, tracing_mode="symbolic")(*fakes)
         else:
-            inputs = [a.detach().clone() for a in example_args]
+            inputs = [a.detach().clone() for a in example_args] if copy_inputs else example_args
             gm = make_fx(flat, tracing_mode="real")(*inputs, *state_copies)
     except PlanBuildError:
         raise
     except Exception as e:
-        raise _trace_error(name, e) from e
+        error = _trace_error(name, e)
+        if own_errors and not error.data_dependent:
+            raise  # the function's own error, as an eager call raises it
+        raise error from e
     specs = [
         InputSpec(tuple(None if d in dims else s for d, s in enumerate(a.shape)), a.dtype)
         for a, dims in zip(example_args, dyn)
@@ -156,16 +180,54 @@ def _fake_inputs(
     return env, fakes
 
 
+def _fake_static(examples: Sequence[torch.Tensor], state: Sequence[torch.Tensor]) -> list[Any]:
+    """Fake tensors with the examples' shapes, strides and dtypes (on the CPU), and the
+    state's: nothing is allocated or computed while tracing on them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fakes = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype) for a in examples]
+    return fakes + [mode.from_tensor(s.detach()) for s in state]
+
+
+class _QuietFilter(logging.Filter):
+    """Drops the fake-tensor module's log of a failing op in a thread that traces a plan
+    (the failure is raised to the caller anyway; the log would only repeat it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.local, "quiet", False)
+
+
+_QUIET = _QuietFilter()
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QUIET)
+
+
+class _quiet_fake_tensor_log:  # noqa: N801 - used as a context manager
+    def __enter__(self) -> None:
+        self.before = getattr(_QUIET.local, "quiet", False)
+        _QUIET.local.quiet = True
+
+    def __exit__(self, *exc: Any) -> None:
+        _QUIET.local.quiet = self.before
+
+
 def _trace_error(name: str, e: Exception) -> PlanBuildError:
     text = f"{type(e).__name__}: {e}"
     lowered = text.lower()
     if "_local_scalar_dense" in text or "data-dependent" in lowered or "data dependent" in lowered:
-        return PlanBuildError(
+        error = PlanBuildError(
             f"plan {name!r} reads a tensor's value while it is traced (an `if` or loop on "
             "tensor data, .item(), bool(tensor), or a comparison used as a Python value). "
             "A plan records tensor ops, not Python decisions on data: use torch.where or a "
             f"mask instead. (torch raised {type(e).__name__})"
         )
+        error.data_dependent = True
+        return error
     return PlanBuildError(f"tracing plan {name!r} failed: {text[:2000]}")
 
 
@@ -337,8 +399,8 @@ class _Converter:
             ref = self._emit(cond, pretty)
             message = (
                 f"plan {self.name!r} was traced assuming {pretty} ({why}); this call's sizes "
-                "break that assumption, so the traced ops would not match: rebuild the plan "
-                "for these sizes"
+                "break that assumption, so the traced ops would not match (a plan that has "
+                "its Python function is traced again for such sizes)"
             )
             self._append(Node("plan::check", (ref, message), {}))
 

@@ -1,17 +1,20 @@
 """Protocols: roles mapped to plans, deployed on workers and run as a chain.
 
 >>> import torch, pointers as pt
->>> inc = pt.func2plan(args_shape=[(-1,)])(lambda x: x + 1)
->>> dbl = pt.func2plan(args_shape=[(-1,)])(lambda x: x * 2)
+>>> inc = pt.func2plan(args_shape=[(1,)])(lambda x: x + 1)
+>>> dbl = pt.func2plan(args_shape=[(1,)])(lambda x: x * 2)
 >>> protocol = pt.Protocol([("first", inc), ("second", dbl)])
 >>> _ = protocol.deploy(pt.VirtualWorker("alice"), pt.VirtualWorker("bob"))
->>> protocol.run(torch.tensor([1.0, 2.0])).get()
+>>> protocol.run(torch.tensor([1.0, 2.0])).get()  # built for (1,): any shape runs
 tensor([4., 6.])
 
 Deploying sends role ``k``'s plan to the ``k``-th worker (one message each). Running sends
 the input to the first role's worker with its plan call, then moves each role's outputs
 to the next role's worker, party to party (:meth:`PointerTensor.move`): the client sends
-one message per role plus one per moved output, and sees no intermediate value.
+one message per role plus one per moved output, and sees no intermediate value. An input
+signature (shapes, dtypes) a role's plan was not built for costs no extra message: the
+plan is traced again for it and the new graph travels with that role's call, once per
+signature and worker (see :class:`~pointers.plan.PointerPlan`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pointers as pt
-from pointers.messages import RunPlan, StorePlan
+from pointers.messages import Fetch, RunPlan, StorePlan
 from pointers.plan_serde import plan_from_wire, plan_to_wire
 from pointers.serde import Ref
 
@@ -100,7 +100,11 @@ def test_args_shape_builds_at_decoration_with_dynamic_dims(alice):
         out = plan_sum_abs.send(alice)(pt.send(x, alice), pt.send(y, alice))
         assert out.shape == (n, 2)
         assert torch.equal(out.get(), expected)
-    with pytest.raises(pt.PlanCallError, match=r"argument 0 has shape \(2, 2\).*\(1, 2\)"):
+    # x was fixed to (1, 2) by args_shape: another shape is traced again, and fails only
+    # where the function itself fails, with its own error
+    x, y = torch.randn(2, 2), torch.randn(2, 2)
+    assert torch.equal(plan_sum_abs(x, y), torch.abs(x + y))
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(2\) must match .* b \(3\)"):
         plan_sum_abs(torch.ones(2, 2), torch.ones(3, 2))
 
 
@@ -117,18 +121,47 @@ def test_dynamic_sizes_reach_view_expand_and_factories(alice):
         assert torch.equal(out.get(), expected)
 
 
-def test_static_plan_rejects_other_shapes_and_dtypes(alice):
+def test_static_plan_runs_other_shapes_and_dtypes_or_fails_as_the_function(alice):
     plan = pt.func2plan()(lambda x: x.view(2, 2) * 2).build(torch.ones(4))
-    with pytest.raises(pt.PlanCallError, match=r"has shape \(6,\).*built for \(4,\).*args_shape"):
+    # another dtype: traced again, the same result as the function
+    x64 = torch.arange(4, dtype=torch.float64)
+    assert torch.equal(plan(x64), x64.view(2, 2) * 2) and plan(x64).dtype == torch.float64
+    # a shape the function cannot take: the function's own error, not a PlanCallError
+    with pytest.raises(RuntimeError, match=r"shape '\[2, 2\]' is invalid for input of size 6"):
         plan(torch.ones(6))
-    with pytest.raises(pt.PlanCallError, match="dtype torch.float64.*torch.float32"):
-        plan(torch.ones(4, dtype=torch.float64))
     ptr_plan = plan.send(alice)
     p = pt.send(torch.ones(6), alice)
     before = _calls(alice)
-    with pytest.raises(pt.PlanCallError, match="has shape"):
+    with pytest.raises(RuntimeError, match=r"shape '\[2, 2\]' is invalid for input of size 6"):
+        ptr_plan(p)
+    assert _calls(alice) == before  # raised while tracing, before any message
+    out = ptr_plan(pt.send(torch.arange(4), alice))  # int64
+    assert torch.equal(out.get(), torch.arange(4).view(2, 2) * 2)
+
+
+def test_plan_without_its_function_runs_only_its_traced_signatures(alice):
+    plan = pt.func2plan(args_shape=[(4,)])(lambda x: x * 2)
+    loaded = pt.Plan.from_bytes(plan.to_bytes())
+    assert not loaded.can_trace and plan.can_trace
+    assert torch.equal(loaded(torch.ones(4)), torch.ones(4) * 2)
+    for bad in (torch.ones(6), torch.ones(4, dtype=torch.float64)):
+        with pytest.raises(pt.PlanCallError, match="no Python function here.*loaded from bytes"):
+            loaded(bad)
+    ptr_plan = loaded.send(alice)
+    p = pt.send(torch.ones(6), alice)
+    before = _calls(alice)
+    with pytest.raises(pt.PlanCallError, match=r"shape \(6,\).*traced for \(4,\).*no Python"):
         ptr_plan(p)
     assert _calls(alice) == before  # refused before any message
+    assert torch.equal(ptr_plan(pt.send(torch.ones(4), alice)).get(), torch.ones(4) * 2)
+    # a pointer plan made from a stored graph, without its plan, is the same
+    obj_id = alice.new_id()
+    alice.post(StorePlan(obj_id, plan_to_wire(plan.graph)))
+    bare = pt.PointerPlan(alice, obj_id, plan.graph)
+    before = _calls(alice)
+    with pytest.raises(pt.PlanCallError, match="no Python function here"):
+        bare(p)
+    assert _calls(alice) == before
 
 
 def test_wrong_number_of_arguments(alice):
@@ -262,14 +295,22 @@ def test_branch_on_a_dynamic_size_is_checked(alice):
         return x * 2 if x.shape[0] > 3 else x
 
     plan = pt.func2plan(args_shape=[(-1,)])(f)  # traced at size 4: the `> 3` branch
+    assert plan.graph.has_checks
     assert torch.equal(plan(torch.ones(5)), torch.ones(5) * 2)
-    with pytest.raises(pt.PlanCallError, match=r"x.shape\[0\] > 3"):
-        plan(torch.ones(2))
+    # the other branch: the plan has its function, so it is traced again for that size
+    assert torch.equal(plan(torch.ones(2)), torch.ones(2))
     ptr_plan = plan.send(alice)
+    assert torch.equal(ptr_plan(pt.send(torch.ones(2), alice)).get(), torch.ones(2))
+    assert torch.equal(ptr_plan(pt.send(torch.ones(6), alice)).get(), torch.ones(6) * 2)
+    # without its function, a call that breaks the check is refused before any message
+    loaded = pt.Plan.from_bytes(plan.to_bytes())
+    with pytest.raises(pt.PlanCallError, match=r"x.shape\[0\] > 3"):
+        loaded(torch.ones(2))
+    ptr_loaded = loaded.send(alice)
     p = pt.send(torch.ones(2), alice)
     before = _calls(alice)
-    with pytest.raises(pt.PlanCallError, match="rebuild the plan"):
-        ptr_plan(p)
+    with pytest.raises(pt.PlanCallError, match="traced again for such sizes"):
+        ptr_loaded(p)
     assert _calls(alice) == before
 
 
@@ -482,6 +523,206 @@ def test_property_plan_matches_function(name, values):
     assert torch.equal(_SENT[name](pt.send(x, _ALICE)).get(), expected)
 
 
+# -- other shapes and dtypes: traced again per signature, as PySyft's plans accept them ----------
+
+
+def test_issue_scenario_plan_abs_runs_on_another_shape_and_dtype(alice):
+    device_1 = alice
+
+    @pt.func2plan(args_shape=[(1,)], state=(torch.tensor([1]),))
+    def plan_abs(x, state):
+        (bias,) = state.read()
+        return x.abs() + bias
+
+    pointer_plan = plan_abs.send(device_1)
+    result = pointer_plan(pt.send(torch.tensor([-1, 0]), device_1)).get()
+    assert torch.equal(result, torch.tensor([2, 1]))  # (2,) int64, built for (1,) float32
+
+
+def test_new_signature_costs_one_message_and_is_sent_once(alice):
+    big = torch.randn(64, 64)  # 16 KiB of state: must not travel with a new signature
+    plan = pt.func2plan(args_shape=[(1, 64)], state=(big,))(lambda x, state: x @ state.read()[0])
+    ptr_plan = plan.send(alice)
+    x = pt.send(torch.randn(5, 64), alice)
+    xv = x.copy().get()
+    keep = []  # outputs stay alive, so that no delete travels with a counted call
+    before, bytes_before = _calls(alice), alice.stats.bytes_received
+    keep.append(ptr_plan(x))  # a new signature: the graph travels with the call
+    assert _calls(alice) == before + 1
+    first_bytes = alice.stats.bytes_received - bytes_before
+    assert first_bytes < big.numel() * 4  # the variant shares the stored state
+    assert len(ptr_plan.variants) == 1 and len(plan.variants) == 1
+    for _ in range(3):  # the same signature again: one plain RunPlan, no graph
+        before, bytes_before = _calls(alice), alice.stats.bytes_received
+        keep.append(ptr_plan(x))
+        assert _calls(alice) == before + 1
+        assert alice.stats.bytes_received - bytes_before < first_bytes / 2
+    assert len(ptr_plan.variants) == 1 and len(plan.variants) == 1
+    assert all(torch.allclose(k.get(), xv @ big) for k in keep)
+    # the built signature still runs the built graph
+    one = pt.send(torch.ones(1, 64), alice)
+    before = _calls(alice)
+    assert torch.allclose(ptr_plan(one).get(), torch.ones(1, 64) @ big)
+    assert _calls(alice) == before + 2 and len(ptr_plan.variants) == 1  # the call, the get
+    # a local call with that signature uses the variant the plan already traced
+    assert torch.allclose(plan(torch.ones(5, 64)), torch.ones(5, 64) @ big)
+    assert len(plan.variants) == 1
+
+
+def test_dropping_a_pointer_plan_deletes_its_variants(alice):
+    plan = pt.func2plan(args_shape=[(1,)])(lambda x: x + 1)
+    ptr_plan = plan.send(alice)
+    assert torch.equal(ptr_plan(pt.send(torch.ones(3), alice)).get(), torch.ones(3) * 2)
+    ids = [ptr_plan.id_at_location, next(iter(ptr_plan._variants.values()))[0].obj_id]
+    assert all(i in alice.objects for i in ids)
+    del ptr_plan
+    gc.collect()
+    assert not any(i in alice.objects for i in ids)
+
+
+def test_module_plan_runs_other_batch_sizes_without_resending_weights(alice):
+    class Mlp(pt.Plan):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(128, 64)
+
+        def forward(self, x):
+            return F.relu(self.fc(x))
+
+    mlp = Mlp().build(torch.ones(1, 128))
+    ptr_plan = mlp.send(alice)
+    weights = sum(p.numel() * 4 for p in mlp.parameters())
+    for n in (3, 7, 3):
+        x = torch.randn(n, 128)
+        before = alice.stats.bytes_received
+        out = ptr_plan(pt.send(x, alice))
+        assert alice.stats.bytes_received - before < weights / 4
+        assert torch.allclose(out.get(), nn.Module.__call__(mlp, x).detach())
+    assert len(ptr_plan.variants) == 2  # batch 3 and 7, each traced and sent once
+
+
+def test_strides_are_part_of_the_signature(alice):
+    # traced on a contiguous input, `reshape` is a view; a transposed input needs a copy
+    plan = pt.func2plan(args_shape=[(3, 2)])(lambda x: x.reshape(-1) * 2)
+    x = torch.arange(6.0).view(2, 3).t()
+    assert torch.equal(plan(x), x.reshape(-1) * 2)
+    p = pt.send(torch.arange(6.0).view(2, 3), alice).t()  # a transposed pointer
+    assert tuple(p.stride()) == (1, 3)
+    assert torch.equal(plan.send(alice)(p).get(), x.reshape(-1) * 2)
+
+
+def test_function_error_on_a_new_shape_is_the_functions_own(alice):
+    plan = pt.func2plan(args_shape=[(2,)])(lambda x: x + torch.ones(2))
+    with pytest.raises(RuntimeError) as eager:
+        torch.ones(3) + torch.ones(2)
+    with pytest.raises(RuntimeError) as local:
+        plan(torch.ones(3))
+    assert type(local.value) is type(eager.value) and str(local.value) == str(eager.value)
+    ptr_plan = plan.send(alice)
+    p = pt.send(torch.ones(3), alice)
+    before = _calls(alice)
+    with pytest.raises(RuntimeError) as remote:
+        ptr_plan(p)
+    assert type(remote.value) is type(eager.value) and str(remote.value) == str(eager.value)
+    assert not isinstance(remote.value, pt.PlanError)
+    assert _calls(alice) == before  # no message for a call that cannot run
+    softmax = pt.func2plan(args_shape=[(2,)])(lambda x: F.softmax(x, dim=0))
+    with pytest.raises(RuntimeError) as eager:
+        F.softmax(torch.ones(2, dtype=torch.int64), dim=0)
+    with pytest.raises(RuntimeError) as remote:
+        softmax.send(alice)(pt.send(torch.ones(2, dtype=torch.int64), alice))
+    assert str(remote.value) == str(eager.value)  # a dtype the function does not take
+
+
+def test_wrong_argument_count_is_still_a_plan_call_error(alice):
+    plan = pt.func2plan(args_shape=[(1,)])(lambda x: x)
+    with pytest.raises(pt.PlanCallError, match="takes 1 argument, got 2"):
+        plan.send(alice)(pt.send(torch.ones(3), alice), pt.send(torch.ones(3), alice))
+
+
+def test_worker_refuses_a_malformed_variant(alice):
+    from pointers.messages import StoreRunPlan
+    from pointers.plan_serde import variant_to_wire
+
+    plan = pt.func2plan(args_shape=[(1,)], state=(torch.ones(1),))(
+        lambda x, state: x + state.read()[0]
+    )
+    ptr_plan = plan.send(alice)
+    p = pt.send(torch.ones(3), alice)
+    good = variant_to_wire(plan._variant_for([torch.ones(3)]))
+    assert good[5] == []  # the state does not travel with a variant
+    cases = [
+        (["pointers.plan", *good[1:]], "not a plan variant"),
+        ([*good[:4], 0, *good[5:]], "must use its 1 state tensors"),
+        ([*good[:6], [["builtins::eval", [], {}]], *good[7:]], "unknown op"),
+    ]
+    plan_id, arg = ptr_plan.id_at_location, [Ref(p.id_at_location)]
+    for wire, message in cases:
+        with pytest.raises(pt.RemoteError, match=message):
+            alice.request(StoreRunPlan(plan_id, alice.new_id(), wire, arg, [alice.new_id()], False))
+    with pytest.raises(pt.RemoteError, match="is not a plan"):
+        alice.request(StoreRunPlan(p.id_at_location, alice.new_id(), good, arg, [1], False))
+    out_id = alice.new_id()  # the well-formed variant runs, with the plan's stored state
+    alice.request(StoreRunPlan(plan_id, alice.new_id(), good, arg, [out_id], False))
+    assert torch.equal(alice.request(Fetch(out_id, True)), torch.ones(3) * 2)
+
+
+# -- property: a plan traced on one signature, called on others, matches the function --------------
+
+_ANY_SHAPE = {
+    "abs_plus": lambda x: x.abs() + 1,
+    "sum_last": lambda x: (x * 2).sum(-1),
+    "flat_cumsum": lambda x: x.flatten().cumsum(0),
+    "where": lambda x: torch.where(x > 0, x, -x) * 3,
+    "outer": lambda x: x.reshape(-1, 1) * x.reshape(1, -1),
+    "softmax": lambda x: F.softmax(x, dim=-1),  # floats only: ints fail as eagerly
+    "mean_keep": lambda x: x - x.mean(0, keepdim=True),  # floats only too
+}
+_ANY_PLANS = {k: pt.func2plan(args_shape=[(2, 3)])(fn) for k, fn in _ANY_SHAPE.items()}
+_DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32]
+
+
+def _eager(fn, x):
+    try:
+        return fn(x), None
+    except Exception as e:  # the function's own failure on this input
+        return None, e
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    name=st.sampled_from(sorted(_ANY_SHAPE)),
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    dtype=st.sampled_from(_DTYPES),
+    transpose=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_property_any_signature_matches_the_function(alice, name, shape, dtype, transpose, seed):
+    fn, plan = _ANY_SHAPE[name], _ANY_PLANS[name]  # the plan was traced on (2, 3) float32
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 10).to(dtype)
+    p = pt.send(x, alice)
+    if transpose and x.dim() >= 2:  # strides are part of the signature too
+        x, p = x.transpose(0, -1), p.transpose(0, -1)
+    expected, error = _eager(fn, x)
+    if error is not None:  # the plan fails where the function fails, with its error
+        for call in (lambda: plan(x), lambda: plan(p)):
+            with pytest.raises(type(error)) as got:
+                call()
+            assert str(got.value) == str(error)
+        return
+    local = plan(x)
+    remote = plan(p)  # sent to alice on first use, then one message per call
+    assert remote.shape == expected.shape and remote.dtype == expected.dtype
+    for out in (local, remote.get()):
+        assert out.dtype == expected.dtype and out.shape == expected.shape
+        assert torch.equal(out, expected)
+
+
 # -- protocols -------------------------------------------------------------------------------------
 
 
@@ -509,6 +750,24 @@ def test_protocol_chains_plans_party_to_party(alice, bob):
     p = pt.send(torch.tensor([0.0]), bob)  # a pointer elsewhere is copied to the first role
     assert torch.equal(protocol.run(p).get(), torch.tensor([2.0]))
     assert torch.equal(p.get(), torch.tensor([0.0]))
+
+
+def test_issue_scenario_protocol_of_plans_built_for_one_element(alice, bob):
+    inc_plan = pt.func2plan(args_shape=[(1,)])(lambda x: x + 1)
+    mul_plan = pt.func2plan(args_shape=[(1,)])(lambda x: x * 2)
+    protocol = pt.Protocol([("worker1", inc_plan), ("worker2", mul_plan)])  # both built for (1,)
+    protocol.deploy(alice, bob)
+    for _ in range(2):  # a new signature, then the same again: one message per role each
+        a0, b0 = _calls(alice), _calls(bob)
+        out = protocol.run(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        assert _calls(alice) - a0 == 2  # the plan call, and the move of its output to bob
+        assert _calls(bob) - b0 == 2  # the delivery from alice, and the plan call
+        assert torch.equal(out.get(), torch.tensor([4.0, 6.0, 8.0, 10.0]))
+    assert torch.equal(protocol.run(torch.tensor([5])).get(), torch.tensor([12]))  # int64
+    with pytest.raises(RuntimeError, match="size of tensor a"):  # the function's own error
+        pt.Protocol([("a", pt.func2plan(args_shape=[(1,)])(lambda x: x + torch.ones(2)))]).deploy(
+            alice
+        ).run(torch.ones(3))
 
 
 def test_protocol_deploy_errors(alice, bob):
