@@ -63,6 +63,7 @@ class _Programs:
         self.out_slots = [self.slots.index[s.id_at_location] for s in out.shares]
         self.out_meta = (out.dtype, out.frac_bits, out.pending)
         self.out_share_meta = [(tuple(s.shape), s.stride(), s.dtype) for s in out.shares]
+        self.programs = programs  # per worker id, the commands in wire form with slots
         self.commands = {wid: len(p) for wid, p in programs.items()}
         self.program_ids: dict[str, int] = {}
         for w in workers:
@@ -161,7 +162,12 @@ class SharedPlan:
         ):
             shares.append(PointerTensor(RemoteRef(party, bindings[slot]), shape, stride, dtype))
         dtype, frac, pending = variant.out_meta
-        return SharedTensor(shares, self.session, frac, dtype, pending)
+        out = SharedTensor(shares, self.session, frac, dtype, pending)
+        # the programs read the inputs after this call returns: a caller that drops them
+        # at once must not have their deletes overtake the programs, so the output keeps
+        # them until it is dropped itself
+        out.keep_alive = inputs
+        return out
 
     def __repr__(self) -> str:
         return (

@@ -83,6 +83,8 @@ class Session:
                 if p is not q:
                     p.introduce(q)
         self._tokens: list[Any] = []
+        # which run of each worker process the seeds were dealt in (network workers)
+        self._incarnations: list[Any] = [None] * len(self._workers())
         self.party_seeds: list[pt.PointerTensor] = []
         self.dealer_seeds: list[pt.PointerTensor] = []
         if crypto_provider is not None:
@@ -93,6 +95,22 @@ class Session:
                 )
                 self.dealer_seeds.append(seed)
                 self.party_seeds.append(seed.copy_to(p))
+        self.is_current()  # note the workers' incarnations known now
+
+    def _workers(self) -> list[Any]:
+        return self.parties + ([self.dealer] if self.dealer is not None else [])
+
+    def is_current(self) -> bool:
+        """False once a worker restarted since the seeds were dealt (a network worker's
+        process came back with an empty store): the group needs a new session."""
+        for k, w in enumerate(self._workers()):
+            now = getattr(w, "incarnation", None)
+            seen = self._incarnations[k]
+            if seen is None:
+                self._incarnations[k] = now
+            elif now is not None and now != seen:
+                return False
+        return True
 
     @property
     def n(self) -> int:
@@ -166,7 +184,7 @@ class SessionGroups:
         if active is not None and _group_key(active.parties, active.dealer, active.config) == key:
             return active
         session = self._sessions.get(key)
-        if session is None:
+        if session is None or not session.is_current():
             session = Session(list(parties), crypto_provider, config)
             self._sessions[key] = session
         return session

@@ -36,6 +36,7 @@ class SharedTensor(torch.Tensor):
     frac_bits: int
     pending: int
     views_of_pending: bool
+    keep_alive: Any  # objects whose remote values the producers of these shares still read
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -67,6 +68,7 @@ class SharedTensor(torch.Tensor):
         t.frac_bits = frac_bits
         t.pending = pending
         t.views_of_pending = False  # a view was taken while a truncation was pending
+        t.keep_alive = None
         return t
 
     def materialize(self) -> SharedTensor:
