@@ -50,14 +50,10 @@ _SHAPE_OPS = [
     aten.split.Tensor,
     aten.split_with_sizes.default,
     aten.unbind.int,
-    aten.chunk.default,
     aten.alias.default,
     aten.detach.default,
     aten.movedim.int,
     aten.unfold.default,
-    aten.narrow.default,
-    aten.flatten.using_ints,
-    aten.contiguous.default,
 ]
 _SHAPE_OPS = list(dict.fromkeys(_SHAPE_OPS))
 
@@ -298,7 +294,7 @@ def mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return div_public(total, count)
 
 
-@register(aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default)
+@register(aten._local_scalar_dense.default, aten.equal.default)
 def reveal_value(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     raise UnsupportedOpError(
         str(func),

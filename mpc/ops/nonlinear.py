@@ -215,7 +215,7 @@ def _pool_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[int]
     return kernel, stride, padding
 
 
-@register(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+@register(aten.max_pool2d_with_indices.default)
 def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     kernel, stride, padding = _pool_args(args, kwargs)
@@ -230,8 +230,6 @@ def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         x = aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]], big)
     v, _ = _tree_max(_windows(x, kernel, stride), False)
     v = v.squeeze(-1)
-    if func is aten.max_pool2d.default:
-        return v
     # Indices would cost an argmax; nn.MaxPool2d ignores them. Return a meta tensor so
     # any use fails loudly rather than silently.
     return v, torch.empty(tuple(v.shape), dtype=torch.int64, device="meta")
@@ -252,7 +250,7 @@ def avg_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return total / float(divisor or kernel[0] * kernel[1])
 
 
-@register(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+@register(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, out = args[0], list(args[1])
     h, w = x.shape[-2], x.shape[-1]

@@ -1,0 +1,74 @@
+"""Per-op regression of communication: rounds and bytes per party, for 2 and 3 parties.
+
+A protocol change that costs a round, or sends more, fails here, not only in a benchmark.
+The byte figures are the payload each party sends (8-byte ring words; the comparison's
+carry tree packs bits, see mpc/bits.py) as measured when this test was written, with a
+small allowance for message headers. With n parties every opening goes to n - 1 peers,
+so a party's bytes scale with n - 1; the dealer ships one correction to the last party
+whatever n is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mpc
+import pointers as pt
+
+N = 4096
+
+# name: (fn, operand shapes, rounds, payload bytes per party with 2 parties)
+CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
+    # Beaver: open e and f (2 words), then truncation: open c (1 word)
+    "mul": (lambda a, b: a * b, [(N,), (N,)], 2, 3 * 8 * N),
+    "matmul": (lambda a, b: a @ b, [(64, 64), (64, 64)], 2, 3 * 8 * 64 * 64),
+    # e: the input, f: the weights, c: the 4 x 30 x 30 output
+    "conv2d": (
+        lambda a, b: F.conv2d(a, b),
+        [(1, 1, 32, 32), (4, 1, 3, 3)],
+        2,
+        8 * (32 * 32 + 4 * 9 + 4 * 30 * 30),
+    ),
+    "lt": (lambda a, b: a < b, [(N,), (N,)], 8, 321_920),
+    "relu": (F.relu, [(N,)], 8, 387_520),
+    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 9, 485_888),
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 24, 397_760),
+    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 16, 291_264),
+}
+HEADER_ALLOWANCE = 64  # bytes of message headers per round
+
+
+def _measure(n: int, fn: Callable[..., Any], shapes: list[tuple[int, ...]]) -> Any:
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(n)]
+    dealer = pt.VirtualWorker("dealer")
+    gen = torch.Generator().manual_seed(0)
+    xs = [
+        mpc.share(torch.randn(s, generator=gen), *parties, crypto_provider=dealer) for s in shapes
+    ]
+    with mpc.stats() as s:
+        out = fn(*xs)
+        out.materialize()  # a pending truncation is part of the op's cost
+    return s
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("name", list(CASES))
+def test_rounds_and_bytes_per_party(name: str, n: int) -> None:
+    fn, shapes, rounds, payload2 = CASES[name]
+    s = _measure(n, fn, shapes)
+    assert s.rounds == rounds, f"{name}: {s.rounds} rounds, expected {rounds}"
+    payload = payload2 * (n - 1)
+    for party, sent in s.bytes_per_party.items():
+        assert payload <= sent <= payload + HEADER_ALLOWANCE * rounds * (n - 1), (
+            f"{name}, {n} parties: {party} sent {sent} bytes, expected {payload} of payload"
+        )
+
+
+def test_the_dealer_ships_the_same_whatever_the_number_of_parties() -> None:
+    fn, shapes, _, _ = CASES["lt"]
+    assert _measure(2, fn, shapes).dealer_bytes == _measure(3, fn, shapes).dealer_bytes
