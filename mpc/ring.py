@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -309,3 +309,24 @@ def ring_conv2d(
             for c0 in range(per_chunk, cg, per_chunk):
                 out.add_(chunk(c0))
     return out.squeeze(0) if unbatched else out
+
+
+def ring_bilinear(
+    op: str, params: dict[str, Any], a: torch.Tensor, b: torch.Tensor
+) -> torch.Tensor:
+    """The ring (Z/2^64) version of the bilinear ``op`` (mul, matmul, conv2d) on int64
+    tensors: the products Beaver triples serve."""
+    if op == "mul":
+        return torch.mul(a, b)
+    if op == "matmul":
+        return ring_matmul(a, b)
+    if op == "conv2d":
+        return ring_conv2d(
+            a,
+            b,
+            stride=tuple(params["stride"]),
+            padding=tuple(params["padding"]),
+            dilation=tuple(params["dilation"]),
+            groups=int(params["groups"]),
+        )
+    raise ValueError(f"unknown bilinear op {op!r}")

@@ -143,7 +143,7 @@ class _MsbRun:
         words = bits.padded(_numel(shape))
         for k in range(bits.LEVELS):
             piggyback = [o for b in late for o in b.to_open()] if k == 0 else []
-            g, pr, got = _ks_level(session, g, pr, k, words, piggyback)
+            g, pr, got = _carry_level(session, g, pr, k, words, piggyback)
             words //= 1 if k == bits.LEVELS - 1 else 2
             if k == 0:
                 self.vt += [b.finish(got[2 * j], got[2 * j + 1]) for j, b in enumerate(late)]
@@ -193,7 +193,7 @@ class _MsbRun:
         ]
 
 
-def _ks_level(
+def _carry_level(
     session: Session,
     g: Shares,
     pr: Shares,
@@ -214,7 +214,7 @@ def _ks_level(
     masks = [
         call(
             p,
-            "mpc.ks_mask",
+            "mpc.carry_mask",
             [session.party_seeds[i], nonce, g[i], pr[i], level],
             [(and_shape, I64)] * 4,
         )
@@ -226,7 +226,7 @@ def _ks_level(
     outs = [
         call(
             p,
-            "mpc.ks_combine",
+            "mpc.carry_combine",
             [
                 session.party_seeds[i],
                 nonce,

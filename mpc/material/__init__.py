@@ -1,0 +1,54 @@
+"""Functions the parties' and the dealer's workers run (registered with each worker).
+
+These run *where the data lives*: the dealer (crypto provider) expands every party's seed
+to compute correlated randomness and ships one correction tensor to the last party; each
+party expands its own seed locally. The orchestrating client only passes object ids and
+public parameters (shapes, nonces); it never sees a seed, a triple or a mask.
+
+Seed expansion: a party's 16-byte seed ``s`` and a public ``(nonce, tag)`` give the key
+``AES_s(nonce || tag)`` of a fresh AES counter-mode stream (AES as a PRF), so each piece of
+material has its own stream and both sides derive it without talking.
+"""
+
+from __future__ import annotations
+
+from .dealer import dealer_and_triple, dealer_compare, dealer_triple, dealer_trunc, new_seed
+from .party import (
+    beaver_combine,
+    beaver_mask,
+    bilinear_public,
+    carry_combine,
+    carry_mask,
+    cmp_bit_finish,
+    cmp_bit_mask,
+    cmp_init,
+    cmp_mask,
+    cmp_select_finish,
+    party_derive,
+    trunc_finish,
+    trunc_mask,
+)
+from .streams import TAG_T_ARITH, consume, derive
+
+FUNCTIONS = {
+    "mpc.cmp_select_finish": cmp_select_finish,
+    "mpc.cmp_mask": cmp_mask,
+    "mpc.cmp_init": cmp_init,
+    "mpc.carry_mask": carry_mask,
+    "mpc.carry_combine": carry_combine,
+    "mpc.cmp_bit_mask": cmp_bit_mask,
+    "mpc.cmp_bit_finish": cmp_bit_finish,
+    "mpc.bilinear_public": bilinear_public,
+    "mpc.new_seed": new_seed,
+    "mpc.dealer_triple": dealer_triple,
+    "mpc.dealer_and_triple": dealer_and_triple,
+    "mpc.dealer_trunc": dealer_trunc,
+    "mpc.dealer_compare": dealer_compare,
+    "mpc.derive": party_derive,
+    "mpc.beaver_mask": beaver_mask,
+    "mpc.beaver_combine": beaver_combine,
+    "mpc.trunc_mask": trunc_mask,
+    "mpc.trunc_finish": trunc_finish,
+}
+
+__all__ = ["FUNCTIONS", "TAG_T_ARITH", "consume", "derive"]

@@ -1,0 +1,274 @@
+"""The parties' steps of the protocols in :mod:`mpc.protocols` (one function per step,
+run where the shares live; the party's own seed gives its share of the dealer's material).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpc import bits
+from mpc.ring import ring_bilinear
+from pointers.sealing import protocol_function
+
+from .streams import (
+    TAG_A,
+    TAG_B,
+    TAG_C,
+    TAG_D,
+    TAG_R,
+    TAG_RBITS,
+    TAG_T_ARITH,
+    TAG_T_BIN,
+    TAG_U,
+    consume,
+    derive,
+)
+
+_LOW63 = 0x7FFFFFFFFFFFFFFF
+
+
+@protocol_function(material=("seed",), sealed_outputs=True)
+def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> Any:
+    """The party's share of the dealer's material ``(nonce, tag)`` (e.g. a daBit's [t])."""
+    consume(ctx, [seed], nonce, tag)
+    return derive(seed, nonce, tag, shape)
+
+
+@protocol_function(material=("seed",), either=("x", "y"), sealed_outputs=True)
+def beaver_mask(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Party i: the masked e_i = x_i - a_i, f_i = y_i - b_i, and its triple share a_i."""
+    consume(ctx, [seed], nonce, TAG_A, TAG_B)
+    a = derive(seed, nonce, TAG_A, list(x.shape))
+    b = derive(seed, nonce, TAG_B, list(y.shape))
+    return [torch.sub(x, a), torch.sub(y, b, out=b), a]
+
+
+@protocol_function(material=("seed", "c", "a", "e", "f"), either=("y",))
+def beaver_combine(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    c: torch.Tensor | None,
+    y: torch.Tensor,
+    a: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor,
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """Party i's share of op(x, y) = c + op(e, y) + op(a, f), summed over the parties:
+    c + op(e, b + f) + op(a, f) = op(a + e, b + f). No party needs a special term.
+
+    ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
+    ``e`` and ``a`` are this call's own temporaries (opened here, derived for this nonce):
+    the elementwise case works in their buffers.
+    """
+    consume(ctx, [seed], nonce, TAG_C)
+    if op == "mul" and e.shape == y.shape == a.shape == f.shape:
+        z = e.mul_(y).addcmul_(a, f)
+    else:
+        z = ring_bilinear(op, params, e, y)
+        z += ring_bilinear(op, params, a, f)
+    z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
+    return z
+
+
+@protocol_function(material=("seed",), either=("z",), sealed_outputs=True)
+def trunc_mask(ctx: Any, seed: torch.Tensor, nonce: int, z: torch.Tensor) -> torch.Tensor:
+    """Party i: c_i = z_i + r_i."""
+    consume(ctx, [seed], nonce, TAG_R)
+    return derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
+
+
+@protocol_function(material=("seed", "corrections", "c"))
+def trunc_finish(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    corrections: list[torch.Tensor] | None,
+    c: torch.Tensor,
+    bits: int,
+) -> torch.Tensor:
+    """Party i's share of z >> bits from the opened c = z + r = (z + 2^62) + r'.
+
+    With w = z + 2^62 (in [0, 2^63) for |z| < 2^62), h = msb(r') and b = msb(c) xor h,
+    the carry out of the low 63 bits of w + r': w = (c mod 2^63) - (r' mod 2^63) + 2^63 b.
+    Shifting by f (floor(A / 2^f) - floor(B / 2^f) is floor((A - B) / 2^f) or one more)
+    and writing x mod 2^63 >> f = (x >> f) + 2^(63-f) msb(x) for the arithmetic shift:
+    z >> f ~ (c >> f) - (r' >> f) - 2^(62-f) + 2^(63-f) (msb(c) - h + b)
+           = (c >> f) + U + msb(c) D,
+    since msb(c) - h + b = 2 msb(c) (1 - h). The public msb(c) selects [D] or 0, so:
+    [z >> f] = [U] + ([D] & (c >> 63)) (+ c >> f at party 0).
+    """
+    consume(ctx, [seed], nonce, TAG_U, TAG_D)
+    if corrections is None:
+        u = derive(seed, nonce, TAG_U, list(c.shape))
+        d = derive(seed, nonce, TAG_D, list(c.shape))
+    else:
+        u, d = corrections
+    u += d.bitwise_and_(c >> 63)  # c >> 63: all ones where msb(c) = 1, else 0
+    if first:  # c is the opened copy, this call's own
+        u += c.bitwise_right_shift_(bits)
+    return u
+
+
+def bilinear_public(
+    ctx: Any,
+    share: torch.Tensor,
+    public: torch.Tensor,
+    public_first: bool,
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """A share times an (encoded) public operand, in the ring: local to each party."""
+    if public_first:
+        return ring_bilinear(op, params, public, share)
+    return ring_bilinear(op, params, share, public)
+
+
+# -- comparison (MSB extraction), party side ---------------------------------------------
+
+
+@protocol_function(material=("seed",), either=("x",), sealed_outputs=True)
+def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
+    """c_i = x_i + r_i: the party's share of x masked by the dealer's r."""
+    consume(ctx, [seed], nonce, TAG_R)
+    return x + derive(seed, nonce, TAG_R, list(x.shape))
+
+
+@protocol_function(material=("seed", "r_bits", "c"), sealed_outputs=True)
+def cmp_init(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    r_bits: torch.Tensor | None,
+    c: torch.Tensor,
+) -> list[torch.Tensor]:
+    """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
+    carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded for the
+    carry tree; and the party's XOR share of msb(c) ^ msb(~r)."""
+    consume(ctx, [seed], nonce, TAG_RBITS)
+    y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
+    if first:
+        y = ~y
+    top = (y >> 63) & 1
+    if first:
+        top ^= (c >> 63) & 1
+    g = c & y
+    p = c ^ y if first else y
+    g ^= p & 1
+    g &= _LOW63  # group [0, 63] = group [0, 62]: bit 63 generates nothing ...
+    p &= _LOW63
+    if first:
+        p |= -(1 << 63)  # ... and propagates
+    n = g.numel()
+    pad = bits.padded(n) - n
+    g, p = g.reshape(-1), p.reshape(-1)
+    if pad:
+        g = torch.cat([g, g.new_zeros(pad)])
+        p = torch.cat([p, p.new_zeros(pad)])
+    return [g, p, top]
+
+
+@protocol_function(material=("seed", "g", "p"), sealed_outputs=True)
+def carry_mask(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    g: torch.Tensor,
+    p: torch.Tensor,
+    level: int,
+) -> list[torch.Tensor]:
+    """One carry-tree level: the AND operands (see :mod:`mpc.bits`) masked with a binary
+    triple: e_i = x_i ^ a_i, f_i = y_i ^ b_i."""
+    consume(ctx, [seed], nonce, TAG_A, TAG_B)
+    x, y = bits.level_operands(g, p, level)
+    a = derive(seed, nonce, TAG_A, list(x.shape))
+    b = derive(seed, nonce, TAG_B, list(y.shape))
+    return [x ^ a, y ^ b, a, b]
+
+
+@protocol_function(material=("seed", "c", "a", "b", "e", "f", "g"), sealed_outputs=True)
+def carry_combine(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    c: torch.Tensor | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    e: torch.Tensor,
+    f: torch.Tensor,
+    g: torch.Tensor,
+    level: int,
+) -> list[torch.Tensor]:
+    """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), then the next (G, P)."""
+    consume(ctx, [seed], nonce, TAG_C)
+    z = b.bitwise_and_(e)
+    z ^= a.bitwise_and_(f)
+    if first:
+        z ^= e.bitwise_and_(f)
+    z ^= derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
+    g_new, p_new = bits.level_update(g, z, level)
+    return [g_new] if p_new is None else [g_new, p_new]
+
+
+@protocol_function(material=("seed", "t_bin", "g", "top"), sealed_outputs=True)
+def cmp_bit_mask(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    t_bin: torch.Tensor | None,
+    g: torch.Tensor,
+    top: torch.Tensor,
+) -> torch.Tensor:
+    """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i."""
+    consume(ctx, [seed], nonce, TAG_T_BIN)
+    carry = bits.unpack_carries(g, top.numel()).view(top.shape)
+    t = derive(seed, nonce, TAG_T_BIN, list(top.shape)) & 1 if t_bin is None else t_bin
+    return carry.bitwise_xor_(top).bitwise_xor_(t)
+
+
+@protocol_function(material=("seed", "t_arith", "d"))
+def cmp_bit_finish(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    t_arith: torch.Tensor | None,
+    d: torch.Tensor,
+) -> torch.Tensor:
+    """Arithmetic share of msb(x) = d + (1 - 2d) t from the opened d = msb(x) ^ t."""
+    consume(ctx, [seed], nonce, TAG_T_ARITH)
+    t = derive(seed, nonce, TAG_T_ARITH, list(d.shape)) if t_arith is None else t_arith
+    out = (1 - 2 * d) * t
+    if first:
+        out += d
+    return out
+
+
+@protocol_function(material=("d", "vt"))
+def cmp_select_finish(
+    ctx: Any,
+    complement: bool,
+    d: torch.Tensor,
+    v: torch.Tensor,
+    vt: torch.Tensor,
+) -> torch.Tensor:
+    """Share of v * msb(x) = d v + (1 - 2d) [v t] (complement: (1 - d) v - (1 - 2d) [v t]).
+
+    Every party holds d (public) and its shares of v and v t; d v is linear in v."""
+    coef = 1 - 2 * d
+    if complement:
+        return (1 - d) * v - coef * vt
+    return d * v + coef * vt
