@@ -2,6 +2,7 @@
 
 import gc
 
+import pytest
 import torch
 from torch import nn, optim
 
@@ -89,3 +90,55 @@ def test_module_moves_between_workers_and_optimizer_keeps_params(alice, bob):
     assert [id(p) for p in model.parameters()] == params_before
     assert all(type(p) is nn.Parameter for p in model.parameters())
     assert len(bob.objects) == 0
+
+
+def _small_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 2, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(2 * 3 * 3, 3),
+    )
+
+
+def _train_cnn(make_opt, worker=None, steps: int = 3):
+    torch.manual_seed(0)
+    model = _small_cnn()
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 1])
+    opt = make_opt(model.parameters())
+    if worker is not None:
+        pt.send(model, worker)
+        x, y = pt.send(x, worker), pt.send(y, worker)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.get() if worker is not None else loss.detach()))
+    if worker is not None:
+        pt.get(model)
+    return model, losses
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p: optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+        lambda p: optim.Adam(p, lr=0.01),
+        lambda p: optim.AdamW(p, lr=0.01, amsgrad=True),
+    ],
+    ids=["sgd-momentum", "adam", "adamw-amsgrad"],
+)
+def test_remote_cnn_training_with_stateful_optimizers_matches_local(alice, make_opt):
+    """Conv2d, ReLU, MaxPool2d, Linear and cross-entropy, trained at the worker with
+    optimizers that keep remote state (momentum buffers, Adam moments): every op autograd
+    and the optimizer send is on the worker's allow-list, and the result is the local one."""
+    remote_model, remote_losses = _train_cnn(make_opt, alice)
+    local_model, local_losses = _train_cnn(make_opt)
+    assert remote_losses == pytest.approx(local_losses, rel=1e-5)
+    assert remote_losses[-1] < remote_losses[0]
+    for a, b in zip(remote_model.parameters(), local_model.parameters()):
+        assert type(a) is nn.Parameter
+        assert torch.allclose(a, b, atol=1e-5)
