@@ -215,10 +215,19 @@ def test_repeated_share_calls_deal_seeds_once(trio: Any) -> None:
     """The set-up messages of a group's session are paid once, not at every share."""
     alice, bob, carol = trio
     keep = mpc.share(torch.ones(2), alice, bob, crypto_provider=carol)
+    kept = []
+    for w in trio:  # earlier deletes travel before the count
+        w.request(Describe([]))
     with mpc.stats() as s:
         for _ in range(5):
-            mpc.share(torch.ones(4), alice, bob, crypto_provider=carol)
+            kept.append(mpc.share(torch.ones(4), alice, bob, crypto_provider=carol))
     assert s.client_messages == 5 * 2  # one store per party and call, no seed dealing
+    before = sum(w.stats.messages_received for w in trio)
+    mpc.Session([alice, bob], carol)  # what every share call cost before: a session's set-up
+    for w in trio:
+        w.request(Describe([]))
+    setup = sum(w.stats.messages_received for w in trio) - before - 3  # (less the syncs)
+    assert setup >= 4  # a seed made and delivered per party, at least
     assert keep.session is mpc.share(torch.ones(1), alice, bob, crypto_provider=carol).session
 
 
