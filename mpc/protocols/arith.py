@@ -5,6 +5,7 @@ Notation: [x] is an additive sharing, x = sum_i x_i mod 2^64, party i holding x_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,8 +19,58 @@ Shares = list[pt.PointerTensor]
 I64 = torch.int64
 
 
-def call(worker: Any, name: str, args: list[Any], out: list[tuple[Any, torch.dtype]]) -> Shares:
+Out = list[tuple[Any, torch.dtype]]
+
+
+def call(worker: Any, name: str, args: list[Any], out: Out) -> Shares:
     return pt.call_function(worker, name, args, out=out)  # type: ignore[return-value]
+
+
+def at_parties(
+    session: Session, name: str, args: Callable[[int], list[Any]], out: Out
+) -> list[Shares]:
+    """Run the step ``name`` at every party, party i with ``args(i)``; per output of the
+    step, its shares (one pointer per party): ``e, f, a = at_parties(...)``."""
+    per_party = [call(p, name, args(i), out) for i, p in enumerate(session.parties)]
+    return [list(col) for col in zip(*per_party)]
+
+
+def last_only(session: Session, value: Any) -> Callable[[int], Any]:
+    """``value`` at the last party (the dealer's corrections go there), None elsewhere."""
+    last = session.n - 1
+    return lambda i: value if i == last else None
+
+
+class Round:
+    """Values to open among the parties together, in one round: ``add`` each (it returns
+    a handle), ``open`` once, then read each handle's ``.value`` (per party, a pointer to
+    the opened value there)."""
+
+    def __init__(self, session: Session, xor: bool = False) -> None:
+        self.session, self.xor = session, xor
+        self._values: list[Shares] = []
+        self._handles: list[Opened] = []
+
+    def add(self, shares: Shares) -> Opened:
+        handle = Opened()
+        self._values.append(shares)
+        self._handles.append(handle)
+        return handle
+
+    def open(self, count: bool = True) -> None:
+        """``count=False``: the values ride in a round already counted."""
+        if self._values:
+            for h, v in zip(self._handles, open_among(self.session, self._values, self.xor, count)):
+                h.value = v
+        elif count:
+            accounting.count_round()
+        self._values, self._handles = [], []
+
+
+class Opened:
+    """A value opened in a :class:`Round` (set when the round opens)."""
+
+    value: Shares
 
 
 def deal(
@@ -84,6 +135,8 @@ class BeaverRun:
         self.y = y
         self.nonce = nonce = session.next_nonce()
         x_shape, y_shape = list(x[0].shape), list(y[0].shape)
+        seed = session.party_seeds
+        # offline: the dealer's correction c to the last party
         (self.c_last,) = deal(
             session,
             f"{op} of two secret values",
@@ -91,43 +144,32 @@ class BeaverRun:
             [nonce, x_shape, y_shape, op, params],
             out=[(out_shape, I64)],
         )
-        self.masks = [
-            call(
-                p,
-                "mpc.beaver_mask",
-                [session.party_seeds[i], nonce, x[i], y[i]],
-                out=[(x_shape, I64), (y_shape, I64), (x_shape, I64)],
-            )
-            for i, p in enumerate(session.parties)
-        ]
+        # [e] = [x] - [a], [f] = [y] - [b], and the party's [a]
+        self.e, self.f, self.a = at_parties(
+            session,
+            "mpc.beaver_mask",
+            lambda i: [seed[i], nonce, x[i], y[i]],
+            out=[(x_shape, I64), (y_shape, I64), (x_shape, I64)],
+        )
 
-    def to_open(self) -> list[Shares]:
-        """The masked values e = x - a and f = y - b to open."""
-        return [[m[0] for m in self.masks], [m[1] for m in self.masks]]
+    def open_in(self, round: Round) -> tuple[Opened, Opened]:
+        """Schedule the openings of e and f in ``round``."""
+        return round.add(self.e), round.add(self.f)
+
+    def finish_opened(self, opened: tuple[Opened, Opened]) -> Shares:
+        return self.finish(opened[0].value, opened[1].value)
 
     def finish(self, e: Shares, f: Shares) -> Shares:
-        session = self.session
-        last = session.n - 1
-        z = []
-        for i, p in enumerate(session.parties):
-            (zi,) = call(
-                p,
-                "mpc.beaver_combine",
-                [
-                    session.party_seeds[i],
-                    self.nonce,
-                    self.c_last if i == last else None,
-                    self.y[i],
-                    self.masks[i][2],
-                    e[i],
-                    f[i],
-                    self.op,
-                    self.params,
-                ],
-                out=[(self.out_shape, I64)],
-            )
-            z.append(zi)
-        self.masks, self.y = [], []
+        """[z] = [c] + op(e, [y]) + op([a], f)."""
+        seed, nonce, y, a = self.session.party_seeds, self.nonce, self.y, self.a
+        c = last_only(self.session, self.c_last)
+        (z,) = at_parties(
+            self.session,
+            "mpc.beaver_combine",
+            lambda i: [seed[i], nonce, c(i), y[i], a[i], e[i], f[i], self.op, self.params],
+            out=[(self.out_shape, I64)],
+        )
+        self.e, self.f, self.a, self.y = [], [], [], []
         return z
 
 
@@ -148,8 +190,10 @@ def beaver(
     Beaver, "Efficient multiparty protocols using circuit randomization", CRYPTO 1991.
     """
     run = BeaverRun(session, x, y, op, params, out_shape)
-    e, f = open_among(session, run.to_open())
-    return run.finish(e, f)
+    one = Round(session)
+    opened = run.open_in(one)
+    one.open()
+    return run.finish_opened(opened)
 
 
 class TruncRun:
@@ -159,6 +203,8 @@ class TruncRun:
         self.session, self.bits = session, bits
         self.nonce = nonce = session.next_nonce()
         self.shape = shape = list(z[0].shape)
+        seed = session.party_seeds
+        # offline: the last party's [U], [D]
         self.corr = deal(
             session,
             "truncation of a fixed-point product",
@@ -166,30 +212,25 @@ class TruncRun:
             [nonce, shape, bits],
             out=[(shape, I64), (shape, I64)],
         )
-        self.masked = [
-            call(p, "mpc.trunc_mask", [session.party_seeds[i], nonce, z[i]], [(shape, I64)])[0]
-            for i, p in enumerate(session.parties)
-        ]
+        # [c] = [z] + [r]
+        (self.masked,) = at_parties(
+            session, "mpc.trunc_mask", lambda i: [seed[i], nonce, z[i]], [(shape, I64)]
+        )
+
+    def open_in(self, round: Round) -> Opened:
+        return round.add(self.masked)
 
     def finish(self, c: Shares) -> Shares:
-        s = self.session
-        last = s.n - 1
-        return [
-            call(
-                p,
-                "mpc.trunc_finish",
-                [
-                    s.party_seeds[i],
-                    self.nonce,
-                    i == 0,
-                    self.corr if i == last else None,
-                    c[i],
-                    self.bits,
-                ],
-                [(self.shape, I64)],
-            )[0]
-            for i, p in enumerate(s.parties)
-        ]
+        """[z >> bits] = [U] + ([D] & (c >> 63)) (+ c >> bits at party 0)."""
+        seed, nonce, bits = self.session.party_seeds, self.nonce, self.bits
+        corr = last_only(self.session, self.corr)
+        (out,) = at_parties(
+            self.session,
+            "mpc.trunc_finish",
+            lambda i: [seed[i], nonce, i == 0, corr(i), c[i], bits],
+            [(self.shape, I64)],
+        )
+        return out
 
 
 def truncate(session: Session, z: Shares, bits: int) -> Shares:
@@ -208,5 +249,7 @@ def truncate(session: Session, z: Shares, bits: int) -> Shares:
     if bits == 0:
         return z
     run = TruncRun(session, z, bits)
-    (c,) = open_among(session, [run.masked])
-    return run.finish(c)
+    one = Round(session)
+    c = run.open_in(one)
+    one.open()
+    return run.finish(c.value)

@@ -19,12 +19,10 @@ Cf. CrypTen's A2B + carry-lookahead comparison; Damgard et al. TCC 2006 for daBi
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .. import bits
 from ..material import TAG_T_ARITH
 from ..session import Session
-from .arith import I64, BeaverRun, Shares, TruncRun, call, deal, open_among
+from .arith import I64, BeaverRun, Round, Shares, TruncRun, at_parties, call, deal, last_only
 
 
 def msb(session: Session, x: Shares) -> Shares:
@@ -55,32 +53,33 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     the product (z >> bits) * t opens with the first carry-tree level. This saves the
     round a separate truncation would cost before every ReLU of a linear layer.
     """
-    trunc = TruncRun(session, z, bits)
-    run = _MsbRun(
-        session,
-        z,
-        [],
-        extra_open=[trunc.masked],
-        late_values=lambda opened: [trunc.finish(opened[0])],
-    )
+    run = _MsbRun(session, z, [], trunc=TruncRun(session, z, bits))
     return run.finish_select(complement=True)[0]
 
 
 class _MsbRun:
+    """msb([x]) as in the module docstring, with optional products [v t] for selections
+    (see :func:`select_by_msb`) and an optional truncation whose result is selected too
+    (see :func:`relu_truncating`). The constructor runs rounds 1-8; ``finish_bit`` or
+    ``finish_select`` is the local last step."""
+
     def __init__(
         self,
         session: Session,
         x: Shares,
         values: list[Shares],
-        extra_open: list[Shares] | None = None,
-        late_values: Callable[[list[Shares]], list[Shares]] | None = None,
+        trunc: TruncRun | None = None,
     ) -> None:
         self.session = session
-        parties, n = session.parties, session.n
-        last = n - 1
-        shape = list(x[0].shape)
-        self.shape = shape
+        self.shape = shape = list(x[0].shape)
+        self.values = list(values)
+        for v in values:
+            if list(v[0].shape) != shape:
+                raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
         self.nonce = nonce = session.next_nonce()
+        seed = session.party_seeds
+
+        # offline: r shared both ways (the last party's <r>), the daBit t both ways
         r_bits_last, self.t_arith_last, t_bin_last = deal(
             session,
             "comparison of secret values",
@@ -88,164 +87,134 @@ class _MsbRun:
             [nonce, shape],
             out=[(shape, I64)] * 3,
         )
-        self.values = list(values)
-        beavers = []
-        t_shares: Shares = []
-        if values or late_values is not None:
-            t_shares = [
-                call(
-                    p,
-                    "mpc.derive",
-                    [session.party_seeds[i], nonce, TAG_T_ARITH, shape],
-                    [(shape, I64)],
-                )[0]
-                if i != last
-                else self.t_arith_last
-                for i, p in enumerate(parties)
-            ]
-            for v in values:
-                vshape = tuple(v[0].shape)
-                if vshape != tuple(shape):
-                    raise ValueError(f"select_by_msb: value shape {vshape} != {tuple(shape)}")
-                beavers.append(BeaverRun(session, v, t_shares, "mul", {}, vshape))
-        masked = [
-            call(p, "mpc.cmp_mask", [session.party_seeds[i], nonce, x[i]], [(shape, I64)])[0]
-            for i, p in enumerate(parties)
-        ]
-        extra = extra_open or []
-        to_open = [masked, *extra]
-        for b in beavers:
-            to_open += b.to_open()
-        opened = open_among(session, to_open)
-        c = opened[0]
-        base = 1 + len(extra)
-        self.vt = [
-            b.finish(opened[base + 2 * k], opened[base + 1 + 2 * k]) for k, b in enumerate(beavers)
-        ]
+        selecting = bool(values) or trunc is not None
+        t = self._t_shares() if selecting else []
+
+        # round 1: open c = x + r, with the products [v t] and the truncation's mask
+        (masked,) = at_parties(
+            session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
+        )
+        products = [BeaverRun(session, v, t, "mul", {}, tuple(shape)) for v in values]
+        round1 = Round(session)
+        c = round1.add(masked)
+        product_openings = [b.open_in(round1) for b in products]
+        trunc_opening = trunc.open_in(round1) if trunc is not None else None
+        round1.open()
+        self.vt = [b.finish_opened(o) for b, o in zip(products, product_openings)]
         late: list[BeaverRun] = []
-        if late_values is not None:
-            for v in late_values(opened[1:base]):
-                self.values.append(v)
-                late.append(BeaverRun(session, v, t_shares, "mul", {}, tuple(v[0].shape)))
-        flat = [bits.padded(_numel(shape))]
-        state = [
-            call(
-                p,
-                "mpc.cmp_init",
-                [session.party_seeds[i], nonce, i == 0, r_bits_last if i == last else None, c[i]],
-                [(flat, I64), (flat, I64), (shape, I64)],
-            )
-            for i, p in enumerate(parties)
-        ]
-        g = [s[0] for s in state]
-        pr = [s[1] for s in state]
-        top = [s[2] for s in state]
+        if trunc is not None and trunc_opening is not None:  # its result is selected too
+            truncated = trunc.finish(trunc_opening.value)
+            self.values.append(truncated)
+            late.append(BeaverRun(session, truncated, t, "mul", {}, tuple(shape)))
+
+        # generate / propagate words of c - r, then rounds 2-7: the carry tree
         words = bits.padded(_numel(shape))
-        for k in range(bits.LEVELS):
-            piggyback = [o for b in late for o in b.to_open()] if k == 0 else []
-            g, pr, got = _carry_level(session, g, pr, k, words, piggyback)
-            words //= 1 if k == bits.LEVELS - 1 else 2
-            if k == 0:
-                self.vt += [b.finish(got[2 * j], got[2 * j + 1]) for j, b in enumerate(late)]
-        d = [
-            call(
-                p,
-                "mpc.cmp_bit_mask",
-                [session.party_seeds[i], nonce, t_bin_last if i == last else None, g[i], top[i]],
-                [(shape, I64)],
-            )[0]
-            for i, p in enumerate(parties)
+        r_bits = last_only(session, r_bits_last)
+        g, p, top = at_parties(
+            session,
+            "mpc.cmp_init",
+            lambda i: [seed[i], nonce, i == 0, r_bits(i), c.value[i]],
+            [([words], I64), ([words], I64), (shape, I64)],
+        )
+        for level in range(bits.LEVELS):
+            ride = Round(session)  # the late products open with the first level
+            late_openings = [b.open_in(ride) for b in late] if level == 0 else []
+            g, p = _carry_level(session, g, p, level, words, ride)
+            words //= 1 if level == bits.LEVELS - 1 else 2
+            self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
+
+        # round 8: open d = msb(x) ^ t
+        t_bin = last_only(session, t_bin_last)
+        (d,) = at_parties(
+            session,
+            "mpc.cmp_bit_mask",
+            lambda i: [seed[i], nonce, t_bin(i), g[i], top[i]],
+            [(shape, I64)],
+        )
+        round8 = Round(session, xor=True)
+        opened_d = round8.add(d)
+        round8.open()
+        self.d = opened_d.value
+
+    def _t_shares(self) -> Shares:
+        """The parties' arithmetic shares of the daBit t (the last party's is dealt)."""
+        session, nonce, shape = self.session, self.nonce, self.shape
+        seed, last = session.party_seeds, session.n - 1
+        return [
+            call(p, "mpc.derive", [seed[i], nonce, TAG_T_ARITH, shape], [(shape, I64)])[0]
+            if i != last
+            else self.t_arith_last
+            for i, p in enumerate(session.parties)
         ]
-        (self.d,) = open_among(session, [d], xor=True)
 
     def finish_bit(self) -> Shares:
-        s = self.session
-        last = s.n - 1
-        return [
-            call(
-                p,
-                "mpc.cmp_bit_finish",
-                [
-                    s.party_seeds[i],
-                    self.nonce,
-                    i == 0,
-                    self.t_arith_last if i == last else None,
-                    self.d[i],
-                ],
-                [(self.shape, I64)],
-            )[0]
-            for i, p in enumerate(s.parties)
-        ]
+        """[msb(x)] = d + (1 - 2d) [t]."""
+        seed, nonce, d = self.session.party_seeds, self.nonce, self.d
+        t_arith = last_only(self.session, self.t_arith_last)
+        (out,) = at_parties(
+            self.session,
+            "mpc.cmp_bit_finish",
+            lambda i: [seed[i], nonce, i == 0, t_arith(i), d[i]],
+            [(self.shape, I64)],
+        )
+        return out
 
     def finish_select(self, complement: bool) -> list[Shares]:
-        s = self.session
-        return [
-            [
-                call(
-                    p,
-                    "mpc.cmp_select_finish",
-                    [complement, self.d[i], v[i], vt[i]],
-                    [(self.shape, I64)],
-                )[0]
-                for i, p in enumerate(s.parties)
-            ]
-            for v, vt in zip(self.values, self.vt)
-        ]
+        """Per value v: [v msb(x)] = d v + (1 - 2d) [v t] (complement: its complement)."""
+        out = []
+        for v, vt in zip(self.values, self.vt):
+            (selected,) = at_parties(
+                self.session,
+                "mpc.cmp_select_finish",
+                lambda i, v=v, vt=vt: [complement, self.d[i], v[i], vt[i]],
+                [(self.shape, I64)],
+            )
+            out.append(selected)
+        return out
 
 
 def _carry_level(
-    session: Session,
-    g: Shares,
-    pr: Shares,
-    level: int,
-    words: int,
-    piggyback: list[Shares],
-) -> tuple[Shares, Shares, list[Shares]]:
-    """One level of the carry tree (one round) on ``words`` packed words per party;
-    ``piggyback`` values are opened (arithmetically) in the same round and returned."""
-    parties = session.parties
-    n_last = session.n - 1
+    session: Session, g: Shares, p: Shares, level: int, words: int, round: Round
+) -> tuple[Shares, Shares]:
+    """One level of the carry tree: binary Beaver ANDs on ``words`` packed words per party,
+    opened in ``round`` (with whatever else rides in it); the next (G, P)."""
     last = level == bits.LEVELS - 1
     nonce = session.next_nonce()
+    seed = session.party_seeds
     and_shape = [words] if last else [2, words]
     (c_last,) = deal(
         session, "comparison", "mpc.dealer_and_triple", [nonce, and_shape], [(and_shape, I64)]
     )
-    masks = [
-        call(
-            p,
-            "mpc.carry_mask",
-            [session.party_seeds[i], nonce, g[i], pr[i], level],
-            [(and_shape, I64)] * 4,
-        )
-        for i, p in enumerate(parties)
-    ]
-    e, f = open_among(session, [[m[0] for m in masks], [m[1] for m in masks]], xor=True)
-    got = open_among(session, piggyback, count=False) if piggyback else []
+    e, f, a, b = at_parties(
+        session,
+        "mpc.carry_mask",
+        lambda i: [seed[i], nonce, g[i], p[i], level],
+        [(and_shape, I64)] * 4,
+    )
+    xor_round = Round(session, xor=True)
+    opened_e, opened_f = xor_round.add(e), xor_round.add(f)
+    xor_round.open()
+    round.open(count=False)  # (the same round's arithmetic openings)
+    c = last_only(session, c_last)
     out_words = words if last else words // 2
-    outs = [
-        call(
-            p,
-            "mpc.carry_combine",
-            [
-                session.party_seeds[i],
-                nonce,
-                i == 0,
-                c_last if i == n_last else None,
-                masks[i][2],
-                masks[i][3],
-                e[i],
-                f[i],
-                g[i],
-                level,
-            ],
-            [([out_words], I64)] * (1 if last else 2),
-        )
-        for i, p in enumerate(parties)
-    ]
-    if last:
-        return [o[0] for o in outs], pr, got
-    return [o[0] for o in outs], [o[1] for o in outs], got
+    outs = at_parties(
+        session,
+        "mpc.carry_combine",
+        lambda i: [
+            seed[i],
+            nonce,
+            i == 0,
+            c(i),
+            a[i],
+            b[i],
+            opened_e.value[i],
+            opened_f.value[i],
+            g[i],
+            level,
+        ],
+        [([out_words], I64)] * (1 if last else 2),
+    )
+    return (outs[0], p) if last else (outs[0], outs[1])
 
 
 def _numel(shape: list[int]) -> int:
