@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m mpc.demo
+	$(PY) -m mpc.examples.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

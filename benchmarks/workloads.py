@@ -34,7 +34,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
-from mpc.encoding import encode
+from mpc.math.encoding import encode
 
 FRAC_BITS = 16
 SEED = 0

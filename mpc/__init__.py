@@ -7,16 +7,16 @@
 tensor([3.2500, 5.0000])
 """
 
-from . import ops as _ops  # noqa: F401  (fills the op registry)
-from .accounting import Recorder, stats
-from .api import share
-from .config import MPCConfig
-from .encoding import EncodingError
-from .errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
-from .plan import SharedPlan, plan
-from .secure_aggregation import SecureAggregator, secure_fedavg
-from .session import Session
-from .shared import SharedTensor
+from mpc import ops as _ops  # noqa: F401  (fills the op registry)
+from mpc.accounting import Recorder, stats
+from mpc.api import share
+from mpc.config import MPCConfig
+from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from mpc.math.encoding import EncodingError
+from mpc.plan import SharedPlan, plan
+from mpc.secure_aggregation import SecureAggregator, secure_fedavg
+from mpc.session import Session
+from mpc.shared import SharedTensor
 
 __all__ = [
     "CryptoProviderRequired",

@@ -7,9 +7,9 @@ from typing import Any, overload
 import torch
 from torch import nn
 
-from .config import MPCConfig
-from .session import Session, session_for
-from .shared import SharedTensor, share_tensor
+from mpc.config import MPCConfig
+from mpc.session import Session, session_for
+from mpc.shared import SharedTensor, share_tensor
 
 
 @overload

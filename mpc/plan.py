@@ -26,14 +26,13 @@ from typing import Any
 
 import torch
 
+from mpc import accounting
+from mpc.errors import MPCError
+from mpc.session import Session, recording_nonces
+from mpc.shared import SharedTensor
 from pointers.messages import StoreProgram
 from pointers.pointer_tensor import PointerTensor, RemoteRef
 from pointers.program import Recording, Slots, build_programs, run_programs
-
-from . import accounting
-from .errors import MPCError
-from .session import Session, recording_nonces
-from .shared import SharedTensor
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, int], ...]
 

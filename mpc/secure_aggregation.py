@@ -38,18 +38,17 @@ import torch
 from torch import nn
 
 import pointers as pt
-
-from .config import MPCConfig
-from .encoding import encode
-from .errors import MPCError
-from .prg import random_ring
-from .session import Session
-from .shared import SharedTensor
+from mpc.config import MPCConfig
+from mpc.errors import MPCError
+from mpc.math.encoding import encode
+from mpc.math.prg import random_ring
+from mpc.session import Session
+from mpc.shared import SharedTensor
 
 __all__ = ["SHARE_FUNCTION", "SecureAggregator", "install", "secure_fedavg", "share_update"]
 
 SHARE_FUNCTION = "mpc.secagg.share_update"
-_SAFE_BITS = 62  # encoded magnitudes stay below 2^62 (see mpc.encoding)
+_SAFE_BITS = 62  # encoded magnitudes stay below 2^62 (see mpc.math.encoding)
 
 
 def share_update(

@@ -32,12 +32,11 @@ from typing import Any
 import torch
 
 import pointers as pt
+from mpc import accounting
+from mpc.config import MPCConfig
+from mpc.errors import CryptoProviderRequired, PartyMismatchError
+from mpc.material import FUNCTIONS
 from pointers.program import RunValue
-
-from . import accounting
-from .config import MPCConfig
-from .errors import CryptoProviderRequired, PartyMismatchError
-from .material import FUNCTIONS
 
 MAX_PARTIES = 5
 

@@ -12,11 +12,10 @@ from typing import Any
 import torch
 
 import pointers as pt
-
-from .encoding import decode, encode
-from .errors import MPCError, UnsupportedOpError
-from .prg import random_ring
-from .session import Session
+from mpc.errors import MPCError, UnsupportedOpError
+from mpc.math.encoding import decode, encode
+from mpc.math.prg import random_ring
+from mpc.session import Session
 
 _CPU = torch.device("cpu")
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
@@ -74,7 +73,7 @@ class SharedTensor(torch.Tensor):
     def materialize(self) -> SharedTensor:
         """Apply a pending truncation now (in place; the value is unchanged)."""
         if self.pending:
-            from .protocols.arith import truncate
+            from mpc.protocols.arith import truncate
 
             with self.session.concurrently(self.numel()):
                 self.shares = truncate(self.session, self.shares, self.pending)
@@ -131,7 +130,7 @@ class SharedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from .registry import LAZY, OPS
+        from mpc.registry import LAZY, OPS
 
         handler = OPS.get(func)
         if handler is None:

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from mpc.demo import encrypted_inference  # noqa: E402
+from mpc.examples.demo import encrypted_inference  # noqa: E402
 
 
 @pytest.mark.parametrize("parties", [2, 3])

@@ -21,8 +21,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 import mpc
 import pointers as pt
-from mpc.encoding import encode
 from mpc.examples.digits import accuracy, load_digits_split
+from mpc.math.encoding import encode
 from pointers.messages import Fetch, Reply, decode_message
 
 # ---------------------------------------------------------------------------------------

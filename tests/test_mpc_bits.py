@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpc import bits
+from mpc.math import bits
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 

@@ -2,7 +2,7 @@
 
 A protocol change that costs a round, or sends more, fails here, not only in a benchmark.
 The byte figures are the payload each party sends (8-byte ring words; the comparison's
-carry tree packs bits, see mpc/bits.py) as measured when this test was written, with a
+carry tree packs bits, see mpc/math/bits.py) as measured when this test was written, with a
 small allowance for message headers. With n parties every opening goes to n - 1 peers,
 so a party's bytes scale with n - 1; the dealer ships one correction to the last party
 whatever n is.

@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpc.encoding import EncodingError, decode, encode, max_safe_value
-from mpc.prg import PRG, new_seed, random_ring
-from mpc.ring import _limb_matmul, _offsets, _plan, _widths, ring_conv2d, ring_matmul
+from mpc.math.encoding import EncodingError, decode, encode, max_safe_value
+from mpc.math.prg import PRG, new_seed, random_ring
+from mpc.math.ring import _limb_matmul, _offsets, _plan, _widths, ring_conv2d, ring_matmul
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 METHODS = ("auto", "int64", "limbs")

@@ -1,1 +1,1 @@
-"""Plaintext example data and models used by the encrypted-inference demos."""
+"""Plaintext example data and models, and the demo that `make demo` runs."""

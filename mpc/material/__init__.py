@@ -12,8 +12,14 @@ material has its own stream and both sides derive it without talking.
 
 from __future__ import annotations
 
-from .dealer import dealer_and_triple, dealer_compare, dealer_triple, dealer_trunc, new_seed
-from .party import (
+from mpc.material.dealer import (
+    dealer_and_triple,
+    dealer_compare,
+    dealer_triple,
+    dealer_trunc,
+    new_seed,
+)
+from mpc.material.party import (
     beaver_combine,
     beaver_mask,
     bilinear_public,
@@ -28,7 +34,7 @@ from .party import (
     trunc_finish,
     trunc_mask,
 )
-from .streams import TAG_T_ARITH, consume, derive
+from mpc.material.streams import TAG_T_ARITH, consume, derive
 
 FUNCTIONS = {
     "mpc.cmp_select_finish": cmp_select_finish,

@@ -9,11 +9,7 @@ from typing import Any
 
 import torch
 
-from mpc.prg import PRG
-from mpc.ring import ring_bilinear
-from pointers.sealing import protocol_function
-
-from .streams import (
+from mpc.material.streams import (
     TAG_A,
     TAG_B,
     TAG_C,
@@ -28,6 +24,9 @@ from .streams import (
     sum_derived,
     xor_derived,
 )
+from mpc.math.prg import PRG
+from mpc.math.ring import ring_bilinear
+from pointers.sealing import protocol_function
 
 
 @protocol_function(sealed_outputs=True)

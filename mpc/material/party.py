@@ -8,11 +8,7 @@ from typing import Any
 
 import torch
 
-from mpc import bits
-from mpc.ring import ring_bilinear
-from pointers.sealing import protocol_function
-
-from .streams import (
+from mpc.material.streams import (
     TAG_A,
     TAG_B,
     TAG_C,
@@ -25,6 +21,9 @@ from .streams import (
     consume,
     derive,
 )
+from mpc.math import bits
+from mpc.math.ring import ring_bilinear
+from pointers.sealing import protocol_function
 
 _LOW63 = 0x7FFFFFFFFFFFFFFF
 
@@ -189,7 +188,7 @@ def carry_mask(
     p: torch.Tensor,
     level: int,
 ) -> list[torch.Tensor]:
-    """One carry-tree level: the AND operands (see :mod:`mpc.bits`) masked with a binary
+    """One carry-tree level: the AND operands (see :mod:`mpc.math.bits`) masked with a binary
     triple: e_i = x_i ^ a_i, f_i = y_i ^ b_i."""
     consume(ctx, [seed], nonce, TAG_A, TAG_B)
     x, y = bits.level_operands(g, p, level)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from mpc.prg import PRG
+from mpc.math.prg import PRG
 from pointers.errors import NotAllowedError
 
 # tags of the streams derived for one nonce

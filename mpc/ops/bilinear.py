@@ -13,13 +13,12 @@ from typing import Any
 import torch
 
 import pointers as pt
-
-from ..errors import UnsupportedOpError
-from ..protocols.arith import I64, beaver
-from ..registry import register
-from ..shared import SharedTensor
-from .common import aten, check_public, encode_public, is_integral, result_dtype, wrap
-from .local import _add, mul_public
+from mpc.errors import UnsupportedOpError
+from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
+from mpc.ops.local import _add, mul_public
+from mpc.protocols.arith import I64, beaver
+from mpc.registry import register
+from mpc.shared import SharedTensor
 
 
 def _out_shape(op: str, params: dict[str, Any], a: Any, b: Any) -> tuple[int, ...]:

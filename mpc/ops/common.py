@@ -8,10 +8,9 @@ from typing import Any
 import torch
 
 import pointers as pt
-
-from ..encoding import encode
-from ..errors import MPCError
-from ..shared import SharedTensor
+from mpc.errors import MPCError
+from mpc.math.encoding import encode
+from mpc.shared import SharedTensor
 
 aten = torch.ops.aten
 

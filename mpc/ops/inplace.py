@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..errors import MPCError, UnsupportedOpError
-from ..registry import OPS, register
-from ..shared import SharedTensor
-from .common import aten
+from mpc.errors import MPCError, UnsupportedOpError
+from mpc.ops.common import aten
+from mpc.registry import OPS, register
+from mpc.shared import SharedTensor
 
 _OUT_OF_PLACE = {
     aten.add_.Tensor: aten.add.Tensor,

@@ -12,10 +12,8 @@ from typing import Any
 
 import torch
 
-from ..errors import MPCError, UnsupportedOpError
-from ..registry import register
-from ..shared import SharedTensor, public_to_shares
-from .common import (
+from mpc.errors import MPCError, UnsupportedOpError
+from mpc.ops.common import (
     aten,
     check_public,
     encode_public,
@@ -26,6 +24,8 @@ from .common import (
     result_dtype,
     wrap,
 )
+from mpc.registry import register
+from mpc.shared import SharedTensor, public_to_shares
 
 # Shape ops: the same op on every share, the scale unchanged.
 _SHAPE_OPS = [

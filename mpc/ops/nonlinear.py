@@ -12,13 +12,12 @@ from typing import Any
 import torch
 
 import pointers as pt
-
-from ..errors import UnsupportedOpError
-from ..protocols.compare import msb, relu_truncating, select_by_msb
-from ..registry import register
-from ..shared import SharedTensor, public_to_shares
-from .common import aten, check_public
-from .local import _add, _neg
+from mpc.errors import UnsupportedOpError
+from mpc.ops.common import aten, check_public
+from mpc.ops.local import _add, _neg
+from mpc.protocols.compare import msb, relu_truncating, select_by_msb
+from mpc.registry import register
+from mpc.shared import SharedTensor, public_to_shares
 
 
 def _diff(a: Any, b: Any) -> SharedTensor:

@@ -11,9 +11,8 @@ from typing import Any
 import torch
 
 import pointers as pt
-
-from .. import accounting
-from ..session import Session
+from mpc import accounting
+from mpc.session import Session
 
 Shares = list[pt.PointerTensor]
 I64 = torch.int64

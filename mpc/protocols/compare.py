@@ -9,7 +9,7 @@ msb([x]) with a dealer (8 rounds):
    a binary tree of (G, P) group combinations gives the carry into bit 63 in
    log2(64) = 6 levels, each one round of binary Beaver ANDs (rounds 2-7). After each
    level the surviving bits are compacted and two words packed into one
-   (:mod:`mpc.bits`), so the levels AND n, n/2, n/4, ... words: about 4 words per
+   (:mod:`mpc.math.bits`), so the levels AND n, n/2, n/4, ... words: about 4 words per
    element in all.
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
    (round 8), [msb(x)] = d + (1 - 2d)[t].
@@ -19,10 +19,20 @@ Cf. CrypTen's A2B + carry-lookahead comparison; Damgard et al. TCC 2006 for daBi
 
 from __future__ import annotations
 
-from .. import bits
-from ..material import TAG_T_ARITH
-from ..session import Session
-from .arith import I64, BeaverRun, Round, Shares, TruncRun, at_parties, call, deal, last_only
+from mpc.material import TAG_T_ARITH
+from mpc.math import bits
+from mpc.protocols.arith import (
+    I64,
+    BeaverRun,
+    Round,
+    Shares,
+    TruncRun,
+    at_parties,
+    call,
+    deal,
+    last_only,
+)
+from mpc.session import Session
 
 
 def msb(session: Session, x: Shares) -> Shares:

@@ -1,6 +1,6 @@
 """The main demo: encrypted inference of a CNN trained on scikit-learn's digits.
 
-Run with ``python -m mpc.demo`` (or ``make demo``). Three in-process workers: ``alice``
+Run with ``python -m mpc.examples.demo`` (or ``make demo``). Three in-process workers: ``alice``
 and ``bob`` hold the shares, ``carol`` is the crypto provider. The model owner shares the
 trained model, the data owner shares the test images, the parties evaluate the unmodified
 ``nn.Sequential`` on shares, and only the logits are reconstructed at the caller.
