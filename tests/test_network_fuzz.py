@@ -1,21 +1,30 @@
 """Fuzzing the frame (envelope) decoder, the message decoder and a served worker's handlers.
 
-Random bytes and mutated valid envelopes and messages must end in a clean error reply:
-never an exception out of a handler, never a hang, and the worker stays usable. 200 cases
-per property in the default suite, 10,000 in the slow one (``-m slow``).
+Random bytes, mutated valid envelopes and messages, values nested 1..1000 deep (lists,
+maps, tuples, extensions inside extensions), values and tensors that declare far more
+than they hold, and ops of the sparse, quantized and empty families must end in a clean
+error reply: never an exception out of a handler, never a crash or a hang, and the worker
+stays usable. 200 cases per property in the default suite, 10,000 in the slow one
+(``-m slow``). The op families run against a worker process of their own (a regression
+there kills that process, not the test run).
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Any
 
+import msgpack
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from network_fixtures import Cluster
+from test_wire_limits import array, ext, op_message, pack, tensor_ext
 
 import pointers as pt
+from pointers import serde
 from pointers.errors import DecodeError
 from pointers.messages import (
     CallFunction,
@@ -113,8 +122,157 @@ def envelopes_with_mutated_messages(draw: Any) -> bytes:
     return _envelope(frames)
 
 
+# -- deep nesting -------------------------------------------------------------------------
+_TENSOR_LEAF = tensor_ext(0, "float32", [1])  # buffer 0 (4 bytes) travels with it
+_LEAVES = [b"\xc0", b"\x90", pack("x"), ext(4, struct.pack("<q", 1)), _TENSOR_LEAF]
+
+
+@st.composite
+def deep_values(draw: Any) -> tuple[bytes, bool, int]:
+    """A value nested 1..1000 levels deep, its levels lists, maps, tuples and extensions
+    directly inside extensions in a drawn repeating pattern; whether it holds a tensor;
+    its depth. Built inside out without copying (an extension's length is its inner
+    value's)."""
+    depth = draw(st.integers(1, 1000) | st.sampled_from([15, 16, 17, 31, 32, 33, 63, 64, 65]))
+    pattern = draw(
+        st.lists(st.sampled_from(["list", "map", "tuple", "ext"]), min_size=1, max_size=4)
+    )
+    leaf = draw(st.sampled_from(_LEAVES))
+    size = len(leaf)
+    prefixes: list[bytes] = []  # innermost first
+    for i in range(depth):
+        kind = pattern[i % len(pattern)]
+        if kind == "list":
+            prefix = b"\x91"
+        elif kind == "map":
+            prefix = b"\x81\xa1k"
+        elif kind == "tuple":
+            prefix = b"\xc9" + (size + 1).to_bytes(4, "big") + b"\x07\x91"
+        else:
+            prefix = b"\xc9" + size.to_bytes(4, "big") + b"\x07"
+        prefixes.append(prefix)
+        size += len(prefix)
+    prefixes.reverse()
+    return b"".join(prefixes) + leaf, leaf is _TENSOR_LEAF, depth
+
+
+@st.composite
+def in_a_message(draw: Any, value: bytes) -> bytes:
+    """``value`` where a message holds arguments, tensors, tags, plans or programs."""
+    where = draw(st.sampled_from(["arg", "kwarg", "store", "call", "reply", "program", "plan"]))
+    if where == "arg":
+        return op_message(value)
+    if where == "kwarg":
+        return array(
+            pack("op"),
+            pack("aten::add.Tensor"),
+            pack([]),
+            b"\x81\xa5alpha" + value,
+            pack([3]),
+            b"\xc2",
+        )
+    if where == "store":
+        return array(pack("store"), pack(5), value, pack([]), pack(""), b"\xc2")
+    if where == "call":
+        return array(
+            pack("call"), pack("no.such.function"), array(value), b"\x80", pack([6]), b"\xc2"
+        )
+    if where == "reply":
+        return array(pack("reply"), value)
+    if where == "program":
+        return array(pack("store_program"), pack(9), array(value))
+    return array(pack("store_plan"), pack(9), value)
+
+
+@st.composite
+def deep_cases(draw: Any) -> tuple[bytes, list[Any], int]:
+    value, has_tensor, depth = draw(deep_values())
+    return draw(in_a_message(value)), [b"\0" * 4] if has_tensor else [], depth
+
+
+deep_frames = deep_cases().map(lambda c: (c[0], c[1]))
+
+
+# -- declared sizes far past what is there ---------------------------------------------------
+_LENGTH_FIELDS = {  # first byte -> bytes of its length field
+    "array16": (0xDC, 2),
+    "array32": (0xDD, 4),
+    "map16": (0xDE, 2),
+    "map32": (0xDF, 4),
+    "str8": (0xD9, 1),
+    "str16": (0xDA, 2),
+    "str32": (0xDB, 4),
+    "bin8": (0xC4, 1),
+    "bin16": (0xC5, 2),
+    "bin32": (0xC6, 4),
+    "ext8": (0xC7, 1),
+    "ext16": (0xC8, 2),
+    "ext32": (0xC9, 4),
+}
+_DIMS = [0, 1, 3, 1 << 31, 1 << 40, 1 << 62, (1 << 63) - 1, (1 << 64) - 1]
+
+
+@st.composite
+def huge_values(draw: Any) -> tuple[bytes, list[bytes], int]:
+    """A value declaring a length, shape or byte count beyond the bytes present (a tensor
+    of at least 2^31 elements with at most 64 bytes); the declaring values may nest inside
+    one another (the issue's memory bomb). Also what its first value declares (-1 for a
+    tensor): more than the message's bytes makes it malformed for sure."""
+    if draw(st.booleans()):  # a tensor whose header and buffer disagree
+        shape = draw(st.lists(st.sampled_from(_DIMS[1:]), max_size=70))
+        shape.insert(draw(st.integers(0, len(shape))), draw(st.sampled_from(_DIMS[3:])))
+        index = draw(st.sampled_from([0, 0, 0, 1, -1, 1 << 32]))
+        dtype = draw(st.sampled_from(["float32", "int64", "bool", "complex128", "float128"]))
+        buffers = draw(st.lists(st.binary(max_size=64), min_size=0, max_size=2))
+        return tensor_ext(index, dtype, shape), buffers, -1
+    parts = []
+    declared = []
+    for _ in range(draw(st.integers(1, 4))):  # a pattern, repeated below
+        first, width = _LENGTH_FIELDS[draw(st.sampled_from(sorted(_LENGTH_FIELDS)))]
+        top = (1 << (8 * width)) - 1
+        n = draw(st.sampled_from([top, top // 2 + 1, 1 << 20, 255]) | st.integers(1, top))
+        code = b"\x07" if first in (0xC7, 0xC8, 0xC9) else b""
+        parts.append(bytes([first]) + min(n, top).to_bytes(width, "big") + code)
+        declared.append(n)
+    parts *= draw(st.integers(1, 500) | st.integers(1, 3))
+    return b"".join(parts) + draw(st.binary(max_size=16)), [], declared[0]
+
+
+@st.composite
+def huge_cases(draw: Any) -> tuple[bytes, list[Any], bool]:
+    """A message holding a huge value; and whether it cannot possibly be well-formed."""
+    value, buffers, declared = draw(huge_values())
+    header = draw(in_a_message(value))
+    return header, buffers, declared < 0 or declared > len(header)
+
+
+huge_frames = huge_cases().map(lambda c: (c[0], c[1]))
+
+
+@st.composite
+def envelopes_declaring_too_much(draw: Any) -> bytes:
+    """An envelope whose index declares headers and buffers larger than what follows."""
+    frames = [
+        [draw(st.integers(0, 3)), draw(st.sampled_from([0, 5, 1 << 20, 1 << 31, (1 << 64) - 1])),
+         draw(st.lists(st.sampled_from([0, 1, 1 << 30, 1 << 40, (1 << 64) - 1]), max_size=5))]
+        for _ in range(draw(st.integers(1, 3)))
+    ]  # fmt: skip
+    meta = msgpack.packb([{}, frames])
+    return b"PTW1" + len(meta).to_bytes(4, "big") + meta + draw(st.binary(max_size=64))
+
+
+@st.composite
+def hostile_envelopes(draw: Any) -> bytes:
+    frames = draw(st.lists(deep_frames | huge_frames, min_size=1, max_size=3))
+    return _envelope(frames)
+
+
 payloads = st.one_of(
-    st.binary(max_size=300), mutated_envelopes(), envelopes_with_mutated_messages()
+    st.binary(max_size=300),
+    mutated_envelopes(),
+    envelopes_with_mutated_messages(),
+    hostile_envelopes(),
+    envelopes_declaring_too_much(),
 )
 
 
@@ -216,6 +374,41 @@ def test_message_decoder_10k(frame):
         pass
 
 
+def _decodes_cleanly(frame: tuple[bytes, list[Any]]) -> None:
+    try:
+        msg = decode_message(*frame)
+    except DecodeError:
+        return
+    assert isinstance(msg, Message)
+
+
+@FUZZ
+@given(case=deep_cases())
+def test_deep_nesting_is_decoded_or_refused_cleanly(case):
+    header, buffers, depth = case
+    _decodes_cleanly((header, buffers))
+    if depth >= serde.MAX_DEPTH:  # with the message around it: past the limit
+        with pytest.raises(DecodeError, match="deeper than"):
+            decode_message(header, buffers)
+
+
+@FUZZ
+@given(case=huge_cases())
+def test_huge_declared_sizes_are_refused_cleanly(case):
+    header, buffers, malformed = case
+    _decodes_cleanly((header, buffers))
+    if malformed:
+        with pytest.raises(DecodeError):
+            decode_message(header, buffers)
+
+
+@pytest.mark.slow
+@FUZZ_SLOW
+@given(frame=deep_frames | huge_frames)
+def test_deep_and_huge_10k(frame):
+    _decodes_cleanly(frame)
+
+
 def test_worker_usable_after_fuzzing(server):
     _still_usable(server)
 
@@ -269,3 +462,129 @@ def test_envelope_round_trip_of_any_tensor(t):
     assert info == {"k": 1} and frames[0][0] == 3
     msg = decode_message(frames[0][1], frames[0][2])
     assert isinstance(msg, Store) and torch.equal(msg.value, t) and msg.value.dtype == t.dtype
+
+
+# -- ops of the sparse, quantized and empty families, at a worker process of their own ----
+_DENSE, _INDICES, _VALUES = 1, 2, 3  # stored at the worker before fuzzing
+_D, _I, _V = Ref(_DENSE), Ref(_INDICES), Ref(_VALUES)
+FAMILY_OPS: dict[str, list[Any]] = {  # op -> arguments it would accept (the fuzzer varies them)
+    "aten::_sparse_coo_tensor_unsafe.default": [_I, _V, [3, 3]],
+    "aten::_sparse_coo_tensor_with_dims_and_tensors.default": [2, 0, [3, 3], _I, _V],
+    "aten::sparse_coo_tensor.indices": [_I, _V],
+    "aten::sparse_coo_tensor.indices_size": [_I, _V, [3, 3]],
+    "aten::sparse_coo_tensor.size": [[3, 3]],
+    "aten::_sparse_csr_tensor_unsafe.default": [_I, _I, _V, [3, 3]],
+    "aten::sparse_csr_tensor.crow_col_value_size": [_I, _I, _V, [3, 3]],
+    "aten::to_sparse.default": [_D],
+    "aten::to_sparse.sparse_dim": [_D, 1],
+    "aten::_to_sparse.default": [_D],
+    "aten::to_sparse_csr.default": [_D],
+    "aten::sparse_resize_.default": [_D, [3, 3], 2, 0],
+    "aten::sparse_resize_and_clear_.default": [_D, [3, 3], 2, 0],
+    "aten::_indices.default": [_D],
+    "aten::_values.default": [_D],
+    "aten::_coalesced_.default": [_D, True],
+    "aten::quantize_per_tensor.default": [_D, 0.1, 0, torch.int8],
+    "aten::quantize_per_channel.default": [_D, _V, _V, 0, torch.uint8],
+    "aten::_empty_affine_quantized.default": [[2, 3]],
+    "aten::_empty_per_channel_affine_quantized.default": [[2, 3], _V, _V, 0],
+    "aten::_make_per_tensor_quantized_tensor.default": [_D, 0.1, 0],
+    "aten::int_repr.default": [_D],
+    "aten::q_scale.default": [_D],
+    "aten::empty.memory_format": [[2, 3]],
+    "aten::empty_strided.default": [[2, 3], [3, 1]],
+    "aten::empty_like.default": [_D],
+    "aten::empty_permuted.default": [[2, 3], [1, 0]],
+    "aten::new_empty.default": [_D, [4]],
+    "aten::new_empty_strided.default": [_D, [2, 3], [3, 1]],
+    "aten::resize_.default": [_D, [4, 4]],
+    "aten::resize_as_.default": [_D, _V],
+}
+
+
+@st.composite
+def _family_calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
+    """A family op with its plausible arguments, some of them replaced by sizes (huge
+    ones too), scalars, other tensors or dtypes."""
+    op = draw(st.sampled_from(sorted(FAMILY_OPS)))
+    args = list(FAMILY_OPS[op])
+    sizes = st.lists(
+        st.sampled_from([0, 1, 2, 3, 1 << 20, 1 << 40, (1 << 62) - 1]) | st.integers(-2, 8),
+        max_size=4,
+    )
+    value = st.one_of(
+        st.sampled_from([_D, _I, _V, Ref(404)]),
+        sizes,
+        st.sampled_from([0, 1, -1, 2, 10**6, 1 << 40, 0.5, True, None]),
+        st.sampled_from([torch.float32, torch.int8, torch.uint8, torch.int64]),
+    )
+    for _ in range(draw(st.integers(0, 2))):
+        if args:
+            args[draw(st.integers(0, len(args) - 1))] = draw(value)
+    kwargs = draw(
+        st.dictionaries(st.sampled_from(["dtype", "scale", "zero_point"]), value, max_size=1)
+        | st.just({})
+    )
+    return op, args, kwargs
+
+
+@pytest.fixture(scope="module")
+def fuzzee(tmp_path_factory):
+    """One worker process for the op families: if one of them crashes it, it takes only
+    this module's tests with it."""
+    cluster = Cluster(tmp_path_factory.mktemp("fuzzee"), ["fuzzee"]).start()
+    channel = open_channel(
+        cluster.address("fuzzee"),
+        worker_id="fuzzee",
+        credentials=pt.network.load_credentials(cluster.certs, "client"),
+        max_message_bytes=1 << 24,
+    )
+    call = channel.unary_unary(EXEC)
+    operands = {
+        _DENSE: torch.arange(6.0).reshape(2, 3),
+        _INDICES: torch.tensor([[0, 10**6, 1 << 40], [0, 1, 2]]),  # out of range
+        _VALUES: torch.ones(3),
+    }
+    frames = [(0, *encode_message(Store(i, t, [], ""))) for i, t in operands.items()]
+    _, replies = decode_envelope(call(encode_envelope({}, frames), timeout=30))
+    assert not replies, [decode_message(h, b) for _, h, b in replies]
+    yield cluster, call
+    channel.close()
+    cluster.stop()
+
+
+def _family_op_is_refused(cluster: Any, call: Any, op: str, args: list, kwargs: dict) -> None:
+    out = 100
+    frames = [
+        (0, *encode_message(ExecuteOp(op, args, kwargs, [out], False))),
+        # then use what it made (a dense + sparse add wrote out of bounds)
+        (SYNC, *encode_message(ExecuteOp("aten::add.Tensor", [Ref(_DENSE), Ref(out)], {}, [101], False))),
+        (SYNC, *encode_message(Fetch(out, True))),
+    ]  # fmt: skip
+    resp = call(encode_envelope({}, frames), timeout=60)
+    info, replies = decode_envelope(resp)
+    assert "error" not in info, info
+    answers = {k: decode_message(h, b) for k, h, b in replies}
+    assert isinstance(answers.get(0), ErrorReply), (op, args, kwargs, answers)
+    assert all(isinstance(a, ErrorReply) for a in answers.values()), answers
+    assert cluster.servers["fuzzee"].alive(), cluster.servers["fuzzee"].output()[-3000:]
+
+
+@FUZZ
+@given(case=_family_calls())
+def test_sparse_quantized_and_empty_ops_are_refused(fuzzee, case):
+    cluster, call = fuzzee
+    _family_op_is_refused(cluster, call, *case)
+
+
+@pytest.mark.parametrize("op", sorted(FAMILY_OPS))
+def test_every_family_op_is_refused(fuzzee, op):
+    cluster, call = fuzzee
+    _family_op_is_refused(cluster, call, op, list(FAMILY_OPS[op]), {})
+
+
+def test_the_family_worker_still_serves(fuzzee):
+    cluster, _ = fuzzee
+    w = cluster.fresh("fuzzee")
+    assert torch.equal((pt.send(torch.ones(2), w) + 1).get(), torch.full((2,), 2.0))
+    cluster.close_connections()

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import LimitExceeded, PointerError, RemoteError
+from ..errors import DecodeError, LimitExceeded, PointerError, RemoteError
 from ..messages import (
     AcceptPeer,
     ConnectPeer,
@@ -102,15 +102,19 @@ class NetworkWorker:
             rh, rb = self._roundtrip(item)
             if not rb and rh == _OK_NONE:
                 return None
-            reply = decode_message(rh, rb)
+            try:
+                reply = decode_message(rh, rb)
+            except DecodeError as e:
+                raise self._conn.malformed(e) from None
             if isinstance(reply, ErrorReply):
                 raise self._conn.remote_error(reply.kind, reply.message)
+            if not isinstance(reply, Reply):
+                raise self._conn.malformed(f"a {reply.KIND!r} message answers a request")
         except BaseException as e:
             root = self._failed(e, item)
             if root is e:
                 raise
             raise root from None
-        assert isinstance(reply, Reply)
         return reply.value
 
     def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
@@ -246,8 +250,8 @@ class NetworkWorker:
         assert item.future is not None
         self._conn.submit(item)
         reply = item.future.wait(self._conn)
-        if reply is None:
-            return _OK_NONE, []
+        if reply is None:  # (the connection fails a request left unanswered: never here)
+            raise self._conn.malformed("no answer to a request")
         return reply
 
     def _inspect(

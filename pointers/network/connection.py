@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from ..errors import LimitExceeded, PartyUnavailable, PointerError, RemoteError
+from ..errors import DecodeError, LimitExceeded, PartyUnavailable, PointerError, RemoteError
 from ..messages import Delete, ErrorReply, decode_message, encode_message
 from .context import ClientContext
 from .framing import FrameError, decode_envelope, encode_envelope, info_field
@@ -275,34 +275,46 @@ class Connection:
             rinfo, replies = decode_envelope(resp)
             self._note_epoch(rinfo)
             batch_error = info_field(rinfo, "error", list, None)
+            answered = _answers(replies, len(frames))
         except grpc.RpcError as e:
             self.failures += 1
             self._fail_all(sent, rpc_error(e, self.worker_id, self.address, "a command"))
             return
         except FrameError as e:
-            self._fail_all(sent, PointerError(f"malformed reply from {self.worker_id!r}: {e}"))
+            self._fail_all(sent, self.malformed(e))
             return
         if batch_error is not None:
-            self._fail_all(sent, self.remote_error(*batch_error[:2]))
+            self._fail_all(sent, self.info_error(batch_error))
             return
-        answered = {k: (header, buffers) for k, header, buffers in replies}
         pending: tuple[BaseException, int] | None = None  # first failed post not reported
         for k, it in enumerate(sent):
             reply = answered.get(k)
-            if reply is None or not is_error_header(reply[0]):
+            if reply is None:  # a post that succeeded; the worker answers every request
+                if it.future is not None:
+                    it.future.fail(self.malformed("it left out the answer to a request"))
+                continue
+            if not is_error_header(reply[0]):
                 if it.future is not None:
                     it.future.set(reply)
                 continue
-            err = decode_message(reply[0], reply[1])
-            assert isinstance(err, ErrorReply)
+            try:
+                err = decode_message(reply[0], reply[1])
+                if not isinstance(err, ErrorReply):
+                    raise DecodeError(f"an error answer holds a {err.KIND!r} message")
+            except DecodeError as e:
+                error: PointerError = self.malformed(e)
+                skipped = False
+            else:
+                error = self.remote_error(err.kind, err.message)
+                skipped = err.kind == "Skipped"
             if it.future is not None:
-                if err.kind == "Skipped" and pending is not None:
+                if skipped and pending is not None:
                     it.future.fail(*pending)  # the post that failed before it
                 else:
-                    it.future.fail(self.remote_error(err.kind, err.message))
+                    it.future.fail(error)
                 pending = None
             elif not it.stale and pending is None:
-                pending = (self.remote_error(err.kind, err.message), it.seq)
+                pending = (error, it.seq)
         if pending is not None and self.deferred is None:
             self.deferred = pending
 
@@ -332,17 +344,33 @@ class Connection:
             it.future.fail(e)
 
     def _inspect_reply(self, resp: bytes) -> dict[str, Any]:
-        info, _ = decode_envelope(resp)
+        try:
+            info, _ = decode_envelope(resp)
+            error = info_field(info, "error", list, None)
+        except FrameError as e:
+            raise self.malformed(e) from None
         self._note_epoch(info)
-        error = info_field(info, "error", list, None)
         if error is not None:
-            raise self.remote_error(*error[:2])
+            raise self.info_error(error)
         return info
 
     def _note_epoch(self, info: dict[str, Any]) -> None:
         epoch = info.get("epoch")
         if isinstance(epoch, str):
             self.epoch = epoch
+
+    def malformed(self, why: Any) -> DecodeError:
+        """The error for a reply that breaks the protocol (a worker's bug, or a hostile
+        worker): the call fails with it, the client goes on."""
+        return DecodeError(
+            f"worker {self.worker_id!r} at {self.address} sent a malformed reply: {why}"
+        )
+
+    def info_error(self, error: list[Any]) -> PointerError:
+        """The error an envelope's ``error`` field reports: ``[kind, message]``."""
+        if len(error) < 2 or not isinstance(error[0], str) or not isinstance(error[1], str):
+            return self.malformed("its error field is not [kind, message]")
+        return self.remote_error(error[0], error[1])
 
     def remote_error(self, kind: Any, message: Any) -> PointerError:
         kind, message = str(kind), str(message)
@@ -351,3 +379,14 @@ class Connection:
         if kind == "LimitExceeded":
             return LimitExceeded(f"worker {self.worker_id!r}: {message}")
         return RemoteError(self.worker_id, kind, message)
+
+
+def _answers(replies: list[Any], sent: int) -> dict[int, tuple[Any, list[Any]]]:
+    """The answers of a reply envelope by the index of the frame they answer; each frame
+    is answered at most once, and only frames that were sent."""
+    answered: dict[int, tuple[Any, list[Any]]] = {}
+    for k, header, buffers in replies:
+        if not 0 <= k < sent or k in answered:
+            raise FrameError(f"an answer to frame {k} of {sent} (out of range or twice)")
+        answered[k] = (header, buffers)
+    return answered

@@ -9,8 +9,10 @@ call metadata::
 
 ``info`` is a map of plain msgpack values (str keys); ``tag`` is an int whose meaning the
 call defines (request flags, or the index of the request a reply answers). Decoding checks
-every length against the bytes actually present and accepts no extension types, so a
-malformed envelope ends in :class:`FrameError`, never in a large allocation or a crash.
+every length against the bytes actually present, holds the metadata to the limits of a
+message header (:func:`pointers.serde.check_header`: size, nesting, declared lengths,
+objects) and accepts no extension types, so a malformed envelope ends in
+:class:`FrameError`, never in a large allocation or a crash.
 Buffers come back as zero-copy ``memoryview`` slices of the envelope.
 """
 
@@ -23,12 +25,13 @@ from typing import Any
 import msgpack
 import torch
 
+from .. import serde
 from ..errors import DecodeError
 
 MAGIC = b"PTW1"
 _PREFIX = struct.Struct(">4sI")
 MAX_FRAMES = 1 << 16  # frames in one envelope
-MAX_BUFFERS = 1 << 12  # buffers in one frame
+MAX_BUFFERS = serde.MAX_BUFFERS  # buffers in one frame
 MAX_META = 1 << 24  # bytes of the metadata map
 
 Frame = tuple[int, Any, list[Any]]  # (tag, header, buffers); header and buffers bytes-like
@@ -83,11 +86,9 @@ def decode_envelope(data: bytes | memoryview) -> tuple[dict[str, Any], list[Fram
     if meta_len > MAX_META or _PREFIX.size + meta_len > total:
         raise FrameError(f"metadata length {meta_len} exceeds the {total} bytes received")
     start = _PREFIX.size + meta_len
-    try:
-        meta = msgpack.unpackb(
+    try:  # within the limits of a message header (nesting, sizes: see pointers.serde)
+        meta = serde.unpack_limited(
             view[_PREFIX.size : start],
-            raw=False,
-            strict_map_key=True,
             ext_hook=_no_ext,
             max_array_len=MAX_FRAMES,
             max_map_len=1024,
@@ -113,6 +114,11 @@ def decode_envelope(data: bytes | memoryview) -> tuple[dict[str, Any], list[Fram
         tag, header_len, buf_lens = entry
         if type(tag) is not int or type(header_len) is not int or header_len < 0:
             raise FrameError("a frame's tag and header length must be integers")
+        if header_len > serde.MAX_HEADER_BYTES:
+            raise FrameError(
+                f"a frame header of {header_len} bytes exceeds the limit of "
+                f"{serde.MAX_HEADER_BYTES} bytes"
+            )
         if not isinstance(buf_lens, list) or len(buf_lens) > MAX_BUFFERS:
             raise FrameError(f"a frame holds a list of at most {MAX_BUFFERS} buffer lengths")
         end = pos + header_len

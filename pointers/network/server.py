@@ -316,7 +316,7 @@ class WorkerServer:
                 replies.append((k, _SKIPPED, []))
                 continue
             rh, rb = ns.handle_frames(header, buffers)  # never raises
-            if rb or rh != _OK_NONE:
+            if rb or rh != _OK_NONE or tag & SYNC:  # every request is answered
                 replies.append((k, rh, rb))
                 if not tag & STALE and is_error_header(rh):
                     failed = True
