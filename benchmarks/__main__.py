@@ -120,7 +120,7 @@ def select_cases(
             chosen = [Case(wid, n) for n in common]
         else:
             chosen = [c for c in default if not (quick and c.big)]
-        cases += [Case(c.workload, c.size, c.big, c.rounds, parties) for c in chosen]
+        cases += [Case(c.workload, c.size, c.big, c.repeats, parties) for c in chosen]
     return [c for c in cases if k in c.id]
 
 
@@ -325,9 +325,25 @@ def _finite(obj: Any) -> Any:
 
 
 def _progress(total: int, disable: bool) -> Any:
-    from tqdm import tqdm
-
+    try:
+        from tqdm import tqdm
+    except ImportError:  # an optional extra: pip install 'tessera-mpc[bench]'
+        if not disable:
+            print("(no progress bar: tqdm is not installed)", file=sys.stderr)
+        disable = True
+        return _NoProgress()
     return tqdm(total=total, file=sys.stderr, unit="run", disable=disable, leave=False)
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ CASES = [pytest.param(c, id=c.id, marks=[pytest.mark.big] if c.big else []) for 
 def test_mpc(benchmark: Any, case: Case, parties: int) -> None:
     w = replace(case, parties=parties).build()
     benchmark.group = f"{w.id}-{w.op}"
-    benchmark.pedantic(w.run, rounds=case.rounds, warmup_rounds=1, iterations=1)
+    benchmark.pedantic(w.run, rounds=case.repeats, warmup_rounds=1, iterations=1)
     row = finish(profile(w), timings(benchmark, w.run))
     benchmark.extra_info.update(row)
     RESULTS.append(row)

@@ -565,7 +565,7 @@ class Case:
     workload: str
     size: int
     big: bool = False
-    rounds: int = 5  # timed runs in the pytest-benchmark tests
+    repeats: int = 5  # timed runs in the pytest-benchmark tests
     parties: int = 2  # computing parties (the crypto provider comes on top)
 
     def build(self, factory: WorkerFactory | None = None) -> Workload:
@@ -581,22 +581,22 @@ class Case:
 # The sizes of WORKLOADS.md (W7, max-pool, is issue 6's addition). W6 at 1e6 takes a few
 # tens of ms, so it is not "big".
 MPC_CASES: list[Case] = [
-    Case("W1", 10**5, rounds=10),
+    Case("W1", 10**5, repeats=10),
     Case("W1", 10**6, big=True),
-    Case("W2", 256, rounds=10),
-    Case("W3", 10**4, rounds=10),
-    Case("W3", 10**5, rounds=10),
+    Case("W2", 256, repeats=10),
+    Case("W3", 10**4, repeats=10),
+    Case("W3", 10**5, repeats=10),
     Case("W3", 10**6, big=True),
-    Case("W4", 10**5, rounds=10),
+    Case("W4", 10**5, repeats=10),
     Case("W4", 10**6, big=True),
-    Case("W5", 1, rounds=10),
+    Case("W5", 1, repeats=10),
     Case("W5", 64, big=True),
-    Case("W6", 10**6, rounds=10),
-    Case("W7", 10**5, rounds=10),
+    Case("W6", 10**6, repeats=10),
+    Case("W7", 10**5, repeats=10),
     Case("W7", 10**6, big=True),
 ]
 if "W8" in WORKLOADS:
-    MPC_CASES += [Case("W8", 10**5, rounds=10), Case("W8", 10**6, big=True)]
+    MPC_CASES += [Case("W8", 10**5, repeats=10), Case("W8", 10**6, big=True)]
 POINTER_CASES: list[Case] = [Case("P1", 10), Case("P2", 10)]
 
 

@@ -195,7 +195,7 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
 
 def public_to_shares(value: torch.Tensor, like: SharedTensor) -> list[pt.PointerTensor]:
     """A trivial sharing of an already-encoded public int64 value: party 0 holds it,
-    the others hold zeros (computed at each party, nothing secret travels)."""
+    the others hold zeros (made by the client and sent: they carry nothing secret)."""
     out = [pt.send(value, like.session.parties[0])]
     for p in like.session.parties[1:]:
         out.append(pt.send(torch.zeros_like(value), p))

@@ -14,7 +14,8 @@ msb([x]) with a dealer (8 rounds):
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
    (round 8), [msb(x)] = d + (1 - 2d)[t].
 Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
-Cf. CrypTen's A2B + carry-lookahead comparison; Damgard et al. TCC 2006 for daBits.
+Cf. CrypTen's A2B + carry-lookahead comparison. daBits: Rotaru and Wood, INDOCRYPT 2019;
+opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 2020 (edaBits).
 """
 
 from __future__ import annotations

@@ -209,6 +209,12 @@ class NetworkWorker:
     def clear_objects(self) -> None:
         self.reset()
 
+    @property
+    def incarnation(self) -> str | None:
+        """Which run of the worker process this client last heard from (its epoch; None
+        before the first reply): it changes when the worker restarts with an empty store."""
+        return self._conn.epoch
+
     def sync(self) -> None:
         """Wait until every queued message ran; raise the first error among them."""
         self._inspect("stats", flush=True)
