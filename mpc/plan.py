@@ -30,9 +30,9 @@ from mpc import accounting
 from mpc.errors import MPCError
 from mpc.session import Session, recording_nonces
 from mpc.shared import SharedTensor
-from pointers.messages import StoreProgram
 from pointers.pointer_tensor import PointerTensor, RemoteRef
-from pointers.program import Recording, Slots, build_programs, run_programs
+from pointers.wire.messages import StoreProgram
+from pointers.worker.program import Recording, Slots, build_programs, run_programs
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, int], ...]
 

@@ -25,7 +25,7 @@ Who learns what (semi-honest parties, no collusion among all m aggregators):
   worker that is also an aggregator holds the same about the other workers' updates;
 - all m aggregators together could reconstruct every update: that is the trust assumption.
 
-The per-worker mean training loss travels inside the update (see :func:`pointers.fedavg`),
+The per-worker mean training loss travels inside the update (see :func:`pointers.federated.fedavg`),
 so only its weighted mean is revealed too.
 """
 
@@ -95,7 +95,7 @@ def install(worker: Any) -> None:
 
 
 class SecureAggregator:
-    """A :class:`pointers.fedavg` aggregator that reveals only the weighted mean of the updates.
+    """A :class:`pointers.federated.fedavg` aggregator that reveals only the weighted mean of the updates.
 
     ``parties`` (2 to 5 workers) hold the shares; each data worker shares its own update
     and sends the shares to them directly. ``crypto_provider`` is optional: the aggregation
@@ -183,8 +183,10 @@ def secure_fedavg(
     frac_bits: int | None = None,
     **kwargs: Any,
 ) -> tuple[nn.Module, pt.FedAvgHistory]:
-    """:func:`pointers.fedavg` with a :class:`SecureAggregator` among ``parties``."""
+    """:func:`pointers.federated.fedavg` with a :class:`SecureAggregator` among ``parties``."""
     if "aggregator" in kwargs:
-        raise TypeError("secure_fedavg() builds its own aggregator; use pointers.fedavg instead")
+        raise TypeError(
+            "secure_fedavg() builds its own aggregator; use pointers.federated.fedavg instead"
+        )
     aggregator = SecureAggregator(parties, crypto_provider, frac_bits=frac_bits)
     return pt.fedavg(model, federated_dataset, aggregator=aggregator, **kwargs)

@@ -13,7 +13,7 @@ session lives while something uses it (a shared value, a plan, a held reference)
 
 Nonces: every protocol step draws a fresh one from the session of its operands. While a
 plan is recorded (:func:`recording_nonces`), every session hands out
-:class:`~pointers.program.RunValue` nonces and notes where each came from, so a recorded
+:class:`~pointers.worker.program.RunValue` nonces and notes where each came from, so a recorded
 program binds a fresh nonce from the same session at every run, whichever operand's
 session the step drew from.
 """
@@ -36,7 +36,7 @@ from mpc import accounting
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, PartyMismatchError
 from mpc.material import FUNCTIONS
-from pointers.program import RunValue
+from pointers.worker.program import RunValue
 
 MAX_PARTIES = 5
 

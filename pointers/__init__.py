@@ -7,8 +7,7 @@
 tensor([2., 4.])
 """
 
-from .concurrent import concurrently
-from .errors import (
+from pointers.errors import (
     DecodeError,
     LimitExceeded,
     LocationMismatchError,
@@ -20,12 +19,9 @@ from .errors import (
     UnknownObjectError,
     ValueRequiresGetError,
 )
-from .fedavg import Aggregator, FedAvgHistory, PlainAggregator, check_updates, fedavg
-from .federated import FederatedDataLoader, FederatedDataset, WorkerDataset
-from .hook import hook
-from .module import get, send, tag
-from .plan import Plan, PointerPlan, State, func2plan
-from .plan_graph import (
+from pointers.hook import hook
+from pointers.module import get, send, tag
+from pointers.plans.graph import (
     PlanBuildError,
     PlanCallError,
     PlanDecodeError,
@@ -33,9 +29,11 @@ from .plan_graph import (
     PlanNotBuiltError,
     PlanRunError,
 )
-from .pointer_tensor import PointerTensor, call_function, is_pointer
-from .protocol import Protocol, ProtocolError
-from .worker import VirtualWorker, Worker, WorkerStats
+from pointers.plans.plan import Plan, PointerPlan, State, func2plan
+from pointers.plans.protocol import Protocol, ProtocolError
+from pointers.pointer_tensor import PointerTensor, call_function, is_pointer
+from pointers.worker.base import VirtualWorker, Worker, WorkerStats
+from pointers.worker.lanes import concurrently
 
 __all__ = [
     "Aggregator",
@@ -84,10 +82,26 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # Network workers load gRPC and cryptography only when first used.
-    if name in ("connect", "NetworkWorker"):
-        from . import network
+# the application layers, loaded on first use: federated learning, and network workers
+# (gRPC and cryptography)
+_LAZY = {
+    "Aggregator": "pointers.federated.fedavg",
+    "FedAvgHistory": "pointers.federated.fedavg",
+    "PlainAggregator": "pointers.federated.fedavg",
+    "check_updates": "pointers.federated.fedavg",
+    "fedavg": "pointers.federated.fedavg",
+    "FederatedDataLoader": "pointers.federated.datasets",
+    "FederatedDataset": "pointers.federated.datasets",
+    "WorkerDataset": "pointers.federated.datasets",
+    "connect": "pointers.network",
+    "NetworkWorker": "pointers.network",
+}
 
-        return getattr(network, name)
-    raise AttributeError(f"module 'pointers' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pointers' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

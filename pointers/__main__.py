@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "certs":
-        from .network.certs import DEFAULT_HOSTS, create_certs
+        from pointers.network.certs import DEFAULT_HOSTS, create_certs
 
         try:
             written = create_certs(
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from .network.server import ServerConfig, serve
+    from pointers.network.server import ServerConfig, serve
 
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)

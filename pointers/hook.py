@@ -15,9 +15,8 @@ from typing import Any
 
 from torch import nn
 
-from .errors import PointerError
-from .federated import FederatedDataset
-from .module import get, send, tag
+from pointers.errors import PointerError
+from pointers.module import get, send, tag
 
 _MARK = "__pointers_hook__"
 ENTRY_POINT_GROUP = "pointers.tensor_methods"
@@ -47,7 +46,9 @@ def _module_get(self: nn.Module) -> nn.Module:
     return get(self)
 
 
-def _dataset_federate(self: Any, workers: Any, fractions: Any = None) -> FederatedDataset:
+def _dataset_federate(self: Any, workers: Any, fractions: Any = None) -> Any:
+    from pointers.federated.datasets import FederatedDataset  # (loaded on first use)
+
     return FederatedDataset.federate(self, workers, fractions)
 
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from .errors import PointerError
-from .pointer_tensor import PointerTensor, send_tensor
+from pointers.errors import PointerError
+from pointers.pointer_tensor import PointerTensor, send_tensor
 
 T = TypeVar("T", torch.Tensor, nn.Module)
 

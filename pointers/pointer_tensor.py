@@ -1,6 +1,6 @@
 """PointerTensor: a torch.Tensor wrapper subclass whose data lives on a worker.
 
-Every aten op on a pointer becomes one :class:`~pointers.messages.ExecuteOp` to its worker.
+Every aten op on a pointer becomes one :class:`~pointers.wire.messages.ExecuteOp` to its worker.
 The output's shape, stride and dtype are inferred locally by running the op on meta
 tensors (cached by op and input signature), and output ids are chosen here, so no reply is
 awaited. Because a pointer is a real tensor, autograd, ``nn.Module`` and ``torch.optim``
@@ -14,10 +14,15 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .errors import LocationMismatchError, ObjectGoneError, PointerError, ValueRequiresGetError
-from .messages import CallFunction, ExecuteOp, Fetch, Search, SendToPeer, Tag
-from .ops import op_name
-from .serde import dtype_from_name, ref_ext
+from pointers.errors import (
+    LocationMismatchError,
+    ObjectGoneError,
+    PointerError,
+    ValueRequiresGetError,
+)
+from pointers.wire.messages import CallFunction, ExecuteOp, Fetch, Search, SendToPeer, Tag
+from pointers.wire.ops import op_name
+from pointers.wire.serde import dtype_from_name, ref_ext
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
@@ -389,7 +394,7 @@ def send_tensor(x: torch.Tensor, worker: Any) -> PointerTensor:
         return x.send(worker)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"send() expects a tensor or nn.Module, got {type(x).__name__}")
-    from .messages import Store
+    from pointers.wire.messages import Store
 
     obj_id = worker.new_id()
     value = x.detach()

@@ -124,7 +124,7 @@ def test_cases_cover_the_workload_sizes() -> None:
         "W7-maxpool-1e5",
         "W7-maxpool-1e6",
     } <= ids
-    assert all(c.rounds >= 5 for c in wl.MPC_CASES)
+    assert all(c.repeats >= 5 for c in wl.MPC_CASES)
     assert {c.id for c in wl.MPC_CASES if c.big} == {
         "W1-mul-1e6",
         "W3-lt-1e6",

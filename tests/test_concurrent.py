@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
+from pointers.worker import lanes as lane_module
 
 
 def trio() -> list[pt.VirtualWorker]:
@@ -117,7 +118,7 @@ def test_the_caller_may_change_its_tensor_right_after_sending_it() -> None:
 
 
 def test_blocks_nest_and_skip_other_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pt.concurrent, "LANE_IDLE_SECONDS", 0.05)
+    monkeypatch.setattr(lane_module, "LANE_IDLE_SECONDS", 0.05)
     a, b, _ = trio()
     x = pt.send(torch.ones(2), a)
     with pt.concurrently(a, b) as outer:

@@ -23,7 +23,8 @@ import mpc
 import pointers as pt
 from mpc.examples.digits import accuracy, load_digits_split
 from mpc.math.encoding import encode
-from pointers.messages import Fetch, Reply, decode_message
+from pointers.federated.datasets import split_sizes
+from pointers.wire.messages import Fetch, Reply, decode_message
 
 # ---------------------------------------------------------------------------------------
 # helpers
@@ -87,9 +88,9 @@ def test_federate_splits_evenly_and_sends_each_worker_its_part(new_workers):
 
 
 def test_federate_by_fractions(new_workers):
-    assert pt.federated.split_sizes(10, 3, (0.5, 0.3, 0.2)) == [5, 3, 2]
-    assert pt.federated.split_sizes(7, 2, (0.5, 0.5)) == [4, 3]  # ties: the earlier worker
-    assert pt.federated.split_sizes(10, 3, (0.55, 0.25, 0.2)) == [6, 2, 2]
+    assert split_sizes(10, 3, (0.5, 0.3, 0.2)) == [5, 3, 2]
+    assert split_sizes(7, 2, (0.5, 0.5)) == [4, 3]  # ties: the earlier worker
+    assert split_sizes(10, 3, (0.55, 0.25, 0.2)) == [6, 2, 2]
     bob, alice = new_workers("bob", "alice")
     fed = pt.FederatedDataset.federate(_indexed(10), (bob, alice), fractions=[0.7, 0.3])
     assert fed.num_examples == {"bob": 7, "alice": 3}

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.material import FUNCTIONS
-from pointers.messages import (
+from pointers.wire.messages import (
     CallFunction,
     Describe,
     Message,
@@ -33,8 +33,8 @@ from pointers.messages import (
     encode_message,
     message_from_list,
 )
-from pointers.program import bind
-from pointers.serde import ref_id
+from pointers.wire.serde import ref_id
+from pointers.worker.program import bind
 
 # the protocol functions that take (seed or seeds, nonce, ...)
 NONCE_FUNCTIONS = {

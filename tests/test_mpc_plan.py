@@ -14,7 +14,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
-from pointers.messages import Delete
+from pointers.wire.messages import Delete
 
 
 @pytest.fixture

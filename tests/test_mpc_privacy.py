@@ -29,7 +29,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
-from pointers.messages import Fetch, decode_message
+from pointers.wire.messages import Fetch, decode_message
 
 FRAC = 16
 N_SAMPLES = 20_000  # per share: the bit means have a standard deviation of 0.0035

@@ -23,12 +23,12 @@ from torch import nn
 import mpc
 import pointers as pt
 from pointers.__main__ import main as cli
-from pointers.messages import ExecuteOp, Fetch
 from pointers.network import DEFAULT_CONTEXT, ClientContext
 from pointers.network.certs import certificate_identity
 from pointers.network.served import NamespaceLock, WaitingStore
 from pointers.network.server import ServerConfig
-from pointers.serde import Ref
+from pointers.wire.messages import ExecuteOp, Fetch
+from pointers.wire.serde import Ref
 
 pytestmark = pytest.mark.network
 

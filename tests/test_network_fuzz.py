@@ -24,9 +24,12 @@ from network_fixtures import Cluster
 from test_wire_limits import array, ext, op_message, pack, tensor_ext
 
 import pointers as pt
-from pointers import serde
 from pointers.errors import DecodeError
-from pointers.messages import (
+from pointers.network.framing import FrameError, decode_envelope, encode_envelope
+from pointers.network.server import ServerConfig, WorkerServer
+from pointers.network.transport import EXEC, SYNC, open_channel
+from pointers.wire import serde
+from pointers.wire.messages import (
     CallFunction,
     Delete,
     Describe,
@@ -42,11 +45,8 @@ from pointers.messages import (
     decode_message,
     encode_message,
 )
-from pointers.network.framing import FrameError, decode_envelope, encode_envelope
-from pointers.network.server import ServerConfig, WorkerServer
-from pointers.network.transport import EXEC, SYNC, open_channel
-from pointers.ops import ZERO_FILLED
-from pointers.serde import Ref
+from pointers.wire.ops import ZERO_FILLED
+from pointers.wire.serde import Ref
 
 pytestmark = pytest.mark.network
 

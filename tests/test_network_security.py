@@ -13,7 +13,11 @@ import pytest
 import torch
 
 import pointers as pt
-from pointers.messages import (
+from pointers.network.certs import create_certs, load_credentials
+from pointers.network.framing import decode_envelope, encode_envelope
+from pointers.network.server import ServerConfig, WorkerServer
+from pointers.network.transport import DELIVER, open_channel
+from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
     ErrorReply,
@@ -23,10 +27,6 @@ from pointers.messages import (
     decode_message,
     encode_message,
 )
-from pointers.network.certs import create_certs, load_credentials
-from pointers.network.framing import decode_envelope, encode_envelope
-from pointers.network.server import ServerConfig, WorkerServer
-from pointers.network.transport import DELIVER, open_channel
 
 pytestmark = pytest.mark.network
 

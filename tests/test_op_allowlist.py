@@ -1,4 +1,4 @@
-"""The op allow-list (pointers/ops.py) is the single source of truth for what a worker runs.
+"""The op allow-list (pointers/wire/ops.py) is the single source of truth for what a worker runs.
 
 Every aten overload resolves exactly when it is listed; internals, sparse, quantized, file
 or raw-memory ops and the empty family are refused with a NotAllowedError naming the op and
@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 import pointers as pt
-from pointers import ops
 from pointers.errors import NotAllowedError
-from pointers.messages import ErrorReply, ExecuteOp, Fetch, decode_message, encode_message
-from pointers.serde import Ref
+from pointers.wire import ops
+from pointers.wire.messages import ErrorReply, ExecuteOp, Fetch, decode_message, encode_message
+from pointers.wire.serde import Ref
 
 BOTH = ["virtual", pytest.param("network", marks=pytest.mark.network)]
 

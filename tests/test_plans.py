@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pointers as pt
-from pointers.messages import Fetch, RunPlan, StorePlan
-from pointers.plan_serde import plan_from_wire, plan_to_wire
-from pointers.serde import Ref
+from pointers.plans.wire import plan_from_wire, plan_to_wire
+from pointers.wire.messages import Fetch, RunPlan, StorePlan
+from pointers.wire.serde import Ref
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -356,11 +356,11 @@ def _wire(plan):
 
 
 def _repack(wire):
-    from pointers import serde
+    from pointers.wire import serde
 
     header, buffers = serde.encode(wire)
     raw = [b.reshape(-1).view(torch.uint8).numpy().tobytes() for b in buffers]
-    return msgpack.packb(["pointers.plan.bytes", header, raw], use_bin_type=True)
+    return msgpack.packb(["pointers.plans.plan.bytes", header, raw], use_bin_type=True)
 
 
 @pytest.mark.parametrize(
@@ -420,7 +420,7 @@ def test_random_bytes_are_rejected():
     with pytest.raises(pt.PlanDecodeError, match="not a serialised plan"):
         pt.Plan.from_bytes(b"\x00\x01garbage")
     with pytest.raises(pt.PlanDecodeError):
-        pt.Plan.from_bytes(msgpack.packb(["pointers.plan.bytes", b"\xc1", []]))
+        pt.Plan.from_bytes(msgpack.packb(["pointers.plans.plan.bytes", b"\xc1", []]))
     with pytest.raises(pt.PlanDecodeError, match="from bytes"):
         pt.Plan.from_bytes("a string")  # type: ignore[arg-type]
 
@@ -641,8 +641,8 @@ def test_wrong_argument_count_is_still_a_plan_call_error(alice):
 
 
 def test_worker_refuses_a_malformed_variant(alice):
-    from pointers.messages import StoreRunPlan
-    from pointers.plan_serde import variant_to_wire
+    from pointers.plans.wire import variant_to_wire
+    from pointers.wire.messages import StoreRunPlan
 
     plan = pt.func2plan(args_shape=[(1,)], state=(torch.ones(1),))(
         lambda x, state: x + state.read()[0]
@@ -652,7 +652,7 @@ def test_worker_refuses_a_malformed_variant(alice):
     good = variant_to_wire(plan._variant_for([torch.ones(3)]))
     assert good[5] == []  # the state does not travel with a variant
     cases = [
-        (["pointers.plan", *good[1:]], "not a plan variant"),
+        (["pointers.plans.plan", *good[1:]], "not a plan variant"),
         ([*good[:4], 0, *good[5:]], "must use its 1 state tensors"),
         ([*good[:6], [["builtins::eval", [], {}]], *good[7:]], "unknown op"),
     ]

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import pointers as pt
-from pointers.messages import ExecuteOp, encode_message
+from pointers.wire.messages import ExecuteOp, encode_message
+from pointers.wire.serde import Ref
 
 
 def test_pointer_metadata(alice):
@@ -182,7 +183,7 @@ def test_worker_reports_errors_cleanly(alice):
     rh, _ = alice.handle_frames(b"\x93garbage", [])
     assert b"DecodeError" in rh
     with pytest.raises(pt.RemoteError, match="no object"):
-        alice.request(ExecuteOp("aten::abs.default", [pt.serde.Ref(424242)], {}, [7], False))
+        alice.request(ExecuteOp("aten::abs.default", [Ref(424242)], {}, [7], False))
 
 
 def test_from_file_refused(alice):

@@ -19,10 +19,18 @@ import mpc
 import pointers as pt
 from mpc.material import FUNCTIONS
 from mpc.protocols import arith, compare
-from pointers.messages import CallFunction, Describe, ExecuteOp, RunProgram, SendToPeer, Store, Tag
 from pointers.pointer_tensor import search_worker
-from pointers.sealing import sealing_of
-from pointers.serde import Slot, SlotRef
+from pointers.wire.messages import (
+    CallFunction,
+    Describe,
+    ExecuteOp,
+    RunProgram,
+    SendToPeer,
+    Store,
+    Tag,
+)
+from pointers.wire.serde import Slot, SlotRef
+from pointers.worker.sealing import sealing_of
 
 mpc_plan = importlib.import_module("mpc.plan")  # (mpc.plan is also the function)
 

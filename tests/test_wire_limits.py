@@ -28,9 +28,12 @@ import pytest
 import torch
 
 import pointers as pt
-from pointers import serde
 from pointers.errors import DecodeError
-from pointers.messages import (
+from pointers.network import ClientContext
+from pointers.network.framing import FrameError, decode_envelope, encode_envelope
+from pointers.network.transport import DELIVER, EXEC, SERVICE, SYNC, open_channel
+from pointers.wire import serde
+from pointers.wire.messages import (
     AcceptPeer,
     ErrorReply,
     Fetch,
@@ -38,10 +41,7 @@ from pointers.messages import (
     decode_message,
     encode_message,
 )
-from pointers.network import ClientContext
-from pointers.network.framing import FrameError, decode_envelope, encode_envelope
-from pointers.network.transport import DELIVER, EXEC, SERVICE, SYNC, open_channel
-from pointers.serde import Ref
+from pointers.wire.serde import Ref
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -332,7 +332,7 @@ def test_legitimate_messages_keep_within_the_limits():
     h, b = encode_message(Reply(metas))
     assert decode_message(h, b).value == metas  # type: ignore[attr-defined]
     nodes = [["aten::add.Tensor", [Ref(i), Ref(i + 1)], {}] for i in range(5000)]
-    h, b = serde.encode(["store_plan", 1, ["pointers.plan", nodes]])
+    h, b = serde.encode(["store_plan", 1, ["pointers.plans.plan", nodes]])
     assert serde.decode(h, b)[2][1] == nodes
     arg: Any = 1
     for _ in range(16):  # the deepest argument a plan accepts
@@ -354,7 +354,7 @@ import sys, threading
 sys.path.insert(0, {tests!r})
 import test_wire_limits as t
 from pointers.errors import DecodeError
-from pointers.messages import decode_message
+from pointers.wire.messages import decode_message
 
 def run_all(where):
     for name, (header, buffers) in t.hostile_headers().items():

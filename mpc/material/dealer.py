@@ -26,7 +26,7 @@ from mpc.material.streams import (
 )
 from mpc.math.prg import PRG
 from mpc.math.ring import ring_bilinear
-from pointers.sealing import protocol_function
+from pointers.worker.sealing import protocol_function
 
 
 @protocol_function(sealed_outputs=True)

@@ -23,7 +23,7 @@ from mpc.material.streams import (
 )
 from mpc.math import bits
 from mpc.math.ring import ring_bilinear
-from pointers.sealing import protocol_function
+from pointers.worker.sealing import protocol_function
 
 _LOW63 = 0x7FFFFFFFFFFFFFFF
 

@@ -17,11 +17,11 @@ import os
 # happened; this must be set before grpc loads (an explicit GRPC_VERBOSITY wins).
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from .certs import create_certs, load_credentials  # noqa: E402
-from .client import NetworkWorker, connect  # noqa: E402
-from .context import DEFAULT_CONTEXT, ClientContext  # noqa: E402
-from .framing import FrameError, decode_envelope, encode_envelope  # noqa: E402
-from .server import ServerConfig, WorkerServer, serve  # noqa: E402
+from pointers.network.certs import create_certs, load_credentials  # noqa: E402
+from pointers.network.client import NetworkWorker, connect  # noqa: E402
+from pointers.network.context import DEFAULT_CONTEXT, ClientContext  # noqa: E402
+from pointers.network.framing import FrameError, decode_envelope, encode_envelope  # noqa: E402
+from pointers.network.server import ServerConfig, WorkerServer, serve  # noqa: E402
 
 __all__ = [
     "DEFAULT_CONTEXT",

@@ -1,7 +1,7 @@
 """The client side of a network worker: :func:`connect` returns a :class:`NetworkWorker`.
 
 A :class:`NetworkWorker` speaks the same client interface as a
-:class:`~pointers.worker.VirtualWorker` (``id``, ``new_id``, ``request``, ``post``,
+:class:`~pointers.worker.base.VirtualWorker` (``id``, ``new_id``, ``request``, ``post``,
 ``queue_delete``, ``introduce``, ``objects``, ``search``, ``stats``), so pointers, plans
 and the ``mpc`` protocols run on it unchanged.
 
@@ -24,8 +24,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import DecodeError, LimitExceeded, PointerError, RemoteError
-from ..messages import (
+from pointers.errors import DecodeError, LimitExceeded, PointerError, RemoteError
+from pointers.network.certs import Credentials, check_identity, load_credentials
+from pointers.network.connection import Connection, Future, Item
+from pointers.network.context import DEFAULT_CONTEXT, ClientContext
+from pointers.network.framing import buffer_bytes
+from pointers.network.transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
+from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
     Delete,
@@ -37,12 +42,7 @@ from ..messages import (
     decode_message,
     encode_message,
 )
-from ..worker import Frames, WorkerStats
-from .certs import Credentials, check_identity, load_credentials
-from .connection import Connection, Future, Item
-from .context import DEFAULT_CONTEXT, ClientContext
-from .framing import buffer_bytes
-from .transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
+from pointers.worker.base import Frames, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
 _DELETE_BATCH = 64  # while recording, deletes become a command every so many (as in process)
@@ -83,7 +83,7 @@ class NetworkWorker:
         return self._exchange(msg, True)
 
     def _exchange(self, msg: Message, wait: bool = True) -> Any:
-        """Every command passes here (so that :class:`pointers.program.Recording` can
+        """Every command passes here (so that :class:`pointers.worker.program.Recording` can
         capture it): queued when no reply is awaited (``wait=False``), else sent and its
         reply value returned."""
         held = self._held_deletes
@@ -186,7 +186,7 @@ class NetworkWorker:
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to this client's stored tensors carrying every tag in ``query``."""
-        from ..pointer_tensor import search_worker
+        from pointers.pointer_tensor import search_worker
 
         return search_worker(self, query)
 

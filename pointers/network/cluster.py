@@ -33,8 +33,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .certs import create_certs
-from .client import NetworkWorker, connect
+from pointers.network.certs import create_certs
+from pointers.network.client import NetworkWorker, connect
 
 _ADDRESS = re.compile(r"serving on (\S+) ")
 # the directory that holds the ``pointers`` package: on the servers' PYTHONPATH, so they

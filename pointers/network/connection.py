@@ -18,12 +18,12 @@ from typing import Any
 
 import grpc
 
-from ..errors import DecodeError, LimitExceeded, PartyUnavailable, PointerError, RemoteError
-from ..messages import Delete, ErrorReply, decode_message, encode_message
-from .context import ClientContext
-from .framing import FrameError, decode_envelope, encode_envelope, info_field
-from .served import is_error_header
-from .transport import EXEC, INSPECT, STALE, SYNC, Call, rpc_error
+from pointers.errors import DecodeError, LimitExceeded, PartyUnavailable, PointerError, RemoteError
+from pointers.network.context import ClientContext
+from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
+from pointers.network.served import is_error_header
+from pointers.network.transport import EXEC, INSPECT, STALE, SYNC, Call, rpc_error
+from pointers.wire.messages import Delete, ErrorReply, decode_message, encode_message
 
 _BATCH_FRAMES = 2048  # messages per call at most
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches (as in process)

@@ -28,7 +28,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from pointers.network.connection import Connection
 
 
 class ClientContext:

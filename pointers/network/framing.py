@@ -1,6 +1,6 @@
 """The wire form of a network call: an envelope of frames (msgpack header + raw buffers).
 
-A frame is one message as :mod:`pointers.serde` encodes it: a msgpack header plus the raw
+A frame is one message as :mod:`pointers.wire.serde` encodes it: a msgpack header plus the raw
 bytes of its tensor buffers. An envelope carries any number of frames and a small map of
 call metadata::
 
@@ -10,7 +10,7 @@ call metadata::
 ``info`` is a map of plain msgpack values (str keys); ``tag`` is an int whose meaning the
 call defines (request flags, or the index of the request a reply answers). Decoding checks
 every length against the bytes actually present, holds the metadata to the limits of a
-message header (:func:`pointers.serde.check_header`: size, nesting, declared lengths,
+message header (:func:`pointers.wire.serde.check_header`: size, nesting, declared lengths,
 objects) and accepts no extension types, so a malformed envelope ends in
 :class:`FrameError`, never in a large allocation or a crash.
 Buffers come back as zero-copy ``memoryview`` slices of the envelope.
@@ -25,8 +25,8 @@ from typing import Any
 import msgpack
 import torch
 
-from .. import serde
-from ..errors import DecodeError
+from pointers.errors import DecodeError
+from pointers.wire import serde
 
 MAGIC = b"PTW1"
 _PREFIX = struct.Struct(">4sI")
@@ -86,7 +86,7 @@ def decode_envelope(data: bytes | memoryview) -> tuple[dict[str, Any], list[Fram
     if meta_len > MAX_META or _PREFIX.size + meta_len > total:
         raise FrameError(f"metadata length {meta_len} exceeds the {total} bytes received")
     start = _PREFIX.size + meta_len
-    try:  # within the limits of a message header (nesting, sizes: see pointers.serde)
+    try:  # within the limits of a message header (nesting, sizes: see pointers.wire.serde)
         meta = serde.unpack_limited(
             view[_PREFIX.size : start],
             ext_hook=_no_ext,

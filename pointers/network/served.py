@@ -2,13 +2,13 @@
 
 A served process holds one namespace per client identity: its own object store, counters
 and peer links, so one client's ids and objects are invisible to another. Each namespace
-is an ordinary :class:`pointers.worker.Worker` (same message handler as in process) with:
+is an ordinary :class:`pointers.worker.base.Worker` (same message handler as in process) with:
 
 * a :class:`WaitingStore`: commands arrive on the client's connection while peer
   deliveries travel separately, so a command may reach this worker before an object a
   peer delivers to it. The client announces the ids it expects from each peer (the
   ``expect`` field of its envelopes), and a running program (``mpc.plan``, see
-  :mod:`pointers.program`) promises the ids it or its peers will produce; a lookup of
+  :mod:`pointers.worker.program`) promises the ids it or its peers will produce; a lookup of
   such an id waits, bounded by the deadline, and then fails with
   :class:`~pointers.errors.PartyUnavailable`. An id nobody announced fails at once, as in
   process. Deliveries take the store's own lock, never the namespace's: a worker delivers
@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from .. import serde
-from ..errors import LimitExceeded, PartyUnavailable, UnknownObjectError
-from ..messages import (
+from pointers.errors import LimitExceeded, PartyUnavailable, UnknownObjectError
+from pointers.wire import serde
+from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
     ErrorReply,
@@ -44,8 +44,8 @@ from ..messages import (
     SendToPeer,
     encode_message,
 )
-from ..store import Entry, ObjectStore
-from ..worker import Frames, Worker, WorkerStats
+from pointers.worker.base import Frames, Worker, WorkerStats
+from pointers.worker.store import Entry, ObjectStore
 
 _ERROR_PREFIX = encode_message(ErrorReply("", ""))[0][:7]  # fixarray(3) + fixstr "error"
 
@@ -205,7 +205,7 @@ class WaitingStore(ObjectStore):
 
     def promise(self, ids: list[int]) -> None:
         """Ids a program started here will produce, or its peers will deliver: lookups of
-        them wait (see :mod:`pointers.program`)."""
+        them wait (see :mod:`pointers.worker.program`)."""
         with self._cond:
             for i in ids:
                 if i not in self._entries and i not in self._failed:

@@ -31,14 +31,11 @@ from typing import Any
 
 import grpc
 
-from .. import serde
-from ..errors import NotAllowedError, PartyUnavailable
-from ..messages import ErrorReply, Reply, Store, decode_message, encode_message
-from ..worker import Frames
-from .certs import Credentials, check_identity, load_credentials
-from .framing import FrameError, decode_envelope, encode_envelope, info_field
-from .served import ServedWorker, is_error_header
-from .transport import (
+from pointers.errors import NotAllowedError, PartyUnavailable
+from pointers.network.certs import Credentials, check_identity, load_credentials
+from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
+from pointers.network.served import ServedWorker, is_error_header
+from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     DELIVER,
     IDENTITY_METADATA,
@@ -51,6 +48,9 @@ from .transport import (
     open_channel,
     rpc_error,
 )
+from pointers.wire import serde
+from pointers.wire.messages import ErrorReply, Reply, Store, decode_message, encode_message
+from pointers.worker.base import Frames
 
 ENTRY_POINT_GROUP = "pointers.worker_functions"
 _OK_NONE, _ = encode_message(Reply(None))

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from ..errors import LimitExceeded, PartyUnavailable, PointerError
-from .certs import Credentials
+from pointers.errors import LimitExceeded, PartyUnavailable, PointerError
+from pointers.network.certs import Credentials
 
 SERVICE = "pointers.Worker"
 EXEC = f"/{SERVICE}/Exec"

@@ -12,17 +12,17 @@ tensor([6., 8.])
 
 A :class:`Plan` is an ``nn.Module``: subclass it and write ``forward`` for a module-like
 plan whose parameters travel with it as its state. :func:`func2plan` turns a function
-into a plan. Tracing and its limits are in :mod:`pointers.plan_trace`; the graph format
-and interpreter in :mod:`pointers.plan_graph`, the wire form in :mod:`pointers.plan_serde`.
+into a plan. Tracing and its limits are in :mod:`pointers.plans.trace`; the graph format
+and interpreter in :mod:`pointers.plans.graph`, the wire form in :mod:`pointers.plans.wire`.
 
 Other shapes and dtypes: as in PySyft, the build's examples (or ``args_shape``) only
 serve to trace; a plan runs on any input its function accepts. A call whose signature
 (shapes, dtypes, strides) the built graph does not accept is traced again for that
 signature by the plan's owner, which keeps the Python function; the new graph (a
 *variant*) is cached per signature, and travels to a worker with the call that first
-needs it there, as one :class:`~pointers.messages.StoreRunPlan` message (without the
+needs it there, as one :class:`~pointers.wire.messages.StoreRunPlan` message (without the
 state, which the worker already holds). Later calls with that signature are a plain
-:class:`~pointers.messages.RunPlan`. A plan without its function (loaded from bytes)
+:class:`~pointers.wire.messages.RunPlan`. A plan without its function (loaded from bytes)
 runs only the signatures it was traced for.
 
 >>> ptr_plan(pt.send(torch.tensor([[1, -2], [3, -4]]), alice)).get()  # (2, 2) int64
@@ -40,19 +40,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import LocationMismatchError
-from .messages import RunPlan, StorePlan, StoreRunPlan
-from .plan_graph import (
+from pointers.errors import LocationMismatchError
+from pointers.plans.graph import (
     PlanBuildError,
     PlanCallError,
     PlanGraph,
     PlanNotBuiltError,
     PlanRunError,
 )
-from .plan_serde import plan_from_bytes, plan_to_bytes, plan_to_wire, variant_to_wire
-from .plan_trace import TRACE_SIZE, trace_plan
-from .pointer_tensor import PointerTensor, RemoteRef
-from .serde import dtype_from_name
+from pointers.plans.trace import TRACE_SIZE, trace_plan
+from pointers.plans.wire import plan_from_bytes, plan_to_bytes, plan_to_wire, variant_to_wire
+from pointers.pointer_tensor import PointerTensor, RemoteRef
+from pointers.wire.messages import RunPlan, StorePlan, StoreRunPlan
+from pointers.wire.serde import dtype_from_name
 
 Shape = Sequence[int]
 Layout = tuple[int, ...] | None  # an argument's strides; None: contiguous
@@ -478,7 +478,7 @@ class PointerPlan:
     wait for a reply, as with single ops. A pointer plan made by :meth:`Plan.send` keeps
     its plan (the ``owner``): a call with a signature its graph does not accept gets the
     variant the owner traces for it, stored at the worker by that same call (one
-    :class:`~pointers.messages.StoreRunPlan` message) and reused by later calls.
+    :class:`~pointers.wire.messages.StoreRunPlan` message) and reused by later calls.
     """
 
     def __init__(

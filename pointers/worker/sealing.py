@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import NotAllowedError
+from pointers.errors import NotAllowedError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -3,12 +3,12 @@
 A plan's values live in numbered *slots*. Slots ``0 .. n_inputs-1`` are the call's
 arguments, the next ``len(tensors)`` slots are the tensors stored with the plan (its state
 first, then constants the trace captured), and each node adds one slot. A node's
-arguments refer to earlier slots with :class:`~pointers.serde.Ref`, so a plan can only
+arguments refer to earlier slots with :class:`~pointers.wire.serde.Ref`, so a plan can only
 use values that already exist: no cycles, no forward references.
 
 Node targets (the whole vocabulary a worker accepts in a plan):
 
-- ``"aten::name.overload"``: an aten op, resolved with :func:`pointers.ops.resolve_op`,
+- ``"aten::name.overload"``: an aten op, resolved with :func:`pointers.wire.ops.resolve_op`,
   the same allow-list that single-op commands go through;
 - ``"sym::add"``, ``"sym::mul"``, ``"sym::eq"`` ...: integer arithmetic and comparisons on
   sizes (plans traced with dynamic sizes compute view/reshape arguments this way);
@@ -17,7 +17,7 @@ Node targets (the whole vocabulary a worker accepts in a plan):
 - ``"fn::name"``: a function registered at the worker that runs the plan (the extension
   point higher layers use, as with :func:`pointers.call_function`).
 
-The wire form and its validation are in :mod:`pointers.plan_serde`.
+The wire form and its validation are in :mod:`pointers.plans.wire`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from .errors import DecodeError, PointerError
-from .ops import resolve_op
-from .serde import Ref
+from pointers.errors import DecodeError, PointerError
+from pointers.wire.ops import resolve_op
+from pointers.wire.serde import Ref
 
 _INT_LIMIT = 1 << 63  # size arithmetic never leaves int64
 

@@ -19,16 +19,17 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from . import serde
-from .errors import (
+from pointers.errors import (
     DecodeError,
     NotAllowedError,
     RemoteError,
     UnknownObjectError,
     ValueRequiresGetError,
 )
-from .functions import FunctionRegistry
-from .messages import (
+from pointers.plans.graph import PlanGraph
+from pointers.plans.wire import plan_from_wire, variant_from_wire
+from pointers.wire import serde
+from pointers.wire.messages import (
     CallFunction,
     Delete,
     Describe,
@@ -49,13 +50,12 @@ from .messages import (
     decode_message,
     encode_message,
 )
-from .ops import resolve_op
-from .plan_graph import PlanGraph
-from .plan_serde import plan_from_wire, variant_from_wire
-from .program import program_from_wire, start_program
-from .sealing import SEALED_OPS, refused, sealing_of
-from .serde import Ref
-from .store import ObjectStore
+from pointers.wire.ops import resolve_op
+from pointers.wire.serde import Ref
+from pointers.worker.functions import FunctionRegistry
+from pointers.worker.program import program_from_wire, start_program
+from pointers.worker.sealing import SEALED_OPS, refused, sealing_of
+from pointers.worker.store import ObjectStore
 
 Frames = tuple[bytes, list[Any]]
 _OK_NONE = encode_message(Reply(None))[0]
@@ -126,7 +126,7 @@ class Worker:
         self.function_state: dict[str, Any] = {}
 
     def wait_programs(self, timeout: float | None = None) -> None:
-        """Wait until the programs this worker runs (see :mod:`pointers.program`) end."""
+        """Wait until the programs this worker runs (see :mod:`pointers.worker.program`) end."""
         for t in list(self._program_threads):
             t.join(timeout)
         self._program_threads = [t for t in self._program_threads if t.is_alive()]
@@ -381,9 +381,9 @@ class Worker:
         """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``.
 
         ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); ``lend``:
-        both sides only read it (see :class:`~pointers.messages.SendToPeer`). Either way
+        both sides only read it (see :class:`~pointers.wire.messages.SendToPeer`). Either way
         an in-process peer keeps the tensor itself instead of a copy. ``sealed``: it is
-        protocol material, and stays sealed at the peer (:mod:`pointers.sealing`)."""
+        protocol material, and stays sealed at the peer (:mod:`pointers.worker.sealing`)."""
         link = self._peer_links.get(peer)
         if link is None:
             raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
@@ -429,7 +429,7 @@ class Worker:
 
     def send_to_peer_unlocked(self, msg: SendToPeer) -> None:
         """:meth:`send_to_peer` as a command from a thread that does not hold this
-        worker's lock (a :mod:`pointers.concurrent` lane), counted like any other."""
+        worker's lock (a :mod:`pointers.worker.lanes` lane), counted like any other."""
         with self._lock:
             self.stats.messages_received += 1
         try:
@@ -466,7 +466,7 @@ class VirtualWorker(Worker):
         # in different sessions do not look alike.
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._pending_deletes: list[int] = []
-        self._block: Any = None  # the pointers.concurrent block this worker runs in, if any
+        self._block: Any = None  # the pointers.worker.lanes block this worker runs in, if any
         self._lane: Any = None  # and the thread that runs its commands there
         for t in data:
             if not isinstance(t, torch.Tensor):
@@ -493,7 +493,7 @@ class VirtualWorker(Worker):
 
     def _exchange(self, msg: Message, want_reply: bool = True) -> Any:
         block = self._block
-        if block is not None:  # running concurrently (pointers.concurrent)
+        if block is not None:  # running concurrently (pointers.worker.lanes)
             if not want_reply:
                 block.post(self, msg)
                 return None
@@ -537,7 +537,7 @@ class VirtualWorker(Worker):
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to the stored tensors carrying every tag in ``query``."""
-        from .pointer_tensor import search_worker
+        from pointers.pointer_tensor import search_worker
 
         return search_worker(self, query)
 

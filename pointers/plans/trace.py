@@ -1,4 +1,4 @@
-"""Tracing a function into a :class:`~pointers.plan_graph.PlanGraph` with ``make_fx``.
+"""Tracing a function into a :class:`~pointers.plans.graph.PlanGraph` with ``make_fx``.
 
 ``torch.fx.experimental.proxy_tensor.make_fx`` runs the function once below autograd and
 records the aten ops it dispatches. Without dynamic sizes the trace runs on (copies of)
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .errors import NotAllowedError
-from .ops import op_name, resolve_op
-from .plan_graph import InputSpec, Node, PlanBuildError, PlanGraph
-from .serde import Ref
+from pointers.errors import NotAllowedError
+from pointers.plans.graph import InputSpec, Node, PlanBuildError, PlanGraph
+from pointers.wire.ops import op_name, resolve_op
+from pointers.wire.serde import Ref
 
 TRACE_SIZE = 4  # the size a dynamic (-1) dim has while tracing
 

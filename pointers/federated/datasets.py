@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from .pointer_tensor import PointerTensor, send_tensor
+from pointers.pointer_tensor import PointerTensor, send_tensor
 
 __all__ = ["FederatedDataLoader", "FederatedDataset", "WorkerDataset", "split_sizes"]
 

@@ -14,7 +14,7 @@ to the next role's worker, party to party (:meth:`PointerTensor.move`): the clie
 one message per role plus one per moved output, and sees no intermediate value. An input
 signature (shapes, dtypes) a role's plan was not built for costs no extra message: the
 plan is traced again for it and the new graph travels with that role's call, once per
-signature and worker (see :class:`~pointers.plan.PointerPlan`).
+signature and worker (see :class:`~pointers.plans.plan.PointerPlan`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from .plan import Plan, PointerPlan
-from .plan_graph import PlanError, PlanNotBuiltError
-from .pointer_tensor import PointerTensor
+from pointers.plans.graph import PlanError, PlanNotBuiltError
+from pointers.plans.plan import Plan, PointerPlan
+from pointers.pointer_tensor import PointerTensor
 
 
 class ProtocolError(PlanError):

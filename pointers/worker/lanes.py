@@ -1,6 +1,6 @@
 """In-process workers that run their commands concurrently, each in its own thread.
 
-By default a :class:`~pointers.worker.VirtualWorker` runs every command in the caller's
+By default a :class:`~pointers.worker.base.VirtualWorker` runs every command in the caller's
 thread, one after the other, whoever it is for. Real parties run side by side; inside
 ``with pt.concurrently(alice, bob, carol):`` in-process workers do too. Each listed
 ``VirtualWorker`` gets a *lane*: a thread that runs the commands posted to that worker in
@@ -38,8 +38,15 @@ from typing import Any
 
 import torch
 
-from .errors import RemoteError
-from .messages import Delete, ErrorReply, Message, SendToPeer, decode_message, encode_message
+from pointers.errors import RemoteError
+from pointers.wire.messages import (
+    Delete,
+    ErrorReply,
+    Message,
+    SendToPeer,
+    decode_message,
+    encode_message,
+)
 
 __all__ = ["ConcurrentBlock", "concurrently"]
 
@@ -164,7 +171,7 @@ class ConcurrentBlock:
     """The state of one ``with concurrently(...)`` block (see the module docstring)."""
 
     def __init__(self, workers: Iterable[Any], ok_reply: bytes) -> None:
-        from .worker import VirtualWorker
+        from pointers.worker.base import VirtualWorker
 
         seen: set[int] = set()
         self.workers = []
@@ -273,6 +280,6 @@ def concurrently(*workers: Any) -> ConcurrentBlock:
     Worth it for commands on large tensors; for small ones the threads' hand-offs cost
     more than they save. Network workers and workers already in a block are unaffected.
     """
-    from .worker import _OK_NONE
+    from pointers.worker.base import _OK_NONE
 
     return ConcurrentBlock(workers, _OK_NONE)

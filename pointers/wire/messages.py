@@ -1,7 +1,7 @@
 """The message set every worker speaks, whatever the transport.
 
 Each message is a frozen dataclass; on the wire it is ``[kind, field, ...]`` encoded by
-:mod:`pointers.serde`. :func:`decode_message` accepts only the kinds below with the right
+:mod:`pointers.wire.serde`. :func:`decode_message` accepts only the kinds below with the right
 number of fields, so a worker never runs anything it does not know.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import serde
-from .errors import DecodeError
+from pointers.errors import DecodeError
+from pointers.wire import serde
 
 
 @dataclass(slots=True)
@@ -25,7 +25,7 @@ class Message:
 class Store(Message):
     """Store ``value`` under ``obj_id`` with optional search tags and description.
 
-    ``sealed``: the value is protocol material (see :mod:`pointers.sealing`); only a peer
+    ``sealed``: the value is protocol material (see :mod:`pointers.worker.sealing`); only a peer
     delivering a sealed object may set it, a client's store with it set is refused."""
 
     KIND: ClassVar[str] = "store"
@@ -114,7 +114,7 @@ class SendToPeer(Message):
 
 @dataclass(slots=True)
 class StorePlan(Message):
-    """Store a plan (its wire form, see :mod:`pointers.plan_serde`) under ``obj_id``."""
+    """Store a plan (its wire form, see :mod:`pointers.plans.wire`) under ``obj_id``."""
 
     KIND: ClassVar[str] = "store_plan"
     obj_id: int
@@ -137,7 +137,7 @@ class StoreRunPlan(Message):
     """Store a variant of plan ``plan_id`` under ``obj_id``, then run it as RunPlan runs a
     plan: ``plan`` is the plan traced again for another input signature, without the
     state tensors, which it shares with plan ``plan_id`` (see
-    :func:`pointers.plan_serde.variant_from_wire`). A call with a new signature is thus
+    :func:`pointers.plans.wire.variant_from_wire`). A call with a new signature is thus
     one message too."""
 
     KIND: ClassVar[str] = "store_run_plan"
@@ -169,7 +169,7 @@ class AcceptPeer(Message):
 
 @dataclass(slots=True)
 class StoreProgram(Message):
-    """Store a recorded program (see :mod:`pointers.program`) under ``obj_id``."""
+    """Store a recorded program (see :mod:`pointers.worker.program`) under ``obj_id``."""
 
     KIND: ClassVar[str] = "store_program"
     obj_id: int

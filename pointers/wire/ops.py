@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .errors import NotAllowedError
+from pointers.errors import NotAllowedError
 
 
 def _entries(text: str) -> tuple[str, ...]:
@@ -293,7 +293,7 @@ def resolve_op(name: str) -> ResolvedOp:
             rule = "out= variants are refused unless listed"
         raise NotAllowedError(
             f"op {name!r} is refused by the worker's allow-list: {rule} "
-            "(pointers/ops.py lists the ops a worker runs)"
+            "(pointers/wire/ops.py lists the ops a worker runs)"
         )
     op = getattr(getattr(torch.ops.aten, base), overload)
     resolved: ResolvedOp = ZeroFilled(op) if name in ZERO_FILLED else op

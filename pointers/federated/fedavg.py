@@ -27,9 +27,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from .federated import FederatedDataLoader, FederatedDataset, WorkerDataset
-from .module import send
-from .pointer_tensor import PointerTensor
+from pointers.federated.datasets import FederatedDataLoader, FederatedDataset, WorkerDataset
+from pointers.module import send
+from pointers.pointer_tensor import PointerTensor
 
 __all__ = ["Aggregator", "FedAvgHistory", "PlainAggregator", "check_updates", "fedavg"]
 

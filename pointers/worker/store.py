@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PartyUnavailable, UnknownObjectError
+from pointers.errors import PartyUnavailable, UnknownObjectError
 
 
 @dataclass(slots=True)
@@ -22,7 +22,7 @@ class Entry:
 class ObjectStore:
     """Objects a worker holds, keyed by the id their sender chose.
 
-    Ids can be *promised* (by a running program, see :mod:`pointers.program`): a lookup of
+    Ids can be *promised* (by a running program, see :mod:`pointers.worker.program`): a lookup of
     a promised id waits on ``condition`` (whose lock the caller holds) until the object
     arrives, the promise fails, or ``wait_seconds`` pass.
     """
@@ -53,7 +53,7 @@ class ObjectStore:
 
     def promise(self, ids: list[int], patient: bool = False) -> None:
         """Lookups of ``ids`` wait for them; ``patient``: without a deadline (an in-process
-        delivery posted earlier, see :mod:`pointers.concurrent`, which fails the promise
+        delivery posted earlier, see :mod:`pointers.worker.lanes`, which fails the promise
         rather than leave it hanging)."""
         for i in ids:
             if i not in self._entries:

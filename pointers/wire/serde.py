@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 import torch
 
-from .errors import DecodeError
+from pointers.errors import DecodeError
 
 # Extension type codes.
 _EXT_TENSOR = 1

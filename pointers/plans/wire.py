@@ -1,14 +1,14 @@
 """A plan's wire form: a msgpack list, validated field by field; and its byte form.
 
-The wire form (what :class:`~pointers.messages.StorePlan` carries) is::
+The wire form (what :class:`~pointers.wire.messages.StorePlan` carries) is::
 
-    ["pointers.plan", version, name, input_specs, n_state, tensors, nodes, outputs,
+    ["pointers.plans.plan", version, name, input_specs, n_state, tensors, nodes, outputs,
      tuple_output]
 
 with ``input_specs`` a list of ``[shape (-1: any size), dtype name]``, ``tensors`` the
 state then the constants (they travel as message buffers), ``nodes`` a list of
-``[target, args, kwargs]`` whose :class:`~pointers.serde.Ref` values name earlier slots
-(see :mod:`pointers.plan_graph`), and ``outputs`` a list of Refs.
+``[target, args, kwargs]`` whose :class:`~pointers.wire.serde.Ref` values name earlier slots
+(see :mod:`pointers.plans.graph`), and ``outputs`` a list of Refs.
 
 :func:`plan_from_wire` checks every field before a :class:`PlanGraph` exists: the version,
 each op against the worker's allow-list, every reference (only to values computed
@@ -16,8 +16,8 @@ earlier), every argument's type and nesting. :func:`plan_to_bytes` packs the wir
 and its tensor buffers into one msgpack byte string; nothing here uses pickle.
 
 A *variant* is a stored plan traced again for another input signature (what
-:class:`~pointers.messages.StoreRunPlan` carries): the same wire form under the magic
-``"pointers.plan.variant"``, with the state left out of its tensor table (only the
+:class:`~pointers.wire.messages.StoreRunPlan` carries): the same wire form under the magic
+``"pointers.plans.plan.variant"``, with the state left out of its tensor table (only the
 constants travel): :func:`variant_from_wire` takes the state from the stored plan it is
 a variant of, so a model's weights never travel again for a new batch size.
 """
@@ -29,15 +29,15 @@ from typing import Any
 import msgpack
 import torch
 
-from . import serde
-from .errors import DecodeError, NotAllowedError
-from .ops import resolve_op
-from .plan_graph import SYM_OPS, InputSpec, Node, PlanDecodeError, PlanGraph
-from .serde import Ref
+from pointers.errors import DecodeError, NotAllowedError
+from pointers.plans.graph import SYM_OPS, InputSpec, Node, PlanDecodeError, PlanGraph
+from pointers.wire import serde
+from pointers.wire.ops import resolve_op
+from pointers.wire.serde import Ref
 
-MAGIC = "pointers.plan"
-VARIANT_MAGIC = "pointers.plan.variant"
-BYTES_MAGIC = "pointers.plan.bytes"
+MAGIC = "pointers.plans.plan"
+VARIANT_MAGIC = "pointers.plans.plan.variant"
+BYTES_MAGIC = "pointers.plans.plan.bytes"
 VERSION = 1
 MAX_NODES = 1_000_000
 MAX_DEPTH = 16  # nesting of lists/tuples inside one argument
@@ -75,7 +75,7 @@ def variant_from_wire(base: PlanGraph, wire: Any, functions: Any = None) -> Plan
     build it with ``base``'s state tensors; raises :class:`PlanDecodeError`."""
     if not isinstance(wire, list) or len(wire) != 9 or wire[0] != VARIANT_MAGIC:
         raise PlanDecodeError(
-            "not a plan variant: expected a 9-field list starting with 'pointers.plan.variant'"
+            "not a plan variant: expected a 9-field list starting with 'pointers.plans.plan.variant'"
         )
     if type(wire[4]) is not int or wire[4] != base.n_state:
         raise PlanDecodeError(
@@ -184,7 +184,9 @@ def plan_from_wire(wire: Any, functions: Any = None) -> PlanGraph:
     functions fail here, at store time, rather than when the plan runs.
     """
     if not isinstance(wire, list) or len(wire) != 9 or wire[0] != MAGIC:
-        raise PlanDecodeError("not a plan: expected a 9-field list starting with 'pointers.plan'")
+        raise PlanDecodeError(
+            "not a plan: expected a 9-field list starting with 'pointers.plans.plan'"
+        )
     _, version, name, specs, n_state, tensors, nodes, outputs, tuple_output = wire
     if version != VERSION:
         raise PlanDecodeError(f"unsupported plan format version {version!r} (expected {VERSION})")

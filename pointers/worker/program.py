@@ -38,8 +38,8 @@ from typing import Any
 
 import msgpack
 
-from .errors import PointerError
-from .messages import (
+from pointers.errors import PointerError
+from pointers.wire.messages import (
     CallFunction,
     Delete,
     ExecuteOp,
@@ -50,7 +50,7 @@ from .messages import (
     Tag,
     message_from_list,
 )
-from .serde import Ref, Slot, SlotRef, ref_id
+from pointers.wire.serde import Ref, Slot, SlotRef, ref_id
 
 RECORDABLE = (ExecuteOp, CallFunction, Store, Delete, SendToPeer, Tag)
 _KINDS = {cls.KIND for cls in RECORDABLE}

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import NotAllowedError
+from pointers.errors import NotAllowedError
 
 
 class FunctionContext(Protocol):

@@ -1,0 +1,14 @@
+"""The serving side of a worker and the in-process worker.
+
+- base: :class:`Worker` (store, registered functions, the message handler) and
+  :class:`VirtualWorker` (the in-process client side);
+- store: the object store (ids, tags, promises, sealed entries);
+- functions: the registry of named functions a worker runs besides aten ops;
+- sealing: protocol material that no client may read, and how functions declare it;
+- program: recorded command lists replayed with one message per worker;
+- lanes: in-process workers running side by side (:func:`pointers.concurrently`).
+"""
+
+from pointers.worker.base import Frames, VirtualWorker, Worker, WorkerStats, tensor_meta
+
+__all__ = ["Frames", "VirtualWorker", "Worker", "WorkerStats", "tensor_meta"]
