@@ -9,7 +9,7 @@ tensor([3.2500, 5.0000])
 
 from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
-from mpc.api import share
+from mpc.api import get, share
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
 from mpc.math.encoding import EncodingError
@@ -30,6 +30,7 @@ __all__ = [
     "SharedPlan",
     "SharedTensor",
     "UnsupportedOpError",
+    "get",
     "secure_fedavg",
     "plan",
     "share",

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from mpc.config import MPCConfig
+from mpc.ops.backward import track_grad
 from mpc.session import Session, session_for
 from mpc.shared import SharedTensor, share_tensor
 
@@ -27,6 +28,7 @@ def share(
     frac_bits: int | None = None,
     config: MPCConfig | None = None,
     session: Session | None = None,
+    requires_grad: bool = False,
 ) -> Any:
     """Secret-share ``x`` (a tensor, or a model's parameters and buffers) among ``parties``.
 
@@ -35,6 +37,10 @@ def share(
     randomness and colludes with no party); without one only linear ops are available.
     Every call with the same parties, crypto provider and config shares one
     :class:`Session` (one set of seeds); ``session=`` names one explicitly.
+
+    A shared model's parameters keep their ``requires_grad``, and ``requires_grad=True``
+    makes a shared tensor a leaf that autograd fills ``.grad`` of: ``loss.backward()`` and
+    ``torch.optim`` then train on shared values (see docs/encrypted-training.md).
     """
     if session is None:
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
@@ -46,7 +52,36 @@ def share(
         raise TypeError("pass either parties or session, not both")
     if isinstance(x, nn.Module):
         return _share_module(x, session)
-    return share_tensor(x, session, frac_bits)
+    shared = share_tensor(x, session, frac_bits)
+    if requires_grad:
+        track_grad(shared.requires_grad_(True))
+    return shared
+
+
+def get(x: Any) -> Any:
+    """Reconstruct a shared tensor, or every shared parameter and buffer of a model (in
+    place: each becomes a plain ``nn.Parameter`` with the same ``requires_grad``; a shared
+    ``.grad`` comes back too). Returns the tensor's value, or the model.
+
+    ``pointers.get(model)`` / ``model.get()`` bring back *pointer* parameters; for a model
+    trained on shared parameters use this (or ``p.get()`` per parameter). An optimizer
+    built on the shared parameters still holds those: build a new one to go on in the clear.
+    """
+    if isinstance(x, SharedTensor):
+        return x.get()
+    if not isinstance(x, nn.Module):
+        raise TypeError(f"mpc.get expects a SharedTensor or an nn.Module, got {type(x).__name__}")
+    for m in x.modules():
+        for name, p in list(m._parameters.items()):
+            if isinstance(p, SharedTensor):
+                new = nn.Parameter(p.get(), requires_grad=p.requires_grad)
+                if isinstance(p.grad, SharedTensor):
+                    new.grad = p.grad.get()
+                m._parameters[name] = new
+        for name, b in list(m._buffers.items()):
+            if isinstance(b, SharedTensor):
+                m._buffers[name] = b.get()
+    return x
 
 
 def share_method(self: Any, *parties: Any, **kwargs: Any) -> Any:
@@ -64,8 +99,9 @@ def _share_module(model: nn.Module, session: Session) -> nn.Module:
         for name, p in list(m._parameters.items()):
             if p is not None:
                 m._parameters[name] = nn.Parameter(
-                    share_tensor(p.detach(), session), requires_grad=False
+                    share_tensor(p.detach(), session), requires_grad=p.requires_grad
                 )
+                track_grad(m._parameters[name])
         for name, b in list(m._buffers.items()):
             if b is not None and name not in ("running_mean", "running_var", "num_batches_tracked"):
                 m._buffers[name] = share_tensor(b, session)

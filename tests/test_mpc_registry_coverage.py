@@ -187,6 +187,42 @@ SAMPLES: list[Sample] = [
         ),
         [(1, 2, 4, 4)],
     ),
+    # training (mpc.ops.backward): creation, ReLU's backward with and without a kept bit,
+    # losses and their backward ops
+    (
+        "creation",
+        lambda a: (
+            torch.ones_like(a) + torch.zeros_like(a) + a.new_zeros((3, 4)) + a.clone().zero_()
+        ),
+        [(3, 4)],
+    ),
+    (
+        "threshold backward",
+        lambda g, b: (
+            aten.threshold_backward(g, F.relu(b.detach().requires_grad_()), 0)
+            + aten.threshold_backward(g, b, 0.25)
+        ).detach(),
+        [(3, 4)] * 2,
+    ),
+    (
+        "losses",
+        lambda a, b: (
+            F.mse_loss(a, b)
+            + F.mse_loss(a, b, reduction="sum")
+            + aten.mse_loss_backward(torch.tensor(2.0), a, b, 1).sum()
+            + F.nll_loss(a, torch.tensor([0, 3, 1]))
+            + F.nll_loss(a, torch.tensor([0, 3, 1]), reduction="sum", ignore_index=3)
+            + aten.nll_loss_backward(
+                torch.tensor(1.5), a, torch.tensor([0, 3, 1]), None, 1, -100, torch.tensor(3.0)
+            ).sum()
+        ),
+        [(3, 4)] * 2,
+    ),
+    (
+        "softmax backward",
+        lambda g, o: aten._softmax_backward_data(g, o, 1, torch.float32),
+        [(3, 4)] * 2,
+    ),
     (
         "batch norm overload",
         lambda a: aten._native_batch_norm_legit_no_training(

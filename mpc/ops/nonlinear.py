@@ -87,6 +87,10 @@ def ne(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.relu.default, lazy=True)
 def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
+    if x.requires_grad and torch.is_grad_enabled():  # keep the bit for the backward
+        from mpc.ops.backward import relu_keeping_mask
+
+        return relu_keeping_mask(x)
     if x.pending:  # fuse the pending truncation into the comparison's rounds
         out = relu_truncating(x.session, x.shares, x.pending)
         return x.with_shares(out, frac_bits=x.frac_bits - x.pending)

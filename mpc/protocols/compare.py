@@ -20,6 +20,8 @@ opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 
 
 from __future__ import annotations
 
+import torch
+
 from mpc.material import TAG_T_ARITH
 from mpc.math import bits
 from mpc.protocols.arith import (
@@ -68,6 +70,16 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     return run.finish_select(complement=True)[0]
 
 
+def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Shares, Shares]:
+    """[relu(x)] (``pending``: of x >> pending, as :func:`relu_truncating`) and the
+    arithmetic bit [x >= 0] that ReLU's backward multiplies the gradient by, from one
+    comparison: the bit is d + (1 - 2d) [t] complemented, local once d is open."""
+    trunc = TruncRun(session, x, pending) if pending else None
+    run = _MsbRun(session, x, [] if pending else [x], trunc=trunc)
+    (out,) = run.finish_select(complement=True)
+    return out, run.finish_mask()
+
+
 class _MsbRun:
     """msb([x]) as in the module docstring, with optional products [v t] for selections
     (see :func:`select_by_msb`) and an optional truncation whose result is selected too
@@ -100,6 +112,7 @@ class _MsbRun:
         )
         selecting = bool(values) or trunc is not None
         t = self._t_shares() if selecting else []
+        self.t, self.x = t, x
 
         # round 1: open c = x + r, with the products [v t] and the truncation's mask
         (masked,) = at_parties(
@@ -166,6 +179,18 @@ class _MsbRun:
             self.session,
             "mpc.cmp_bit_finish",
             lambda i: [seed[i], nonce, i == 0, t_arith(i), d[i]],
+            [(self.shape, I64)],
+        )
+        return out
+
+    def finish_mask(self) -> Shares:
+        """[1 - msb(x)] from a selecting run's [t]: the selection of v = 1 (local)."""
+        # v = 1 shared trivially: ones at party 0, zeros elsewhere (made where they live)
+        one = [torch.ones_like(s) if i == 0 else torch.zeros_like(s) for i, s in enumerate(self.x)]
+        (out,) = at_parties(
+            self.session,
+            "mpc.cmp_select_finish",
+            lambda i: [True, self.d[i], one[i], self.t[i]],
             [(self.shape, I64)],
         )
         return out
