@@ -47,7 +47,8 @@ class _Programs:
     def __init__(
         self, fn: Callable[..., Any], workers: list[Any], inputs: tuple[SharedTensor, ...]
     ) -> None:
-        with recording_nonces() as nonces, accounting.stats() as counted:
+        # (inference: no autograd graph, whose saved values no program would delete)
+        with recording_nonces() as nonces, accounting.stats() as counted, torch.no_grad():
             with Recording(workers) as rec:
                 out = fn(*inputs)
                 if not isinstance(out, SharedTensor):
