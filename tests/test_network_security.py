@@ -105,6 +105,8 @@ def test_a_peer_delivers_only_objects_and_only_as_itself(served, certs):
     assert isinstance(command, ErrorReply) and "may only deliver objects" in command.message
     ok = _deliver(certs, "alice", b_srv, {"client": "client", "from": "alice"}, [(0, *store)])
     assert not isinstance(ok, ErrorReply)
+    assert 7 not in bob.objects  # kept aside until the client announces it from alice
+    bob._conn.expects.append(("alice", 7))
     assert torch.equal(bob.objects[7], torch.ones(2))
 
 

@@ -33,21 +33,22 @@ from typing import Any
 
 import torch
 
-from pointers.errors import LimitExceeded, PartyUnavailable, UnknownObjectError
+from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable, UnknownObjectError
 from pointers.wire import serde
 from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
     ErrorReply,
     Fetch,
-    Message,
     SendToPeer,
     encode_message,
 )
-from pointers.worker.base import Frames, Worker, WorkerStats
+from pointers.worker.base import Frames, Worker, WorkerStats, handles
 from pointers.worker.store import Entry, ObjectStore
 
 _ERROR_PREFIX = encode_message(ErrorReply("", ""))[0][:7]  # fixarray(3) + fixstr "error"
+_MISSING: Any = object()
+HOLD_SECONDS = 300.0  # how long a delivery that arrived before its announcement is kept aside
 
 
 def is_error_header(header: bytes | memoryview) -> bool:
@@ -141,7 +142,13 @@ class WaitingStore(ObjectStore):
         self._cond = threading.Condition()
         self._expected: dict[int, str] = {}  # object id -> peer that will deliver it
         self._failed: dict[int, str] = {}  # object id -> why its delivery failed
-        self._dropped: set[int] = set()  # expected ids deleted before they arrived
+        # ids a peer may deliver into: announced by the client (``expect``: that peer only)
+        # or promised by a program (None: any accepted peer), until they arrive
+        self._announced: dict[int, str | None] = {}
+        # deliveries that came before their announcement (the client's expect travels on
+        # another connection): (peer, id) -> (value or failure reason, sealed, failed, when)
+        self._held: dict[tuple[str, int], tuple[Any, bool, bool, float]] = {}
+        self._dropped: dict[int, str | None] = {}  # announced ids deleted before they arrived
         self._unavailable: dict[str, str] = {}  # peer -> why a wait for it timed out
         self._waiters = 0
 
@@ -166,50 +173,120 @@ class WaitingStore(ObjectStore):
                 )
             self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description, sealed)
             self.bytes = total
+            self._announced.pop(obj_id, None)
             if self._promised:
                 self._promised.pop(obj_id, None)
             if self._waiters:
                 self._cond.notify_all()
 
     def receive(self, peer: str, obj_id: int, value: Any, sealed: bool = False) -> None:
-        """A peer delivered ``value`` for ``obj_id`` (``sealed``: protocol material)."""
+        """A peer delivered ``value`` for ``obj_id`` (``sealed``: protocol material).
+
+        Only an id the client announced for ``peer`` (or a program promised) is written;
+        a delivery that comes before its announcement is kept aside (counted against the
+        limit, :data:`HOLD_SECONDS` at most) until the announcement names this peer; any
+        other delivery is refused and leaves the namespace as it was."""
         with self._cond:
+            if not self._may_deliver(peer, obj_id):
+                self._hold(peer, obj_id, value, sealed, False)
+                return
             self._unavailable.pop(peer, None)
             self._expected.pop(obj_id, None)
             self._failed.pop(obj_id, None)
-            if obj_id in self._dropped:  # its pointer died before the object arrived
-                self._dropped.discard(obj_id)
-                return
+            if self._dropped.pop(obj_id, _MISSING) is not _MISSING:
+                return  # its pointer died before the object arrived
             try:
                 self.put(obj_id, value, sealed=sealed)
             except LimitExceeded as e:
+                self._announced.pop(obj_id, None)
                 self._failed[obj_id] = str(e)
                 self._cond.notify_all()
                 raise
 
+    def _may_deliver(self, peer: str, obj_id: int) -> bool:
+        """Whether ``peer`` may deliver ``obj_id`` now (False: not yet announced; raises
+        for an id that is not this peer's to write)."""
+        who = self._announced.get(obj_id, _MISSING)
+        if who is _MISSING:
+            who = self._dropped.get(obj_id, _MISSING)
+        if who is None or who == peer:
+            return True
+        if who is _MISSING and obj_id not in self._entries:
+            return False
+        raise NotAllowedError(
+            f"worker {self.owner!r}: the client did not announce object {obj_id} as a "
+            f"delivery from {peer!r}; the delivery is refused"
+        )
+
+    def _hold(self, peer: str, obj_id: int, value: Any, sealed: bool, failed: bool) -> None:
+        now = time.monotonic()
+        for key in [k for k, h in self._held.items() if now - h[3] > HOLD_SECONDS]:
+            self._unhold(key)
+        size = _size(value)
+        if self.max_bytes is not None and self.bytes + size > self.max_bytes and size:
+            raise LimitExceeded(
+                f"holding object {obj_id} ({size} bytes) from {peer!r} until the client "
+                f"announces it would take this client's storage at worker {self.owner!r} "
+                f"over its limit of {self.max_bytes} bytes (serve --max-stored-mb)"
+            )
+        self._unhold((peer, obj_id))
+        self._held[(peer, obj_id)] = (value, sealed, failed, now)
+        self.bytes += size
+
+    def _unhold(self, key: tuple[str, int]) -> tuple[Any, bool, bool, float] | None:
+        held = self._held.pop(key, None)
+        if held is not None:
+            self.bytes -= _size(held[0])
+        return held
+
+    def _adopt(self, peer: str | None, obj_id: int) -> None:
+        """Take in what was held for ``obj_id`` (from ``peer``; None: from any peer)."""
+        if not self._held:
+            return
+        keys = [k for k in self._held if k[1] == obj_id and (peer is None or k[0] == peer)]
+        for key in keys[:1]:
+            value, sealed, failed, _ = self._unhold(key)  # type: ignore[misc]
+            if failed:
+                self.delivery_failed(key[0], obj_id, value)
+            else:
+                try:
+                    self.receive(key[0], obj_id, value, sealed)
+                except LimitExceeded:
+                    pass  # (recorded as the id's failure)
+
     def delivery_failed(self, peer: str, obj_id: int, reason: str) -> None:
         """A peer could not deliver ``obj_id``: waiting commands fail with ``reason``."""
         with self._cond:
+            if not self._may_deliver(peer, obj_id):
+                self._hold(peer, obj_id, reason, False, True)
+                return
             self._expected.pop(obj_id, None)
             self._promised.pop(obj_id, None)
+            self._announced.pop(obj_id, None)
             if obj_id not in self._entries and obj_id not in self._dropped:
                 self._failed[obj_id] = f"peer {peer!r} could not deliver object {obj_id}: {reason}"
                 self._cond.notify_all()
-            self._dropped.discard(obj_id)
+            self._dropped.pop(obj_id, None)
 
     def expect(self, peer: str, obj_ids: list[int]) -> None:
         with self._cond:
             for i in obj_ids:
                 if i not in self._entries:
                     self._expected[i] = peer
+                    self._announced[i] = peer
+                    self._adopt(peer, i)
 
     def promise(self, ids: list[int]) -> None:
         """Ids a program started here will produce, or its peers will deliver: lookups of
-        them wait (see :mod:`pointers.worker.program`)."""
+        them wait (see :mod:`pointers.worker.program`), and an accepted peer may deliver
+        them (once)."""
         with self._cond:
             for i in ids:
                 if i not in self._entries and i not in self._failed:
                     self._promised[i] = None
+                    if self._announced.get(i, _MISSING) is _MISSING:
+                        self._announced[i] = None
+                    self._adopt(None, i)
 
     def release_promises(self, ids: list[int]) -> None:
         with self._cond:
@@ -233,13 +310,15 @@ class WaitingStore(ObjectStore):
     def discard(self, obj_id: int) -> None:
         with self._cond:
             e = self._entries.pop(obj_id, None)
+            who = self._announced.pop(obj_id, _MISSING)
+            self._expected.pop(obj_id, None)
+            self._promised.pop(obj_id, None)
             if e is not None:
                 self.bytes -= _size(e.value)
-            elif self._expected.pop(obj_id, None) is not None:
-                self._dropped.add(obj_id)
-            elif obj_id in self._promised:  # a delivery may still come: drop it then
-                del self._promised[obj_id]
-                self._dropped.add(obj_id)
+            elif who is not _MISSING:  # a delivery may still come: drop it then
+                self._dropped[obj_id] = who
+            for key in [k for k in self._held if k[1] == obj_id]:
+                self._unhold(key)
             self._failed.pop(obj_id, None)
 
     def pop(self, obj_id: int) -> Any:
@@ -261,6 +340,8 @@ class WaitingStore(ObjectStore):
             self._expected.clear()
             self._failed.clear()
             self._dropped.clear()
+            self._announced.clear()
+            self._held.clear()
             self._unavailable.clear()
             self._promised.clear()
             self.bytes = 0
@@ -411,36 +492,20 @@ class ServedWorker(Worker):
                     self.store.discard(obj_id)
             return out
 
-    def _run(self, msg: Message) -> Any:
-        kind = type(msg)
-        if kind is Fetch and msg.delete:  # type: ignore[attr-defined]
-            value = self._readable(msg.obj_id, "fetching it").value  # type: ignore[attr-defined]
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"object {msg.obj_id} is not a tensor")  # type: ignore[attr-defined]
-            self._pop_after_reply = msg.obj_id  # type: ignore[attr-defined]
-            return value
-        if kind is SendToPeer:
-            return self._send_to_peer(msg)  # type: ignore[arg-type]
-        if kind is ConnectPeer:
-            self._control = True
-            if msg.peer == self.id:  # type: ignore[attr-defined]
-                raise ValueError(f"worker {self.id!r} cannot be its own peer")
-            link = self._link_factory(msg.peer, msg.address, self.client)  # type: ignore[attr-defined]
-            self.add_peer_link(msg.peer, link)  # type: ignore[attr-defined]
-            return None
-        if kind is AcceptPeer:
-            self._control = True
-            peer = msg.peer  # type: ignore[attr-defined]
-            if peer == self.client:
-                raise ValueError(f"the client {peer!r} cannot also be a delivering peer")
-            self.accepted.add(peer)
-            self.store.peer_available(peer)
-            return None
-        return super()._run(msg)
+    @handles(Fetch)
+    def _fetch(self, msg: Fetch) -> Any:
+        if not msg.delete:
+            return super()._fetch(msg)
+        value = self._readable(msg.obj_id, "fetching it").value
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"object {msg.obj_id} is not a tensor")
+        self._pop_after_reply = msg.obj_id
+        return value
 
+    @handles(SendToPeer)
     def _send_to_peer(self, msg: SendToPeer) -> None:
         try:
-            return super()._run(msg)
+            return super()._send_to_peer(msg)
         except PartyUnavailable:
             raise  # the peer itself is unreachable: nobody to tell
         except Exception as e:
@@ -452,6 +517,23 @@ class ServedWorker(Worker):
                 except Exception:  # noqa: S110 - the original error is what matters
                     pass
             raise
+
+    @handles(ConnectPeer)
+    def _connect_peer(self, msg: ConnectPeer) -> None:
+        self._control = True
+        if msg.peer == self.id:
+            raise ValueError(f"worker {self.id!r} cannot be its own peer")
+        link = self._link_factory(msg.peer, msg.address, self.client)
+        self.add_peer_link(msg.peer, link)
+
+    @handles(AcceptPeer)
+    def _accept_peer(self, msg: AcceptPeer) -> None:
+        self._control = True
+        peer = msg.peer
+        if peer == self.client:
+            raise ValueError(f"the client {peer!r} cannot also be a delivering peer")
+        self.accepted.add(peer)
+        self.store.peer_available(peer)
 
     def wait_programs(self, timeout: float | None = None) -> None:
         """Wait until this client's programs ended, ``timeout`` seconds at most in all."""
