@@ -12,9 +12,9 @@ import itertools
 import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
@@ -88,6 +88,33 @@ def _sole_owner(value: Any) -> bool:
 
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches
 
+F = TypeVar("F", bound=Callable[..., Any])
+Handler = Callable[[Any, Any], Any]  # (worker, message) -> reply value
+
+
+def handles(kind: type[Message]) -> Callable[[F], F]:
+    """Mark a worker method as the handler of the commands of type ``kind``.
+
+    A worker class's :attr:`Worker.handlers` maps each message type to the method marked
+    for it, the most derived class's winning: a subclass extends or replaces handlers by
+    marking methods of its own (or by overriding a handler method under the same name)."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, "_handles", kind)  # noqa: B010 - an attribute of a function
+        return fn
+
+    return mark
+
+
+def _handler_table(cls: type) -> dict[type[Message], Handler]:
+    names: dict[type[Message], str] = {}
+    for klass in reversed(cls.__mro__):
+        for name, attr in vars(klass).items():
+            kind = getattr(attr, "_handles", None)
+            if kind is not None:
+                names[kind] = name
+    return {kind: getattr(cls, name) for kind, name in names.items()}
+
 
 @dataclass
 class WorkerStats:
@@ -109,7 +136,16 @@ def tensor_meta(t: torch.Tensor) -> list[Any]:
 
 
 class Worker:
-    """The serving side of a worker: store, registered functions, message handler."""
+    """The serving side of a worker: store, registered functions, message handler.
+
+    Each command type has a handler method (marked with :func:`handles`), found through
+    the class's :attr:`handlers` table; subclasses extend the table with their own."""
+
+    handlers: ClassVar[dict[type[Message], Handler]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.handlers = _handler_table(cls)
 
     def __init__(self, id: str) -> None:
         if not isinstance(id, str) or not id:
@@ -171,70 +207,89 @@ class Worker:
             return out
 
     def _run(self, msg: Message) -> Any:
-        if type(msg) is ExecuteOp:  # the hot path
-            return self._execute_op(msg)
-        if isinstance(msg, CallFunction):
-            return self._call_function(msg)
-        if isinstance(msg, Store):
-            if msg.sealed:
-                raise refused("a client's store of a sealed object")
-            self.store.put(msg.obj_id, msg.value, set(msg.tags), msg.description)
-            return None
-        if isinstance(msg, Fetch):
-            value = self._readable(msg.obj_id, "fetching it").value
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"object {msg.obj_id} is not a tensor")
-            if msg.delete:
-                self.store.discard(msg.obj_id)
-            return value
-        if isinstance(msg, Delete):
-            for i in msg.obj_ids:
-                self.store.discard(i)
-            return None
-        if isinstance(msg, Search):
-            out = []
-            for i in self.store.search(msg.query):
-                e = self.store.entry(i)
-                if isinstance(e.value, torch.Tensor):
-                    out.append([i, *tensor_meta(e.value), sorted(e.tags), e.description])
-            return out
-        if isinstance(msg, Tag):
-            e = self._readable(msg.obj_id, "tagging it")
-            e.tags.update(msg.tags)
-            if msg.description:
-                e.description = msg.description
-            return None
-        if isinstance(msg, Describe):
-            return [tensor_meta(self._readable(i, "describing it").value) for i in msg.obj_ids]
-        if isinstance(msg, SendToPeer):
-            self.send_to_peer(msg)
-            return None
-        if isinstance(msg, StorePlan):  # validated op by op before it is stored
-            self.store.put(msg.obj_id, plan_from_wire(msg.plan, self.functions))
-            return None
-        if isinstance(msg, StoreRunPlan):  # a plan traced for a new signature: store, run
-            base = self.store.get(msg.plan_id)
-            if not isinstance(base, PlanGraph):
-                raise TypeError(f"object {msg.plan_id} is not a plan")
-            self.store.put(msg.obj_id, variant_from_wire(base, msg.plan, self.functions))
-            msg = RunPlan(msg.obj_id, msg.args, msg.out_ids, msg.want_meta)
-        if isinstance(msg, RunPlan):
-            plan = self.store.get(msg.plan_id)
-            if not isinstance(plan, PlanGraph):
-                raise TypeError(f"object {msg.plan_id} is not a plan")
-            marks = [0, 0, 0]
-            args = self._resolve_marked(msg.args, marks)
-            if marks[0]:
-                raise refused("running a plan on it")
-            outs = plan.run(args, functions=self.functions, ctx=self)
-            return self._store_outputs(outs, msg.out_ids, msg.want_meta)
-        if isinstance(msg, StoreProgram):
-            self.store.put(msg.obj_id, program_from_wire(msg.messages))
-            return None
-        if isinstance(msg, RunProgram):
-            start_program(self, msg)
-            return None
-        raise DecodeError(f"a worker cannot run a {msg.KIND!r} message")
+        """Run one decoded command (the caller holds the lock): the handler of its type."""
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            raise DecodeError(f"a worker cannot run a {msg.KIND!r} message")
+        return handler(self, msg)
+
+    # -- the command handlers (see :func:`handles`) ------------------------------------
+    @handles(Store)
+    def _store(self, msg: Store) -> None:
+        if msg.sealed:
+            raise refused("a client's store of a sealed object")
+        self.store.put(msg.obj_id, msg.value, set(msg.tags), msg.description)
+
+    @handles(Fetch)
+    def _fetch(self, msg: Fetch) -> Any:
+        value = self._readable(msg.obj_id, "fetching it").value
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"object {msg.obj_id} is not a tensor")
+        if msg.delete:
+            self.store.discard(msg.obj_id)
+        return value
+
+    @handles(Delete)
+    def _delete(self, msg: Delete) -> None:
+        for i in msg.obj_ids:
+            self.store.discard(i)
+
+    @handles(Search)
+    def _search(self, msg: Search) -> list[Any]:
+        out = []
+        for i in self.store.search(msg.query):
+            e = self.store.entry(i)
+            if isinstance(e.value, torch.Tensor):
+                out.append([i, *tensor_meta(e.value), sorted(e.tags), e.description])
+        return out
+
+    @handles(Tag)
+    def _tag(self, msg: Tag) -> None:
+        e = self._readable(msg.obj_id, "tagging it")
+        e.tags.update(msg.tags)
+        if msg.description:
+            e.description = msg.description
+
+    @handles(Describe)
+    def _describe(self, msg: Describe) -> list[Any]:
+        return [tensor_meta(self._readable(i, "describing it").value) for i in msg.obj_ids]
+
+    @handles(SendToPeer)
+    def _send_to_peer(self, msg: SendToPeer) -> None:
+        self.send_to_peer(msg)
+
+    @handles(StorePlan)
+    def _store_plan(self, msg: StorePlan) -> None:  # validated op by op before it is stored
+        self.store.put(msg.obj_id, plan_from_wire(msg.plan, self.functions))
+
+    @handles(StoreRunPlan)
+    def _store_run_plan(self, msg: StoreRunPlan) -> Any:
+        """A plan traced for a new signature: store it, then run it."""
+        base = self.store.get(msg.plan_id)
+        if not isinstance(base, PlanGraph):
+            raise TypeError(f"object {msg.plan_id} is not a plan")
+        self.store.put(msg.obj_id, variant_from_wire(base, msg.plan, self.functions))
+        return self._run_plan(RunPlan(msg.obj_id, msg.args, msg.out_ids, msg.want_meta))
+
+    @handles(RunPlan)
+    def _run_plan(self, msg: RunPlan) -> Any:
+        plan = self.store.get(msg.plan_id)
+        if not isinstance(plan, PlanGraph):
+            raise TypeError(f"object {msg.plan_id} is not a plan")
+        marks = [0, 0, 0]
+        args = self._resolve_marked(msg.args, marks)
+        if marks[0]:
+            raise refused("running a plan on it")
+        outs = plan.run(args, functions=self.functions, ctx=self)
+        return self._store_outputs(outs, msg.out_ids, msg.want_meta)
+
+    @handles(StoreProgram)
+    def _store_program(self, msg: StoreProgram) -> None:
+        self.store.put(msg.obj_id, program_from_wire(msg.messages))
+
+    @handles(RunProgram)
+    def _run_program(self, msg: RunProgram) -> None:
+        start_program(self, msg)
 
     def _readable(self, obj_id: int, what: str) -> Any:
         """The entry of ``obj_id``, unless it is sealed (then ``what`` is refused)."""
@@ -243,6 +298,7 @@ class Worker:
             raise refused(what, obj_id)
         return e
 
+    @handles(ExecuteOp)  # the hot path
     def _execute_op(self, msg: ExecuteOp) -> Any:
         op = resolve_op(msg.op)
         args = msg.args
@@ -275,6 +331,7 @@ class Worker:
                 raise refused(f"writing it into an unsealed object with {msg.op}")
         return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta, sealed)
 
+    @handles(CallFunction)
     def _call_function(self, msg: CallFunction) -> Any:
         fn = self.functions.get(msg.name)
         spec = sealing_of(fn)
@@ -447,6 +504,9 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id!r} objects={len(self.store)}>"
+
+
+Worker.handlers = _handler_table(Worker)
 
 
 class VirtualWorker(Worker):
