@@ -220,7 +220,10 @@ SAMPLES: list[Sample] = [
     ),
     (
         "softmax backward",
-        lambda g, o: aten._softmax_backward_data(g, o, 1, torch.float32),
+        lambda g, o: (
+            aten._softmax_backward_data(g, o, 1, torch.float32)
+            + aten._log_softmax_backward_data(g, o - 2.0, 1, torch.float32)
+        ),
         [(3, 4)] * 2,
     ),
     (
@@ -235,6 +238,72 @@ SAMPLES: list[Sample] = [
             1e-5,
         )[0],
         [(3, 2, 2, 2)],
+    ),
+    # issue 13: non-linear functions (mpc.ops.functions)
+    (
+        "pow abs sign clamp",
+        lambda a, b: (
+            a**2
+            + a**3
+            + (a * a + 1) ** -1
+            + (a * a + 1) ** 0.5
+            + (a * a + 1) ** -0.5
+            + a**0
+            + a**1
+            + 2.0**a
+            + a.abs()
+            + a.sign()
+            + a.clamp(-0.5, 0.5)
+            + torch.clamp(a, min=b)
+            + a.clamp(max=0.3)
+            + a.clamp_min(0.1)
+            + a.clamp_max(0.1)
+            + aten.clamp_min.Tensor(a, b)
+            + aten.clamp_max.Tensor(a, b)
+            + F.hardtanh(a)
+        ),
+        [(3, 4)] * 2,
+    ),
+    ("where", lambda a, b: torch.where(a > b, a, b) + torch.where(a > 0, 1.0, -1.0), [(3, 4)] * 2),
+    (
+        "exp log reciprocal sqrt div",
+        lambda a, b: (
+            a.exp()
+            + (a * a + 0.5).log()
+            + (b * b + 0.5).reciprocal()
+            + (a * a + 0.5).sqrt()
+            + (a * a + 0.5).rsqrt()
+            + a / (b * b + 0.5)
+            + 2.0 / (b * b + 0.5)
+        ),
+        [(3, 4)] * 2,
+    ),
+    (
+        "sigmoid tanh gelu silu",
+        lambda a: (
+            torch.sigmoid(a) + torch.tanh(a) + F.gelu(a) + F.gelu(a, approximate="tanh") + F.silu(a)
+        ),
+        [(3, 4)],
+    ),
+    (
+        "softmax log_softmax",
+        lambda a: F.softmax(a, dim=1) + F.log_softmax(a, dim=0).t().t(),
+        [(3, 4)],
+    ),
+    (
+        "var std layer norm",
+        lambda a: (
+            a.var(dim=1).sum()
+            + a.std(dim=0).sum()
+            + torch.var_mean(a, dim=1)[0].sum()
+            + F.layer_norm(a, (4,))
+        ),
+        [(3, 4)],
+    ),
+    (
+        "attention",
+        lambda q, k: F.scaled_dot_product_attention(q, k, k),
+        [(1, 2, 3, 4)] * 2,
     ),
 ]
 

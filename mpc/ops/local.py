@@ -255,8 +255,10 @@ def div(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
     if kwargs.get("rounding_mode") is not None:
         raise UnsupportedOpError(str(func), "rounding modes are not supported")
-    if isinstance(b, SharedTensor):
-        raise UnsupportedOpError(str(func), "division by a secret value is not supported yet")
+    if isinstance(b, SharedTensor):  # a / [b] = a * (1 / [b]) (issue 13)
+        from mpc.ops.functions import divide_shared
+
+        return divide_shared(a, b)
     x = a
     if x.frac_bits == 0:  # true division of integers gives floats: move to fixed point
         f = x.session.config.frac_bits

@@ -1,0 +1,471 @@
+"""Non-linear functions on shared values: the registered aten handlers.
+
+The protocols are in :mod:`mpc.protocols.approx` (methods, rounds and domains in their
+docstrings; the error table in docs/secret-sharing.md). Outputs whose relative precision
+needs more than 16 fractional bits (exp, reciprocal: e^-8 = 3.4e-4 is 22 units at 2^-16)
+come back at :func:`hi_scale` bits (24 at the default 16); the others at the session's
+scale. A later op truncates as usual.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mpc.errors import UnsupportedOpError
+from mpc.ops.bilinear import bilinear_op
+from mpc.ops.common import aten, check_public, encode_public, rescale
+from mpc.ops.local import _add, mul_public
+from mpc.ops.nonlinear import _diff, _lt_gt, _reduce
+from mpc.protocols import approx
+from mpc.protocols.approx import Fx
+from mpc.protocols.compare import select_by_msb
+from mpc.registry import register
+from mpc.shared import SharedTensor, public_to_shares
+
+
+def hi_scale(x: SharedTensor) -> int:
+    return max(x.session.config.frac_bits, 24)
+
+
+def _fx(x: SharedTensor) -> Fx:
+    x.materialize()
+    if x.frac_bits == 0:  # integers: as fixed point
+        f = x.session.config.frac_bits
+        return Fx(x.session, rescale(x, f), f)
+    return Fx(x.session, list(x.shares), x.frac_bits)
+
+
+def _out(x: SharedTensor, v: Fx) -> SharedTensor:
+    dtype = x.dtype if x.dtype.is_floating_point else torch.float32
+    return SharedTensor(v.shares, x.session, v.scale, dtype)
+
+
+def _f(x: SharedTensor) -> int:
+    return x.session.config.frac_bits
+
+
+def _shared(func: Any, x: Any) -> SharedTensor:
+    if not isinstance(x, SharedTensor):
+        raise UnsupportedOpError(str(func), "expects a secret-shared operand")
+    return x
+
+
+# -- pow, abs, sign, clamp, where ----------------------------------------------------------
+
+
+def _int_pow(x: SharedTensor, n: int) -> SharedTensor:
+    """x^n, n >= 1, by square and multiply: ceil(log2 n) + popcount(n) - 1 products."""
+    result: SharedTensor | None = None
+    base = x
+    while n:
+        if n & 1:
+            result = base if result is None else result * base
+        n >>= 1
+        if n:
+            base = base * base
+    assert result is not None
+    return result
+
+
+@register(aten.pow.Tensor_Scalar)
+def pow_scalar(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """x ** n. Integer n >= 1: products (x^2 one Beaver product, x^3 two, 2 rounds each
+    level); n = 0: public ones; negative n: reciprocal(x) ** -n; n = 0.5 / -0.5: sqrt /
+    rsqrt. Other exponents raise UnsupportedOpError."""
+    x, n = args[0], args[1]
+    if isinstance(n, float) and n == int(n):
+        n = int(n)
+    if isinstance(n, int):
+        if n == 0:
+            ones = torch.ones(x.shape, dtype=torch.float64)
+            f = _f(x)
+            return SharedTensor(public_to_shares(encode_public(ones, f), x), x.session, f, x.dtype)
+        if n < 0:
+            return _int_pow(reciprocal(aten.reciprocal.default, (x,), {}), -n)
+        return _int_pow(x, n) if n > 1 else x.with_shares(list(x.shares))
+    if n == 0.5:
+        return sqrt(aten.sqrt.default, (x,), {})
+    if n == -0.5:
+        return rsqrt(aten.rsqrt.default, (x,), {})
+    raise UnsupportedOpError(str(func), f"exponent {n!r}: only integers and +-0.5")
+
+
+@register(aten.pow.Scalar)
+def pow_base(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """b ** x for a public base b > 0: exp(x ln b)."""
+    b, x = args[0], args[1]
+    if not isinstance(b, int | float) or b <= 0:
+        raise UnsupportedOpError(str(func), "the base must be a positive public number")
+    return exp(aten.exp.default, (x * math.log(b),), {})
+
+
+@register(aten.abs.default)
+def abs_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """|x| = x - 2 x msb(x): one comparison with the product riding on it (8 rounds)."""
+    x = args[0]
+    (xm,) = select_by_msb(x.session, x.shares, [x.shares])
+    return x.with_shares([s - 2 * t for s, t in zip(x.shares, xm)])
+
+
+@register(aten.sign.default)
+def sign(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """sign(x) = [x > 0] - [x < 0]: both comparisons in one run (8 rounds); sign(0) = 0."""
+    x = args[0]
+    lo, hi = _lt_gt(x, 0)
+    k = 1 << x.frac_bits
+    return x.with_shares([(h - low) * k for h, low in zip(hi.shares, lo.shares)])
+
+
+def _clamp(x: SharedTensor, lo: Any, hi: Any) -> SharedTensor:
+    """lo + relu(x - lo) - relu(x - hi) (lo <= hi): both ReLUs in one comparison (8 rounds)."""
+    parts = []
+    if lo is not None:
+        parts.append(_diff(x, lo))
+    if hi is not None:
+        parts.append(_diff(x, hi))
+    if not parts:
+        return x.with_shares(list(x.shares))
+    shape = list(torch.broadcast_shapes(*[tuple(p.shape) for p in parts]))
+    parts = [p if list(p.shape) == shape else p.expand(shape).clone() for p in parts]
+    f = max(p.frac_bits for p in parts)
+    stacked = [torch.stack(s) for s in zip(*[rescale(p, f) for p in parts])]
+    (r,) = select_by_msb(x.session, stacked, [stacked], complement=True)
+    relu = [SharedTensor([s[i] for s in r], x.session, f, x.dtype) for i in range(len(parts))]
+    if lo is not None and hi is not None:
+        return _add(_add(relu[0], lo, 1), relu[1], -1)
+    if lo is not None:
+        return _add(relu[0], lo, 1)
+    return _add(x, relu[0], -1)
+
+
+def _bound(func: Any, v: Any) -> Any:
+    if v is None or isinstance(v, SharedTensor):
+        return v
+    check_public(v, str(func))
+    return v
+
+
+@register(aten.clamp.default, aten.clamp.Tensor)
+def clamp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """clamp(x, min, max): 8 rounds (one comparison run for both bounds)."""
+    x = args[0]
+    lo = args[1] if len(args) > 1 else kwargs.get("min")
+    hi = args[2] if len(args) > 2 else kwargs.get("max")
+    return _clamp(x, _bound(func, lo), _bound(func, hi))
+
+
+@register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _clamp(args[0], _bound(func, args[1]), None)
+
+
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _clamp(args[0], None, _bound(func, args[1]))
+
+
+@register(aten.hardtanh.default)
+def hardtanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """hardtanh = clamp(x, min_val, max_val): 8 rounds."""
+    lo = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+    hi = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+    return _clamp(args[0], lo, hi)
+
+
+@register(aten.where.self)
+def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """where(c, a, b) = b + c (a - b). A shared condition: one Beaver product of a 0/1
+    integer (no truncation): 1 round. A public condition: local."""
+    c, a, b = args[0], args[1], args[2]
+    if not isinstance(a, SharedTensor) and not isinstance(b, SharedTensor):
+        # shared condition, public branches: a - b is public
+        d = (a - b) if isinstance(a, torch.Tensor) else torch.as_tensor(a - b)
+        check_public(d, "where")
+        f = _f(c)
+        enc = encode_public(d.to(torch.float64), f)
+        shape = list(torch.broadcast_shapes(tuple(c.shape), tuple(enc.shape)))
+        prod = SharedTensor([s * enc for s in c.shares], c.session, f, torch.float32)
+        if list(prod.shape) != shape:
+            prod = prod.expand(shape).clone()
+    else:
+        d = _diff(a, b)
+        if isinstance(c, SharedTensor):
+            prod = c * d
+        else:
+            check_public(c, "where")
+            prod = mul_public(d, c.to(torch.bool))
+    return _add(prod, b, 1)
+
+
+# -- exp, log, reciprocal, division, square roots -------------------------------------------
+
+
+@register(aten.exp.default)
+def exp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """e^x by range reduction (see :func:`mpc.protocols.approx.exp`): 16 rounds, domain
+    [-16.6, 11.09), relative error 1e-4 (result at 24 fractional bits)."""
+    x = _shared(func, args[0])
+    return _out(x, approx.exp(_fx(x), hi_scale(x)))
+
+
+@register(aten.log.default)
+def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 15 rounds, domain
+    [2^-16, 2^16), absolute error 1e-4."""
+    x = _shared(func, args[0])
+    return _out(x, approx.log(_fx(x), _f(x)))
+
+
+@register(aten.reciprocal.default)
+def reciprocal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """1/x by normalisation and Goldschmidt (see :func:`mpc.protocols.approx.reciprocal`):
+    18 rounds, domain 2^-12 <= |x| < 2^12, relative error 1e-5 (result at 24 bits)."""
+    x = _shared(func, args[0])
+    return _out(x, approx.reciprocal(_fx(x), hi_scale(x)))
+
+
+def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
+    """a / [b] = a * (1/[b]): 18 + 2 rounds (a public: 18 + 1)."""
+    r = approx.reciprocal(_fx(b), hi_scale(b))
+    if isinstance(a, SharedTensor):
+        fa = _fx(a)
+        (q,) = approx.mul_many([(fa, r)], [max(fa.scale, _f(b))])
+        return _out(a, q)
+    rb = _out(b, r)
+    return mul_public(rb, a)
+
+
+@register(aten.rsqrt.default)
+def rsqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """1/sqrt(x) by normalisation and Newton-Raphson (see
+    :func:`mpc.protocols.approx.rsqrt`): 25 rounds, domain [2^-14, 2^16)."""
+    x = _shared(func, args[0])
+    return _out(x, approx.rsqrt(_fx(x), _f(x) + 4))
+
+
+@register(aten.sqrt.default)
+def sqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """sqrt(x) = x / sqrt(x): rsqrt and one product, 27 rounds; sqrt(0) = 0, x < 0 gives
+    x 2^7 (out of the domain [0, 2^16))."""
+    x = _shared(func, args[0])
+    fx = _fx(x)
+    r = approx.rsqrt(fx, approx.WORK)
+    return _out(x, approx.mul(fx, r, _f(x)))
+
+
+# -- sigmoid, tanh, gelu, silu: piecewise cubics -------------------------------------------
+
+
+def _piecewise(
+    f: Callable[[torch.Tensor], torch.Tensor],
+    lo: float,
+    hi: float,
+    width: float,
+    below: list[float],
+    above: list[float],
+    odd_zero: bool = False,
+) -> tuple[list[float], list[list[float]]]:
+    n = round((hi - lo) / width)
+    edges = [lo + i * width for i in range(n + 1)]
+    coefs = [below + [0.0] * (4 - len(below))]
+    for a, b in zip(edges[:-1], edges[1:]):
+        coefs.append(approx.fit(f, a, b, 3, zero_at_zero=odd_zero and (a == 0 or b == 0)))
+    coefs.append(above + [0.0] * (4 - len(above)))
+    return edges, coefs
+
+
+def _gelu_erf(x: torch.Tensor) -> torch.Tensor:
+    return x * 0.5 * (1 + torch.erf(x / math.sqrt(2.0)))
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+# (function, lo, hi, bin width, below, above): cubic on every bin; error bound in the docs
+_PIECES = {
+    "sigmoid": _piecewise(torch.sigmoid, -10.0, 10.0, 1.0, [0.0], [1.0]),
+    "tanh": _piecewise(torch.tanh, -6.0, 6.0, 0.5, [-1.0], [1.0], odd_zero=True),
+    "gelu": _piecewise(_gelu_erf, -5.0, 5.0, 0.5, [0.0], [0.0, 1.0], odd_zero=True),
+    "gelu_tanh": _piecewise(_gelu_tanh, -5.0, 5.0, 0.5, [0.0], [0.0, 1.0], odd_zero=True),
+    "silu": _piecewise(
+        lambda t: t * torch.sigmoid(t), -12.0, 12.0, 1.0, [0.0], [0.0, 1.0], odd_zero=True
+    ),
+}
+
+
+def _apply_pieces(name: str, x: SharedTensor) -> SharedTensor:
+    edges, coefs = _PIECES[name]
+    return _out(x, approx.piecewise_poly(_fx(x), edges, coefs, _f(x)))
+
+
+@register(aten.sigmoid.default)
+def sigmoid(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Piecewise cubic on 20 unit bins of [-10, 10], 0 below and 1 above (abs error
+    4e-5 + fixed point): 14 rounds (:func:`mpc.protocols.approx.piecewise_poly`)."""
+    return _apply_pieces("sigmoid", args[0])
+
+
+@register(aten.tanh.default)
+def tanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Piecewise cubic on 24 bins of width 1/2 in [-6, 6], -1 below and 1 above, p(0) = 0
+    exactly (tiny outputs keep their sign): abs error 7e-5, 14 rounds."""
+    return _apply_pieces("tanh", args[0])
+
+
+@register(aten.gelu.default)
+def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """GELU, erf or tanh form: piecewise cubic on 20 bins of width 1/2 in [-5, 5], 0 below
+    and x above: abs error 3e-5, 14 rounds."""
+    approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
+    return _apply_pieces("gelu_tanh" if approximate == "tanh" else "gelu", args[0])
+
+
+@register(aten.silu.default)
+def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """SiLU x sigmoid(x): piecewise cubic on 24 unit bins of [-12, 12], 0 below and x
+    above: abs error 1.2e-4, 14 rounds."""
+    return _apply_pieces("silu", args[0])
+
+
+# -- softmax ------------------------------------------------------------------------------
+
+
+def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int]:
+    """x - max(x) over dim (last), e^(x - max), and the sum of the e's."""
+    k = x.shape[dim]
+    x.materialize()
+    mx, _ = _reduce(x, dim, True, False)
+    d = _add(x, mx, -1)  # <= 0
+    e = approx.exp(_fx(d), hi_scale(x), t_hi=0)
+    total = e.with_shares([s.sum(dim, keepdim=True) for s in e.shares])
+    jtop = 2 * math.ceil((math.log2(k) + 1) / 2)
+    return d, e, total, jtop
+
+
+@register(aten._softmax.default)
+def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """softmax(x) = e^(x - max) / sum e^(x - max): the max by the comparison tree
+    (8 ceil(log2 k) rounds), exp on (-inf, 0] (16), the reciprocal of the sum in
+    [1, k] (18) and one product (2): 92 rounds for k = 100."""
+    x, dim = args[0], args[1] % max(args[0].dim(), 1)
+    d, e, total, jtop = _softmax_parts(x, dim)
+    r = approx.reciprocal(total, hi_scale(x), jmin=-2, jtop=jtop, signed=False)
+    return _out(x, approx.mul(e, r, _f(x)))
+
+
+@register(aten._log_softmax.default)
+def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """log_softmax(x) = (x - max) - ln(sum e^(x - max)): max, exp, log on [1, k]:
+    8 ceil(log2 k) + 16 + 15 rounds."""
+    x, dim = args[0], args[1] % max(args[0].dim(), 1)
+    d, e, total, jtop = _softmax_parts(x, dim)
+    lg = approx.log(total, _f(x), jmin=-2, jtop=jtop)
+    return _add(d, _out(x, lg), -1)
+
+
+# -- mean / var / std / layer norm ----------------------------------------------------------
+
+
+def _dims(x: SharedTensor, dim: Any) -> list[int]:
+    if dim is None:
+        return list(range(x.dim()))
+    if isinstance(dim, int):
+        dim = [dim]
+    return [d % max(x.dim(), 1) for d in dim]
+
+
+def _var(x: SharedTensor, dims: list[int], correction: float, keepdim: bool) -> tuple[Any, Any]:
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    mu = x.mean(dims, keepdim=True)
+    dev = x - mu
+    v = (dev * dev).sum(dims, keepdim=keepdim) / max(n - correction, 1)
+    return v, (mu if keepdim else mu.squeeze(dims) if dims else mu)
+
+
+def _correction(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    c = kwargs.get("correction")
+    return 1.0 if c is None else float(c)
+
+
+@register(aten.var.correction)
+def var(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Variance: mean (local + 1 truncation), squared deviations (2), their mean (1)."""
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    v, _ = _var(x, _dims(x, dim), _correction(args, kwargs), kwargs.get("keepdim", False))
+    return v
+
+
+@register(aten.std.correction)
+def std(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """sqrt of the variance (27 more rounds; domain of sqrt: variance below 2^16)."""
+    return sqrt(aten.sqrt.default, (var(aten.var.correction, args, kwargs),), {})
+
+
+@register(aten.var_mean.correction)
+def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return _var(x, _dims(x, dim), _correction(args, kwargs), kwargs.get("keepdim", False))
+
+
+@register(aten.native_layer_norm.default)
+def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (1 round),
+    variance (3), rsqrt (25), the product (2), the weight (2 if shared): 33 rounds.
+    Returns (out, mean, rstd) like torch."""
+    x, shape, weight, bias, eps = args[:5]
+    dims = list(range(x.dim() - len(shape), x.dim()))
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    mu = x.mean(dims, keepdim=True)
+    dev = x - mu
+    v = (dev * dev).sum(dims, keepdim=True) / n + float(eps)
+    r = approx.rsqrt(_fx(v), approx.WORK)
+    out = _out(x, approx.mul(_fx(dev), r, _f(x)))
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mu, _out(x, r)
+
+
+# -- fused attention ------------------------------------------------------------------------
+
+
+@register(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def sdpa_flash_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The fused attention kernel torch picks on CPU, decomposed into secure ops:
+    softmax(q k^T scale + mask) v (two Beaver matmuls and a softmax). The logsumexp output
+    is a meta tensor (nothing in inference reads it)."""
+    q, k, v = args[0], args[1], args[2]
+    dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
+    causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
+    mask = kwargs.get("attn_mask")
+    scale = kwargs.get("scale")
+    if dropout:
+        raise UnsupportedOpError(str(func), "dropout in attention (call model.eval())")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {}) * scale
+    lq, lk = q.shape[-2], k.shape[-2]
+    if causal:
+        keep = torch.ones(lq, lk, dtype=torch.bool).tril()
+        scores = scores + torch.zeros(lq, lk).masked_fill(~keep, -1e4)
+    if mask is not None:
+        if isinstance(mask, SharedTensor):
+            raise UnsupportedOpError(str(func), "the attention mask must be public")
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape).masked_fill(~mask, -1e4)
+        scores = scores + mask
+    attn = softmax(aten._softmax.default, (scores, -1, False), {})
+    out = bilinear_op(attn, v, "matmul", {})
+    lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32, device="meta")
+    return out, lse

@@ -1,0 +1,372 @@
+"""Approximations of non-linear functions on fixed-point shares.
+
+Notation: [x] is an additive sharing of round(x 2^s) for a scale s (fractional bits);
+the scale travels with the shares in :class:`Fx`. Each function here is built from three
+registered steps only: Beaver products (:class:`~mpc.protocols.arith.BeaverRun`),
+truncations (:class:`~mpc.protocols.arith.TruncRun`) and the comparison protocol
+(:func:`~mpc.protocols.compare.msb`). Every *level* of products costs two rounds (the
+Beaver opening, then one truncation for all the products of the level together); the
+comparisons of one call all run in one 8-round comparison.
+
+The common tool is a **bin selection** (:func:`step_bits`, :func:`select`): one comparison
+run on the stacked differences x - theta_k gives the bits c_k = [x >= theta_k] for sorted
+thresholds theta_0 < ... < theta_{T-1}. A value that is constant on each bin
+(below theta_0, [theta_k, theta_{k+1}), at or above theta_{T-1}) is then *linear* in the
+bits, v(x) = v_below + sum_k c_k (v_{bin k} - v_{bin k-1}), so a per-bin coefficient, a
+per-bin power of two or a per-bin exponent costs no round once the bits are known. This is
+the parallel-comparison form of the bit-length normalisation of Catrina and Saxena,
+"Secure computation with fixed-point numbers", FC 2010, and of the segment selection of
+piecewise polynomials (cf. Knott et al., "CrypTen", NeurIPS 2021, for the polynomial
+evaluations; Catrina-Saxena for Newton-Raphson and Goldschmidt iterations).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from mpc.protocols.arith import I64, BeaverRun, Round, Shares, TruncRun
+from mpc.protocols.compare import msb
+from mpc.session import Session
+
+# Internal working scale of normalised values (mantissas in [1/4, 1], polynomial variables
+# in [0, 1]): products of two such values stay far below the truncation's 2^62 bound.
+WORK = 24
+
+
+class Fx:
+    """A shared fixed-point value: ``shares`` of round(v 2^scale), one per party."""
+
+    def __init__(self, session: Session, shares: Shares, scale: int) -> None:
+        self.session, self.shares, self.scale = session, list(shares), scale
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.shares[0].shape)
+
+    def with_shares(self, shares: Shares, scale: int | None = None) -> Fx:
+        return Fx(self.session, shares, self.scale if scale is None else scale)
+
+    def lift(self, scale: int) -> Fx:
+        """The same value at a larger scale (exact: a shift of every share)."""
+        if scale == self.scale:
+            return self
+        if scale < self.scale:
+            raise ValueError("internal: lift to a smaller scale needs a truncation")
+        k = 1 << (scale - self.scale)
+        return self.with_shares([s * k for s in self.shares], scale)
+
+    def add(self, other: Fx, sign: int = 1) -> Fx:
+        s = max(self.scale, other.scale)
+        a, b = self.lift(s), other.lift(s)
+        return self.with_shares([x + y if sign > 0 else x - y for x, y in zip(a.shares, b.shares)])
+
+    def add_public(self, c: float) -> Fx:
+        shares = list(self.shares)
+        shares[0] = shares[0] + int(round(c * 2**self.scale))
+        return self.with_shares(shares)
+
+    def neg(self) -> Fx:
+        return self.with_shares([-s for s in self.shares])
+
+    def times_public(self, c: float, bits: int) -> Fx:
+        """v * c with c encoded at ``bits`` fractional bits: the scale grows by ``bits``
+        (no truncation here; no round)."""
+        k = int(round(c * 2**bits))
+        return self.with_shares([s * k for s in self.shares], self.scale + bits)
+
+    def halve(self, k: int = 1) -> Fx:
+        """v / 2^k: the same shares read at a larger scale (free and exact)."""
+        return self.with_shares(self.shares, self.scale + k)
+
+
+def truncate_many(values: Sequence[Fx], scales: Sequence[int]) -> list[Fx]:
+    """Each value brought down to its target scale; all truncations open in one round."""
+    out: list[Fx | None] = [None] * len(values)
+    runs: list[tuple[int, TruncRun]] = []
+    for i, (v, s) in enumerate(zip(values, scales)):
+        if v.scale <= s:
+            out[i] = v.lift(s)
+        else:
+            runs.append((i, TruncRun(v.session, v.shares, v.scale - s)))
+    if runs:
+        one = Round(values[0].session)
+        opened = [(i, r, r.open_in(one)) for i, r in runs]
+        one.open()
+        for i, r, o in opened:
+            out[i] = values[i].with_shares(r.finish(o.value), scales[i])
+    return [o for o in out if o is not None]
+
+
+def mul_many(
+    pairs: Sequence[tuple[Fx, Fx]], scales: Sequence[int | None] | None = None
+) -> list[Fx]:
+    """[a b] for every pair, one level: the Beaver openings in one round, then the
+    truncations (to ``scales``; None: left untruncated at scale s_a + s_b) in one round."""
+    session = pairs[0][0].session
+    runs = []
+    for a, b in pairs:
+        shape = list(torch.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+        xs = [s if list(s.shape) == shape else s.expand(shape).clone() for s in a.shares]
+        ys = [s if list(s.shape) == shape else s.expand(shape).clone() for s in b.shares]
+        runs.append(BeaverRun(session, xs, ys, "mul", {}, tuple(shape)))
+    one = Round(session)
+    opened = [r.open_in(one) for r in runs]
+    one.open()
+    prods = [
+        Fx(session, r.finish_opened(o), a.scale + b.scale)
+        for r, o, (a, b) in zip(runs, opened, pairs)
+    ]
+    if scales is None:
+        return prods
+    return truncate_many(prods, [p.scale if s is None else s for p, s in zip(prods, scales)])
+
+
+def mul(a: Fx, b: Fx, scale: int) -> Fx:
+    return mul_many([(a, b)], [scale])[0]
+
+
+# -- bins -------------------------------------------------------------------------------
+
+
+def step_bits(x: Fx, thresholds: Sequence[float]) -> Shares:
+    """Shares of the stacked bits c_k = [x >= theta_k] (shape [T, *x.shape], integers), in
+    one comparison run (8 rounds): c_k = 1 - msb(x - theta_k)."""
+    t = len(thresholds)
+    enc = torch.tensor([round(th * 2**x.scale) for th in thresholds], dtype=I64)
+    enc = enc.view([t] + [1] * len(x.shape))
+    stacked = [s.unsqueeze(0).repeat([t] + [1] * len(x.shape)) for s in x.shares]
+    stacked[0] = stacked[0] - enc
+    bits = msb(x.session, stacked)
+    c = [-b for b in bits]
+    c[0] = c[0] + 1
+    return c
+
+
+def select(x: Fx, bits: Shares, per_bin: Sequence[float], scale: int) -> Fx:
+    """The value that is ``per_bin[b]`` on bin b (T + 1 bins for T thresholds: below the
+    first, between consecutive ones, at or above the last), at ``scale``; local, no round.
+    Exact: sum_k c_k (v_k - v_{k-1}) + v_below in integers."""
+    enc = torch.tensor([round(v * 2**scale) for v in per_bin], dtype=I64)
+    diffs = (enc[1:] - enc[:-1]).view([len(per_bin) - 1] + [1] * len(x.shape))
+    shares = [(c * diffs).sum(0) for c in bits]
+    shares[0] = shares[0] + int(enc[0])
+    return x.with_shares(shares, scale)
+
+
+def powers(u: Fx, n: int, scale: int) -> list[Fx]:
+    """[u, u^2, ..., u^n] at ``scale``, by levels: level l computes every power up to 2^l
+    from two known ones (ceil(log2 n) levels, two rounds each)."""
+    known: dict[int, Fx] = {1: u if u.scale == scale else truncate_many([u], [scale])[0]}
+    while len(known) < n:
+        top = max(known)
+        todo = [k for k in range(top + 1, min(2 * top, n) + 1)]
+        pairs = [(known[k - top], known[top]) for k in todo]
+        for k, p in zip(todo, mul_many(pairs, [scale] * len(pairs))):
+            known[k] = p
+    return [known[k] for k in range(1, n + 1)]
+
+
+def poly_public(pows: Sequence[Fx], coefs: Sequence[float], bits: int) -> Fx:
+    """sum_d coefs[d] u^d with public coefficients (encoded at ``bits``), untruncated at
+    scale s + bits (local; the caller truncates with whatever else it truncates)."""
+    acc = pows[0].times_public(coefs[1], bits)
+    for p, c in zip(pows[1:], coefs[2:]):
+        acc = acc.add(p.times_public(c, bits))
+    return acc.add_public(coefs[0])
+
+
+def fit(
+    f: Callable[[torch.Tensor], torch.Tensor],
+    lo: float,
+    hi: float,
+    deg: int,
+    relative: bool = False,
+    zero_at_zero: bool = False,
+) -> list[float]:
+    """Least-squares polynomial fit of f on Chebyshev nodes of [lo, hi] (float64), near
+    minimax; ``zero_at_zero``: no constant term (p(0) = 0 exactly)."""
+    n = 256
+    k = torch.arange(n, dtype=torch.float64)
+    x = (lo + hi) / 2 + (hi - lo) / 2 * torch.cos((2 * k + 1) / (2 * n) * math.pi)
+    first = 1 if zero_at_zero else 0
+    v = torch.stack([x**d for d in range(first, deg + 1)], 1)
+    y = f(x)
+    w = 1 / y.abs() if relative else torch.ones_like(y)
+    c = torch.linalg.lstsq(v * w[:, None], (y * w)[:, None]).solution[:, 0].tolist()
+    return [0.0] * first + c
+
+
+# -- piecewise polynomials -------------------------------------------------------------
+
+
+def piecewise_poly(x: Fx, edges: Sequence[float], coefs: Sequence[Sequence[float]], out: int) -> Fx:
+    """p_b(x) on bin b, p_b's coefficients ``coefs[b]`` (same degree D for all bins).
+
+    Rounds: powers x^2..x^D (2 ceil(log2 D)), the comparison of x with every edge (8),
+    the products a_d(x) x^d with the selected coefficients a_d (1 Beaver round) and one
+    truncation: 4 + 8 + 2 = 14 for cubics.
+    """
+    deg = len(coefs[0]) - 1
+    pows = powers(x, deg, x.scale)
+    bits = step_bits(x, edges)
+    cbits = 24  # coefficient scale
+    a = [select(x, bits, [c[d] for c in coefs], cbits) for d in range(deg + 1)]
+    prods = mul_many([(a[d], pows[d - 1]) for d in range(1, deg + 1)], None)
+    acc = a[0].lift(prods[0].scale)
+    for p in prods:
+        acc = acc.add(p)
+    return truncate_many([acc], [out])[0]
+
+
+# -- exp --------------------------------------------------------------------------------
+
+LOG2E = 1.0 / math.log(2.0)
+EXP_T_LO, EXP_T_HI, EXP_STEP = -24, 16, 2
+_EXP_POLY = fit(lambda u: torch.exp2(EXP_STEP * u), 0.0, 1.0, 4, relative=True)
+
+
+def exp(x: Fx, out: int, t_hi: int = EXP_T_HI) -> Fx:
+    """[e^x] by range reduction: t = x log2(e), n = t rounded down to a multiple of 2,
+    e^x = 2^n 2^(t - n), 2^(t-n) = p(u) for u = (t - n)/2 in [0, 1) (degree 4, relative
+    error 9e-5), 2^n selected by the bin bits (exact).
+
+    Domain t in [-24, t_hi) (x in [-16.6, 11.09) for t_hi = 16): below it the result is 0,
+    at or above it 2^t_hi (saturation). Rounds: truncation of x log2 e (1), comparison (8),
+    powers u^2..u^4 (4), the polynomial's truncation (1), the product 2^n p(u) (2): 16.
+    """
+    edges_t = list(range(EXP_T_LO, t_hi + 1, EXP_STEP))
+    thresholds = [e / LOG2E for e in edges_t]
+    bits = step_bits(x, thresholds)
+    # bins: below, [e_k, e_k+1) for k < T-1, top
+    ns = [float(EXP_T_LO)] + [float(e) for e in edges_t[:-1]] + [float(t_hi)]
+    t = x.times_public(LOG2E / EXP_STEP, 24)  # (t / 2) at scale s + 24
+    u = t.add(select(x, bits, [-n / EXP_STEP for n in ns], t.scale))
+    (u,) = truncate_many([u], [WORK])
+    pows = powers(u, 4, WORK)
+    p = poly_public(pows, _EXP_POLY, 16)
+    (p,) = truncate_many([p], [WORK - 4])  # p < 4: scale 20 keeps the product in range
+    gamma = select(x, bits, [0.0] + [2.0**n for n in ns[1:-1]] + [0.0], out)
+    top = select(x, bits, [0.0] * (len(ns) - 1) + [2.0**t_hi], out)
+    return mul(gamma, p, out).add(top)
+
+
+# -- normalisation x = m 2^E --------------------------------------------------------------
+
+
+def normalise(
+    x: Fx,
+    jmin: int,
+    jtop: int,
+    step: int,
+    signed: bool,
+    per_e: Callable[[int, int], float],
+    out: int,
+) -> tuple[Fx, Fx]:
+    """x = sign * m * 2^E with m in [2^-step, 1) on the bins [2^j, 2^(j+step)) (E = j + step),
+    saturating: |x| < 2^jmin reads as 2^jmin (m = 1, E = jmin; 0 and, unsigned, negative
+    x too), |x| >= 2^jtop as 2^jtop. Returns [m] (scale WORK) and [per_e(sign, E)] at
+    ``out`` (a value constant on each bin: linear in the bits, no round).
+
+    Rounds: one comparison (8) and the product m = alpha(x) x with the selected 2^-E (2).
+    Catrina and Saxena (FC 2010) find the bit length by a bit decomposition; the bins'
+    comparisons here all run in parallel instead.
+    """
+    pos = list(range(jmin, jtop + 1, step))
+    if pos[-1] != jtop:
+        raise ValueError("internal: jtop - jmin must be a multiple of step")
+    # bins, as (sign, alpha, beta, E): m = alpha x + beta
+    pos_bins = [(1, 2.0 ** -(j + step), 0.0, j + step) for j in pos[:-1]] + [(1, 0.0, 1.0, jtop)]
+    if signed:
+        thresholds = [-(2.0**j) for j in reversed(pos)] + [0.0] + [2.0**j for j in pos]
+        neg_bins = [(-1, 0.0, 1.0, jtop)] + [
+            (-1, -(2.0 ** -(j + step)), 0.0, j + step) for j in reversed(pos[:-1])
+        ]
+        bins = neg_bins + [(-1, 0.0, 1.0, jmin), (1, 0.0, 1.0, jmin)] + pos_bins
+    else:
+        thresholds = [2.0**j for j in pos]
+        bins = [(1, 0.0, 1.0, jmin)] + pos_bins
+    bits = step_bits(x, thresholds)
+    abits = max(WORK, jtop + 2)
+    alpha = select(x, bits, [b[1] for b in bins], abits)
+    beta = select(x, bits, [b[2] for b in bins], WORK)
+    m = mul(alpha, x, WORK).add(beta)
+    return m, select(x, bits, [per_e(b[0], b[3]) for b in bins], out)
+
+
+# reciprocal: 1/x = sign 2^-E / m, m in [1/4, 1)
+REC_JMIN, REC_JTOP, REC_STEP = -12, 12, 2
+# minimax linear start for 1/m on [l, 1]: y0 = b (1 + l) - b m, |1 - m y0| <= 1 - b l
+_L = 2.0**-REC_STEP
+_B = 2.0 / (_L + (1 + _L) ** 2 / 4)
+
+
+def reciprocal(
+    x: Fx, out: int, jmin: int = REC_JMIN, jtop: int = REC_JTOP, signed: bool = True
+) -> Fx:
+    """[1/x]: normalise x = sign m 2^E (10 rounds), then Goldschmidt on m in [1/4, 1):
+    y0 = b(1 + 1/4) - b m (minimax linear, |eps| <= 0.22), eps = 1 - m y0,
+    1/m = y0 (1 + eps)(1 + eps^2)(1 + eps^4) (relative error eps^8 <= 6e-6), with the
+    scale sign 2^-E multiplied into y0 in the first level: 4 levels, 8 rounds. 18 rounds.
+
+    Domain 2^-12 <= |x| < 2^12: smaller magnitudes saturate to +-2^12 (x = 0 gives +2^12),
+    larger ones to +-2^-12.
+    """
+    m, g = normalise(x, jmin, jtop, REC_STEP, signed, lambda s, e: s * 2.0**-e, out)
+    y0 = m.times_public(-_B, WORK).add_public(_B * (1 + _L))  # scale 2 WORK
+    (y0,) = truncate_many([y0], [WORK])
+    # |g y| < 2^14 for |x| >= 2^-12: the products stay below the truncation's 2^62
+    my0, gy = mul_many([(m, y0), (g, y0)], [WORK, out])
+    eps = my0.neg().add_public(1.0)
+    eps2, acc = mul_many([(eps, eps), (gy, eps.add_public(1.0).lift(WORK))], [WORK, out])
+    eps4, acc = mul_many([(eps2, eps2), (acc, eps2.add_public(1.0))], [WORK, out])
+    return mul(acc, eps4.add_public(1.0), out)
+
+
+# rsqrt: x^-1/2 = 2^(-E/2) m^-1/2, m in [1/4, 1), E even
+SQ_JMIN, SQ_JTOP, SQ_STEP = -14, 16, 2
+_RSQRT_START = fit(lambda m: m**-0.5, 0.25, 1.0, 2, relative=True)
+
+
+def rsqrt(x: Fx, out: int) -> Fx:
+    """[1/sqrt(x)]: normalise x = m 2^E with E even (10 rounds); y0 = q(m) a quadratic
+    (relative error 3e-2, 2 rounds for m^2); two Newton-Raphson steps
+    y <- y (3 - m y^2) / 2 (relative error 1.5 e^2 per step: 1e-6), 3 levels each, the
+    scale 2^(-E/2) multiplied in with the last step: 25 rounds.
+
+    Domain [2^-14, 2^16): below, the result saturates to 2^7 (x <= 0 included), above
+    to 2^-8.
+    """
+    m, g = normalise(x, SQ_JMIN, SQ_JTOP, SQ_STEP, False, lambda s, e: 2.0 ** (-e / 2), WORK)
+    (m2,) = mul_many([(m, m)], [WORK])
+    y = poly_public([m, m2], _RSQRT_START, 16)
+    (y,) = truncate_many([y], [WORK])
+    for last in (False, True):
+        if last:
+            my, gy = mul_many([(m, y), (g, y)], [WORK, WORK])
+        else:
+            (my,) = mul_many([(m, y)], [WORK])
+        (my2,) = mul_many([(my, y)], [WORK])
+        h = my2.neg().halve().add_public(1.5)  # 1.5 - m y^2 / 2 at scale WORK + 1
+        y = mul(gy if last else y, h, out if last else WORK)
+    return y
+
+
+# log: ln x = ln m + E ln 2, m in [1/2, 1)
+LOG_JMIN, LOG_JTOP = -16, 16
+_LOG_POLY = fit(torch.log, 0.5, 1.0, 4)
+
+
+def log(x: Fx, out: int, jmin: int = LOG_JMIN, jtop: int = LOG_JTOP) -> Fx:
+    """[ln x]: normalise x = m 2^E, m in [1/2, 1) (10 rounds), ln m = p(m) of degree 4
+    (abs error 7e-5; powers 4 rounds, truncation 1), plus E ln 2 selected by the bits
+    (no round): 15 rounds. Domain [2^-16, 2^16): below (x <= 0 included) the result
+    saturates to -16 ln 2 = -11.09, above to 16 ln 2.
+    """
+    m, g = normalise(x, jmin, jtop, 1, False, lambda s, e: e * math.log(2.0), out)
+    pows = powers(m, 4, WORK)
+    p = poly_public(pows, _LOG_POLY, 16)
+    (p,) = truncate_many([p], [out])
+    return p.add(g)
