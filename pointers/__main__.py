@@ -1,6 +1,6 @@
 """``python -m pointers``: certificates and served workers.
 
-python -m pointers certs ./certs alice bob carol client
+python -m pointers certs ./certs alice bob carol --client client
 python -m pointers serve --id alice --host 127.0.0.1 --port 7001 --certs ./certs
 """
 
@@ -16,7 +16,14 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("certs", help="create a development CA and one certificate per identity")
     c.add_argument("directory", help="where ca.pem, ca.key and <id>.pem/<id>.key are written")
-    c.add_argument("ids", nargs="+", metavar="ID", help="identities (workers and clients)")
+    c.add_argument("ids", nargs="*", metavar="ID", help="parties (workers: role:party)")
+    c.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a client identity (role:client; repeatable)",
+    )
     c.add_argument("--days", type=int, default=365, help="validity of each certificate")
     c.add_argument(
         "--host",
@@ -79,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             written = create_certs(
-                args.directory, args.ids, days=args.days, hosts=[*DEFAULT_HOSTS, *args.host]
+                args.directory,
+                args.ids,
+                clients=args.client,
+                days=args.days,
+                hosts=[*DEFAULT_HOSTS, *args.host],
             )
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)

@@ -60,7 +60,7 @@ class Cluster:
         self.root = Path(root)
         self.certs = self.root / "certs"
         self.worker_ids = list(worker_ids)
-        create_certs(self.certs, [*self.worker_ids, *clients])
+        create_certs(self.certs, self.worker_ids, clients=clients)
         self.servers = {
             w: ServerProcess(w, self.certs, self.root / f"{w}.log", args) for w in self.worker_ids
         }

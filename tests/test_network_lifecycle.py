@@ -4,10 +4,16 @@ another client's namespace, and how the workers' state follows the clients' live
 
 from __future__ import annotations
 
+import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from network_fixtures import Cluster
 
 import pointers as pt
@@ -71,3 +77,68 @@ def test_a_peer_delivers_only_into_ids_announced_for_it(cluster):
     # announced for another sender than alice: not alice's to fill
     bob._conn.expects.append(("carol", fresh_id))
     assert fresh_id not in bob.objects
+
+
+def _issue(certs: Path, file_name: str, subject: list[str], roles: list[str]) -> None:
+    """A certificate signed by the deployment's CA with any CNs and role URIs."""
+    ca_cert = x509.load_pem_x509_certificate((certs / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((certs / "ca.key").read_bytes(), None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    alt = [x509.DNSName("localhost"), *(x509.UniformResourceIdentifier(r) for r in roles)]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [x509.NameAttribute(NameOID.COMMON_NAME, n, _validate=False) for n in subject]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    (certs / f"{file_name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (certs / f"{file_name}.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Attribute's length")
+@pytest.mark.parametrize(
+    ("subject", "roles", "why"),
+    [
+        ([], ["role:client"], "exactly one identity"),
+        ([""], ["role:client"], "must be a DNS label"),
+        (["../../etc/passwd client"], ["role:client"], "must be a DNS label"),
+        (["client", "alice"], ["role:client"], "exactly one identity"),
+        (["nobody"], [], "exactly one role"),
+        (["nobody"], ["role:client", "role:party"], "exactly one role"),
+        (["nobody"], ["role:admin"], "exactly one role"),
+    ],
+)
+def test_a_certificate_needs_a_well_formed_identity_and_one_role(cluster, subject, roles, why):
+    _issue(cluster.certs, "odd", subject, roles)
+    with pytest.raises(pt.PointerError, match=why):
+        cluster.connect("alice", identity="odd")
+
+
+def test_roles_come_from_the_certificate_not_the_name(cluster):
+    # a client certificate cannot deliver as a peer, a party certificate cannot command
+    store = encode_message(Store(5, torch.ones(1), [], ""))
+    reply = _deliver(cluster, "client", "bob", {"client": "other", "from": "client"}, [(0, *store)])
+    assert isinstance(reply, ErrorReply) and "only a party delivers" in reply.message
+    as_alice = cluster.connect("bob", identity="alice")
+    with pytest.raises(pt.RemoteError, match="party certificate"):
+        pt.send(torch.ones(1), as_alice).get()
+    # a party certificate named like a client is still a party
+    _issue(cluster.certs, "client2", ["client2"], ["role:party"])
+    with pytest.raises(pt.RemoteError, match="party certificate"):
+        len(cluster.connect("bob", identity="client2").objects)

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.network
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     d = tmp_path_factory.mktemp("certs")
-    create_certs(d, ["alice", "bob", "client", "mallory"])
+    create_certs(d, ["alice", "bob", "eve"], clients=["client", "mallory"])
     return d
 
 
@@ -96,9 +96,7 @@ def test_a_peer_delivers_only_objects_and_only_as_itself(served, certs):
     alice, bob = connect(a_srv), connect(b_srv)
     pt.send(torch.ones(1), alice).move(bob)  # bob's client namespace accepts alice
     store = encode_message(Store(7, torch.ones(2), [], ""))
-    spoofed = _deliver(
-        certs, "mallory", b_srv, {"client": "client", "from": "alice"}, [(0, *store)]
-    )
+    spoofed = _deliver(certs, "eve", b_srv, {"client": "client", "from": "alice"}, [(0, *store)])
     assert isinstance(spoofed, ErrorReply) and "cannot deliver as 'alice'" in spoofed.message
     op = encode_message(ExecuteOp("aten::abs.default", [], {}, [1], False))
     command = _deliver(certs, "alice", b_srv, {"client": "client", "from": "alice"}, [(0, *op)])
@@ -181,7 +179,7 @@ def test_insecure_workers_on_loopback(tmp_path):
         assert torch.equal((pt.send(torch.ones(2), w) * 3).get(), torch.full((2,), 3.0))
         w.close()
         with pytest.raises(pt.PartyUnavailable):  # a TLS client cannot talk to it
-            create_certs(tmp_path, ["alice", "client"])
+            create_certs(tmp_path, ["alice"], clients=["client"])
             pt.connect("alice", server.address, certs=tmp_path, identity="client")
     finally:
         server.stop(grace=None)

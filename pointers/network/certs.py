@@ -1,6 +1,6 @@
 """A development certificate authority and one certificate per identity (``cryptography``).
 
-``python -m pointers certs DIR alice bob carol client`` writes::
+``python -m pointers certs DIR alice bob carol --client client`` writes::
 
     DIR/ca.pem  DIR/ca.key            the CA (keep ca.key off the workers in production)
     DIR/<id>.pem  DIR/<id>.key        one certificate + private key per identity
@@ -8,13 +8,17 @@
 Each identity's certificate names it in the subject CN and as a DNS name in the
 subjectAltName, and is valid for ``localhost``/``127.0.0.1`` too; it serves both as a
 server certificate (a worker) and as a client certificate (a client, or a worker
-delivering to its peers). Running the command again with the same DIR reuses the CA, so
+delivering to its peers). Its subjectAltName also carries its role, the URI
+``role:party`` (a worker: serves, and delivers to its peers) or ``role:client`` (runs
+commands): a served worker tells the two apart by the certificate, never by the name.
+Running the command again with the same DIR reuses the CA, so
 identities can be added later. Keys are ECDSA P-256, written with mode 0600.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import os
 import re
@@ -28,6 +32,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _IDENTITY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+PARTY, CLIENT = "party", "client"
+ROLE_URI = "role:"  # SAN URI prefix: role:party or role:client
 CA_NAME = "pointers development CA"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -71,17 +77,23 @@ def create_certs(
     directory: str | os.PathLike[str],
     identities: Iterable[str],
     *,
+    clients: Iterable[str] = (),
     days: int = 365,
     hosts: Iterable[str] = DEFAULT_HOSTS,
 ) -> list[Path]:
     """Create (or reuse) the CA in ``directory`` and issue one certificate per identity.
 
-    ``hosts`` are extra DNS names or IP addresses every certificate is valid for, so a
+    ``identities`` are parties (workers: role ``party``), ``clients`` run commands (role
+    ``client``); a name may not be both. ``hosts`` are extra DNS names or IP addresses every certificate is valid for, so a
     client may also dial a worker by one of them. Returns the files written.
     """
-    ids = [check_identity(i) for i in identities]
-    if not ids:
-        raise ValueError("name at least one identity, e.g. alice bob carol client")
+    roles = {check_identity(i): PARTY for i in identities}
+    for c in clients:
+        if roles.get(check_identity(c)) == PARTY:
+            raise ValueError(f"{c!r} cannot be both a party and a client")
+        roles[c] = CLIENT
+    if not roles:
+        raise ValueError("name at least one identity, e.g. alice bob carol --client client")
     if days < 1:
         raise ValueError(f"days must be positive, got {days}")
     d = Path(directory)
@@ -100,9 +112,9 @@ def create_certs(
         ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
         written += [ca_cert_path, ca_key_path]
     host_list = list(hosts)
-    for identity in ids:
+    for identity, role in roles.items():
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _identity_certificate(identity, key, ca_cert, ca_key, days, host_list)
+        cert = _identity_certificate(identity, key, ca_cert, ca_key, days, host_list, role)
         _write_key(d / f"{identity}.key", key)
         (d / f"{identity}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         written += [d / f"{identity}.pem", d / f"{identity}.key"]
@@ -110,13 +122,41 @@ def create_certs(
 
 
 def certificate_identity(pem: bytes) -> str:
-    """The identity (subject CN) a PEM certificate names."""
+    """The identity (subject CN) a PEM certificate names (any text; see
+    :func:`certificate_role` for the checked identity and role)."""
     cert = x509.load_pem_x509_certificate(pem)
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if not names:
         raise ValueError("the certificate has no common name")
     value = names[0].value
     return value if isinstance(value, str) else value.decode()
+
+
+@functools.lru_cache(maxsize=256)
+def certificate_role(pem: bytes) -> tuple[str, str]:
+    """``(identity, role)`` of a peer's PEM certificate, both checked: exactly one CN, a
+    well-formed identity (:func:`check_identity`) and exactly one role URI in the
+    subjectAltName (``role:party`` or ``role:client``). Raises ValueError otherwise."""
+    cert = x509.load_pem_x509_certificate(pem)
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(names) != 1:
+        raise ValueError(f"a certificate names exactly one identity (CN), this one {len(names)}")
+    value = names[0].value
+    identity = value if isinstance(value, str) else value.decode(errors="replace")
+    check_identity(identity)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    roles = {u[len(ROLE_URI) :] for u in uris if u.startswith(ROLE_URI)}
+    if len(roles) != 1 or not roles <= {PARTY, CLIENT}:
+        raise ValueError(
+            f"the certificate of {identity!r} must carry exactly one role (a subjectAltName "
+            f"URI role:party or role:client), it has {sorted(roles) or 'none'}; issue it again "
+            "with `python -m pointers certs` (parties as names, clients with --client)"
+        )
+    return identity, roles.pop()
 
 
 def _now() -> datetime.datetime:
@@ -161,9 +201,13 @@ def _identity_certificate(
     ca_key: ec.EllipticCurvePrivateKey,
     days: int,
     hosts: list[str],
+    role: str,
 ) -> x509.Certificate:
     now = _now()
-    alt: list[x509.GeneralName] = [x509.DNSName(identity)]
+    alt: list[x509.GeneralName] = [
+        x509.DNSName(identity),
+        x509.UniformResourceIdentifier(ROLE_URI + role),
+    ]
     for h in hosts:
         try:
             alt.append(x509.IPAddress(ipaddress.ip_address(h)))

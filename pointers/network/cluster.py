@@ -191,7 +191,7 @@ class LocalCluster:
         """Write the certificates, start every server and wait until all listen."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            create_certs(self.certs, [*self.worker_ids, *self.clients])
+            create_certs(self.certs, self.worker_ids, clients=self.clients)
             for w in self.worker_ids:
                 s = ServerProcess(w, self.certs, self.root / f"{w}.log", self.args)
                 self.servers[w] = s

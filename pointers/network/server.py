@@ -32,7 +32,13 @@ from typing import Any
 import grpc
 
 from pointers.errors import NotAllowedError, PartyUnavailable
-from pointers.network.certs import Credentials, check_identity, load_credentials
+from pointers.network.certs import (
+    PARTY,
+    Credentials,
+    certificate_role,
+    check_identity,
+    load_credentials,
+)
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
 from pointers.network.served import ServedWorker, is_error_header
 from pointers.network.transport import (
@@ -160,6 +166,17 @@ class WorkerServer:
         self.credentials: Credentials | None = (
             None if config.insecure else load_credentials(config.certs or "", config.worker_id)
         )
+        if self.credentials is not None:
+            try:
+                own = certificate_role(self.credentials.cert)
+            except ValueError as e:
+                raise ValueError(f"the certificate of worker {self.id!r}: {e}") from None
+            if own != (self.id, PARTY):
+                raise ValueError(
+                    f"worker {self.id!r} needs a party certificate for {self.id!r}, not one "
+                    f"for {own[0]!r} with role {own[1]!r} (`python -m pointers certs DIR "
+                    f"{self.id}`)"
+                )
         self.call_metadata = ((IDENTITY_METADATA, self.id),) if config.insecure else None
         self._namespaces: dict[str, ServedWorker] = {}
         # identities that may only deliver: this worker's own, and every identity that
@@ -263,24 +280,32 @@ class WorkerServer:
         return ns
 
     # -- identity ------------------------------------------------------------------------
-    def _identity(self, context: grpc.ServicerContext) -> str:
+    def _caller(self, context: grpc.ServicerContext) -> tuple[str, str | None]:
+        """The caller's identity and role (``party`` or ``client``; None when insecure),
+        from its certificate: a malformed identity or a missing role is refused."""
         if self.config.insecure:
             for key, value in context.invocation_metadata() or ():
                 if key == IDENTITY_METADATA and isinstance(value, str):
                     check_identity(value)
-                    return value
-            return "anonymous"
-        names = context.auth_context().get("x509_common_name")
-        if not names:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
-        return names[0].decode()
+                    return value, None
+            return "anonymous", None
+        pems = context.auth_context().get("x509_pem_cert")
+        if not pems:
+            raise NotAllowedError("no client certificate")
+        try:
+            return certificate_role(pems[0])
+        except ValueError as e:
+            raise NotAllowedError(f"worker {self.id!r} refuses the certificate: {e}") from None
+
+    def _identity(self, context: grpc.ServicerContext) -> str:
+        return self._caller(context)[0]
 
     def _client(self, context: grpc.ServicerContext, what: str) -> ServedWorker:
-        who = self._identity(context)
-        if who in self._peers:
+        who, role = self._caller(context)
+        if role == PARTY or who in self._peers:
             raise NotAllowedError(
-                f"identity {who!r} is a peer worker of {self.id!r}: it may deliver protocol "
-                f"messages but not {what}"
+                f"identity {who!r} is a peer worker of {self.id!r} (a party certificate): it "
+                f"may deliver protocol messages but not {what}"
             )
         return self._namespace(who)
 
@@ -329,7 +354,11 @@ class WorkerServer:
         if self.config.latency:
             time.sleep(self.config.latency)
         try:
-            who = self._identity(context)
+            who, role = self._caller(context)
+            if role is not None and role != PARTY:
+                raise NotAllowedError(
+                    f"identity {who!r} holds a {role} certificate: only a party delivers"
+                )
             info, frames = decode_envelope(request)
             client = info_field(info, "client", str, None)
             source = info_field(info, "from", str, None)
