@@ -88,11 +88,16 @@ def _move_module(module: nn.Module, worker: Any) -> None:
     for sub in module.modules():
         for p in sub._parameters.values():
             if isinstance(p, PointerTensor):
-                moved = p.move(worker)
-                new = nn.Parameter(moved, requires_grad=p.requires_grad)
-                if isinstance(p.grad, PointerTensor):
-                    new.grad = p.grad.move(worker)
+                # swap a local placeholder in first, while p still points somewhere
+                # (after a backward, swap_tensors runs an op on p); then move and swap in
+                grad, alias = p.grad, p.detach()  # the alias shares the remote object
+                p.grad = None
+                placeholder = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad)
+                torch.utils.swap_tensors(p, placeholder)
+                new = nn.Parameter(alias.move(worker), requires_grad=p.requires_grad)
                 torch.utils.swap_tensors(p, new)
+                if isinstance(grad, PointerTensor):
+                    p.grad = grad.move(worker)
         for name, b in list(sub._buffers.items()):
             if isinstance(b, PointerTensor):
                 sub._buffers[name] = b.move(worker)

@@ -159,6 +159,13 @@ class PointerTensor(torch.Tensor):
         value = ref.location.request(Fetch(ref.obj_id, delete))
         if delete:
             ref.release()
+        if self.requires_grad and self.is_leaf and value.is_floating_point():
+            # as PySyft: a sent leaf that requires grad comes back requiring grad, with
+            # the gradient a remote backward() left on it
+            value.requires_grad_(True)
+            grad = self.grad
+            if isinstance(grad, PointerTensor) and not grad._ref.gone:
+                value.grad = grad.get(delete) if delete else grad.get(delete=False)
         return value
 
     def copy(self) -> PointerTensor:
@@ -210,6 +217,10 @@ class PointerTensor(torch.Tensor):
     # -- dispatch ------------------------------------------------------------------------
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is aten.new_empty_strided.default:
+            # autograd's gradient accumulation asks for scratch memory to copy a gradient
+            # into; workers refuse uninitialised memory, so ask for zeros of that shape
+            return _dispatch(aten.new_zeros.default, args[:2], _creation_kwargs(kwargs))
         return _dispatch(func, args, kwargs or {})
 
 
@@ -401,9 +412,16 @@ def send_tensor(x: torch.Tensor, worker: Any) -> PointerTensor:
     tags = sorted(getattr(x, "tags", None) or ())
     worker.post(Store(obj_id, value, tags, getattr(x, "description", "") or ""))
     # The worker decodes a contiguous copy, so the pointer describes a contiguous tensor.
-    return PointerTensor.from_meta(
+    ptr = PointerTensor.from_meta(
         worker, obj_id, value.shape, _contiguous_stride(value.shape), value.dtype
     )
+    if x.requires_grad:
+        ptr.requires_grad_(True)  # a leaf at the client: remote backward() reaches it
+    return ptr
+
+
+def _creation_kwargs(kwargs: Any) -> dict[str, Any]:
+    return {k: v for k, v in (kwargs or {}).items() if k in ("dtype", "layout", "device")}
 
 
 def _contiguous_stride(shape: Any) -> tuple[int, ...]:
