@@ -29,6 +29,7 @@ TINY = {
     "W6": 100,
     "W7": 400,
     "W8": 100,
+    "W12": 4,
     "P1": 10,
     "P2": 10,
 }
@@ -50,7 +51,7 @@ def test_secure_aggregation_workload() -> None:
     assert "upload/client" in wl.format_row(row)
 
 
-@pytest.mark.parametrize("workload", ["W1", "W2", "W3", "W4", "W5", "W7"])
+@pytest.mark.parametrize("workload", ["W1", "W2", "W3", "W4", "W5", "W7", "W12"])
 def test_protocol_workload(workload: str) -> None:
     row = wl.measure(workload, TINY[workload], repeat=1)
     assert not wl.failures(row)
@@ -123,6 +124,7 @@ def test_cases_cover_the_workload_sizes() -> None:
         "W6-roundtrip-1e6",
         "W7-maxpool-1e5",
         "W7-maxpool-1e6",
+        "W12-train-b64",
     } <= ids
     assert all(c.repeats >= 5 for c in wl.MPC_CASES)
     assert {c.id for c in wl.MPC_CASES if c.big} == {

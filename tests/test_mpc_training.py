@@ -209,3 +209,38 @@ def test_digits_mlp_three_epochs(group: Any) -> None:
     steps = 3 * (len(xtr) // 64)
     enc, clear = train_digits(group, hidden=128, steps=steps, batch=64, lr=0.1)
     assert abs(enc - clear) <= 0.01, (enc, clear)
+
+
+def test_issue_loss_and_cross_entropy_match_plaintext(group: Any) -> None:
+    from mpc.registry import OPS
+
+    if torch.ops.aten._log_softmax.default not in OPS:
+        pytest.skip("log_softmax on shared values is not there yet (issue 13)")
+    plain = _mlp([4, 8, 3], seed=7)
+    model = _share(copy.deepcopy(plain), group)
+    opt, popt = (
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.optim.SGD(plain.parameters(), lr=0.1),
+    )
+    data, labels = torch.randn(6, 4), torch.arange(6) % 3
+    onehot = F.one_hot(labels, 3).float()
+    x, y = _share(data, group), _share(onehot, group)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = -(F.log_softmax(model(x), dim=1) * y).sum() / x.shape[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ce = F.cross_entropy(model(x), labels)
+        ce.backward()
+        opt.step()
+        popt.zero_grad()
+        ploss = -(F.log_softmax(plain(data), dim=1) * onehot).sum() / 6
+        ploss.backward()
+        popt.step()
+        popt.zero_grad()
+        pce = F.cross_entropy(plain(data), labels)
+        pce.backward()
+        popt.step()
+        assert abs(loss.get().item() - ploss.item()) < 1e-3
+        assert abs(ce.get().item() - pce.item()) < 1e-3

@@ -14,8 +14,8 @@ that only backward passes, losses and optimizers emit:
   daBit give it locally), so a training step pays one comparison per ReLU, not two; one
   Beaver product (1 round) applies it. Without a kept bit (an in-place ReLU) it compares.
 - ``mse_loss`` and its backward; ``nll_loss`` with public labels (its gradient is public);
-  ``_softmax_backward_data`` from the saved output (products only). ``log_softmax`` and
-  its backward (``exp`` of the saved output) come with issue 13's functions.
+  ``_softmax_backward_data`` from the saved output (products only);
+  ``_log_softmax_backward_data`` with ``exp`` of the saved output (issue 13's functions).
 """
 
 from __future__ import annotations
@@ -45,7 +45,12 @@ def relu_keeping_mask(x: SharedTensor) -> SharedTensor:
 
 
 def _materialized(grad: Any) -> Any:
+    """A leaf's gradient at the session's scale (one truncation, also of extra bits that
+    e.g. a softmax's backward carries), so that parameters update in place."""
     if isinstance(grad, SharedTensor):
+        f = grad.session.config.frac_bits
+        if grad.dtype.is_floating_point and grad.frac_bits > f:
+            grad.pending = max(grad.pending, grad.frac_bits - f)
         grad.materialize()
     return grad
 
@@ -196,3 +201,16 @@ def softmax_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     grad, out, dim = args[0], args[1], args[2]
     inner = (grad * out).sum(dim, keepdim=True)
     return (grad - inner) * out
+
+
+@register(aten._log_softmax_backward_data.default)
+def log_softmax_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """grad - exp(out) * grad.sum(dim): the saved output's exp is the softmax."""
+    grad, out, dim = args[0], args[1], args[2]
+    exp = OPS.get(aten.exp.default)
+    if exp is None:
+        raise UnsupportedOpError(
+            str(func), "log_softmax's backward needs exp on shared values, which is not there yet"
+        )
+    probs = exp(aten.exp.default, (out,), {})
+    return grad - probs * grad.sum(dim, keepdim=True)
