@@ -42,7 +42,7 @@ from pointers.wire.messages import (
     decode_message,
     encode_message,
 )
-from pointers.worker.base import Frames, WorkerStats
+from pointers.worker.base import Frames, Recorder, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
 _DELETE_BATCH = 64  # while recording, deletes become a command every so many (as in process)
@@ -67,11 +67,28 @@ class NetworkWorker:
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._introduced: dict[str, tuple[NetworkWorker, Any]] = {}
         self._held_deletes: list[int] | None = None  # while a program is recorded
+        self.recorder: Recorder | None = None  # a program recording this client, if any
         self._finalizer = weakref.finalize(self, connection.close)
 
     # -- the client interface of a worker ------------------------------------------------
     def new_id(self) -> int:
-        return next(self._ids)
+        i = next(self._ids)
+        if self.recorder is not None:
+            self.recorder.record_new_id(self.id, i)
+        return i
+
+    def set_recorder(self, recorder: Recorder | None) -> None:
+        """While set, ``recorder`` sees every command and every new id of this client, and
+        the deletes of dropped pointers are held for :meth:`flush_deletes` instead of
+        travelling with the next batch, so that the program captures them."""
+        self.recorder = recorder
+        if recorder is not None:
+            if self._held_deletes is None:
+                self._held_deletes = []
+            return
+        held, self._held_deletes = self._held_deletes, None
+        if held:
+            self._conn.deletes.extend(held)
 
     def post(self, msg: Message) -> None:
         """Queue ``msg``; its errors surface at the next synchronising call."""
@@ -86,9 +103,11 @@ class NetworkWorker:
         """Every command passes here (so that :class:`pointers.worker.program.Recording` can
         capture it): queued when no reply is awaited (``wait=False``), else sent and its
         reply value returned."""
+        if self.recorder is not None:
+            self.recorder.record_command(self.id, msg)
         held = self._held_deletes
         if held is not None and (wait or len(held) >= _DELETE_BATCH):
-            self._flush_deletes()  # recording: deletes are commands of the program
+            self.flush_deletes()  # recording: deletes are commands of the program
         if not wait:
             frame = self._frame(msg)
             if type(msg) is SendToPeer:
@@ -132,7 +151,7 @@ class NetworkWorker:
         held = self._held_deletes
         (self._conn.deletes if held is None else held).append(obj_id)
 
-    def _flush_deletes(self) -> None:
+    def flush_deletes(self) -> None:
         """Send the deletes of dropped pointers now, as one ``Delete`` command."""
         pending = self._conn.deletes if self._held_deletes is None else self._held_deletes
         n = len(pending)
@@ -140,16 +159,6 @@ class NetworkWorker:
             ids = pending[:n]
             del pending[:n]
             self._exchange(Delete(ids), False)
-
-    def _record_deletes(self, on: bool) -> None:
-        """While ``on`` (a program is recorded), deletes are held for :meth:`_flush_deletes`
-        instead of travelling with the next batch, so that the program captures them."""
-        if on:
-            self._held_deletes = []
-            return
-        held, self._held_deletes = self._held_deletes, None
-        if held:
-            self._conn.deletes.extend(held)
 
     def wait_programs(self, timeout: float | None = None) -> None:
         """Wait until the programs this client started at the worker (``mpc.plan``) ended,

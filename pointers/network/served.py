@@ -463,7 +463,7 @@ class ServedWorker(Worker):
         super().__init__(id)
         self.client = client
         lock = NamespaceLock()
-        self._lock = lock  # type: ignore[assignment]
+        self._lock = lock
         self.store: WaitingStore = WaitingStore(
             id, deadline=deadline, max_bytes=max_stored_bytes, lock=lock
         )
@@ -509,7 +509,7 @@ class ServedWorker(Worker):
         except PartyUnavailable:
             raise  # the peer itself is unreachable: nobody to tell
         except Exception as e:
-            link = self._peer_links.get(msg.peer)
+            link = self.peer_link(msg.peer)
             notify = getattr(link, "delivery_failed", None)
             if notify is not None:
                 try:  # best effort: let the peer fail its waiting command at once
@@ -538,9 +538,9 @@ class ServedWorker(Worker):
     def wait_programs(self, timeout: float | None = None) -> None:
         """Wait until this client's programs ended, ``timeout`` seconds at most in all."""
         end = None if timeout is None else time.monotonic() + timeout
-        for t in list(self._program_threads):
+        for t in list(self.program_threads):
             t.join(None if end is None else max(end - time.monotonic(), 0.0))
-        self._program_threads = [t for t in self._program_threads if t.is_alive()]
+        self.program_threads = [t for t in self.program_threads if t.is_alive()]
 
     def clear(self) -> None:
         """Forget every object and zero the counters (the client asked for a fresh start)."""

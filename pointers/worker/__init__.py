@@ -2,6 +2,7 @@
 
 - base: :class:`Worker` (store, registered functions, the message handler) and
   :class:`VirtualWorker` (the in-process client side);
+- client: :class:`WorkerClient`, the client-side API every worker kind provides;
 - store: the object store (ids, tags, promises, sealed entries);
 - functions: the registry of named functions a worker runs besides aten ops;
 - sealing: protocol material that no client may read, and how functions declare it;
@@ -10,5 +11,6 @@
 """
 
 from pointers.worker.base import Frames, VirtualWorker, Worker, WorkerStats, tensor_meta
+from pointers.worker.client import WorkerClient
 
-__all__ = ["Frames", "VirtualWorker", "Worker", "WorkerStats", "tensor_meta"]
+__all__ = ["Frames", "VirtualWorker", "Worker", "WorkerClient", "WorkerStats", "tensor_meta"]

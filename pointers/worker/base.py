@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
@@ -58,6 +58,24 @@ from pointers.worker.sealing import SEALED_OPS, refused, sealing_of
 from pointers.worker.store import ObjectStore
 
 Frames = tuple[bytes, list[Any]]
+
+
+class Lock(Protocol):
+    """What a worker's lock offers: a reentrant context manager."""
+
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+class Recorder(Protocol):
+    """What a worker client tells a :class:`pointers.worker.program.Recording`: every
+    command it sends (before it is sent; may refuse it by raising) and every id it
+    allocates. Set with the client's ``set_recorder``."""
+
+    def record_command(self, worker_id: str, msg: Message) -> None: ...
+    def record_new_id(self, worker_id: str, obj_id: int) -> None: ...
+
+
 _OK_NONE = encode_message(Reply(None))[0]
 
 
@@ -151,21 +169,39 @@ class Worker:
         if not isinstance(id, str) or not id:
             raise ValueError(f"a worker id must be a non-empty string, got {id!r}")
         self.id = id
-        self._lock = threading.RLock()
-        self.store = ObjectStore(id, threading.Condition(self._lock))
+        rlock = threading.RLock()
+        self._lock: Lock = rlock
+        self.store = ObjectStore(id, threading.Condition(rlock))
         self.functions = FunctionRegistry()
         self.stats = WorkerStats()
         self._peer_links: dict[str, Any] = {}
-        self._program_threads: list[threading.Thread] = []
+        # the threads running this worker's programs (see pointers.worker.program)
+        self.program_threads: list[threading.Thread] = []
         # state that registered functions keep at this worker, by the function family's
         # name (e.g. the nonces mpc has used with each seed)
         self.function_state: dict[str, Any] = {}
 
+    @property
+    def lock(self) -> Lock:
+        """The lock that serialises this worker's commands (reentrant)."""
+        return self._lock
+
+    def run_locked(self, msg: Message) -> Any:
+        """Run one decoded command under this worker's lock and return its reply value
+        (raises its error): a step of a program (:mod:`pointers.worker.program`)."""
+        with self._lock:
+            return self._run(msg)
+
+    def add_program_thread(self, thread: threading.Thread) -> None:
+        """Track a thread that runs one of this worker's programs (see :meth:`wait_programs`)."""
+        self.program_threads = [t for t in self.program_threads if t.is_alive()]
+        self.program_threads.append(thread)
+
     def wait_programs(self, timeout: float | None = None) -> None:
         """Wait until the programs this worker runs (see :mod:`pointers.worker.program`) end."""
-        for t in list(self._program_threads):
+        for t in list(self.program_threads):
             t.join(timeout)
-        self._program_threads = [t for t in self._program_threads if t.is_alive()]
+        self.program_threads = [t for t in self.program_threads if t.is_alive()]
 
     # -- serving ---------------------------------------------------------------------
     def handle_frames(
@@ -441,7 +477,7 @@ class Worker:
         both sides only read it (see :class:`~pointers.wire.messages.SendToPeer`). Either way
         an in-process peer keeps the tensor itself instead of a copy. ``sealed``: it is
         protocol material, and stays sealed at the peer (:mod:`pointers.worker.sealing`)."""
-        link = self._peer_links.get(peer)
+        link = self.peer_link(peer)
         if link is None:
             raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
         header, buffers = encode_message(Store(obj_id, value, [], "", sealed))
@@ -502,6 +538,10 @@ class Worker:
     def add_peer_link(self, peer_id: str, link: Any) -> None:
         self._peer_links[peer_id] = link
 
+    def peer_link(self, peer_id: str) -> Any | None:
+        """The link this worker delivers to peer ``peer_id`` through (None: no link)."""
+        return self._peer_links.get(peer_id)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id!r} objects={len(self.store)}>"
 
@@ -527,6 +567,7 @@ class VirtualWorker(Worker):
         self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
         self._pending_deletes: list[int] = []
         self._block: Any = None  # the pointers.worker.lanes block this worker runs in, if any
+        self.recorder: Recorder | None = None  # a program recording this client, if any
         self._lane: Any = None  # and the thread that runs its commands there
         for t in data:
             if not isinstance(t, torch.Tensor):
@@ -537,21 +578,31 @@ class VirtualWorker(Worker):
 
     # -- client side -------------------------------------------------------------------
     def new_id(self) -> int:
-        return next(self._ids)
+        i = next(self._ids)
+        if self.recorder is not None:
+            self.recorder.record_new_id(self.id, i)
+        return i
+
+    def set_recorder(self, recorder: Recorder | None) -> None:
+        """While set, ``recorder`` sees every command and every new id of this client."""
+        self.recorder = recorder
 
     def request(self, msg: Message) -> Any:
         """Send ``msg`` and wait for its reply value (raises the worker's error)."""
-        self._flush_deletes()
+        self.flush_deletes()
         return self._exchange(msg)
 
     def post(self, msg: Message) -> None:
         """Send ``msg`` without needing its value (in process: errors raise at once, or at
         the end of a :func:`~pointers.concurrently` block)."""
         if len(self._pending_deletes) >= _DELETE_BATCH:
-            self._flush_deletes()
+            self.flush_deletes()
         self._exchange(msg, False)
 
     def _exchange(self, msg: Message, want_reply: bool = True) -> Any:
+        """Every command passes here (the recorder, if any, sees it first)."""
+        if self.recorder is not None:
+            self.recorder.record_command(self.id, msg)
         block = self._block
         if block is not None:  # running concurrently (pointers.worker.lanes)
             if not want_reply:
@@ -574,7 +625,8 @@ class VirtualWorker(Worker):
         ``list.append`` and slice deletion are atomic under the GIL."""
         self._pending_deletes.append(obj_id)
 
-    def _flush_deletes(self) -> None:
+    def flush_deletes(self) -> None:
+        """Send the deletes of dropped pointers now, as one ``Delete`` command."""
         pending = self._pending_deletes
         n = len(pending)
         if not n:
@@ -592,7 +644,7 @@ class VirtualWorker(Worker):
     @property
     def objects(self) -> Mapping[int, Any]:
         """A read-only view of the objects this worker stores."""
-        self._flush_deletes()
+        self.flush_deletes()
         return self.store.view()
 
     def search(self, *query: str) -> list[Any]:

@@ -209,7 +209,7 @@ class ConcurrentBlock:
             # objects dropped during the block are freed now rather than a batch later: big
             # temporaries would otherwise pile up and every run touch fresh memory
             for w in self.workers:
-                w._flush_deletes()
+                w.flush_deletes()
             self.wait_idle()
         finally:
             for w in self.workers:
@@ -227,7 +227,7 @@ class ConcurrentBlock:
         # the lane decodes later: take a snapshot of the caller's tensors now
         buffers = [b.clone() if isinstance(b, torch.Tensor) else b for b in buffers]
         if type(msg) is SendToPeer:
-            peer = worker._peer_links.get(msg.peer)
+            peer = worker.peer_link(msg.peer)
             if peer is not None and hasattr(peer, "_block"):  # an in-process peer
                 # registered before any command that uses it is queued (no lock needed:
                 # that command's lane reads the promise after this)

@@ -21,11 +21,14 @@ Both worker kinds record and run programs: in-process workers (``VirtualWorker``
 network workers (``pointers.connect``), whose served namespaces run a program in a thread
 that sets the namespace's lock aside while it waits for a peer's delivery.
 
-A worker client can be recorded when every command it sends passes through its
-``_exchange(msg, ...)``, it allocates ids with ``new_id()``, and ``_flush_deletes()`` sends
-the deletes of dropped pointers as a ``Delete`` command through ``_exchange``. A client
-whose deletes normally travel another way (a network worker's go with its batches) also
-has ``_record_deletes(on)``: while on, they are held for ``_flush_deletes``.
+A worker client can be recorded when it has ``set_recorder(recorder)``: while a
+:class:`~pointers.worker.base.Recorder` is set, the client tells it every command it sends
+and every id it allocates with ``new_id()``, and ``flush_deletes()`` sends the deletes of
+dropped pointers as a ``Delete`` command it records too (a client whose deletes normally
+travel another way, such as a network worker's with its batches, holds them for
+``flush_deletes`` while recorded). The serving side runs programs through the worker's
+public seam: ``run_locked``, ``send_to_peer``, ``lock``, ``add_program_thread`` and
+``peer_link``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import gc
 import threading
 from collections.abc import Iterable
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -51,6 +54,10 @@ from pointers.wire.messages import (
     message_from_list,
 )
 from pointers.wire.serde import Ref, Slot, SlotRef, ref_id
+
+if TYPE_CHECKING:
+    from pointers.worker.base import Recorder, Worker
+    from pointers.worker.client import WorkerClient
 
 RECORDABLE = (ExecuteOp, CallFunction, Store, Delete, SendToPeer, Tag)
 _KINDS = {cls.KIND for cls in RECORDABLE}
@@ -75,41 +82,41 @@ class Recording:
     needs a reply (a fetch, a search) cannot be part of a program and raises.
     """
 
-    def __init__(self, workers: Iterable[Any]) -> None:
+    def __init__(self, workers: Iterable[WorkerClient]) -> None:
         self.workers = list(workers)
         self.messages: dict[str, list[Message]] = {w.id: [] for w in self.workers}
         self.new_ids: dict[str, list[int]] = {w.id: [] for w in self.workers}
+        self._outer: dict[str, Recorder | None] = {}  # a recording this one runs inside
+
+    # -- the recorder hook (pointers.worker.base.Recorder) ---------------------------------
+    def record_command(self, worker_id: str, msg: Message) -> None:
+        if not isinstance(msg, RECORDABLE):
+            raise PointerError(
+                f"a {msg.KIND!r} command waits for a reply and cannot be part of a "
+                "program; keep fetches and searches outside the recorded code"
+            )
+        self.messages[worker_id].append(msg)
+        outer = self._outer.get(worker_id)
+        if outer is not None:
+            outer.record_command(worker_id, msg)
+
+    def record_new_id(self, worker_id: str, obj_id: int) -> None:
+        self.new_ids[worker_id].append(obj_id)
+        outer = self._outer.get(worker_id)
+        if outer is not None:
+            outer.record_new_id(worker_id, obj_id)
 
     def __enter__(self) -> Recording:
         for w in self.workers:
-            if not hasattr(w, "_exchange") or not hasattr(w, "_flush_deletes"):
+            if not callable(getattr(w, "set_recorder", None)):
                 raise PointerError(
-                    f"worker {w.id!r} ({type(w).__name__}) cannot be recorded: it does not "
-                    "pass its commands through _exchange"
+                    f"worker {w.id!r} ({type(w).__name__}) cannot be recorded: it has no "
+                    "set_recorder"
                 )
         for w in self.workers:
-            w._flush_deletes()  # earlier garbage is not part of the program
-            hold = getattr(w, "_record_deletes", None)
-            if hold is not None:
-                hold(True)
-            orig_exchange, orig_new_id = w._exchange, w.new_id
-
-            def exchange(msg: Message, *more: Any, _w: Any = w, _orig: Any = orig_exchange) -> Any:
-                if not isinstance(msg, RECORDABLE):
-                    raise PointerError(
-                        f"a {msg.KIND!r} command waits for a reply and cannot be part of a "
-                        "program; keep fetches and searches outside the recorded code"
-                    )
-                self.messages[_w.id].append(msg)
-                return _orig(msg, *more)
-
-            def new_id(_w: Any = w, _orig: Any = orig_new_id) -> int:
-                i = _orig()
-                self.new_ids[_w.id].append(i)
-                return i
-
-            w._exchange = exchange
-            w.new_id = new_id
+            w.flush_deletes()  # earlier garbage is not part of the program
+            self._outer[w.id] = w.recorder
+            w.set_recorder(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -117,14 +124,10 @@ class Recording:
             if exc[0] is None:
                 gc.collect()
                 for w in self.workers:  # temporaries dropped in the run: their deletes
-                    w._flush_deletes()
+                    w.flush_deletes()
         finally:
             for w in self.workers:
-                w.__dict__.pop("_exchange", None)
-                w.__dict__.pop("new_id", None)
-                hold = getattr(w, "_record_deletes", None)
-                if hold is not None:
-                    hold(False)
+                w.set_recorder(self._outer.pop(w.id, None))
 
 
 class Slots:
@@ -251,7 +254,7 @@ def program_from_wire(messages: list[Any]) -> Program:
     return Program(messages)
 
 
-def start_program(worker: Any, msg: RunProgram) -> None:
+def start_program(worker: Worker, msg: RunProgram) -> None:
     """Run a stored program in a thread of its own (the worker keeps serving)."""
     program = worker.store.get(msg.program_id)
     if not isinstance(program, Program):
@@ -265,12 +268,13 @@ def start_program(worker: Any, msg: RunProgram) -> None:
         name=f"program-{worker.id}",
         daemon=True,
     )
-    worker._program_threads = [t for t in worker._program_threads if t.is_alive()]
-    worker._program_threads.append(thread)
+    worker.add_program_thread(thread)
     thread.start()
 
 
-def _run_program(worker: Any, program: Program, bindings: list[int], promised: list[int]) -> None:
+def _run_program(
+    worker: Worker, program: Program, bindings: list[int], promised: list[int]
+) -> None:
     step = 0
     try:
         for step in range(len(program.raw)):
@@ -278,18 +282,17 @@ def _run_program(worker: Any, program: Program, bindings: list[int], promised: l
             if isinstance(msg, SendToPeer):
                 worker.send_to_peer(msg)  # our lock only to read: peers deliver to us too
             else:
-                with worker._lock:
-                    worker._run(msg)
+                worker.run_locked(msg)
     except Exception as e:  # waiting clients and peers learn it at once
         why = f"program failed: {type(e).__name__}: {e}"
         worker.store.fail_promises(promised, why)
         _tell_peers(worker, program.raw[step:], bindings, why)
     finally:
-        with worker._lock:  # ids it never made: waiters for them fail now, not at the deadline
+        with worker.lock:  # ids it never made: waiters for them fail now, not at the deadline
             worker.store.release_promises(promised)
 
 
-def _tell_peers(worker: Any, rest: list[Any], bindings: list[int], why: str) -> None:
+def _tell_peers(worker: Worker, rest: list[Any], bindings: list[int], why: str) -> None:
     """Best effort: the peers a failed program was still to deliver to stop waiting now
     (through links that can tell them; a peer without such a link waits its deadline)."""
     unreachable: set[str] = set()
@@ -299,10 +302,12 @@ def _tell_peers(worker: Any, rest: list[Any], bindings: list[int], why: str) -> 
         peer = None
         try:
             msg = message_from_list(bind(raw, bindings))
-            peer = msg.peer  # type: ignore[attr-defined]
-            notify = getattr(worker._peer_links.get(peer), "delivery_failed", None)
+            if not isinstance(msg, SendToPeer):
+                continue
+            peer = msg.peer
+            notify = getattr(worker.peer_link(peer), "delivery_failed", None)
             if notify is not None and peer not in unreachable:
-                notify(msg.new_id, f"worker {worker.id!r}: {why}")  # type: ignore[attr-defined]
+                notify(msg.new_id, f"worker {worker.id!r}: {why}")
         except Exception:  # the program's own error is what matters
             if peer is not None:
                 unreachable.add(peer)
@@ -310,7 +315,7 @@ def _tell_peers(worker: Any, rest: list[Any], bindings: list[int], why: str) -> 
 
 def run_programs(
     program_ids: dict[str, int],
-    workers: list[Any],
+    workers: list[WorkerClient],
     bindings: list[int],
     promised: dict[str, list[int]],
 ) -> None:

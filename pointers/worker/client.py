@@ -1,0 +1,71 @@
+"""The client-side API of a worker, shared by in-process and network workers.
+
+:class:`WorkerClient` names what pointers, plans, programs and the ``mpc`` protocols use
+of a worker they drive: :class:`~pointers.worker.base.VirtualWorker` (in process) and
+:class:`~pointers.network.client.NetworkWorker` (``pointers.connect``) both provide it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pointers.wire.messages import Message
+    from pointers.worker.base import Recorder, WorkerStats
+
+__all__ = ["WorkerClient"]
+
+
+@runtime_checkable
+class WorkerClient(Protocol):
+    """A worker as its clients see it: ids, commands, deletes, peers, search, counters."""
+
+    id: str
+    recorder: Recorder | None  # a program recording this client (see set_recorder)
+
+    def new_id(self) -> int:
+        """A fresh object id at this worker (ids are chosen by the sender)."""
+        ...
+
+    def post(self, msg: Message) -> None:
+        """Send ``msg`` without waiting for its value (errors raise at the next sync)."""
+        ...
+
+    def request(self, msg: Message) -> Any:
+        """Send ``msg`` and return its reply value (raises the worker's error)."""
+        ...
+
+    def introduce(self, peer: Any) -> None:
+        """Let this worker deliver objects to ``peer`` directly."""
+        ...
+
+    def queue_delete(self, obj_id: int) -> None:
+        """A pointer died: its object's delete travels with a later command (no I/O)."""
+        ...
+
+    def flush_deletes(self) -> None:
+        """Send the queued deletes now, as one ``Delete`` command."""
+        ...
+
+    def set_recorder(self, recorder: Recorder | None) -> None:
+        """While set, ``recorder`` sees every command and new id of this client."""
+        ...
+
+    def search(self, *query: str) -> list[Any]:
+        """Pointers to the stored tensors carrying every tag in ``query``."""
+        ...
+
+    @property
+    def objects(self) -> Mapping[int, Any]:
+        """A read-only view of the objects stored for this client."""
+        ...
+
+    @property
+    def stats(self) -> WorkerStats:
+        """The worker's message and byte counters."""
+        ...
+
+    def wait_programs(self, timeout: float | None = None) -> None:
+        """Wait until the programs this client started at the worker ended."""
+        ...
