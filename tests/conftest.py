@@ -16,6 +16,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_privacy",
     "test_mpc_plan",
     "test_mpc_nonces",
+    "test_mpc_functions",
     "test_sealing",
     "test_federated",
 }

@@ -347,7 +347,7 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
     return d, e, total, jtop
 
 
-@register(aten._softmax.default)
+@register(aten._softmax.default, aten._safe_softmax.default)
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by the comparison tree
     (8 ceil(log2 k) rounds), exp on (-inf, 0] (16), the reciprocal of the sum in
