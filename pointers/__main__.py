@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--threads", type=int, default=32, help="gRPC server threads")
     s.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=HOST:PORT",
+        help="a peer worker this one may deliver to (repeatable); when given, clients can "
+        "only introduce these peers, at these addresses",
+    )
+    s.add_argument(
         "--watch-stdin",
         action="store_true",
         help="stop when standard input closes (a supervisor or test harness holds it open)",
@@ -77,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         "--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)"
     )
     return p
+
+
+def _peer(text: str) -> tuple[str, str]:
+    name, sep, address = text.partition("=")
+    if not sep or not name or not address:
+        raise ValueError(f"--peer takes NAME=HOST:PORT, got {text!r}")
+    return name, address
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             max_stored_bytes=int(args.max_stored_mb * (1 << 20)) or None,
             threads=args.threads,
             latency=args.latency_ms / 1000,
+            peers=tuple(_peer(p) for p in args.peer),
         )
         serve(config, watch_stdin=args.watch_stdin)
     except (ValueError, OSError, FileNotFoundError) as e:

@@ -5,6 +5,7 @@ another client's namespace, and how the workers' state follows the clients' live
 from __future__ import annotations
 
 import datetime
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,21 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from network_fixtures import Cluster
+from network_fixtures import Cluster, ServerProcess
 
 import pointers as pt
 from pointers.network.certs import load_credentials
 from pointers.network.framing import decode_envelope, encode_envelope
 from pointers.network.transport import DELIVER, open_channel
-from pointers.wire.messages import ErrorReply, Store, decode_message, encode_message
+from pointers.wire.messages import (
+    AcceptPeer,
+    ConnectPeer,
+    ErrorReply,
+    SendToPeer,
+    Store,
+    decode_message,
+    encode_message,
+)
 
 pytestmark = pytest.mark.network
 
@@ -142,3 +151,52 @@ def test_roles_come_from_the_certificate_not_the_name(cluster):
     _issue(cluster.certs, "client2", ["client2"], ["role:party"])
     with pytest.raises(pt.RemoteError, match="party certificate"):
         len(cluster.connect("bob", identity="client2").objects)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_client_given_peer_address_fails_uniformly(cluster):
+    alice, bob = cluster.fresh("alice"), cluster.fresh("bob")
+    assert torch.equal(pt.send(torch.ones(1), alice).move(bob).get(), torch.ones(1))
+    errors = []
+    # a closed port, and a TLS endpoint that is not bob (alice itself)
+    for address in (f"127.0.0.1:{_closed_port()}", cluster.address("alice")):
+        alice.post(ConnectPeer("bob", address))
+        q = pt.send(torch.ones(1), alice).move(bob)
+        with pytest.raises(pt.PartyUnavailable) as info:
+            alice.sync()
+        errors.append(str(info.value).replace(address, "ADDRESS"))
+        del q
+    assert errors[0] == errors[1] and "could not deliver to its peer 'bob'" in errors[0]
+
+
+def test_a_worker_dials_only_its_configured_peers(cluster, tmp_path):
+    alice_address = cluster.address("alice")
+    server = ServerProcess(
+        "bob", cluster.certs, tmp_path / "bob.log", ["--peer", f"alice={alice_address}"]
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        assert server.address is not None
+        bob = pt.connect("bob", server.address, certs=cluster.certs, identity="client")
+        alice = cluster.fresh("alice")
+        bob.post(ConnectPeer("carol", f"127.0.0.1:{_closed_port()}"))
+        with pytest.raises(pt.RemoteError, match="dials only its configured peers"):
+            bob.sync()
+        # alice is configured: the client's address for it is replaced by alice's own
+        bob.post(ConnectPeer("alice", f"127.0.0.1:{_closed_port()}"))
+        alice.request(AcceptPeer("bob"))
+        x = pt.send(torch.arange(3.0), bob)
+        moved_id = alice.new_id()
+        alice._conn.expects.append(("bob", moved_id))
+        bob.post(SendToPeer(x.id_at_location, "alice", moved_id, False))
+        bob.sync()
+        assert torch.equal(alice.objects[moved_id], torch.arange(3.0))
+        bob.close()
+    finally:
+        server.kill()

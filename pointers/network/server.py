@@ -53,6 +53,7 @@ from pointers.network.transport import (
     is_loopback,
     open_channel,
     rpc_error,
+    split_address,
 )
 from pointers.wire import serde
 from pointers.wire.messages import ErrorReply, Reply, Store, decode_message, encode_message
@@ -79,6 +80,9 @@ class ServerConfig:
     max_stored_bytes: int | None = 4 << 30
     threads: int = 32
     latency: float = 0.0  # seconds added to every call received (benchmarks: cost of rounds)
+    # the peers this worker may dial, name -> address (serve --peer NAME=HOST:PORT); empty:
+    # any address a client names, with one uniform error for every failure
+    peers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_identity(self.worker_id)
@@ -104,6 +108,11 @@ class ServerConfig:
             raise ValueError("a served worker needs at least 4 threads")
         if not 0 <= self.latency <= 10:
             raise ValueError(f"latency must lie in [0, 10] seconds, got {self.latency}")
+        for name, address in self.peers:
+            check_identity(name)
+            split_address(address)
+            if name == self.worker_id:
+                raise ValueError(f"worker {name!r} cannot be its own peer")
 
 
 def plugin_functions() -> dict[str, Callable[..., Any]]:
@@ -134,6 +143,12 @@ class PeerLink:
         try:
             resp = call(data, timeout=server.config.deadline, metadata=server.call_metadata)
         except grpc.RpcError as e:
+            if not server.config.peers:  # a client-given address: say nothing about it
+                raise PartyUnavailable(
+                    f"worker {server.id!r} could not deliver to its peer {self.peer!r} at "
+                    f"{self.address} (unreachable, or not that worker)",
+                    self.peer,
+                ) from None
             err = rpc_error(e, self.peer, self.address, "a delivery")
             raise PartyUnavailable(
                 f"worker {server.id!r} could not deliver to its peer: {err}", self.peer
@@ -259,6 +274,16 @@ class WorkerServer:
 
     def _link(self, peer: str, address: str, client: str) -> PeerLink:
         check_identity(peer)
+        if self.config.peers:  # dial only what the deployment configured
+            configured = dict(self.config.peers).get(peer)
+            if configured is None:
+                raise NotAllowedError(
+                    f"worker {self.id!r} dials only its configured peers (serve --peer): "
+                    f"{sorted(dict(self.config.peers))}, not {peer!r}"
+                )
+            address = configured
+        else:
+            split_address(address)
         return PeerLink(self, peer, address, client)
 
     def _namespace(self, client: str) -> ServedWorker:
