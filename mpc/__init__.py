@@ -7,6 +7,7 @@
 tensor([3.2500, 5.0000])
 """
 
+from mpc import compat as _compat
 from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
@@ -17,6 +18,8 @@ from mpc.plan import SharedPlan, plan
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session
 from mpc.shared import SharedTensor
+
+_compat.install()  # PySyft 0.2 compatible names on SharedTensor
 
 __all__ = [
     "CryptoProviderRequired",

@@ -7,6 +7,7 @@ from typing import Any, overload
 import torch
 from torch import nn
 
+from mpc.compat import check_protocol, unwrap_fixed_precision
 from mpc.config import MPCConfig
 from mpc.ops.backward import track_grad
 from mpc.session import Session, session_for
@@ -29,6 +30,7 @@ def share(
     config: MPCConfig | None = None,
     session: Session | None = None,
     requires_grad: bool = False,
+    protocol: str | None = None,
 ) -> Any:
     """Secret-share ``x`` (a tensor, or a model's parameters and buffers) among ``parties``.
 
@@ -41,7 +43,12 @@ def share(
     A shared model's parameters keep their ``requires_grad``, and ``requires_grad=True``
     makes a shared tensor a leaf that autograd fills ``.grad`` of: ``loss.backward()`` and
     ``torch.optim`` then train on shared values (see docs/encrypted-training.md).
+
+    PySyft-compatible (:mod:`mpc.compat`): ``protocol="fss"`` or ``"snn"`` (both run our
+    comparison), and ``x.fix_precision()`` tensors or models (shared with their precision).
     """
+    check_protocol(protocol)
+    x, frac_bits = unwrap_fixed_precision(x, frac_bits)
     if session is None:
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
             parties = tuple(parties[0])

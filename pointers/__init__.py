@@ -7,6 +7,8 @@
 tensor([2., 4.])
 """
 
+from pointers.compat import FixedPrecisionTensor
+from pointers.compat import install as _install_compat
 from pointers.errors import (
     DecodeError,
     LimitExceeded,
@@ -35,10 +37,13 @@ from pointers.pointer_tensor import PointerTensor, call_function, is_pointer
 from pointers.worker.base import VirtualWorker, Worker, WorkerStats
 from pointers.worker.lanes import concurrently
 
+_install_compat()  # PySyft 0.2 compatible names: worker._objects, ptr.owner
+
 __all__ = [
     "Aggregator",
     "concurrently",
     "DecodeError",
+    "FixedPrecisionTensor",
     "FedAvgHistory",
     "FederatedDataLoader",
     "FederatedDataset",
@@ -99,6 +104,10 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
+    if name == "local_worker":  # PySyft's sy.local_worker (pointers.compat)
+        from pointers.compat import local_worker
+
+        return local_worker()
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pointers' has no attribute {name!r}")

@@ -63,12 +63,24 @@ def _add(cls: type, name: str, fn: Any, added: list[str]) -> None:
     added.append(f"{cls.__name__}.{name}")
 
 
-def hook(torch_module: ModuleType) -> list[str]:
+class Hooked(list):  # type: ignore[type-arg]
+    """What :func:`hook` returns: the names it added (a list), and, as PySyft's
+    ``sy.TorchHook(torch)`` object, ``local_worker`` (the client, ``pointers.local_worker``)."""
+
+    @property
+    def local_worker(self) -> Any:
+        from pointers.compat import local_worker
+
+        return local_worker()
+
+
+def hook(torch_module: ModuleType) -> Hooked:
     """Add the seed-style methods to ``torch.Tensor`` and ``nn.Module``; returns what was added."""
     if getattr(torch_module, "Tensor", None) is None:
         raise TypeError("hook() expects the torch module: pointers.hook(torch)")
     tensor_cls = torch_module.Tensor
-    added: list[str] = []
+    added = Hooked()
+    _add_pysyft_names(torch_module, added)
     _add(tensor_cls, "send", _tensor_send, added)
     _add(tensor_cls, "get", _tensor_get, added)
     _add(tensor_cls, "move", _tensor_move, added)
@@ -81,6 +93,31 @@ def hook(torch_module: ModuleType) -> list[str]:
         target = torch_module.nn.Module if ep.name.startswith("module.") else tensor_cls
         _add(target, ep.name.removeprefix("module."), _plain(fn), added)
     return added
+
+
+def _add_pysyft_names(torch_module: ModuleType, added: list[str]) -> None:
+    """PySyft 0.2 compatible methods (see :mod:`pointers.compat`)."""
+    from pointers import compat
+
+    def module_copy(self: nn.Module) -> nn.Module:
+        return compat.module_copy(self)
+
+    def module_move(self: nn.Module, worker: Any) -> nn.Module:
+        return compat.module_move(self, worker)
+
+    def fix_precision(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return compat.fix_precision(self, *args, **kwargs)
+
+    def float_precision(self: Any) -> Any:
+        return compat.float_precision(self)
+
+    module_cls, tensor_cls = torch_module.nn.Module, torch_module.Tensor
+    _add(module_cls, "copy", module_copy, added)
+    _add(module_cls, "move", module_move, added)
+    for cls in (tensor_cls, module_cls, torch_module.optim.Optimizer):
+        _add(cls, "fix_precision", _plain(fix_precision), added)
+    for cls in (tensor_cls, module_cls):
+        _add(cls, "float_precision", _plain(float_precision), added)
 
 
 def _plain(fn: Any) -> Any:

@@ -19,6 +19,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_functions",
     "test_sealing",
     "test_federated",
+    "test_pysyft_compat",
 }
 # ... except tests marked ``@pytest.mark.virtual_only("why")`` and these, which reach into
 # an in-process worker (its function registry)

@@ -188,6 +188,10 @@ class NetworkWorker:
         a, b = self._conn, peer._conn
         return (a.epoch, a.failures, b.epoch, b.failures)
 
+    # PySyft 0.2's name for the object store (pointers.compat)
+    _objects = property(lambda self: self.objects)
+    is_client_worker = False
+
     @property
     def objects(self) -> Mapping[int, Any]:
         """A read-only view of this client's objects at the worker (fetched on use)."""

@@ -1,0 +1,200 @@
+"""PySyft 0.2 compatible names: thin layers over this package, so PySyft users feel at home.
+
+Each name here exists because PySyft 0.2's tutorials type it; each is documented as
+PySyft-compatible and maps onto our own vocabulary (docs/coming-from-pysyft.md):
+
+* ``worker._objects``: a read-only view of the worker's objects (ours: ``worker.objects``).
+* ``pt.local_worker`` / ``hook.local_worker``: the client, a worker named ``"me"`` with
+  ``is_client_worker = True``; ``ptr.owner`` is it.
+* ``model.copy()``, ``model.move(worker)``: a copy of a (possibly sent) model; a move.
+* ``x.fix_precision()`` / ``x.float_precision()``: :class:`FixedPrecisionTensor`, an
+  explicit fixed-point encoding that ``share(...)`` accepts; ``model.fix_precision()``
+  marks a model's precision for ``share``; ``optimizer.fix_precision()`` is the optimizer.
+
+This module knows nothing about cryptography: ``mpc.share`` reads the precision a
+:class:`FixedPrecisionTensor` (or a marked model) carries.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from pointers.pointer_tensor import PointerTensor
+
+#: PySyft's default ``precision_fractional`` (decimal digits)
+PYSYFT_PRECISION_FRACTIONAL = 3
+#: our default fractional bits (mpc's default encoding)
+DEFAULT_FRAC_BITS = 16
+_MODEL_MARK = "_pointers_frac_bits"
+
+
+# -- the client worker ----------------------------------------------------------------------
+
+_local_worker: Any = None
+
+
+def local_worker() -> Any:
+    """The client as a worker (PySyft's ``sy.local_worker``): a worker named ``"me"`` with
+    ``is_client_worker = True``. Our client is not a worker that others send to: this one
+    exists for code that reads ``ptr.owner`` or ``local_worker.id``."""
+    global _local_worker
+    if _local_worker is None:
+        from pointers.worker.base import VirtualWorker
+
+        _local_worker = VirtualWorker("me")
+        _local_worker.is_client_worker = True
+    return _local_worker
+
+
+def objects_view(worker: Any) -> Any:
+    """PySyft's ``worker._objects``: the read-only view ``worker.objects``."""
+    return worker.objects
+
+
+def pointer_owner(ptr: PointerTensor) -> Any:
+    """PySyft's ``ptr.owner``: the worker holding the pointer (the client, ``local_worker``)."""
+    return local_worker()
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+def module_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` (PySyft's ``model.copy()``). A sent model's copy has its own
+    copies of the parameters at the same worker (copied there, never fetched)."""
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for p in sub._parameters.values():
+            if isinstance(p, PointerTensor) and id(p) not in memo:
+                new = nn.Parameter(p.detach().copy(), requires_grad=p.requires_grad)
+                if isinstance(p.grad, PointerTensor):
+                    new.grad = p.grad.copy()
+                memo[id(p)] = new
+        for b in sub._buffers.values():
+            if isinstance(b, PointerTensor) and id(b) not in memo:
+                memo[id(b)] = b.copy()
+    return _copy.deepcopy(module, memo)
+
+
+def module_move(module: nn.Module, worker: Any) -> nn.Module:
+    """PySyft's ``model.move(worker)``: the parameters go party to party to ``worker``."""
+    from pointers.module import send
+
+    return send(module, worker)
+
+
+# -- fixed precision -------------------------------------------------------------------------
+
+
+def frac_bits_for(precision_fractional: int | None = None, frac_bits: int | None = None) -> int:
+    """Fractional bits for PySyft's ``precision_fractional`` (decimal digits: at least as
+    fine, ``ceil(digits * log2(10))``), or ``frac_bits`` itself; default 16 bits."""
+    if precision_fractional is not None and frac_bits is not None:
+        raise TypeError("pass precision_fractional (decimal digits) or frac_bits, not both")
+    if frac_bits is None:
+        if precision_fractional is None:
+            return DEFAULT_FRAC_BITS
+        if isinstance(precision_fractional, bool) or not isinstance(precision_fractional, int):
+            raise TypeError("precision_fractional must be an int (decimal digits)")
+        if not 0 <= precision_fractional <= 12:
+            raise ValueError(f"precision_fractional must be in [0, 12], got {precision_fractional}")
+        return math.ceil(precision_fractional * math.log2(10))
+    if isinstance(frac_bits, bool) or not isinstance(frac_bits, int) or not 0 <= frac_bits <= 40:
+        raise ValueError(f"frac_bits must be an int in [0, 40], got {frac_bits!r}")
+    return frac_bits
+
+
+class FixedPrecisionTensor(torch.Tensor):
+    """A float tensor encoded in fixed point (PySyft's ``x.fix_precision()``): int64 values
+    ``round(x * 2**frac_bits)``. ``share(...)`` shares it with its ``frac_bits``;
+    ``float_precision()`` decodes it. Ops on it return plain int64 tensors."""
+
+    frac_bits: int
+    float_dtype: torch.dtype
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def encode(x: torch.Tensor, frac_bits: int) -> FixedPrecisionTensor:
+        if isinstance(x, PointerTensor):
+            raise TypeError(
+                "fix_precision() of a remote tensor is not supported: get() it first, or "
+                "share it (sharing encodes in fixed point itself)"
+            )
+        if not x.is_floating_point():
+            raise TypeError(f"fix_precision() expects a float tensor, got {x.dtype}")
+        x = x.detach()
+        limit = 2.0 ** (62 - frac_bits)
+        if x.numel() and not bool(x.abs().max() < limit):
+            raise ValueError(
+                f"a value is too large for {frac_bits} fractional bits (|x| < {limit})"
+            )
+        ring = torch.round(x.double() * 2.0**frac_bits).to(torch.int64)
+        t = torch.Tensor._make_subclass(FixedPrecisionTensor, ring)
+        t.frac_bits = frac_bits
+        t.float_dtype = x.dtype
+        return t
+
+    def float_precision(self) -> torch.Tensor:
+        """The decoded float tensor."""
+        raw = self.as_subclass(torch.Tensor)
+        return (raw.double() / 2.0**self.frac_bits).to(self.float_dtype)
+
+    def fix_precision(self, *args: Any, **kwargs: Any) -> FixedPrecisionTensor:
+        raise TypeError("this tensor is already in fixed precision")
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        raw = self.as_subclass(torch.Tensor)
+        return f"FixedPrecisionTensor({raw.tolist()}, frac_bits={self.frac_bits})"
+
+
+def fix_precision(
+    x: Any, precision_fractional: int | None = None, frac_bits: int | None = None, **_: Any
+) -> Any:
+    """PySyft's ``x.fix_precision()``: a :class:`FixedPrecisionTensor`; on a model, marks
+    its precision for ``share`` (the parameters stay floats until shared); on an
+    optimizer, the optimizer itself (shared training keeps its own fixed point).
+    PySyft's other keywords (``base=``, ``dtype=``) are accepted and ignored."""
+    bits = frac_bits_for(precision_fractional, frac_bits)
+    if isinstance(x, nn.Module):
+        setattr(x, _MODEL_MARK, bits)
+        return x
+    if isinstance(x, torch.optim.Optimizer):
+        return x
+    return FixedPrecisionTensor.encode(x, bits)
+
+
+def float_precision(x: Any) -> Any:
+    """PySyft's ``x.float_precision()``: decode a :class:`FixedPrecisionTensor`; a float
+    tensor (what ``shared.get()`` returns here: it decodes) is returned as it is; on a
+    model, clears the mark."""
+    if isinstance(x, FixedPrecisionTensor):
+        return x.float_precision()
+    if isinstance(x, nn.Module):
+        if hasattr(x, _MODEL_MARK):
+            delattr(x, _MODEL_MARK)
+        return x
+    if isinstance(x, torch.Tensor) and (x.is_floating_point() or isinstance(x, PointerTensor)):
+        return x
+    raise TypeError(f"float_precision() expects a fixed-precision tensor, got {x.dtype}")
+
+
+def precision_of(x: Any) -> int | None:
+    """The fractional bits a :class:`FixedPrecisionTensor` or a marked model carries."""
+    if isinstance(x, FixedPrecisionTensor):
+        return x.frac_bits
+    return getattr(x, _MODEL_MARK, None) if isinstance(x, nn.Module) else None
+
+
+def install() -> None:
+    """Attach the attribute-style names to our own classes (idempotent)."""
+    from pointers.worker.base import Worker
+
+    Worker._objects = property(objects_view)  # type: ignore[attr-defined]
+    PointerTensor.owner = property(pointer_owner)  # type: ignore[attr-defined]
+    if not hasattr(Worker, "is_client_worker"):
+        Worker.is_client_worker = False  # type: ignore[attr-defined]
