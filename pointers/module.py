@@ -7,7 +7,7 @@ working on the remote parameters, and ``get`` swaps the values back.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -15,10 +15,13 @@ from torch import nn
 from pointers.errors import PointerError
 from pointers.pointer_tensor import PointerTensor, send_tensor
 
+if TYPE_CHECKING:
+    from pointers.worker.client import WorkerClient
+
 T = TypeVar("T", torch.Tensor, nn.Module)
 
 
-def send(obj: T, worker: Any) -> Any:
+def send(obj: T, worker: WorkerClient) -> Any:
     """Send a tensor (returns a PointerTensor) or a module (its parameters move) to ``worker``."""
     if isinstance(obj, nn.Module):
         return _send_module(obj, worker)
@@ -49,7 +52,7 @@ def tag(obj: torch.Tensor, *tags: str, description: str = "") -> torch.Tensor:
     return obj
 
 
-def _module_location(module: nn.Module) -> Any:
+def _module_location(module: nn.Module) -> WorkerClient | None:
     locations = {p.location.id: p.location for p in _pointers_of(module)}
     if len(locations) > 1:
         raise PointerError(f"the module's parameters are spread over {sorted(locations)}")
@@ -57,12 +60,12 @@ def _module_location(module: nn.Module) -> Any:
 
 
 def _pointers_of(module: nn.Module) -> list[PointerTensor]:
-    out = [p for p in module.parameters() if isinstance(p, PointerTensor)]
+    out: list[PointerTensor] = [p for p in module.parameters() if isinstance(p, PointerTensor)]
     out += [b for b in module.buffers() if isinstance(b, PointerTensor)]
     return out
 
 
-def _send_module(module: nn.Module, worker: Any) -> nn.Module:
+def _send_module(module: nn.Module, worker: WorkerClient) -> nn.Module:
     current = _module_location(module)
     if current is not None:
         if current is worker:
@@ -84,7 +87,7 @@ def _send_module(module: nn.Module, worker: Any) -> nn.Module:
     return module
 
 
-def _move_module(module: nn.Module, worker: Any) -> None:
+def _move_module(module: nn.Module, worker: WorkerClient) -> None:
     for sub in module.modules():
         for p in sub._parameters.values():
             if isinstance(p, PointerTensor):

@@ -9,7 +9,7 @@ work on it unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -24,6 +24,9 @@ from pointers.wire.messages import CallFunction, ExecuteOp, Fetch, Search, SendT
 from pointers.wire.ops import op_name
 from pointers.wire.serde import dtype_from_name, ref_ext
 
+if TYPE_CHECKING:
+    from pointers.worker.client import WorkerClient
+
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
 _META = torch.device("meta")
@@ -34,7 +37,7 @@ class RemoteRef:
 
     __slots__ = ("location", "obj_id", "owned", "gone", "_wire")
 
-    def __init__(self, location: Any, obj_id: int, owned: bool = True) -> None:
+    def __init__(self, location: WorkerClient, obj_id: int, owned: bool = True) -> None:
         self.location = location
         self.obj_id = obj_id
         self._wire: Any = None
@@ -73,7 +76,8 @@ class PointerTensor(torch.Tensor):
     """A pointer to a tensor held by a worker (``location``) under ``id_at_location``."""
 
     _ref: RemoteRef
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # (torch's stubs type it as a classmethod; it is the plain function torch checks for)
+    __torch_function__ = cast(Any, torch._C._disabled_torch_function_impl)
 
     @staticmethod
     def __new__(cls, ref: RemoteRef, shape, stride, dtype, requires_grad=False):  # type: ignore[no-untyped-def]
@@ -86,7 +90,7 @@ class PointerTensor(torch.Tensor):
     @classmethod
     def from_meta(
         cls,
-        location: Any,
+        location: WorkerClient,
         obj_id: int,
         shape: Any,
         stride: Any,
@@ -97,7 +101,7 @@ class PointerTensor(torch.Tensor):
 
     # -- identity ------------------------------------------------------------------------
     @property
-    def location(self) -> Any:
+    def location(self) -> WorkerClient:
         """The worker that holds the data."""
         return self._ref.location
 
@@ -105,7 +109,8 @@ class PointerTensor(torch.Tensor):
     def id_at_location(self) -> int:
         return self._ref.obj_id
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # never fetches data
+    # mypy rejects any override of torch's untyped Tensor.__repr__, even its own signature
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         state = " (retrieved)" if self._ref.gone else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
         return (
@@ -172,7 +177,7 @@ class PointerTensor(torch.Tensor):
         """A new pointer to a new copy of the object at the same worker."""
         return self.detach().clone()  # type: ignore[return-value]
 
-    def move(self, destination: Any) -> PointerTensor:
+    def move(self, destination: WorkerClient) -> PointerTensor:
         """Move the object to another worker, party to party; this pointer is spent."""
         ref = self._ref
         ref.check()
@@ -182,7 +187,7 @@ class PointerTensor(torch.Tensor):
         ref.release()
         return moved
 
-    def copy_to(self, destination: Any, lend: bool = False) -> PointerTensor:
+    def copy_to(self, destination: WorkerClient, lend: bool = False) -> PointerTensor:
         """A copy of the object at another worker, delivered party to party; this pointer
         keeps its object.
 
@@ -192,7 +197,7 @@ class PointerTensor(torch.Tensor):
         self._ref.check()
         return self._send_to_peer(destination, delete=False, lend=bool(lend))
 
-    def _send_to_peer(self, destination: Any, delete: bool, lend: bool) -> PointerTensor:
+    def _send_to_peer(self, destination: WorkerClient, delete: bool, lend: bool) -> PointerTensor:
         """Have the object's worker deliver it to ``destination``; a pointer to it there."""
         ref = self._ref
         ref.location.introduce(destination)
@@ -238,7 +243,7 @@ class _Scan:
 
     def __init__(self, func: Any) -> None:
         self.tensors: list[torch.Tensor] = []
-        self.location: Any = None
+        self.location: WorkerClient | None = None
         self.func = func
 
     def walk(self, obj: Any, sig: list[Any]) -> Any:
@@ -299,6 +304,7 @@ def _dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sig.append(k)
         wire_kwargs[k] = scan.walk(v, sig)
     location = scan.location
+    assert location is not None  # the op was dispatched here for a pointer argument
     try:
         key: Any = tuple(sig)
         out = _meta_cache.get(key)
@@ -322,7 +328,7 @@ def _dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         elif s[0] == "alias":
             leaves.append(scan.tensors[s[1]])
         else:
-            leaves.append(PointerTensor(RemoteRef(location, obj_id), s[1], s[2], s[3]))
+            leaves.append(PointerTensor(RemoteRef(location, cast(int, obj_id)), s[1], s[2], s[3]))
     if out.spec is None:
         return leaves[0]
     return pytree.tree_unflatten(leaves, out.spec)
@@ -399,7 +405,7 @@ def _to_meta(a: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------
 
 
-def send_tensor(x: torch.Tensor, worker: Any) -> PointerTensor:
+def send_tensor(x: torch.Tensor, worker: WorkerClient) -> PointerTensor:
     """Send a local tensor to ``worker``; returns a pointer owning the remote copy."""
     if isinstance(x, PointerTensor):
         return x.send(worker)
@@ -432,7 +438,7 @@ def _contiguous_stride(shape: Any) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def search_worker(worker: Any, query: tuple[str, ...]) -> list[PointerTensor]:
+def search_worker(worker: WorkerClient, query: tuple[str, ...]) -> list[PointerTensor]:
     """Pointers to ``worker``'s stored tensors carrying every tag in ``query`` (one
     ``Search`` request; the pointers do not own the objects)."""
     if not query or not all(isinstance(q, str) for q in query):
@@ -449,7 +455,7 @@ def is_pointer(x: Any) -> bool:
 
 
 def call_function(
-    location: Any,
+    location: WorkerClient,
     name: str,
     args: list[Any],
     kwargs: dict[str, Any] | None = None,

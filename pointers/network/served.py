@@ -276,10 +276,11 @@ class WaitingStore(ObjectStore):
                     self._announced[i] = peer
                     self._adopt(peer, i)
 
-    def promise(self, ids: list[int]) -> None:
+    def promise(self, ids: list[int], patient: bool = False) -> None:
         """Ids a program started here will produce, or its peers will deliver: lookups of
         them wait (see :mod:`pointers.worker.program`), and an accepted peer may deliver
-        them (once)."""
+        them (once). Every wait here is bounded by the deadline (``patient`` is for
+        in-process lanes only, and ignored)."""
         with self._cond:
             for i in ids:
                 if i not in self._entries and i not in self._failed:
@@ -473,10 +474,16 @@ class ServedWorker(Worker):
         self._pop_after_reply: int | None = None
         self._control = False
 
-    def handle_frames(self, header: bytes, buffers: list[Any], donated: bool = False) -> Frames:
+    def handle_frames(
+        self,
+        header: bytes,
+        buffers: list[Any],
+        donated: bool = False,
+        from_peer: str | None = None,
+    ) -> Frames:
         with self._lock:
             self._control = False
-            out = super().handle_frames(header, buffers, donated)
+            out = super().handle_frames(header, buffers, donated, from_peer)
             # (reset after reading: a command that waited let other commands run meanwhile)
             control, self._control = self._control, False
             if control:  # introductions are control traffic: uncounted, as in process

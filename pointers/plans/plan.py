@@ -35,7 +35,7 @@ from __future__ import annotations
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -53,6 +53,9 @@ from pointers.plans.wire import plan_from_bytes, plan_to_bytes, plan_to_wire, va
 from pointers.pointer_tensor import PointerTensor, RemoteRef
 from pointers.wire.messages import RunPlan, StorePlan, StoreRunPlan
 from pointers.wire.serde import dtype_from_name
+
+if TYPE_CHECKING:
+    from pointers.worker.client import WorkerClient
 
 Shape = Sequence[int]
 Layout = tuple[int, ...] | None  # an argument's strides; None: contiguous
@@ -415,7 +418,7 @@ class Plan(nn.Module):
             ) from None
 
     # -- sending and bytes -----------------------------------------------------------------
-    def send(self, worker: Any) -> PointerPlan:
+    def send(self, worker: WorkerClient) -> PointerPlan:
         """Store the plan (with its current state) at ``worker``; returns a PointerPlan."""
         graph = self._require_built("sent")
         if not (hasattr(worker, "new_id") and hasattr(worker, "post")):
@@ -483,7 +486,7 @@ class PointerPlan:
 
     def __init__(
         self,
-        location: Any,
+        location: WorkerClient,
         obj_id: int,
         graph: PlanGraph,
         *,
@@ -498,7 +501,7 @@ class PointerPlan:
         self._variants: OrderedDict[Signature, tuple[RemoteRef, PlanGraph]] = OrderedDict()
 
     @property
-    def location(self) -> Any:
+    def location(self) -> WorkerClient:
         """The worker that stores the plan."""
         return self._ref.location
 

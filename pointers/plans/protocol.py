@@ -20,13 +20,16 @@ signature and worker (see :class:`~pointers.plans.plan.PointerPlan`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pointers.plans.graph import PlanError, PlanNotBuiltError
 from pointers.plans.plan import Plan, PointerPlan
 from pointers.pointer_tensor import PointerTensor
+
+if TYPE_CHECKING:
+    from pointers.worker.client import WorkerClient
 
 
 class ProtocolError(PlanError):
@@ -52,7 +55,7 @@ class Protocol:
         if len(set(names)) != len(names):
             raise ProtocolError(f"role names must be unique, got {names}")
         self._roles: list[tuple[str, Plan]] = [(r, p) for r, p in pairs]
-        self._deployed: list[tuple[Any, PointerPlan]] | None = None
+        self._deployed: list[tuple[WorkerClient, PointerPlan]] | None = None
 
     @property
     def roles(self) -> list[str]:
@@ -69,13 +72,13 @@ class Protocol:
         return self._deployed is not None
 
     @property
-    def workers(self) -> dict[str, Any]:
+    def workers(self) -> dict[str, WorkerClient]:
         """Role name -> worker (empty before :meth:`deploy`)."""
         if self._deployed is None:
             return {}
         return {r: w for (r, _), (w, _) in zip(self._roles, self._deployed)}
 
-    def deploy(self, *workers: Any) -> Protocol:
+    def deploy(self, *workers: WorkerClient) -> Protocol:
         """Send role ``k``'s plan to ``workers[k]``; returns the protocol."""
         if len(workers) != len(self._roles):
             raise ProtocolError(

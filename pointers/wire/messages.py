@@ -251,7 +251,7 @@ def message_from_list(raw: Any) -> Message:
     if len(raw) - 1 != _FIELD_COUNTS[kind]:
         raise DecodeError(f"message {kind!r} expects {_FIELD_COUNTS[kind]} fields")
     msg = cls(*raw[1:])
-    if cls is ExecuteOp:  # the hot path: check its fields inline
+    if type(msg) is ExecuteOp:  # the hot path: check its fields inline
         if not (
             type(msg.op) is str
             and type(msg.args) is list
