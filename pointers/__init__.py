@@ -84,6 +84,10 @@ __all__ = [
     "NetworkWorker",
     "PartyUnavailable",
     "connect",
+    "BaseDataset",
+    "create_sandbox",
+    "local_worker",
+    "sandbox",
 ]
 
 
@@ -99,6 +103,8 @@ _LAZY = {
     "FederatedDataset": "pointers.federated.datasets",
     "WorkerDataset": "pointers.federated.datasets",
     "connect": "pointers.network",
+    "create_sandbox": "pointers.pysyft_sandbox",
+    "sandbox": "pointers.pysyft_sandbox",
     "NetworkWorker": "pointers.network",
 }
 
@@ -108,6 +114,8 @@ def __getattr__(name: str) -> object:
         from pointers.compat import local_worker
 
         return local_worker()
+    if name == "BaseDataset":  # PySyft's name for one worker's dataset
+        name = "WorkerDataset"
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pointers' has no attribute {name!r}")

@@ -135,3 +135,147 @@ def test_fix_precision_share_and_back(make_worker):
     assert torch.allclose(out, expected, atol=1e-2)
     opt = optim.SGD(model.parameters(), lr=0.1)
     assert opt.fix_precision() is opt
+
+
+# -- sandbox ----------------------------------------------------------------------------------
+
+
+@pytest.mark.virtual_only("the sandbox makes in-process workers")
+def test_sandbox_workers_hold_tagged_digits_and_a_regression_set():
+    pytest.importorskip("sklearn")
+    names: dict = {}
+    box = pt.create_sandbox(names, verbose=False)
+    assert [w.id for w in box.workers] == ["bob", "theo", "jason", "alice", "andy", "jon"]
+    assert names["bob"] is box.bob and "hook" in names and names["torch"] is torch
+    total = 0
+    for w in box.workers:
+        (data,) = w.search("#digits", "#data")
+        (target,) = w.search("#digits", "#target")
+        assert data.shape[1] == 64 and data.shape[0] == target.shape[0]
+        total += data.shape[0]
+        assert len(w.search("#diabetes", "#data")) == 1
+        assert isinstance(pt.BaseDataset(data, target), pt.WorkerDataset)
+    assert total == 1797
+
+
+# -- one end-to-end test per PySyft 0.2 tutorial part ------------------------------------------
+
+
+def test_part_1_basic_tools(bob):
+    # send, remote ops, get; remote autograd brings x.grad back
+    x = torch.tensor([1, 2, 3, 4, 5]).send(bob)
+    y = torch.tensor([1, 1, 1, 1, 1]).send(bob)
+    assert x.location is bob and x.id_at_location in bob._objects
+    z = x + y
+    assert torch.equal(z.get(), torch.tensor([2, 3, 4, 5, 6]))
+    assert torch.equal(torch.add(x, y).get(), torch.tensor([2, 3, 4, 5, 6]))
+    x = torch.tensor([1.0, 2, 3, 4, 5], requires_grad=True).send(bob)
+    y = torch.tensor([1.0, 1, 1, 1, 1], requires_grad=True).send(bob)
+    z = (x + y).sum()
+    z.backward()
+    x = x.get()
+    assert torch.equal(x.grad, torch.ones(5))
+
+
+def _toy():
+    data = torch.tensor([[0, 0], [0, 1.0], [1, 0], [1, 1.0]], requires_grad=True)
+    target = torch.tensor([[0], [0], [1], [1.0]], requires_grad=True)
+    return data, target
+
+
+def test_part_2_federated_learning(bob, alice):
+    torch.manual_seed(0)
+    data, target = _toy()
+    datasets = [
+        (data[0:2].send(bob), target[0:2].send(bob)),
+        (data[2:].send(alice), target[2:].send(alice)),
+    ]
+    model = nn.Linear(2, 1)
+    opt = optim.SGD(params=model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(10):
+        for d, t in datasets:
+            model.send(d.location)
+            opt.zero_grad()
+            loss = ((model(d) - t) ** 2).sum()
+            loss.backward()
+            opt.step()
+            model.get()
+            losses.append(loss.get().item())
+    assert losses[-1] < losses[0] / 4  # the tutorial's loss goes down
+
+
+def test_part_3_advanced_remote_execution(bob, alice):
+    # move a pointer from bob to alice, party to party; the client never holds it
+    x = torch.tensor([1, 2, 3, 4, 5]).send(bob)
+    x = x.move(alice)
+    assert x.location is alice and len(bob._objects) == 0
+    assert torch.equal((x + x).get(), torch.tensor([2, 4, 6, 8, 10]))
+
+
+def test_part_4_trusted_aggregator(make_worker):
+    bob, alice, secure_worker = (make_worker(n) for n in ("bob", "alice", "carol"))
+    torch.manual_seed(0)
+    data, target = _toy()
+    bobs = (data[0:2].send(bob), target[0:2].send(bob))
+    alices = (data[2:].send(alice), target[2:].send(alice))
+    model = nn.Linear(2, 1)
+    first = last = None
+    for _ in range(10):
+        bobs_model, alices_model = model.copy().send(bob), model.copy().send(alice)
+        for m, (d, t) in ((bobs_model, bobs), (alices_model, alices)):
+            opt = optim.SGD(m.parameters(), lr=0.1)
+            for _ in range(5):
+                opt.zero_grad()
+                loss = ((m(d) - t) ** 2).sum()
+                loss.backward()
+                opt.step()
+            last = loss.get().item()
+            first = last if first is None else first
+        alices_model.move(secure_worker)
+        bobs_model.move(secure_worker)
+        with torch.no_grad():  # averaged at the secure worker, then fetched
+            w = ((alices_model.weight + bobs_model.weight) / 2).get()
+            b = ((alices_model.bias + bobs_model.bias) / 2).get()
+            model.weight.set_(w)
+            model.bias.set_(b)
+    assert last < first
+
+
+@pytest.mark.virtual_only("the sandbox makes in-process workers")
+def test_part_5_federated_datasets_on_digits():
+    pytest.importorskip("sklearn")
+    box = pt.sandbox()
+    parts = []
+    for w in (box.bob, box.alice):
+        (data,) = w.search("#digits", "#data")
+        (target,) = w.search("#digits", "#target")
+        parts.append(pt.BaseDataset(data, target))
+    fed = pt.FederatedDataset(parts)
+    loader = pt.FederatedDataLoader(fed, batch_size=32, shuffle=True)
+    torch.manual_seed(0)
+    model = nn.Linear(64, 10)
+    opt = optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(5):
+        for x, y in loader:
+            model.send(x.location)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x / 16), y)
+            loss.backward()
+            opt.step()
+            model.get()
+    data, target = box.datasets["#digits"]
+    accuracy = (model(data / 16).argmax(1) == target).float().mean().item()
+    assert accuracy > 0.8
+
+
+def test_part_9_encrypted_programs(make_worker):
+    pytest.importorskip("mpc")
+    bob, alice, crypto = (make_worker(n) for n in ("bob", "alice", "carol"))
+    x = torch.tensor([25.0]).fix_precision().share(bob, alice, crypto_provider=crypto)
+    y = torch.tensor([5.0]).fix_precision().share(bob, alice, crypto_provider=crypto)
+    assert (x + y).get().float_precision().item() == 30.0
+    assert (x - y).get().float_precision().item() == 20.0
+    assert abs((x * y).get().float_precision().item() - 125.0) < 1e-2
+    assert (x > y).get().tolist() == [True]  # comparisons give bools (PySyft: 1.0)
+    assert (x < y).get().tolist() == [False]
