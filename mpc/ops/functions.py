@@ -418,19 +418,34 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.native_layer_norm.default)
 def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (1 round),
-    variance (3), rsqrt (25), the product (2), the weight (2 if shared): 33 rounds.
-    Returns (out, mean, rstd) like torch."""
+    """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
+    the count n is a power of two: a shift; else 1), the squared deviations summed and
+    divided by n (2; 3 when n is not a power of two), rsqrt (25), the product (2), the
+    weight (2 if shared): 29 rounds for a power-of-two n and public weights. Returns (out, mean, rstd)
+    like torch."""
     x, shape, weight, bias, eps = args[:5]
     dims = list(range(x.dim() - len(shape), x.dim()))
     n = 1
     for d in dims:
         n *= x.shape[d]
-    mu = x.mean(dims, keepdim=True)
-    dev = x - mu
-    v = (dev * dev).sum(dims, keepdim=True) / n + float(eps)
-    r = approx.rsqrt(_fx(v), approx.WORK)
-    out = _out(x, approx.mul(_fx(dev), r, _f(x)))
+    fx = _fx(x)
+    total = fx.with_shares([s.sum(dims, keepdim=True) for s in fx.shares])
+    if n & (n - 1) == 0:
+        mu = total.halve(n.bit_length() - 1)  # exact
+    else:
+        (mu,) = approx.truncate_many([total.times_public(1.0 / n, 16)], [fx.scale + 4])
+    dev = fx.add(mu, -1)
+    (sq,) = approx.mul_many([(dev, dev)], [None])  # untruncated
+    sq = sq.with_shares([s.sum(dims, keepdim=True) for s in sq.shares])
+    if n & (n - 1) == 0:  # / n is a shift: one truncation in all
+        (v,) = approx.truncate_many([sq.halve(n.bit_length() - 1)], [approx.WORK])
+    else:  # 1/n with 16 significant bits: two
+        (sq,) = approx.truncate_many([sq], [approx.WORK])
+        bits = 16 + n.bit_length()
+        (v,) = approx.truncate_many([sq.times_public(1.0 / n, bits)], [approx.WORK])
+    r = approx.rsqrt(v.add_public(float(eps)), approx.WORK)
+    out = _out(x, approx.mul(dev, r, _f(x)))
+    mu = _out(x, mu)
     if weight is not None:
         out = out * weight
     if bias is not None:
