@@ -5,7 +5,10 @@ another client's namespace, and how the workers' state follows the clients' live
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +200,44 @@ def test_a_worker_dials_only_its_configured_peers(cluster, tmp_path):
         bob.post(SendToPeer(x.id_at_location, "alice", moved_id, False))
         bob.sync()
         assert torch.equal(alice.objects[moved_id], torch.arange(3.0))
+        bob.close()
+    finally:
+        server.kill()
+
+
+def test_a_hung_worker_is_reported_within_seconds(cluster, tmp_path):
+    """SIGSTOP: the process keeps its sockets but answers nothing (as when partitioned);
+    keepalive pings report it in about 5 s (before: the 120 s call timeout), to the
+    client and to a peer delivering to it; after SIGCONT the same connections work."""
+    server = ServerProcess("bob", cluster.certs, tmp_path / "bob.log")
+    server.start()
+    try:
+        server.wait_ready()
+        assert server.address is not None and server.proc is not None
+        bob = pt.connect("bob", server.address, certs=cluster.certs, identity="client")
+        alice = cluster.fresh("alice")
+        y = pt.send(torch.ones(2), bob)
+        assert torch.equal(y.get(), torch.ones(2))
+        y = pt.send(torch.ones(2), bob)
+        x = pt.send(torch.ones(2), alice).move(bob)  # introduces alice to this bob
+        alice.sync()
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for what in ("client", "peer"):
+                start = time.monotonic()
+                with pytest.raises(pt.PartyUnavailable) as info:
+                    if what == "client":
+                        (y + 1).get()
+                    else:
+                        pt.send(torch.ones(2), alice).move(bob)
+                        alice.sync()
+                took = time.monotonic() - start
+                assert took < 10, (what, took, str(info.value))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        time.sleep(2)  # (the channels reconnect within their backoff, 1 s at most)
+        assert torch.equal((y + 1).get(), torch.full((2,), 2.0))
+        assert torch.equal(x.get(), torch.ones(2))
         bob.close()
     finally:
         server.kill()

@@ -278,6 +278,9 @@ class Connection:
             answered = _answers(replies, len(frames))
         except grpc.RpcError as e:
             self.failures += 1
+            # the announcements may not have arrived: they travel again with the next call
+            # (an id announced twice is harmless; one never announced is refused a delivery)
+            self.expects[:0] = [(peer, i) for peer, ids in expects for i in ids]
             self._fail_all(sent, rpc_error(e, self.worker_id, self.address, "a command"))
             return
         except FrameError as e:

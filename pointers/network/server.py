@@ -45,6 +45,7 @@ from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     DELIVER,
     IDENTITY_METADATA,
+    SERVER_KEEPALIVE_OPTIONS,
     SERVICE,
     STALE,
     SYNC,
@@ -211,6 +212,7 @@ class WorkerServer:
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                *SERVER_KEEPALIVE_OPTIONS,
             ],
         )
         handlers = {

@@ -29,6 +29,19 @@ SYNC = 1  # request flag: a reply is awaited; skip it if an earlier frame of the
 STALE = 2  # request flag: the client ignores this frame's error (it does not skip a SYNC)
 DEFAULT_MAX_MESSAGE = 256 << 20
 LOOPBACK_NAMES = ("localhost",)
+# HTTP/2 keepalive: a hung (stopped) or partitioned worker answers no ping, so its calls
+# fail within KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS (about 5 s) instead of at the timeout
+KEEPALIVE_MS = 2000
+KEEPALIVE_TIMEOUT_MS = 3000
+# what a served worker accepts from its callers (their pings, also between calls)
+SERVER_KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS * 5),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 def is_loopback(host: str) -> bool:
@@ -66,6 +79,12 @@ def channel_options(
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
         ("grpc.enable_retries", 0),
+        # a worker that stopped answering (hung, partitioned) fails the call in seconds
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
     ]
     if target_name is not None:  # the server must present this identity's certificate
         opts.append(("grpc.ssl_target_name_override", target_name))
@@ -113,7 +132,14 @@ def rpc_error(e: grpc.RpcError, worker: str, address: str, what: str) -> Pointer
         )
     if code == grpc.StatusCode.UNAUTHENTICATED or code == grpc.StatusCode.PERMISSION_DENIED:
         return PartyUnavailable(f"worker {worker!r} at {address} refused us: {details}", worker)
-    if _is_tls_failure(details.lower()):
+    low = details.lower()
+    if "ping timeout" in low or "handshake read failed" in low or "endpoint closing" in low:
+        return PartyUnavailable(
+            f"worker {worker!r} at {address} stopped answering (hung, stopped, or cut off by "
+            f"the network: no answer to keepalive pings within seconds): {details}",
+            worker,
+        )
+    if _is_tls_failure(low):
         return PartyUnavailable(
             f"the TLS handshake with worker {worker!r} at {address} failed (is its certificate "
             f"from the same CA, and does it serve {worker!r}?): {details}",
