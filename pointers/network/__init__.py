@@ -13,9 +13,16 @@ See ``docs/deployment.md``.
 
 import os
 
-# gRPC core logs every failed TLS handshake at info level, and our errors already say what
-# happened; this must be set before grpc loads (an explicit GRPC_VERBOSITY wins).
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+def _quiet_grpc_core() -> None:
+    """gRPC core logs every failed TLS handshake at info level, and our errors already say
+    what happened. It reads GRPC_VERBOSITY once, when grpc loads, so this runs here, before
+    any module of this package imports grpc (an explicit GRPC_VERBOSITY wins). This package
+    loads on first use of network workers, not with ``import pointers``."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+_quiet_grpc_core()
 
 from pointers.network.certs import create_certs, load_credentials  # noqa: E402
 from pointers.network.client import NetworkWorker, connect  # noqa: E402

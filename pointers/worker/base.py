@@ -89,10 +89,20 @@ def _lone_tensor() -> tuple[int, int]:
     return _refs_and_uses(t)
 
 
-try:
-    _LONE = _lone_tensor()  # a tensor held by one local name, its memory by nobody else
-except (AttributeError, RuntimeError):  # the private counter is gone: never donate
-    _LONE = (-1, -1)
+_LONE: tuple[int, int] | None = None  # the counts of a lone tensor, measured on first use
+
+
+def _lone() -> tuple[int, int]:
+    """What :func:`_refs_and_uses` says of a tensor held by one local name, its memory by
+    nobody else (measured once, on the first move: the counts differ between CPython and
+    torch versions); (-1, -1) if torch's private counter is gone (then never donate)."""
+    global _LONE
+    if _LONE is None:
+        try:
+            _LONE = _lone_tensor()
+        except (AttributeError, RuntimeError):
+            _LONE = (-1, -1)
+    return _LONE
 
 
 def _sole_owner(value: Any) -> bool:
@@ -101,7 +111,8 @@ def _sole_owner(value: Any) -> bool:
     in-process peer may take it over without a copy."""
     if type(value) is not torch.Tensor or not value.is_contiguous():
         return False
-    return _refs_and_uses(value) == (_LONE[0] + 1, _LONE[1])  # + this function's parameter
+    lone = _lone()
+    return _refs_and_uses(value) == (lone[0] + 1, lone[1])  # + this function's parameter
 
 
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches

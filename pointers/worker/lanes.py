@@ -53,15 +53,32 @@ __all__ = ["ConcurrentBlock", "concurrently"]
 
 LANE_IDLE_SECONDS = 2.0  # a lane's thread ends after this long without a block
 
-# Lanes whose thread may still run: stopped at interpreter exit, before daemon threads are
-# frozen (a thread frozen inside torch aborts the process). Bookkeeping of threads only.
-_LIVE_LANES: weakref.WeakSet[_Lane] = weakref.WeakSet()
+
+class _LiveLanes:
+    """The lanes whose thread may still run, stopped at interpreter exit before daemon
+    threads are frozen (a thread frozen inside torch aborts the process). The exit hook is
+    registered when the first lane starts, not at import. Bookkeeping of threads only."""
+
+    def __init__(self) -> None:
+        self._lanes: weakref.WeakSet[_Lane] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._hooked = False
+
+    def add(self, lane: _Lane) -> None:
+        with self._lock:
+            if not self._hooked:
+                atexit.register(self.stop_all)
+                self._hooked = True
+            self._lanes.add(lane)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            lanes = list(self._lanes)
+        for lane in lanes:
+            lane.stop()
 
 
-@atexit.register
-def _stop_lanes() -> None:
-    for lane in list(_LIVE_LANES):
-        lane.stop()
+_LIVE_LANES = _LiveLanes()
 
 
 class _Lane:
