@@ -32,7 +32,7 @@ so only its weighted mean is revealed too.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -44,6 +44,10 @@ from mpc.math.encoding import encode
 from mpc.math.prg import random_ring
 from mpc.session import Session
 from mpc.shared import SharedTensor
+
+if TYPE_CHECKING:  # (pointers loads its federated layer on first use)
+    from pointers.federated.datasets import FederatedDataset
+    from pointers.federated.fedavg import FedAvgHistory
 
 __all__ = ["SHARE_FUNCTION", "SecureAggregator", "install", "secure_fedavg", "share_update"]
 
@@ -153,7 +157,9 @@ class SecureAggregator:
 
     def aggregate(self, updates: Sequence[tuple[pt.PointerTensor, int]]) -> torch.Tensor:
         """``sum_k n_k u_k / sum_k n_k``, reconstructing only the weighted sum."""
-        _, dtype, total = pt.check_updates(updates)
+        from pointers.federated.fedavg import check_updates
+
+        _, dtype, total = check_updates(updates)
         bound = _bound(self.frac_bits, total)
         acc: SharedTensor | None = None
         for update, n in updates:
@@ -176,17 +182,19 @@ def _bound(frac_bits: int, total: int) -> float:
 
 def secure_fedavg(
     model: nn.Module,
-    federated_dataset: pt.FederatedDataset,
+    federated_dataset: FederatedDataset,
     parties: Sequence[Any],
     crypto_provider: Any | None = None,
     *,
     frac_bits: int | None = None,
     **kwargs: Any,
-) -> tuple[nn.Module, pt.FedAvgHistory]:
+) -> tuple[nn.Module, FedAvgHistory]:
     """:func:`pointers.federated.fedavg` with a :class:`SecureAggregator` among ``parties``."""
     if "aggregator" in kwargs:
         raise TypeError(
             "secure_fedavg() builds its own aggregator; use pointers.federated.fedavg instead"
         )
     aggregator = SecureAggregator(parties, crypto_provider, frac_bits=frac_bits)
-    return pt.fedavg(model, federated_dataset, aggregator=aggregator, **kwargs)
+    from pointers.federated.fedavg import fedavg
+
+    return fedavg(model, federated_dataset, aggregator=aggregator, **kwargs)

@@ -92,6 +92,7 @@ class Session:
                 (seed,) = pt.call_function(
                     crypto_provider, "mpc.new_seed", [], out=[((16,), torch.uint8)]
                 )
+                assert seed is not None  # (out= given: a pointer per output)
                 self.dealer_seeds.append(seed)
                 self.party_seeds.append(seed.copy_to(p))
         self.is_current()  # note the workers' incarnations known now

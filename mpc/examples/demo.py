@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -67,6 +69,10 @@ def _done(t: torch.Tensor) -> torch.Tensor:
     return t.materialize() if isinstance(t, mpc.SharedTensor) else t
 
 
+# (name, size, make the plaintext inputs, the op)
+_Case = tuple[str, str, Callable[[], tuple[torch.Tensor, ...]], Callable[..., Any]]
+
+
 def quick_benchmarks() -> None:
     """A short table: elementwise mul, matmul, comparison, ReLU on 2 parties."""
     alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
@@ -81,7 +87,7 @@ def quick_benchmarks() -> None:
     def randn(*shape: int) -> torch.Tensor:
         return torch.empty(shape).normal_(generator=gen)
 
-    cases = [
+    cases: list[_Case] = [
         ("mul", f"n={n:.0e}", lambda: (randn(n), randn(n)), lambda a, b: _done(a * b)),
         (
             "matmul",

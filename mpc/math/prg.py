@@ -99,7 +99,7 @@ class PRG:
         dims, n = _numel(shape)
         out = np.empty(dims, dtype=np.int64)  # shaped here: the tensor is not a view
         if n:
-            self._fill(memoryview(out).cast("B"))
+            self._fill(out.data.cast("B"))  # (ndarray.data: its memoryview)
         if sys.byteorder == "big":  # little-endian words: same seed, same tensor on any host
             out.byteswap(inplace=True)
         return torch.from_numpy(out)
