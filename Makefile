@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint format bench docs clean
+.PHONY: venv demo test lint typecheck format bench docs clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# mypy on both packages; joins `test` once the whole run is at zero errors (issue 11)
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy pointers mpc
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
