@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import torch
 from torch import nn
@@ -16,10 +16,26 @@ from mpc.shared import SharedTensor, share_tensor
 
 @overload
 def share(
-    x: torch.Tensor, *parties: Any, crypto_provider: Any = ..., **kw: Any
+    x: torch.Tensor,
+    *parties: Any,
+    crypto_provider: Any | None = ...,
+    frac_bits: int | None = ...,
+    config: MPCConfig | None = ...,
+    session: Session | None = ...,
+    requires_grad: bool = ...,
+    protocol: str | None = ...,
 ) -> SharedTensor: ...
 @overload
-def share(x: nn.Module, *parties: Any, crypto_provider: Any = ..., **kw: Any) -> nn.Module: ...
+def share(
+    x: nn.Module,
+    *parties: Any,
+    crypto_provider: Any | None = ...,
+    frac_bits: int | None = ...,
+    config: MPCConfig | None = ...,
+    session: Session | None = ...,
+    requires_grad: bool = ...,
+    protocol: str | None = ...,
+) -> nn.Module: ...
 
 
 def share(
@@ -108,21 +124,24 @@ def _share_module(model: nn.Module, session: Session) -> nn.Module:
                 m._parameters[name] = nn.Parameter(
                     share_tensor(p.detach(), session), requires_grad=p.requires_grad
                 )
-                track_grad(m._parameters[name])
+                # (nn.Parameter of a tensor subclass is that subclass's own instance)
+                track_grad(cast(SharedTensor, m._parameters[name]))
         for name, b in list(m._buffers.items()):
             if b is not None and name not in ("running_mean", "running_var", "num_batches_tracked"):
                 m._buffers[name] = share_tensor(b, session)
     return model
 
 
-def _fold_batch_norm(bn: nn.Module) -> None:
+def _fold_batch_norm(bn: nn.modules.batchnorm._BatchNorm) -> None:
+    # (running statistics: what an eval-mode batch norm normalises with)
+    mean, var = cast(torch.Tensor, bn.running_mean), cast(torch.Tensor, bn.running_var)
     with torch.no_grad():
-        inv = torch.rsqrt(bn.running_var + bn.eps)
+        inv = torch.rsqrt(var + bn.eps)
         w = bn.weight if bn.weight is not None else torch.ones_like(inv)
         b = bn.bias if bn.bias is not None else torch.zeros_like(inv)
         scale = w * inv
-        shift = b - bn.running_mean * scale
+        shift = b - mean * scale
         bn.weight = nn.Parameter(scale.clone(), requires_grad=False)
         bn.bias = nn.Parameter(shift.clone(), requires_grad=False)
-        bn.running_mean.zero_()
-        bn.running_var.fill_(1.0 - bn.eps)
+        mean.zero_()
+        var.fill_(1.0 - bn.eps)

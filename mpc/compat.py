@@ -72,5 +72,6 @@ def _shared_copy(self: SharedTensor) -> SharedTensor:
 
 
 def install() -> None:
-    SharedTensor.max = _shared_max  # type: ignore[method-assign]
+    # (a patch over torch's overloaded Tensor.max, whose stub no plain function matches)
+    SharedTensor.max = _shared_max  # type: ignore[method-assign, assignment]
     SharedTensor.copy = _shared_copy  # type: ignore[attr-defined]

@@ -7,6 +7,8 @@
 tensor([2., 4.])
 """
 
+from typing import TYPE_CHECKING, Any
+
 from pointers.compat import FixedPrecisionTensor
 from pointers.compat import install as _install_compat
 from pointers.errors import (
@@ -38,6 +40,21 @@ from pointers.worker.base import VirtualWorker, Worker, WorkerStats
 from pointers.worker.lanes import concurrently
 
 _install_compat()  # PySyft 0.2 compatible names: worker._objects, ptr.owner
+
+if TYPE_CHECKING:  # the lazily loaded names (_LAZY, __getattr__), for type checkers
+    from pointers.federated.datasets import FederatedDataLoader, FederatedDataset, WorkerDataset
+    from pointers.federated.datasets import WorkerDataset as BaseDataset
+    from pointers.federated.fedavg import (
+        Aggregator,
+        FedAvgHistory,
+        PlainAggregator,
+        check_updates,
+        fedavg,
+    )
+    from pointers.network import NetworkWorker, connect
+    from pointers.pysyft_sandbox import create_sandbox, sandbox
+
+    local_worker: Any  # pointers.compat.local_worker(), made on each access
 
 __all__ = [
     "Aggregator",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy as _copy
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -116,7 +116,8 @@ class FixedPrecisionTensor(torch.Tensor):
 
     frac_bits: int
     float_dtype: torch.dtype
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # (torch's stubs type it as a classmethod; it is the plain function torch checks for)
+    __torch_function__ = cast(Any, torch._C._disabled_torch_function_impl)
 
     @staticmethod
     def encode(x: torch.Tensor, frac_bits: int) -> FixedPrecisionTensor:
@@ -147,7 +148,8 @@ class FixedPrecisionTensor(torch.Tensor):
     def fix_precision(self, *args: Any, **kwargs: Any) -> FixedPrecisionTensor:
         raise TypeError("this tensor is already in fixed precision")
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    # mypy rejects any override of torch's untyped Tensor.__repr__, even its own signature
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         raw = self.as_subclass(torch.Tensor)
         return f"FixedPrecisionTensor({raw.tolist()}, frac_bits={self.frac_bits})"
 

@@ -12,11 +12,10 @@ from typing import Any
 
 import torch
 
-import pointers as pt
 from mpc.errors import UnsupportedOpError
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
 from mpc.ops.local import _add, mul_public
-from mpc.protocols.arith import I64, beaver
+from mpc.protocols.arith import I64, beaver, call
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -57,11 +56,11 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
     f = 0 if integral else x.session.config.frac_bits
     enc = encode_public(p, f) if not integral else p.detach().to(torch.int64)
     shares = [
-        pt.call_function(
+        call(
             party,
             "mpc.bilinear_public",
             [x.shares[i], enc, public_first, op, params],
-            out=[(out_shape, I64)],
+            [(out_shape, I64)],
         )[0]
         for i, party in enumerate(x.session.parties)
     ]

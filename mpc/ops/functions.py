@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+import pointers as pt
 from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public, encode_public, rescale
@@ -132,7 +133,10 @@ def _clamp(x: SharedTensor, lo: Any, hi: Any) -> SharedTensor:
     shape = list(torch.broadcast_shapes(*[tuple(p.shape) for p in parts]))
     parts = [p if list(p.shape) == shape else p.expand(shape).clone() for p in parts]
     f = max(p.frac_bits for p in parts)
-    stacked = [torch.stack(s) for s in zip(*[rescale(p, f) for p in parts])]
+    # (stacks of pointers are pointers; torch's stubs say Tensor)
+    stacked = cast(
+        list[pt.PointerTensor], [torch.stack(s) for s in zip(*[rescale(p, f) for p in parts])]
+    )
     (r,) = select_by_msb(x.session, stacked, [stacked], complement=True)
     relu = [SharedTensor([s[i] for s in r], x.session, f, x.dtype) for i in range(len(parts))]
     if lo is not None and hi is not None:
@@ -445,12 +449,12 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         (v,) = approx.truncate_many([sq.times_public(1.0 / n, bits)], [approx.WORK])
     r = approx.rsqrt(v.add_public(float(eps)), approx.WORK)
     out = _out(x, approx.mul(dev, r, _f(x)))
-    mu = _out(x, mu)
+    mean = _out(x, mu)
     if weight is not None:
         out = out * weight
     if bias is not None:
         out = out + bias
-    return out, mu, _out(x, r)
+    return out, mean, _out(x, r)
 
 
 # -- fused attention ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ max-pooling is that tree over each window.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -65,7 +65,8 @@ def le(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _lt_gt(a: Any, b: Any) -> tuple[SharedTensor, SharedTensor]:
     """[a < b] and [a > b] together: one comparison run on the stacked differences."""
     d = _diff(a, b)
-    stacked = [torch.stack([s, -s]) for s in d.shares]
+    # (stacks of pointers are pointers; torch's stubs say Tensor)
+    stacked = cast(list[pt.PointerTensor], [torch.stack([s, -s]) for s in d.shares])
     bits = msb(d.session, stacked)
     return _bit(d, [s[0] for s in bits]), _bit(d, [s[1] for s in bits])
 
@@ -128,9 +129,10 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
         if idx is not None:
             new_idx = _add(ib, idx.with_shares(sel[1]), 1)
         if k % 2:
-            new_vals = torch.cat([new_vals, vals[..., 2 * h :]], dim=-1)
+            # (a cat of shared tensors is shared; torch's stubs say Tensor)
+            new_vals = cast(SharedTensor, torch.cat([new_vals, vals[..., 2 * h :]], dim=-1))
             if new_idx is not None and idx is not None:
-                new_idx = torch.cat([new_idx, idx[..., 2 * h :]], dim=-1)
+                new_idx = cast(SharedTensor, torch.cat([new_idx, idx[..., 2 * h :]], dim=-1))
         vals, idx, k = new_vals, new_idx, h + (k % 2)
     return vals, idx
 

@@ -6,7 +6,7 @@ Notation: [x] is an additive sharing, x = sum_i x_i mod 2^64, party i holding x_
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -102,12 +102,16 @@ def open_among(
                 if i != j:
                     # only read at both ends: in process, no copy (SendToPeer.lend)
                     received[j].append(s.copy_to(pj, lend=True))
-        out = []
+        out: Shares = []
         for j in range(len(parties)):
             # the first sum is a fresh tensor (the received shares are the senders' own,
             # in process); later terms accumulate into it
             first, *rest = [*received[j], shares[j]]
-            acc = torch.bitwise_xor(first, rest[0]) if xor else torch.add(first, rest[0])
+            # (ops on pointers give pointers; torch's stubs say Tensor)
+            acc = cast(
+                pt.PointerTensor,
+                torch.bitwise_xor(first, rest[0]) if xor else torch.add(first, rest[0]),
+            )
             for r in rest[1:]:
                 if xor:
                     acc.bitwise_xor_(r)

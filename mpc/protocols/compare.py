@@ -20,6 +20,8 @@ opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from mpc.material import TAG_T_ARITH
@@ -199,11 +201,12 @@ class _MsbRun:
         """Per value v: [v msb(x)] = d v + (1 - 2d) [v t] (complement: its complement)."""
         out = []
         for v, vt in zip(self.values, self.vt):
+
+            def args(i: int, v: Shares = v, vt: Shares = vt) -> list[Any]:
+                return [complement, self.d[i], v[i], vt[i]]
+
             (selected,) = at_parties(
-                self.session,
-                "mpc.cmp_select_finish",
-                lambda i, v=v, vt=vt: [complement, self.d[i], v[i], vt[i]],
-                [(self.shape, I64)],
+                self.session, "mpc.cmp_select_finish", args, [(self.shape, I64)]
             )
             out.append(selected)
         return out
