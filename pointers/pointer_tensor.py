@@ -282,18 +282,6 @@ class _Scan:
             return ref.wire()
         if isinstance(obj, torch.Tensor):
             self.tensors.append(obj)
-            if type(obj) is PointerTensor:
-                ref = obj._ref
-                if ref.gone:
-                    ref.check()
-                if self.location is None:
-                    self.location = ref.location
-                elif ref.location is not self.location:
-                    raise LocationMismatchError(
-                        op_name(self.func), self.location.id, ref.location.id
-                    )
-                sig.append((obj.dtype, obj.shape, obj.stride(), True))
-                return ref.wire()
             if isinstance(obj, PointerTensor):  # a Parameter-marked pointer
                 return self.walk(PointerTensor(obj._ref, obj.shape, obj.stride(), obj.dtype), sig)
             sig.append((obj.dtype, obj.shape, obj.stride(), False))

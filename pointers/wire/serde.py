@@ -6,9 +6,11 @@ dtype and shape; every other value must be a plain msgpack value or one of the f
 types below. The decoder accepts only these types and rejects everything else with
 :class:`~pointers.errors.DecodeError`.
 
-Transports decide how buffers travel: the in-process transport hands the tensors over
-(the receiver copies them, so sender and receiver never share memory); a network transport
-sends their raw bytes after the header.
+Transports decide how buffers travel: the in-process transport hands the tensors over,
+and the receiver copies them, except where the sender vouches that neither side will
+change them (``decode(..., copy=False)``: a donated move, or an opening's shares lent with
+``SendToPeer.lend``), when both keep one tensor; a network transport sends their raw bytes
+after the header.
 
 Limits (what a hostile peer cannot get past, checked before anything is built): a header
 holds at most :data:`MAX_HEADER_BYTES` bytes; values nest at most :data:`MAX_DEPTH` levels,
