@@ -30,6 +30,10 @@ TINY = {
     "W7": 400,
     "W8": 100,
     "W12": 4,
+    "W9": 100,  # issue 13's functions (tests/test_bench_functions.py runs them)
+    "W10": 4,
+    "W11": 100,
+    "W13": 4,
     "P1": 10,
     "P2": 10,
 }
