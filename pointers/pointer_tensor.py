@@ -35,7 +35,7 @@ _META = torch.device("meta")
 class RemoteRef:
     """Ownership of one object at one worker; deletes it when the last holder goes."""
 
-    __slots__ = ("location", "obj_id", "owned", "gone", "_wire")
+    __slots__ = ("location", "obj_id", "owned", "gone", "_wire", "chain")
 
     def __init__(self, location: WorkerClient, obj_id: int, owned: bool = True) -> None:
         self.location = location
@@ -43,6 +43,9 @@ class RemoteRef:
         self._wire: Any = None
         self.owned = owned
         self.gone = False
+        # a pointer chain: the object at ``location`` is that worker's pointer to an
+        # object at this worker (see pointers.worker.chains); None: a plain pointer
+        self.chain: WorkerClient | None = None
 
     def __del__(self) -> None:
         # Only queues the id (no I/O here): the delete travels with a later message.
@@ -113,8 +116,10 @@ class PointerTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         state = " (retrieved)" if self._ref.gone else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
+        chain = self._ref.chain
+        via = "" if chain is None else f", then {chain.id!r}"
         return (
-            f"PointerTensor(location={self._ref.location.id!r}, id={self._ref.obj_id}, "
+            f"PointerTensor(location={self._ref.location.id!r}{via}, id={self._ref.obj_id}, "
             f"shape={tuple(self.shape)}, dtype={self.dtype}{grad}){state}"
         )
 
@@ -161,6 +166,8 @@ class PointerTensor(torch.Tensor):
         there, and this pointer stays valid)."""
         ref = self._ref
         ref.check()
+        if ref.chain is not None:
+            return self._get_hop(delete)
         value = ref.location.request(Fetch(ref.obj_id, delete))
         if delete:
             ref.release()
@@ -173,6 +180,49 @@ class PointerTensor(torch.Tensor):
                 value.grad = grad.get(delete) if delete else grad.get(delete=False)
         return value
 
+    # -- pointer chains (PySyft 0.2; in-process workers only, see pointers.worker.chains) --
+    def _get_hop(self, delete: bool) -> PointerTensor:
+        """A chain's ``get()``: one hop. The worker's pointer is dropped (``delete=False``:
+        kept) and the client gets a pointer to the object at the next worker."""
+        from pointers.worker.chains import UNLINK
+
+        ref = self._ref
+        nxt = ref.chain
+        assert nxt is not None
+        (id_ptr,) = call_function(
+            ref.location, UNLINK, [ref.obj_id, not delete], out=[((1,), torch.int64)]
+        )
+        assert id_ptr is not None
+        remote_id = int(id_ptr.get()[0])
+        if delete:
+            ref.release()
+        return PointerTensor.from_meta(
+            nxt, remote_id, self.shape, _contiguous_stride(self.shape), self.dtype, owned=delete
+        )
+
+    def remote_get(self) -> PointerTensor:
+        """PySyft's ``remote_get()``: on a pointer chain (the client -> bob -> alice), bring
+        alice's object to bob, in the place of bob's pointer to it; returns this pointer,
+        now to the object at bob."""
+        from pointers.worker.chains import REMOTE_GET, ChainError
+
+        ref = self._ref
+        ref.check()
+        if ref.chain is None:
+            raise ChainError(
+                f"remote_get() brings an object one hop back along a pointer chain; this "
+                f"pointer is to a tensor at {ref.location.id!r} itself (use get())"
+            )
+        ref.location.request(CallFunction(REMOTE_GET, [ref.obj_id], {}, [None], False))
+        ref.chain = None
+        return self
+
+    @property
+    def chain_location(self) -> WorkerClient | None:
+        """The worker at the far end of a pointer chain (``x.send(bob).send(alice)``:
+        alice), or None for a plain pointer."""
+        return self._ref.chain
+
     def copy(self) -> PointerTensor:
         """A new pointer to a new copy of the object at the same worker."""
         return self.detach().clone()  # type: ignore[return-value]
@@ -181,6 +231,8 @@ class PointerTensor(torch.Tensor):
         """Move the object to another worker, party to party; this pointer is spent."""
         ref = self._ref
         ref.check()
+        if ref.chain is not None:  # along the chain: the first hop goes, then the object
+            return self._get_hop(True).move(destination)
         if destination is ref.location or getattr(destination, "id", None) == ref.location.id:
             return self
         moved = self._send_to_peer(destination, delete=True, lend=False)
@@ -195,6 +247,13 @@ class PointerTensor(torch.Tensor):
         in place (both are only read, as the shares of an opening are); between
         in-process workers the destination then keeps the same memory, not a copy."""
         self._ref.check()
+        if self._ref.chain is not None:
+            from pointers.worker.chains import ChainError
+
+            raise ChainError(
+                f"copy_to() of a pointer chain ({self._ref.location.id!r} -> "
+                f"{self._ref.chain.id!r}) is not supported: get() one hop first"
+            )
         return self._send_to_peer(destination, delete=False, lend=bool(lend))
 
     def _send_to_peer(self, destination: WorkerClient, delete: bool, lend: bool) -> PointerTensor:
@@ -207,11 +266,45 @@ class PointerTensor(torch.Tensor):
             destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
         )
 
-    def send(self, *args: Any, **kwargs: Any) -> PointerTensor:
-        raise PointerError(
-            f"this tensor is already at {self._ref.location.id!r}; use .move(worker) to "
-            "send it elsewhere"
+    def send(self, destination: WorkerClient, *args: Any, **kwargs: Any) -> PointerTensor:
+        """PySyft's pointer chain: ``x.send(bob).send(alice)`` moves bob's tensor to alice,
+        party to party, and leaves bob holding a pointer to it; returns the client's
+        pointer to bob's pointer. Ops on it run at alice (bob forwards them), ``get()``
+        goes one hop, ``remote_get()`` brings the tensor to bob, ``move`` collapses the
+        chain. In-process workers only: network workers refuse (they are never clients
+        of one another; see :mod:`pointers.worker.chains`)."""
+        from pointers.worker.chains import SEND, ChainError, check_chain_workers, install
+
+        ref = self._ref
+        ref.check()
+        if args or kwargs:
+            raise TypeError("send() on a pointer takes one worker")
+        if destination is ref.location or getattr(destination, "id", None) == ref.location.id:
+            raise PointerError(f"this tensor is already at {ref.location.id!r}")
+        if ref.chain is not None:
+            raise ChainError(
+                f"this pointer is already a chain ({ref.location.id!r} -> {ref.chain.id!r}): "
+                "chains of more than two workers are not supported; get() one hop first"
+            )
+        if self.requires_grad:
+            raise ChainError(
+                "a pointer that requires grad cannot start a chain (remote autograd does not "
+                "cross one): detach() it first, or move(worker) it"
+            )
+        check_chain_workers(ref.location, destination)
+        install(ref.location)
+        ref.location.introduce(destination)
+        far_id = destination.new_id()
+        (out,) = call_function(
+            ref.location,
+            SEND,
+            [ref.obj_id, destination.id, far_id],
+            out=[(tuple(self.shape), self.dtype)],
         )
+        ref.release()
+        assert out is not None
+        out._ref.chain = destination
+        return out
 
     def tag(self, *tags: str, description: str = "") -> PointerTensor:
         """Add search tags to the remote object."""
@@ -261,12 +354,13 @@ _VALUE_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.eq
 class _Scan:
     """One pass over an op's arguments: wire form, cache signature, tensors, location."""
 
-    __slots__ = ("tensors", "location", "func")
+    __slots__ = ("tensors", "location", "func", "chain")
 
     def __init__(self, func: Any) -> None:
         self.tensors: list[torch.Tensor] = []
         self.location: WorkerClient | None = None
         self.func = func
+        self.chain: WorkerClient | None = None  # the next hop of a pointer chain
 
     def walk(self, obj: Any, sig: list[Any]) -> Any:
         if type(obj) is PointerTensor:  # the common case first
@@ -278,6 +372,8 @@ class _Scan:
                 self.location = ref.location
             elif ref.location is not self.location:
                 raise LocationMismatchError(op_name(self.func), self.location.id, ref.location.id)
+            if ref.chain is not None:
+                self.chain = ref.chain
             sig.append((obj.dtype, obj.shape, obj.stride(), True))
             return ref.wire()
         if isinstance(obj, torch.Tensor):
@@ -339,7 +435,10 @@ def _dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         elif s[0] == "alias":
             leaves.append(scan.tensors[s[1]])
         else:
-            leaves.append(PointerTensor(RemoteRef(location, obj_id), s[1], s[2], s[3]))
+            ref = RemoteRef(location, obj_id)
+            if scan.chain is not None:  # an op on a chain: its outputs are chains too
+                ref.chain = scan.chain
+            leaves.append(PointerTensor(ref, s[1], s[2], s[3]))
     if out.spec is None:
         return leaves[0]
     return pytree.tree_unflatten(leaves, out.spec)
