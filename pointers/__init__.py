@@ -9,7 +9,7 @@ tensor([2., 4.])
 
 from typing import TYPE_CHECKING, Any
 
-from pointers.compat import FixedPrecisionTensor
+from pointers.compat import FixedPrecisionTensor, Optims
 from pointers.compat import install as _install_compat
 from pointers.errors import (
     DecodeError,
@@ -23,7 +23,7 @@ from pointers.errors import (
     UnknownObjectError,
     ValueRequiresGetError,
 )
-from pointers.hook import hook
+from pointers.hook import TorchHook, hook
 from pointers.module import get, send, tag
 from pointers.plans.graph import (
     PlanBuildError,
@@ -61,6 +61,8 @@ __all__ = [
     "concurrently",
     "DecodeError",
     "FixedPrecisionTensor",
+    "Optims",
+    "TorchHook",
     "FedAvgHistory",
     "FederatedDataLoader",
     "FederatedDataset",

@@ -7,6 +7,8 @@ PySyft-compatible and maps onto our own vocabulary (docs/coming-from-pysyft.md):
 * ``pt.local_worker`` / ``hook.local_worker``: the client, a worker named ``"me"`` with
   ``is_client_worker = True``; ``ptr.owner`` is it.
 * ``model.copy()``, ``model.move(worker)``: a copy of a (possibly sent) model; a move.
+* ``VirtualWorker(hook, id="bob")``: PySyft's signature (the hook is dropped);
+  :class:`Optims`, one optimizer per worker.
 * ``x.fix_precision()`` / ``x.float_precision()``: :class:`FixedPrecisionTensor`, an
   explicit fixed-point encoding that ``share(...)`` accepts; ``model.fix_precision()``
   marks a model's precision for ``share``; ``optimizer.fix_precision()`` is the optimizer.
@@ -192,11 +194,85 @@ def precision_of(x: Any) -> int | None:
     return getattr(x, _MODEL_MARK, None) if isinstance(x, nn.Module) else None
 
 
+# -- PySyft's worker signature ----------------------------------------------------------------
+
+#: PySyft 0.2 ``VirtualWorker`` keywords that have no meaning here (accepted, ignored)
+_IGNORED_WORKER_KEYWORDS = ("log_msgs", "verbose", "auto_add")
+
+
+def _is_hook(obj: Any) -> bool:
+    from pointers.hook import Hooked
+
+    return isinstance(obj, Hooked)
+
+
+def _accepting_pysyft_signature(init: Any) -> Any:
+    """``VirtualWorker(hook, id="bob", data=(...), is_client_worker=False)`` as PySyft
+    0.2 wrote it: the hook is dropped (ours needs none), ``is_client_worker`` is kept as an
+    attribute, PySyft's logging keywords are ignored; ``VirtualWorker("bob")`` unchanged."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if args and _is_hook(args[0]):
+            args = args[1:]
+        elif args and not isinstance(args[0], str) and "id" in kwargs:
+            raise TypeError(
+                "VirtualWorker(hook, id=...) expects the object pointers.hook(torch) returns "
+                f"first, got {type(args[0]).__name__}"
+            )
+        client = kwargs.pop("is_client_worker", None)
+        for k in _IGNORED_WORKER_KEYWORDS:
+            kwargs.pop(k, None)
+        if isinstance(kwargs.get("data"), dict):  # PySyft's default data={}
+            kwargs["data"] = list(kwargs["data"].values())
+        init(self, *args, **kwargs)
+        if client is not None:
+            self.is_client_worker = bool(client)
+
+    __init__.__doc__ = init.__doc__
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]
+    __init__._pysyft_signature = True  # type: ignore[attr-defined]
+    return __init__
+
+
+# -- PySyft's Optims (one optimizer per worker) ------------------------------------------------
+
+
+class Optims:
+    """PySyft's ``sy.Optims(workers, optim=...)`` (its ``floptimizer``): one optimizer per
+    worker, each a fresh optimizer of ``optim``'s class over the same parameters with the
+    same settings, so that state such as momentum or Adam's moments is never mixed
+    between workers' data. ``get_optim(worker)`` takes a worker or its id."""
+
+    def __init__(self, workers: Any, optim: torch.optim.Optimizer) -> None:
+        if not isinstance(optim, torch.optim.Optimizer):
+            raise TypeError(f"Optims(workers, optim=...) expects an optimizer, got {optim!r}"[:200])
+        self.optim = optim
+        self.workers = [getattr(w, "id", w) for w in workers]
+        if not self.workers or not all(isinstance(w, str) for w in self.workers):
+            raise TypeError("Optims(workers, ...) expects workers or their ids")
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        for w in self.workers:
+            groups = [dict(g) for g in optim.param_groups]
+            self.optimizers[w] = type(optim)(groups, **optim.defaults)
+
+    def get_optim(self, worker: Any) -> torch.optim.Optimizer:
+        key = getattr(worker, "id", worker)
+        try:
+            return self.optimizers[key]
+        except KeyError:
+            raise KeyError(f"no optimizer for worker {key!r}; Optims has {self.workers}") from None
+
+    def count(self) -> int:
+        return len(self.optimizers)
+
+
 def install() -> None:
     """Attach the attribute-style names to our own classes (idempotent)."""
-    from pointers.worker.base import Worker
+    from pointers.worker.base import VirtualWorker, Worker
 
     Worker._objects = property(objects_view)  # type: ignore[attr-defined]
     PointerTensor.owner = property(pointer_owner)  # type: ignore[attr-defined]
     if not hasattr(Worker, "is_client_worker"):
         Worker.is_client_worker = False  # type: ignore[attr-defined]
+    if not getattr(VirtualWorker.__init__, "_pysyft_signature", False):
+        VirtualWorker.__init__ = _accepting_pysyft_signature(VirtualWorker.__init__)  # type: ignore[method-assign]

@@ -95,6 +95,11 @@ def hook(torch_module: ModuleType) -> Hooked:
     return added
 
 
+def TorchHook(torch_module: ModuleType) -> Hooked:  # noqa: N802 - PySyft's name
+    """PySyft's ``sy.TorchHook(torch)``: :func:`hook` under PySyft's name."""
+    return hook(torch_module)
+
+
 def _add_pysyft_names(torch_module: ModuleType, added: list[str]) -> None:
     """PySyft 0.2 compatible methods (see :mod:`pointers.compat`)."""
     from pointers import compat

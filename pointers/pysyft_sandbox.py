@@ -47,6 +47,23 @@ def _datasets() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
+class Grid:
+    """PySyft's ``grid`` of the sandbox (``sy.PrivateGridNetwork(*workers)``): a search
+    over several workers at once."""
+
+    def __init__(self, *workers: Any) -> None:
+        self.workers = list(workers)
+
+    def search(self, *query: str) -> dict[str, list[Any]]:
+        """Worker id -> pointers to its tensors carrying every tag in ``query`` (workers
+        without a match are left out), as PySyft's ``grid.search("#boston", "#data")``."""
+        found = {w.id: w.search(*query) for w in self.workers}
+        return {k: v for k, v in found.items() if v}
+
+    def __repr__(self) -> str:
+        return f"Grid({', '.join(w.id for w in self.workers)})"
+
+
 def sandbox(names: tuple[str, ...] = WORKER_NAMES) -> SimpleNamespace:
     """The sandbox's workers (``.bob``, ``.alice``, ...; ``.workers`` in order), each
     holding its slice of every dataset, tagged; ``.datasets`` maps a tag to the full local
@@ -60,14 +77,17 @@ def sandbox(names: tuple[str, ...] = WORKER_NAMES) -> SimpleNamespace:
             per_worker[i].append(tag(d.clone(), name, "#data", description=f"{name} data"))
             per_worker[i].append(tag(t.clone(), name, "#target", description=f"{name} target"))
     workers = [VirtualWorker(n, data=per_worker[i]) for i, n in enumerate(names)]
-    return SimpleNamespace(workers=workers, datasets=datasets, **dict(zip(names, workers)))
+    return SimpleNamespace(
+        workers=workers, datasets=datasets, grid=Grid(*workers), **dict(zip(names, workers))
+    )
 
 
 def create_sandbox(
     gbs: dict[str, Any], verbose: bool = True, download_data: bool = True
 ) -> SimpleNamespace:
     """PySyft's ``sy.create_sandbox(globals())``: puts ``torch``, ``nn``, ``F``, ``optim``,
-    ``hook``, the six workers and ``workers`` into ``gbs``; returns the :func:`sandbox`.
+    ``hook``, the six workers, ``workers`` and ``grid`` (:class:`Grid`) into ``gbs``;
+    returns the :func:`sandbox`.
     ``download_data=False`` gives the workers without data (nothing is ever downloaded)."""
     import torch.nn.functional as F
     from torch import nn, optim
@@ -76,6 +96,7 @@ def create_sandbox(
 
     box = sandbox() if download_data else _empty()
     gbs.update(torch=torch, nn=nn, F=F, optim=optim, hook=hook(torch), workers=box.workers)
+    gbs.update(grid=box.grid)
     gbs.update({w.id: w for w in box.workers})
     if verbose:
         print(f"sandbox: workers {', '.join(w.id for w in box.workers)}")
@@ -84,4 +105,6 @@ def create_sandbox(
 
 def _empty() -> SimpleNamespace:
     workers = [VirtualWorker(n) for n in WORKER_NAMES]
-    return SimpleNamespace(workers=workers, datasets={}, **{w.id: w for w in workers})
+    return SimpleNamespace(
+        workers=workers, datasets={}, grid=Grid(*workers), **{w.id: w for w in workers}
+    )

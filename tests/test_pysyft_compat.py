@@ -279,3 +279,73 @@ def test_part_9_encrypted_programs(make_worker):
     assert abs((x * y).get().float_precision().item() - 125.0) < 1e-2
     assert (x > y).get().tolist() == [True]  # comparisons give bools (PySyft: 1.0)
     assert (x < y).get().tolist() == [False]
+
+
+# -- PySyft's hook object, worker signature, optimizers ---------------------------------------
+
+
+@pytest.mark.virtual_only("PySyft's VirtualWorker signature")
+def test_virtual_worker_takes_pysyft_signature():
+    hook = pt.TorchHook(torch)
+    assert hook.local_worker is pt.local_worker
+    x11 = pt.tag(torch.tensor([-1.0, 2.0]), "input_data")
+    bob = pt.VirtualWorker(hook, id="bob", data=(x11,), is_client_worker=False, verbose=False)
+    assert isinstance(bob, pt.VirtualWorker) and bob.id == "bob" and not bob.is_client_worker
+    (found,) = bob.search("input_data")
+    assert torch.equal(found.get(), torch.tensor([-1.0, 2.0]))
+    assert pt.VirtualWorker(hook, "alice").id == "alice"
+    assert pt.VirtualWorker("carol").id == "carol"
+    assert len(pt.VirtualWorker(hook, id="dave", data={}).objects) == 0
+    with pytest.raises(TypeError, match="pointers.hook"):
+        pt.VirtualWorker(object(), id="erin")
+
+
+def test_optimizer_built_after_send_steps_on_pointers(bob):
+    # Part 4: optim.SGD(params=model.parameters()) on a model already at bob
+    torch.manual_seed(0)
+    data, target = _toy()
+    model = nn.Linear(2, 1)
+    local = model.copy()
+    model.send(bob)
+    opt = optim.SGD(params=model.parameters(), lr=0.1)
+    local_opt = optim.SGD(params=local.parameters(), lr=0.1)
+    d, t = data.detach().send(bob), target.detach().send(bob)
+    for _ in range(3):
+        for m, o, x, y in ((model, opt, d, t), (local, local_opt, data.detach(), target.detach())):
+            o.zero_grad()
+            ((m(x) - y) ** 2).sum().backward()
+            o.step()
+    assert model.weight.location is bob
+    model.get()
+    assert torch.allclose(model.weight, local.weight) and torch.allclose(model.bias, local.bias)
+
+
+def test_optims_one_optimizer_per_worker(bob, alice):
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    optims = pt.Optims(["bob", alice], optim=optim.Adam(params=model.parameters(), lr=0.1))
+    assert optims.count() == 2
+    ob, oa = optims.get_optim("bob"), optims.get_optim(alice)
+    assert ob is not oa and isinstance(ob, optim.Adam) and ob.defaults["lr"] == 0.1
+    assert ob.param_groups[0]["params"][0] is model.weight
+    model.send(bob)
+    ob.zero_grad()
+    model(torch.ones(1, 2).send(bob)).sum().backward()
+    ob.step()
+    model.get()
+    assert len(ob.state) == 2 and len(oa.state) == 0  # moments kept per worker
+    with pytest.raises(KeyError, match="carol"):
+        optims.get_optim("carol")
+    with pytest.raises(TypeError, match="optimizer"):
+        pt.Optims(["bob"], optim=None)
+
+
+@pytest.mark.virtual_only("the sandbox makes in-process workers")
+def test_sandbox_grid_search():
+    pytest.importorskip("sklearn")
+    names: dict = {}
+    pt.create_sandbox(names, verbose=False)
+    found = names["grid"].search("#diabetes", "#data")
+    assert sorted(found) == sorted(w.id for w in names["workers"])
+    assert sum(p[0].shape[0] for p in found.values()) == 442
+    assert names["grid"].search("#nothing") == {}
