@@ -57,7 +57,47 @@ def _parser() -> argparse.ArgumentParser:
         "--max-stored-mb",
         type=float,
         default=4096,
-        help="most bytes each client may store at this worker (MiB; 0: no limit)",
+        help="most bytes each client session may store at this worker, programs, plans and "
+        "tags included; an op is refused before it runs if its output would pass it "
+        "(MiB; 0: no limit)",
+    )
+    s.add_argument(
+        "--max-objects",
+        type=int,
+        default=100_000,
+        help="most objects each client session may store at this worker (0: no limit)",
+    )
+    s.add_argument(
+        "--lease",
+        type=float,
+        default=60.0,
+        help="seconds after a client session's last call (a living client renews its lease "
+        "in the background) until the worker frees its objects, programs, plans and tags "
+        "(default 60)",
+    )
+    s.add_argument(
+        "--max-sessions",
+        type=int,
+        default=16,
+        help="open sessions per client identity (each process of a client is one; default 16)",
+    )
+    s.add_argument(
+        "--programs-per-client",
+        type=int,
+        default=4,
+        help="programs (mpc.plan) one client session runs at once (default 4)",
+    )
+    s.add_argument(
+        "--programs-per-worker",
+        type=int,
+        default=32,
+        help="programs the worker runs at once, all clients together (default 32)",
+    )
+    s.add_argument(
+        "--max-queued-programs",
+        type=int,
+        default=256,
+        help="programs a client session may have waiting to run (default 256)",
     )
     s.add_argument("--threads", type=int, default=32, help="gRPC server threads")
     s.add_argument(
@@ -133,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             latency=args.latency_ms / 1000,
             peers=tuple(_peer(p) for p in args.peer),
+            lease=args.lease,
+            max_sessions=args.max_sessions,
+            max_objects=args.max_objects or None,
+            programs_per_client=args.programs_per_client,
+            programs_per_worker=args.programs_per_worker,
+            max_queued_programs=args.max_queued_programs,
         )
         serve(config, watch_stdin=args.watch_stdin)
     except (ValueError, OSError, FileNotFoundError) as e:

@@ -22,7 +22,9 @@ from network_fixtures import Cluster, ServerProcess
 
 import pointers as pt
 from pointers.network.certs import load_credentials
+from pointers.network.context import DEFAULT_CONTEXT
 from pointers.network.framing import decode_envelope, encode_envelope
+from pointers.network.lease import session_of
 from pointers.network.transport import DELIVER, open_channel
 from pointers.wire.messages import (
     AcceptPeer,
@@ -71,9 +73,8 @@ def test_a_peer_delivers_only_into_ids_announced_for_it(cluster):
 
     def deliver(obj_id: int) -> Any:
         store = encode_message(Store(obj_id, torch.full((2,), 666.0), [], ""))
-        return _deliver(
-            cluster, "alice", "bob", {"client": "client", "from": "alice"}, [(0, *store)]
-        )
+        info = {"client": "client", "from": "alice", "session": session_of(DEFAULT_CONTEXT)}
+        return _deliver(cluster, "alice", "bob", info, [(0, *store)])
 
     # overwrite the client's own object, or one alice already delivered: refused
     for target in (x.id_at_location, moved.id_at_location):

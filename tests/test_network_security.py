@@ -14,7 +14,9 @@ import torch
 
 import pointers as pt
 from pointers.network.certs import create_certs, load_credentials
+from pointers.network.context import DEFAULT_CONTEXT
 from pointers.network.framing import decode_envelope, encode_envelope
+from pointers.network.lease import session_of
 from pointers.network.server import ServerConfig, WorkerServer
 from pointers.network.transport import DELIVER, open_channel
 from pointers.wire.messages import (
@@ -96,12 +98,16 @@ def test_a_peer_delivers_only_objects_and_only_as_itself(served, certs):
     alice, bob = connect(a_srv), connect(b_srv)
     pt.send(torch.ones(1), alice).move(bob)  # bob's client namespace accepts alice
     store = encode_message(Store(7, torch.ones(2), [], ""))
-    spoofed = _deliver(certs, "eve", b_srv, {"client": "client", "from": "alice"}, [(0, *store)])
+    # deliveries name the client's session (the client's namespace at bob)
+    to = {"client": "client", "from": "alice", "session": session_of(DEFAULT_CONTEXT)}
+    spoofed = _deliver(certs, "eve", b_srv, to, [(0, *store)])
     assert isinstance(spoofed, ErrorReply) and "cannot deliver as 'alice'" in spoofed.message
     op = encode_message(ExecuteOp("aten::abs.default", [], {}, [1], False))
-    command = _deliver(certs, "alice", b_srv, {"client": "client", "from": "alice"}, [(0, *op)])
+    command = _deliver(certs, "alice", b_srv, to, [(0, *op)])
     assert isinstance(command, ErrorReply) and "may only deliver objects" in command.message
-    ok = _deliver(certs, "alice", b_srv, {"client": "client", "from": "alice"}, [(0, *store)])
+    other = _deliver(certs, "alice", b_srv, {**to, "session": "0" * 32}, [(0, *store)])
+    assert isinstance(other, ErrorReply) and "has not asked" in other.message  # no such session
+    ok = _deliver(certs, "alice", b_srv, to, [(0, *store)])
     assert not isinstance(ok, ErrorReply)
     assert 7 not in bob.objects  # kept aside until the client announces it from alice
     bob._conn.expects.append(("alice", 7))

@@ -30,7 +30,9 @@ import torch
 import pointers as pt
 from pointers.errors import DecodeError
 from pointers.network import ClientContext
+from pointers.network.context import DEFAULT_CONTEXT
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope
+from pointers.network.lease import session_of
 from pointers.network.transport import DELIVER, EXEC, SERVICE, SYNC, open_channel
 from pointers.wire import serde
 from pointers.wire.messages import (
@@ -460,7 +462,8 @@ def test_a_peer_cannot_crash_a_worker_through_deliver(network_cluster):
     bob = cluster.fresh("bob")
     bob.request(AcceptPeer("alice"))  # deliveries from alice may land in client's namespace
     channel, call = _raw_call(cluster, "bob", "alice", DELIVER)
-    info = {"client": "client", "from": "alice"}
+    # (the client's namespace at bob is its session's: pointers.network.lease)
+    info = {"client": "client", "from": "alice", "session": session_of(DEFAULT_CONTEXT)}
     try:
         for name, (header, buffers) in hostile_headers().items():
             resp = call(encode_envelope(info, [(0, header, buffers)]), timeout=60)

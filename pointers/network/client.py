@@ -13,22 +13,35 @@ synchronising call (:meth:`request`, ``get``); a request whose batch failed earl
 run at all, so a ``get`` never loses a value to an earlier error. A failed call raises the
 root cause: the earliest error held for a message posted before it to any worker of the
 same :class:`~pointers.network.context.ClientContext`.
+
+Restarts: each worker process has an *incarnation* (a random epoch it reports in every
+reply). The client watches its channel: once the connection dropped (or a call failed in
+transport), the next read of :attr:`NetworkWorker.incarnation` asks the worker again with
+a hello, so ``mpc`` notices a restart that happened while the client was idle before it
+sends new work (and then introduces the peers again and deals new seeds). Objects made
+before a restart died with the old process: a command that names one fails with
+:class:`WorkerRestartedError`, which says so.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
+import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from pointers.errors import DecodeError, LimitExceeded, PointerError, RemoteError
 from pointers.network.certs import Credentials, check_identity, load_credentials
 from pointers.network.connection import Connection, Future, Item
 from pointers.network.context import DEFAULT_CONTEXT, ClientContext
 from pointers.network.framing import buffer_bytes
+from pointers.network.lease import SESSION_METADATA, renew_leases, session_of
 from pointers.network.transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
 from pointers.wire.messages import (
     AcceptPeer,
@@ -46,6 +59,42 @@ from pointers.worker.base import Frames, Recorder, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
 _DELETE_BATCH = 64  # while recording, deletes become a command every so many (as in process)
+_NO_OBJECT = re.compile(r"holds no object with id (\d+)")
+
+
+class WorkerRestartedError(RemoteError):
+    """A command named an object that died with an earlier run of the worker's process:
+    the worker restarted (same address, empty store) after the object was made."""
+
+    def __init__(self, worker: str, obj_id: int, message: str) -> None:
+        PointerError.__init__(
+            self,
+            f"worker {worker!r} restarted after object {obj_id} was made there: the objects "
+            "of its earlier process are gone (send or share them again; new work goes to "
+            f"the new process). The worker said: {message}",
+        )
+        self.worker = worker
+        self.kind = "UnknownObjectError"
+        self.remote_message = message
+        self.obj_id = obj_id
+
+
+class _ChannelWatch:
+    """Set when the channel left READY: the worker may have restarted behind it. Held by
+    the channel's connectivity callback (not the worker, so a dropped worker still closes)."""
+
+    __slots__ = ("dropped", "_ready")
+
+    def __init__(self) -> None:
+        self.dropped = False
+        self._ready = False
+
+    def __call__(self, state: grpc.ChannelConnectivity) -> None:
+        if state is grpc.ChannelConnectivity.READY:
+            self._ready = True
+        elif self._ready:
+            self.dropped = True
+            self._ready = False
 
 
 class NetworkWorker:
@@ -64,7 +113,21 @@ class NetworkWorker:
         self.identity = identity
         self.peer_address = peer_address or address
         self._conn = connection
-        self._ids = itertools.count(int.from_bytes(os.urandom(4), "little") << 20)
+        start = int.from_bytes(os.urandom(4), "little") << 20
+        self._ids = itertools.count(start)
+        # ids in [_first_id, _restarted_below) were made before the last restart noticed
+        self._first_id = start
+        self._restarted_below = start
+        self.restarts = 0  # restarts of the worker this client noticed
+        self._epoch_seen = connection.epoch
+        self._failures_seen = connection.failures
+        self._epoch_lock = threading.Lock()
+        self._watch = _ChannelWatch()
+        try:
+            connection.channel.subscribe(self._watch, try_to_connect=False)
+        except Exception:  # noqa: S110 - a channel without a watch: transport failures still count
+            pass
+        _WORKERS.add(self)
         self._introduced: dict[str, tuple[NetworkWorker, Any]] = {}
         self._held_deletes: list[int] | None = None  # while a program is recorded
         self.recorder: Recorder | None = None  # a program recording this client, if any
@@ -72,6 +135,8 @@ class NetworkWorker:
 
     # -- the client interface of a worker ------------------------------------------------
     def new_id(self) -> int:
+        if self._conn.epoch is not self._epoch_seen:
+            self._note_incarnation()
         i = next(self._ids)
         if self.recorder is not None:
             self.recorder.record_new_id(self.id, i)
@@ -130,7 +195,7 @@ class NetworkWorker:
             if not isinstance(reply, Reply):
                 raise self._conn.malformed(f"a {reply.KIND!r} message answers a request")
         except BaseException as e:
-            root = self._failed(e, item)
+            root = _explain(self._failed(e, item))
             if root is e:
                 raise
             raise root from None
@@ -224,9 +289,39 @@ class NetworkWorker:
 
     @property
     def incarnation(self) -> str | None:
-        """Which run of the worker process this client last heard from (its epoch; None
-        before the first reply): it changes when the worker restarts with an empty store."""
-        return self._conn.epoch
+        """Which run of the worker process this client talks to (its epoch): it changes
+        when the worker restarts with an empty store. Known from the last reply, unless
+        the connection dropped or a call failed in transport since: then a hello asks the
+        worker (one round trip; if the worker cannot be reached, the last epoch heard)."""
+        conn = self._conn
+        if self._watch.dropped or conn.failures != self._failures_seen:
+            self._watch.dropped = False
+            failures = conn.failures
+            try:
+                conn.inspect_direct({"what": "hello"}, min(conn.timeout, _HELLO_TIMEOUT))
+            except PointerError:
+                self._watch.dropped = True  # ask again next time
+            else:
+                self._failures_seen = failures
+        self._note_incarnation()
+        return conn.epoch
+
+    def _note_incarnation(self) -> None:
+        """Mark the ids made so far as dead if the worker's epoch changed (a restart)."""
+        with self._epoch_lock:
+            epoch = self._conn.epoch
+            if epoch is self._epoch_seen or epoch == self._epoch_seen:
+                self._epoch_seen = epoch
+                return
+            if self._epoch_seen is not None:
+                self._restarted_below = next(self._ids)
+                self.restarts += 1
+            self._epoch_seen = epoch
+
+    def _restarted_since(self, obj_id: int) -> bool:
+        """Whether object ``obj_id`` of this client was made before a noticed restart."""
+        self._note_incarnation()
+        return self._first_id <= obj_id < self._restarted_below
 
     def sync(self) -> None:
         """Wait until every queued message ran; raise the first error among them."""
@@ -236,7 +331,7 @@ class NetworkWorker:
             context = self._conn.context
             root = context.root_cause(*held)
             context.consumed(context.tick())
-            raise root
+            raise _explain(root)
 
     def close(self) -> None:
         """Send what is queued, then close the connection (also when garbage collected)."""
@@ -302,6 +397,24 @@ class NetworkWorker:
 
 
 _OK_NONE, _ = encode_message(Reply(None))
+_WORKERS: weakref.WeakSet[NetworkWorker] = weakref.WeakSet()
+
+
+def _explain(error: BaseException) -> BaseException:
+    """``error``, or a :class:`WorkerRestartedError` if it reports a missing object that
+    died with an earlier process of its worker (a restart this client noticed)."""
+    if not isinstance(error, RemoteError) or isinstance(error, WorkerRestartedError):
+        return error
+    if error.kind != "UnknownObjectError":
+        return error
+    m = _NO_OBJECT.search(error.remote_message)
+    if m is None:
+        return error
+    obj_id = int(m.group(1))
+    for w in list(_WORKERS):
+        if w.id == error.worker and w._restarted_since(obj_id):
+            return WorkerRestartedError(error.worker, obj_id, error.remote_message)
+    return error
 
 
 class _RemoteObjects(Mapping[int, Any]):
@@ -378,7 +491,11 @@ def connect(
     channel = open_channel(
         address, worker_id=id, credentials=creds, max_message_bytes=max_message_bytes
     )
-    metadata = ((IDENTITY_METADATA, identity),) if insecure else None
+    context = DEFAULT_CONTEXT if context is None else context
+    # the session names this client's namespace at every worker (pointers.network.lease)
+    metadata = (((IDENTITY_METADATA, identity),) if insecure else ()) + (
+        (SESSION_METADATA, session_of(context)),
+    )
     conn = Connection(
         id,
         address,
@@ -387,7 +504,7 @@ def connect(
         timeout,
         max_message_bytes,
         deadline,
-        context=DEFAULT_CONTEXT if context is None else context,
+        context=context,
     )
     try:
         hello = conn.inspect_direct({"what": "hello"}, min(timeout, _HELLO_TIMEOUT))
@@ -398,4 +515,5 @@ def connect(
     if served != id:
         conn.close()
         raise PointerError(f"{address} serves worker {served!r}, not {id!r}")
+    renew_leases(conn, hello)  # the worker frees a session's objects a lease after its calls
     return NetworkWorker(id, address, conn, identity, peer_address)

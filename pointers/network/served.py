@@ -26,24 +26,37 @@ is an ordinary :class:`pointers.worker.base.Worker` (same message handler as in 
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable, UnknownObjectError
+from pointers.errors import (
+    LimitExceeded,
+    NotAllowedError,
+    PartyUnavailable,
+    PointerError,
+    UnknownObjectError,
+)
 from pointers.wire import serde
 from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
     ErrorReply,
+    ExecuteOp,
     Fetch,
+    RunProgram,
     SendToPeer,
+    Tag,
     encode_message,
 )
 from pointers.worker.base import Frames, Worker, WorkerStats, handles
+from pointers.worker.program import Program
+from pointers.worker.program import _run_program as run_program_steps
 from pointers.worker.store import Entry, ObjectStore
 
 _ERROR_PREFIX = encode_message(ErrorReply("", ""))[0][:7]  # fixarray(3) + fixstr "error"
@@ -59,6 +72,49 @@ def _size(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     return 0
+
+
+TAG_BYTES = 64  # what one tag counts beyond its characters (a set slot and a str object)
+_ATOMS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def footprint(value: Any) -> int:
+    """The bytes a stored object holds: a tensor's data, or for anything else (a program,
+    a plan) its Python containers and values walked once (tensors by their data; functions
+    and op handles, shared by every plan, count nothing)."""
+    if type(value) is torch.Tensor:
+        return value.numel() * value.element_size()
+    total = 0
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size() + 64
+        elif isinstance(obj, _ATOMS):
+            total += sys.getsizeof(obj)
+        elif isinstance(obj, list | tuple | set | frozenset):
+            total += sys.getsizeof(obj)
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            total += sys.getsizeof(obj)
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif type(obj).__module__.startswith("pointers."):  # plan nodes, program slots
+            total += sys.getsizeof(obj)
+            slots = getattr(type(obj), "__slots__", ())
+            stack.extend(getattr(obj, n) for n in slots if hasattr(obj, n))
+            d = getattr(obj, "__dict__", None)
+            if d is not None:
+                stack.append(d)
+    return total
+
+
+def _tag_bytes(tags: set[str] | list[str] | None, description: str) -> int:
+    return sum(len(t) + TAG_BYTES for t in tags or ()) + len(description)
 
 
 class NamespaceLock:
@@ -133,11 +189,15 @@ class WaitingStore(ObjectStore):
         deadline: float,
         max_bytes: int | None,
         lock: NamespaceLock | None = None,
+        max_objects: int | None = None,
     ) -> None:
         super().__init__(owner)
         self.deadline = deadline
         self.max_bytes = max_bytes
+        self.max_objects = max_objects
         self.bytes = 0
+        self.closed: str | None = None  # why this namespace is gone (its lease expired)
+        self.note = ""  # added to "no object" errors (an earlier session's lease expired)
         self.lock = lock
         self._cond = threading.Condition()
         self._expected: dict[int, str] = {}  # object id -> peer that will deliver it
@@ -161,23 +221,74 @@ class WaitingStore(ObjectStore):
         description: str = "",
         sealed: bool = False,
     ) -> None:
-        size = _size(value)
+        size = footprint(value) + (_tag_bytes(tags, description) if tags or description else 0)
         with self._cond:
+            if self.closed is not None:
+                raise PartyUnavailable(self.closed, None)
             old = self._entries.get(obj_id)
-            total = self.bytes + size - (_size(old.value) if old is not None else 0)
+            total = self.bytes + size - (old.nbytes if old is not None else 0)
             if self.max_bytes is not None and total > self.max_bytes and size:
                 raise LimitExceeded(
                     f"storing object {obj_id} ({size} bytes) would take this client's "
                     f"storage at worker {self.owner!r} to {total} bytes, over its limit of "
                     f"{self.max_bytes} bytes (serve --max-stored-mb); get() or drop objects"
                 )
-            self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description, sealed)
+            if old is None:
+                self._check_count(obj_id)
+            self._entries[obj_id] = Entry(
+                value, set(tags) if tags else set(), description, sealed, size
+            )
             self.bytes = total
             self._announced.pop(obj_id, None)
             if self._promised:
                 self._promised.pop(obj_id, None)
             if self._waiters:
                 self._cond.notify_all()
+
+    def _check_count(self, obj_id: int) -> None:
+        """Refuse a new object over the count limit (with the store's lock held)."""
+        limit = self.max_objects
+        if limit is not None and len(self._entries) + len(self._held) >= limit:
+            raise LimitExceeded(
+                f"storing object {obj_id} would take this client's objects at worker "
+                f"{self.owner!r} past its limit of {limit} objects (serve --max-objects); "
+                "get() or drop objects"
+            )
+
+    def charge_check(self, obj_id: int | None, size: int, what: str) -> None:
+        """Refuse, before it is allocated, an object of ``size`` bytes for ``obj_id``
+        (None: a temporary) that would take the client past its byte limit."""
+        if self.max_bytes is None or not size:
+            return
+        with self._cond:
+            old = self._entries.get(obj_id) if obj_id is not None else None
+            total = self.bytes + size - (old.nbytes if old is not None else 0)
+        if total > self.max_bytes:
+            raise LimitExceeded(
+                f"{what} would allocate {size} bytes, taking this client's storage at worker "
+                f"{self.owner!r} to {total} bytes, over its limit of {self.max_bytes} bytes "
+                "(serve --max-stored-mb); refused before running; get() or drop objects"
+            )
+
+    def retag(self, obj_id: int, tags: list[str], description: str) -> None:
+        """Add ``tags`` (and set ``description`` if given) to a stored object, counting
+        them against the client's byte limit."""
+        with self._cond:
+            e = self._entries.get(obj_id)
+            if e is None:
+                raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
+            new_tags = e.tags | set(tags)
+            new_desc = description or e.description
+            extra = _tag_bytes(new_tags, new_desc) - _tag_bytes(e.tags, e.description)
+            if self.max_bytes is not None and extra > 0 and self.bytes + extra > self.max_bytes:
+                raise LimitExceeded(
+                    f"tagging object {obj_id} ({extra} bytes of tags and description) would "
+                    f"take this client's storage at worker {self.owner!r} over its limit of "
+                    f"{self.max_bytes} bytes (serve --max-stored-mb)"
+                )
+            e.tags, e.description = new_tags, new_desc
+            e.nbytes += extra
+            self.bytes += extra
 
     def receive(self, peer: str, obj_id: int, value: Any, sealed: bool = False) -> None:
         """A peer delivered ``value`` for ``obj_id`` (``sealed``: protocol material).
@@ -222,7 +333,11 @@ class WaitingStore(ObjectStore):
         now = time.monotonic()
         for key in [k for k, h in self._held.items() if now - h[3] > HOLD_SECONDS]:
             self._unhold(key)
+        if self.closed is not None:
+            raise PartyUnavailable(self.closed, None)
         size = _size(value)
+        if (peer, obj_id) not in self._held:
+            self._check_count(obj_id)
         if self.max_bytes is not None and self.bytes + size > self.max_bytes and size:
             raise LimitExceeded(
                 f"holding object {obj_id} ({size} bytes) from {peer!r} until the client "
@@ -315,7 +430,7 @@ class WaitingStore(ObjectStore):
             self._expected.pop(obj_id, None)
             self._promised.pop(obj_id, None)
             if e is not None:
-                self.bytes -= _size(e.value)
+                self.bytes -= e.nbytes
             elif who is not _MISSING:  # a delivery may still come: drop it then
                 self._dropped[obj_id] = who
             for key in [k for k in self._held if k[1] == obj_id]:
@@ -332,8 +447,17 @@ class WaitingStore(ObjectStore):
         caller holds the value). Its bytes no longer count."""
         with self._cond:
             e = self._entries.pop(obj_id)
-            self.bytes -= _size(e.value)
+            self.bytes -= e.nbytes
             return e
+
+    def close(self, reason: str) -> tuple[int, int]:
+        """Free everything and refuse every later write with ``reason`` (the lease of this
+        namespace expired); the objects and bytes it held."""
+        with self._cond:
+            held = len(self._entries) + len(self._held), self.bytes
+            self.closed = reason
+        self.clear()
+        return held
 
     def clear(self) -> None:
         with self._cond:
@@ -403,7 +527,9 @@ class WaitingStore(ObjectStore):
             return
         peer = self._expected.get(obj_id)
         if peer is None:
-            raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
+            raise UnknownObjectError(
+                f"worker {self.owner!r} holds no object with id {obj_id}{self.note}"
+            )
         reason = self._unavailable.get(peer)
         if reason is not None:
             raise PartyUnavailable(reason, peer)
@@ -445,7 +571,153 @@ class _Snapshot(Mapping[int, Any]):
         return len(self._store._entries)
 
 
-PeerLinkFactory = Callable[[str, str, str], Any]  # (peer id, address, client) -> link
+PeerLinkFactory = Callable[[str, str, str, str], Any]  # (peer, address, client, session)
+
+
+class ProgramPool:
+    """The threads that run a served worker's programs (``RunProgram``), bounded.
+
+    At most ``per_worker`` programs run at once in the whole worker and ``per_client`` per
+    client session; the others wait in their session's queue, in the order they came (the
+    order a client posted them, the same at every worker, so the earliest program still
+    running at one worker runs at the others too), and a session may queue
+    ``max_queued`` at most: beyond, ``RunProgram`` is refused with
+    :class:`~pointers.errors.LimitExceeded`. Threads are started when programs come and
+    end when their queue is empty."""
+
+    def __init__(self, per_worker: int, per_client: int, max_queued: int) -> None:
+        if per_worker < 1 or per_client < 1 or max_queued < 1:
+            raise ValueError("program limits must be at least 1")
+        self.per_worker, self.per_client, self.max_queued = per_worker, per_client, max_queued
+        self.cond = threading.Condition()
+        self.running = 0
+        self._ready: deque[ProgramQueue] = deque()  # queues waiting for a worker-wide slot
+
+    def _schedule(self, q: ProgramQueue) -> None:
+        """Start threads for ``q`` as the limits allow (with :attr:`cond` held)."""
+        while q.jobs and q.running < self.per_client and self.running < self.per_worker:
+            q.running += 1
+            self.running += 1
+            threading.Thread(
+                target=self._drain, args=(q,), name=f"program-{q.name}", daemon=True
+            ).start()
+        if q.jobs and q.running < self.per_client and q not in self._ready:
+            self._ready.append(q)
+
+    def _drain(self, q: ProgramQueue) -> None:
+        while True:
+            with self.cond:
+                if not q.jobs:
+                    q.running -= 1
+                    self.running -= 1
+                    while self._ready and self.running < self.per_worker:
+                        self._schedule(self._ready.popleft())
+                    self.cond.notify_all()
+                    return
+                job = q.jobs.popleft()
+            try:
+                job()
+            except Exception:  # noqa: S110 - a program reports its own failures
+                pass
+
+
+class ProgramQueue:
+    """One session's programs waiting for, or running in, a :class:`ProgramPool`."""
+
+    def __init__(self, pool: ProgramPool, name: str) -> None:
+        self.pool, self.name = pool, name
+        self.jobs: deque[Callable[[], None]] = deque()
+        self.running = 0
+        self.closed = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        pool = self.pool
+        with pool.cond:
+            if self.closed:
+                raise PartyUnavailable("this client's session at the worker has ended", None)
+            if len(self.jobs) >= pool.max_queued:
+                raise LimitExceeded(
+                    f"worker {self.name!r}: this client already has {len(self.jobs)} programs "
+                    f"waiting to run ({self.running} running; at most {pool.per_client} run "
+                    f"at once per client, {pool.per_worker} per worker, and "
+                    f"{pool.max_queued} wait): wait for its programs (wait_programs) first"
+                )
+            self.jobs.append(job)
+            pool._schedule(self)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until no program of this session runs or waits; False on timeout."""
+        with self.pool.cond:
+            return self.pool.cond.wait_for(lambda: not self.jobs and not self.running, timeout)
+
+    def close(self) -> None:
+        with self.pool.cond:
+            self.closed = True
+            self.jobs.clear()
+            self.pool.cond.notify_all()
+
+
+_OP_BYTES: dict[Any, int | None] = {}  # (op, shapes and arguments) -> bytes it allocates
+_OP_BYTES_MAX = 4096
+
+
+def _meta_key(obj: Any) -> Any:
+    t = type(obj)
+    if t is torch.Tensor or isinstance(obj, torch.Tensor):
+        return (tuple(obj.shape), obj.dtype)
+    if t is list or t is tuple:
+        return (t, *(_meta_key(o) for o in obj))
+    if t is dict:
+        return (dict, *((k, _meta_key(v)) for k, v in obj.items()))
+    hash(obj)  # an unhashable value: no key (TypeError)
+    return obj
+
+
+def _to_meta(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device="meta")
+    if isinstance(obj, list):
+        return [_to_meta(o) for o in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_meta(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to_meta(v) for k, v in obj.items()}
+    return obj
+
+
+def op_bytes(name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> int | None:
+    """The bytes the outputs of ``op(*args, **kwargs)`` take, found by running it on the
+    ``meta`` device (no data: shapes only), or None when that cannot tell (an op whose
+    output shape depends on the data). Cached by op, input shapes and other arguments."""
+    try:
+        key: Any = (name, _meta_key(args), _meta_key(kwargs))
+        hit = _OP_BYTES.get(key, _MISSING)
+    except TypeError:
+        key, hit = None, _MISSING
+    if hit is not _MISSING:
+        return hit  # type: ignore[no-any-return]
+    margs, mkwargs = _to_meta(args), _to_meta(kwargs)
+    if "device" in mkwargs:
+        mkwargs["device"] = "meta"
+    elif not any(isinstance(a, torch.Tensor) for a in args):  # a factory: ones, arange, ...
+        schema = getattr(op, "_schema", None)
+        if schema is not None and any(a.name == "device" for a in schema.arguments):
+            mkwargs["device"] = "meta"
+    out: int | None
+    try:
+        result = op(*margs, **mkwargs)
+        out = sum(
+            t.numel() * t.element_size()
+            for t in torch.utils._pytree.tree_leaves(result)
+            if isinstance(t, torch.Tensor)
+        )
+    except Exception:
+        out = None
+    if key is not None:
+        if len(_OP_BYTES) >= _OP_BYTES_MAX:
+            _OP_BYTES.clear()
+        _OP_BYTES[key] = out
+    return out
 
 
 class ServedWorker(Worker):
@@ -460,14 +732,21 @@ class ServedWorker(Worker):
         link_factory: PeerLinkFactory,
         deadline: float,
         max_stored_bytes: int | None,
+        session: str = "",
+        max_objects: int | None = None,
+        programs: ProgramPool | None = None,
     ) -> None:
         super().__init__(id)
         self.client = client
+        self.session = session
         lock = NamespaceLock()
         self._lock = lock
         self.store: WaitingStore = WaitingStore(
-            id, deadline=deadline, max_bytes=max_stored_bytes, lock=lock
+            id, deadline=deadline, max_bytes=max_stored_bytes, lock=lock, max_objects=max_objects
         )
+        self.programs = ProgramQueue(programs or ProgramPool(64, 8, 1024), id)
+        self.calls = 0  # calls of the client running now (the lease does not run out)
+        self.seen = time.monotonic()  # when the client's last call ended (or began)
         self.functions.register_all(dict(functions))
         self.accepted: set[str] = set()
         self._link_factory = link_factory
@@ -530,7 +809,7 @@ class ServedWorker(Worker):
         self._control = True
         if msg.peer == self.id:
             raise ValueError(f"worker {self.id!r} cannot be its own peer")
-        link = self._link_factory(msg.peer, msg.address, self.client)
+        link = self._link_factory(msg.peer, msg.address, self.client, self.session)
         self.add_peer_link(msg.peer, link)
 
     @handles(AcceptPeer)
@@ -544,10 +823,51 @@ class ServedWorker(Worker):
 
     def wait_programs(self, timeout: float | None = None) -> None:
         """Wait until this client's programs ended, ``timeout`` seconds at most in all."""
-        end = None if timeout is None else time.monotonic() + timeout
-        for t in list(self.program_threads):
-            t.join(None if end is None else max(end - time.monotonic(), 0.0))
-        self.program_threads = [t for t in self.program_threads if t.is_alive()]
+        self.programs.wait(timeout)
+
+    @handles(RunProgram)
+    def _run_program(self, msg: RunProgram) -> None:
+        """Queue the program in this session's :class:`ProgramQueue` (bounded threads)."""
+        program = self.store.get(msg.program_id)
+        if not isinstance(program, Program):
+            raise TypeError(f"object {msg.program_id} is not a program")
+        if len(msg.bindings) < program.n_slots:
+            raise PointerError(
+                f"the program needs {program.n_slots} bindings, got {len(msg.bindings)}"
+            )
+        bindings, promised = list(msg.bindings), list(msg.promised)
+        self.store.promise(promised)
+        try:
+            self.programs.submit(lambda: run_program_steps(self, program, bindings, promised))
+        except BaseException:
+            self.store.release_promises(promised)
+            raise
+
+    @handles(Tag)
+    def _tag(self, msg: Tag) -> None:
+        self._readable(msg.obj_id, "tagging it")
+        self.store.retag(msg.obj_id, list(msg.tags), msg.description)
+
+    def check_op(self, msg: ExecuteOp, op: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Refuse an op whose outputs would take the client past its byte limit, before
+        it runs (their size from the op run on the ``meta`` device)."""
+        store = self.store
+        if store.max_bytes is None:
+            return
+        size = op_bytes(msg.op, op, args, kwargs)
+        if size:
+            ids = msg.out_ids
+            store.charge_check(ids[0] if len(ids) == 1 else None, size, f"{msg.op}")
+
+    def close(self, reason: str) -> tuple[int, int]:
+        """End this namespace (its lease expired): free its objects and queued programs;
+        the objects and bytes it held."""
+        self.programs.close()
+        held = self.store.close(reason)
+        self.function_state.clear()
+        self._peer_links.clear()
+        self.accepted.clear()
+        return held
 
     def clear(self) -> None:
         """Forget every object and zero the counters (the client asked for a fresh start)."""

@@ -3,8 +3,13 @@
 Every call is authenticated by the caller's certificate (its CN is the caller's
 identity; a certificate not signed by the CA is refused in the TLS handshake). Rules:
 
-* a client identity runs commands in its own namespace (its own store and counters);
-  only it can fetch or delete what it stored there;
+* a client runs commands in its own namespace (its own store and counters), one per
+  client *session* (:mod:`pointers.network.lease`): two processes with the same client
+  certificate never see, nor reset, each other's objects; only the session can fetch or
+  delete what it stored there;
+* every namespace lives under a lease (``--lease``): one whose client made no call for
+  that long (a living client renews it in the background) is freed, objects, programs,
+  plans and tags included;
 * a peer worker identity may only deliver objects, under its own identity and only into
   the namespace of a client that accepted deliveries from it; once it delivered here (and
   always for this worker's own identity) it may not run commands, fetch or inspect;
@@ -31,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from pointers.errors import NotAllowedError, PartyUnavailable
+from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable
 from pointers.network.certs import (
     PARTY,
     Credentials,
@@ -40,7 +45,8 @@ from pointers.network.certs import (
     load_credentials,
 )
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
-from pointers.network.served import ServedWorker, is_error_header
+from pointers.network.lease import SESSION_METADATA, check_session
+from pointers.network.served import ProgramPool, ServedWorker, is_error_header
 from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     DELIVER,
@@ -84,6 +90,12 @@ class ServerConfig:
     # the peers this worker may dial, name -> address (serve --peer NAME=HOST:PORT); empty:
     # any address a client names, with one uniform error for every failure
     peers: tuple[tuple[str, str], ...] = ()
+    lease: float = 60.0  # seconds without a call after which a session's objects are freed
+    max_sessions: int = 16  # open sessions per client identity
+    max_objects: int | None = 100_000  # objects per session
+    programs_per_client: int = 4  # programs running at once, per session
+    programs_per_worker: int = 32  # programs running at once, in the whole worker
+    max_queued_programs: int = 256  # programs waiting to run, per session
 
     def __post_init__(self) -> None:
         check_identity(self.worker_id)
@@ -107,6 +119,14 @@ class ServerConfig:
             raise ValueError("max_stored_bytes must be non-negative")
         if self.threads < 4:
             raise ValueError("a served worker needs at least 4 threads")
+        if not 1 <= self.lease <= 86400:
+            raise ValueError(f"lease must lie in [1, 86400] seconds, got {self.lease}")
+        if self.max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        if self.max_objects is not None and self.max_objects < 1:
+            raise ValueError("max_objects must be at least 1")
+        if min(self.programs_per_client, self.programs_per_worker, self.max_queued_programs) < 1:
+            raise ValueError("the program limits must be at least 1")
         if not 0 <= self.latency <= 10:
             raise ValueError(f"latency must lie in [0, 10] seconds, got {self.latency}")
         for name, address in self.peers:
@@ -134,13 +154,19 @@ def plugin_functions() -> dict[str, Callable[..., Any]]:
 class PeerLink:
     """How one namespace delivers to one peer: a ``handle_frames`` over gRPC."""
 
-    def __init__(self, server: WorkerServer, peer: str, address: str, client: str) -> None:
+    def __init__(
+        self, server: WorkerServer, peer: str, address: str, client: str, session: str = ""
+    ) -> None:
         self.server, self.peer, self.address, self.client = server, peer, address, client
+        self.session = session
 
     def _call(self, info: dict[str, Any], frames: list[Any]) -> Any:
         server = self.server
         call = server.peer_call(self.peer, self.address)
-        data = encode_envelope({"client": self.client, "from": server.id, **info}, frames)
+        head: dict[str, Any] = {"client": self.client, "from": server.id}
+        if self.session:
+            head["session"] = self.session
+        data = encode_envelope({**head, **info}, frames)
         try:
             resp = call(data, timeout=server.config.deadline, metadata=server.call_metadata)
         except grpc.RpcError as e:
@@ -168,7 +194,7 @@ class PeerLink:
 
 
 class WorkerServer:
-    """A :class:`ServedWorker` per client identity behind one gRPC server."""
+    """A :class:`ServedWorker` per client session behind one gRPC server."""
 
     def __init__(
         self,
@@ -194,7 +220,14 @@ class WorkerServer:
                     f"{self.id}`)"
                 )
         self.call_metadata = ((IDENTITY_METADATA, self.id),) if config.insecure else None
-        self._namespaces: dict[str, ServedWorker] = {}
+        # (client identity, session token) -> its namespace
+        self._namespaces: dict[tuple[str, str], ServedWorker] = {}
+        self._expired: dict[tuple[str, str], float] = {}  # recently expired sessions: when
+        self.programs = ProgramPool(
+            config.programs_per_worker, config.programs_per_client, config.max_queued_programs
+        )
+        self._reaper: threading.Thread | None = None
+        self._stopping = threading.Event()
         # identities that may only deliver: this worker's own, and every identity that
         # delivered here as a peer worker (a client can only ever add itself)
         self._peers: set[str] = {self.id}
@@ -238,6 +271,9 @@ class WorkerServer:
             raise OSError(f"cannot listen on {where} (in use?)")
         server.start()
         self._server, self.port = server, port
+        self._stopping.clear()
+        self._reaper = threading.Thread(target=self._reap, name="pointers-lease", daemon=True)
+        self._reaper.start()
         return port
 
     @property
@@ -245,6 +281,7 @@ class WorkerServer:
         return bind_address(self.config.host, self.port or self.config.port)
 
     def stop(self, grace: float | None = 1.0) -> None:
+        self._stopping.set()
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
@@ -274,7 +311,7 @@ class WorkerServer:
                 self._channels[key] = entry
         return entry[1]
 
-    def _link(self, peer: str, address: str, client: str) -> PeerLink:
+    def _link(self, peer: str, address: str, client: str, session: str = "") -> PeerLink:
         check_identity(peer)
         if self.config.peers:  # dial only what the deployment configured
             configured = dict(self.config.peers).get(peer)
@@ -286,25 +323,96 @@ class WorkerServer:
             address = configured
         else:
             split_address(address)
-        return PeerLink(self, peer, address, client)
+        return PeerLink(self, peer, address, client, session)
 
-    def _namespace(self, client: str) -> ServedWorker:
-        ns = self._namespaces.get(client)
-        if ns is None:
-            with self._lock:
-                ns = self._namespaces.get(client)
-                if ns is None:
-                    cfg = self.config
-                    ns = ServedWorker(
-                        self.id,
-                        client,
-                        functions=self.functions,
-                        link_factory=self._link,
-                        deadline=cfg.deadline,
-                        max_stored_bytes=cfg.max_stored_bytes,
+    # -- namespaces and their leases -----------------------------------------------------
+    def _enter(self, client: str, session: str) -> ServedWorker:
+        """The namespace of ``(client, session)`` (made on its first call), marked busy
+        until :meth:`_leave`: a namespace is never freed during a call of its client."""
+        key = (client, session)
+        with self._lock:
+            ns = self._namespaces.get(key)
+            if ns is None:
+                cfg = self.config
+                open_now = sum(1 for c, _ in self._namespaces if c == client)
+                if open_now >= cfg.max_sessions:
+                    raise LimitExceeded(
+                        f"client {client!r} already has {open_now} sessions at worker "
+                        f"{self.id!r}, its limit (serve --max-sessions); the sessions of "
+                        f"clients that stopped are freed {cfg.lease:g} s after their last "
+                        "call (serve --lease)"
                     )
-                    self._namespaces[client] = ns
+                ns = ServedWorker(
+                    self.id,
+                    client,
+                    functions=self.functions,
+                    link_factory=self._link,
+                    deadline=cfg.deadline,
+                    max_stored_bytes=cfg.max_stored_bytes,
+                    session=session,
+                    max_objects=cfg.max_objects,
+                    programs=self.programs,
+                )
+                if self._expired.pop(key, None) is not None:
+                    ns.store.note = (
+                        f" (this client's earlier objects here were freed when its session's "
+                        f"lease expired: no call for {cfg.lease:g} s, serve --lease)"
+                    )
+                self._namespaces[key] = ns
+            ns.calls += 1
+            ns.seen = time.monotonic()
         return ns
+
+    def _leave(self, ns: ServedWorker) -> None:
+        with self._lock:
+            ns.calls -= 1
+            ns.seen = time.monotonic()
+
+    def _reap(self) -> None:
+        """Free the namespaces whose lease expired (no call for ``config.lease`` s)."""
+        lease = self.config.lease
+        while not self._stopping.wait(min(lease / 8, 1.0)):
+            now = time.monotonic()
+            with self._lock:
+                expired = [
+                    (key, ns)
+                    for key, ns in self._namespaces.items()
+                    if not ns.calls and now - ns.seen > lease
+                ]
+                for key, _ in expired:
+                    del self._namespaces[key]
+                    self._expired[key] = now
+                if len(self._expired) > 4096:  # remembered for the error message only
+                    for key in list(self._expired)[:2048]:
+                        del self._expired[key]
+            for (client, session), ns in expired:
+                idle = now - ns.seen
+                try:
+                    objects, nbytes = ns.close(
+                        f"the session of client {client!r} at worker {self.id!r} expired "
+                        f"(no call for {lease:g} s, serve --lease)"
+                    )
+                except Exception as e:  # never let the reaper die
+                    print(f"pointers: freeing a session failed: {e!r}", file=sys.stderr)
+                    continue
+                print(
+                    f"pointers: worker {self.id!r}: the lease of client {client!r} session "
+                    f"{session[:8] or '-'} expired ({idle:.1f} s without a call): freed "
+                    f"{objects} objects, {nbytes} bytes",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def sessions(self) -> list[tuple[str, str]]:
+        """The open client sessions, (identity, token)."""
+        with self._lock:
+            return list(self._namespaces)
+
+    def stored_bytes(self) -> int:
+        """The bytes all sessions count against their limits, together."""
+        with self._lock:
+            spaces = list(self._namespaces.values())
+        return sum(ns.store.bytes for ns in spaces)
 
     # -- identity ------------------------------------------------------------------------
     def _caller(self, context: grpc.ServicerContext) -> tuple[str, str | None]:
@@ -327,14 +435,30 @@ class WorkerServer:
     def _identity(self, context: grpc.ServicerContext) -> str:
         return self._caller(context)[0]
 
-    def _client(self, context: grpc.ServicerContext, what: str) -> ServedWorker:
+    @staticmethod
+    def _session(context: grpc.ServicerContext) -> str:
+        """The caller's session token ("" for a client that sends none: one namespace
+        for all such clients of an identity)."""
+        for key, value in context.invocation_metadata() or ():
+            if key == SESSION_METADATA:
+                try:
+                    return check_session(value)
+                except ValueError as e:
+                    raise NotAllowedError(str(e)) from None
+        return ""
+
+    def _client_key(self, context: grpc.ServicerContext, what: str) -> tuple[str, str]:
         who, role = self._caller(context)
         if role == PARTY or who in self._peers:
             raise NotAllowedError(
                 f"identity {who!r} is a peer worker of {self.id!r} (a party certificate): it "
                 f"may deliver protocol messages but not {what}"
             )
-        return self._namespace(who)
+        return who, self._session(context)
+
+    def _client(self, context: grpc.ServicerContext, what: str) -> ServedWorker:
+        """The caller's namespace, busy until :meth:`_leave`."""
+        return self._enter(*self._client_key(context, what))
 
     # -- handlers ------------------------------------------------------------------------
     def _exec(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -343,10 +467,21 @@ class WorkerServer:
         try:
             info, frames = decode_envelope(request)
             ns = self._client(context, "run commands or fetch objects")
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+        try:
+            return self._exec_in(ns, info, frames)
+        finally:
+            self._leave(ns)
+
+    def _exec_in(self, ns: ServedWorker, info: dict[str, Any], frames: list[Any]) -> bytes:
+        try:
             deadline = info_field(info, "deadline", (int, float), None)
             if deadline is not None and not 0 < deadline <= 3600:
                 raise FrameError(f"a deadline must lie in (0, 3600] seconds, got {deadline}")
-            ns.store.deadline = self.config.deadline if deadline is None else float(deadline)
+            # a client may shorten the worker's deadline, not lengthen it (waits hold threads)
+            cap = self.config.deadline
+            ns.store.deadline = cap if deadline is None else min(float(deadline), cap)
             expects = info_field(info, "expect", list, None)
             if expects is not None:
                 for item in expects:
@@ -393,7 +528,8 @@ class WorkerServer:
                 raise FrameError("a delivery names its client and its source worker")
             if source != who:
                 raise NotAllowedError(f"identity {who!r} cannot deliver as {source!r}")
-            ns = self._namespaces.get(client)
+            session = info_field(info, "session", str, "")
+            ns = self._namespaces.get((client, session))
             if ns is None or source not in ns.accepted:
                 raise NotAllowedError(
                     f"client {client!r} has not asked worker {self.id!r} to accept "
@@ -437,10 +573,27 @@ class WorkerServer:
                         "identity": self._identity(context),
                         "deadline": self.config.deadline,
                         "max_message_bytes": self.config.max_message_bytes,
+                        "lease": self.config.lease,
                     },
                     [],
                 )
+            if what == "lease":  # a living client renews its session (pointers.network.lease)
+                key = self._client_key(context, "renew a session")
+                with self._lock:
+                    known = self._namespaces.get(key)
+                    if known is not None:
+                        known.seen = max(known.seen, time.monotonic())
+                return encode_envelope({"epoch": self.epoch, "lease": self.config.lease}, [])
             ns = self._client(context, "inspect a namespace")
+            try:
+                return self._inspect_in(ns, what, info)
+            finally:
+                self._leave(ns)
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+
+    def _inspect_in(self, ns: ServedWorker, what: str | None, info: dict[str, Any]) -> bytes:
+        try:
             if what == "stats":
                 out: dict[str, Any] = {"stats": dict(vars(ns.stats))}
             elif what == "ids":
@@ -489,7 +642,8 @@ def serve(
     names = sorted(server.functions)
     print(
         f"pointers: worker {server.id!r} serving on {server.address} ({mode}); "
-        f"{len(names)} worker functions; deadline {config.deadline:g} s"
+        f"{len(names)} worker functions; deadline {config.deadline:g} s; "
+        f"lease {config.lease:g} s"
         + (f"; added latency {config.latency * 1000:g} ms per call" if config.latency else ""),
         flush=True,
     )

@@ -376,7 +376,12 @@ class Worker:
                 raise refused(f"running {msg.op} on it")
             if writes and not (type(first) is Ref and self.store.is_sealed(first.obj_id)):
                 raise refused(f"writing it into an unsealed object with {msg.op}")
+        self.check_op(msg, op, args, kwargs)
         return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta, sealed)
+
+    def check_op(self, msg: ExecuteOp, op: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Called before an op runs, with its resolved arguments: a worker with limits
+        refuses here what would take it past them (a served worker's namespace)."""
 
     @handles(CallFunction)
     def _call_function(self, msg: CallFunction) -> Any:

@@ -17,6 +17,7 @@ class Entry:
     tags: set[str] = field(default_factory=set)
     description: str = ""
     sealed: bool = False  # protocol material: no client may fetch, describe or find it
+    nbytes: int = 0  # what it counts against a served client's limit (see pointers.network.served)
 
 
 class ObjectStore:

@@ -1,0 +1,126 @@
+"""Client sessions and their leases at served workers.
+
+A served worker keeps one namespace (objects, counters, peer links, programs) per client
+*session*, not per certificate identity: two processes using the same client certificate
+never see, nor ``reset()``, each other's objects. A session is named by a random token
+that every call of the client carries in its gRPC metadata (:data:`SESSION_METADATA`);
+the connections of one :class:`~pointers.network.context.ClientContext` in one process
+share it (the same token at every worker, so that peers deliver into the right namespace
+at each other).
+
+Each namespace lives under a lease (``serve --lease``, default 60 s): a worker frees every
+object of a session that made no call for that long. While a client runs, a daemon thread
+here renews its leases (an ``Inspect`` ``lease`` call on each open connection every quarter
+of the lease the worker announced in its hello), so an idle but living client keeps its
+objects, and a client that dies, or closes without dropping its pointers, loses them
+within a lease.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pointers.network.connection import Connection
+    from pointers.network.context import ClientContext
+
+SESSION_METADATA = "pointers-session"
+SESSION_RE = re.compile(r"[0-9a-f]{32}")
+MIN_HEARTBEAT = 0.25  # seconds between two renewals of one connection's lease, at least
+
+_sessions: weakref.WeakKeyDictionary[ClientContext, tuple[int, str]] = weakref.WeakKeyDictionary()
+_sessions_lock = threading.Lock()
+
+
+def session_of(context: ClientContext) -> str:
+    """The session token of ``context`` in this process (a new one after a fork)."""
+    pid = os.getpid()
+    with _sessions_lock:
+        known = _sessions.get(context)
+        if known is None or known[0] != pid:
+            known = (pid, os.urandom(16).hex())
+            _sessions[context] = known
+        return known[1]
+
+
+def check_session(token: str) -> str:
+    """A session token is 32 lowercase hex digits (128 random bits)."""
+    if not isinstance(token, str) or not SESSION_RE.fullmatch(token):
+        raise ValueError("a session token is 32 lowercase hex digits")
+    return token
+
+
+class _Heartbeat:
+    """One daemon thread that renews the leases of every open connection of this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, tuple[weakref.ref[Connection], float, list[float]]] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._stop = threading.Event()
+        self._hooked = False
+
+    def watch(self, conn: Connection, lease: float) -> None:
+        interval = max(lease / 4, MIN_HEARTBEAT)
+        key = id(conn)
+        with self._lock:
+            self._watched[key] = (weakref.ref(conn), interval, [time.monotonic()])
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="pointers-lease", daemon=True
+                )
+                self._thread.start()
+                if not self._hooked:  # stop before interpreter exit freezes daemon threads
+                    self._hooked = True
+                    atexit.register(self.stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5.0)
+
+    def _due(self) -> list[tuple[Connection, float]]:
+        now = time.monotonic()
+        out: list[tuple[Connection, float]] = []
+        with self._lock:
+            for key, (ref, interval, last) in list(self._watched.items()):
+                conn = ref()
+                if conn is None or getattr(conn, "_closed", False):
+                    del self._watched[key]
+                elif now - last[0] >= interval:
+                    last[0] = now
+                    out.append((conn, interval))
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for conn, interval in self._due():
+                try:
+                    conn.inspect_direct({"what": "lease"}, timeout=max(interval, 1.0))
+                except Exception:  # noqa: S110 - the next call reports an unreachable worker
+                    pass
+                del conn
+            self._stop.wait(MIN_HEARTBEAT)
+
+
+_HEARTBEAT = _Heartbeat()
+
+
+def renew_leases(conn: Connection, hello: dict[str, Any]) -> None:
+    """Keep ``conn``'s session alive at its worker while ``conn`` is open, at the pace the
+    worker's hello asks for (no ``lease`` in the hello: a worker without leases)."""
+    lease = hello.get("lease")
+    if isinstance(lease, int | float) and not isinstance(lease, bool) and lease > 0:
+        _HEARTBEAT.watch(conn, float(lease))
+
+
+__all__ = ["SESSION_METADATA", "check_session", "renew_leases", "session_of"]
