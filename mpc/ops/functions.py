@@ -302,6 +302,28 @@ _PIECES = {
 }
 
 
+def _wide(
+    f: Callable[[torch.Tensor], torch.Tensor], edges: list[float], shift: int, deg: int
+) -> list[list[float]]:
+    """Per inner bin of ``edges``: the degree-``deg`` fit of f in v = x / 2^shift."""
+    k = 2.0**shift
+    return [
+        approx.fit(lambda v: f(v * k), a / k, b / k, deg) for a, b in zip(edges[:-1], edges[1:])
+    ]
+
+
+# (edges, shift, inner-bin polynomials in x / 2^shift, below, above): see piecewise_wide
+SIGMOID_EDGES = [-9.0, -4.5, 0.0, 4.5, 9.0]
+_WIDE = {
+    "sigmoid": (SIGMOID_EDGES, 3, _wide(torch.sigmoid, SIGMOID_EDGES, 3, 7), [0.0], [1.0]),
+}
+
+
+def _apply_wide(name: str, x: SharedTensor) -> SharedTensor:
+    edges, shift, inner, below, above = _WIDE[name]
+    return _out(x, approx.piecewise_wide(_fx(x), edges, shift, inner, below, above, _f(x)))
+
+
 def _apply_pieces(name: str, x: SharedTensor) -> SharedTensor:
     edges, coefs = _PIECES[name]
     return _out(x, approx.piecewise_poly(_fx(x), edges, coefs, _f(x)))
@@ -309,9 +331,11 @@ def _apply_pieces(name: str, x: SharedTensor) -> SharedTensor:
 
 @register(aten.sigmoid.default)
 def sigmoid(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Piecewise cubic on 20 unit bins of [-10, 10], 0 below and 1 above (abs error
-    4e-5 + fixed point): 14 rounds (:func:`mpc.protocols.approx.piecewise_poly`)."""
-    return _apply_pieces("sigmoid", args[0])
+    """Piecewise degree-7 polynomial on the 4 bins of width 4.5 in [-9, 9], 0 below and 1
+    above (abs error 4.3e-5 inside, 1.2e-4 at the saturation edges, + fixed point): 16
+    rounds, 5 comparisons and 11 products per element
+    (:func:`mpc.protocols.approx.piecewise_wide`)."""
+    return _apply_wide("sigmoid", args[0])
 
 
 @register(aten.tanh.default)
@@ -345,7 +369,7 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
     x.materialize()
     mx, _ = _reduce(x, dim, True, False)
     d = _add(x, mx, -1)  # <= 0
-    e = approx.exp(_fx(d), hi_scale(x), t_hi=0)
+    e = approx.exp_nonpositive(_fx(d), hi_scale(x))
     total = e.with_shares([s.sum(dim, keepdim=True) for s in e.shares])
     jtop = 2 * math.ceil((math.log2(k) + 1) / 2)
     return d, e, total, jtop
@@ -354,8 +378,10 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
 @register(aten._softmax.default, aten._safe_softmax.default)
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by the comparison tree
-    (8 ceil(log2 k) rounds), exp on (-inf, 0] (16), the reciprocal of the sum in
-    [1, k] (18) and one product (2): 92 rounds for k = 100."""
+    (8 ceil(log2 k) rounds), exp on (-inf, 0] by clamping and squaring (23, see
+    :func:`mpc.protocols.approx.exp_nonpositive`), the reciprocal of the sum in [1, k]
+    (18) and one product (2): 99 rounds for k = 100. Per element: about two comparisons
+    (the max tree and the clamp) and 9 products."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     r = approx.reciprocal(total, hi_scale(x), jmin=-2, jtop=jtop, signed=False)
@@ -364,8 +390,8 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten._log_softmax.default)
 def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """log_softmax(x) = (x - max) - ln(sum e^(x - max)): max, exp, log on [1, k]:
-    8 ceil(log2 k) + 16 + 15 rounds."""
+    """log_softmax(x) = (x - max) - ln(sum e^(x - max)): max, exp on (-inf, 0], log on
+    [1, k]: 8 ceil(log2 k) + 23 + 15 rounds."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     lg = approx.log(total, _f(x), jmin=-2, jtop=jtop)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from mpc.protocols.arith import I64, BeaverRun, Round, Shares, TruncRun
-from mpc.protocols.compare import msb
+from mpc.protocols.compare import msb, select_by_msb
 from mpc.session import Session
 
 # Internal working scale of normalised values (mantissas in [1/4, 1], polynomial variables
@@ -368,3 +368,111 @@ def log(x: Fx, out: int, jmin: int = LOG_JMIN, jtop: int = LOG_JTOP) -> Fx:
     p = poly_public(pows, _LOG_POLY, 16)
     (p,) = truncate_many([p], [out])
     return p.add(g)
+
+
+# -- exp of non-positive values by clamping and squaring ------------------------------------
+
+SQ_K = 5  # squarings: e^x = (e^(x / 32))^32
+SQ_LO = -16.0
+_SQ_POLY = fit(torch.exp, SQ_LO / 2**SQ_K - 0.01, 0.01, 4, relative=True)
+
+
+def clamp_public(x: Fx, lo: float | None, hi: float | None) -> Fx:
+    """clamp(x, lo, hi) for public bounds: lo + relu(x - lo) - relu(x - hi), both ReLUs in
+    one comparison run (8 rounds; the products ride on its daBit)."""
+    parts = [b for b in (lo, hi) if b is not None]
+    if not parts:
+        return x
+    stacked = [s.unsqueeze(0).repeat([len(parts)] + [1] * len(x.shape)) for s in x.shares]
+    enc = torch.tensor([round(b * 2**x.scale) for b in parts], dtype=I64)
+    stacked[0] = stacked[0] - enc.view([len(parts)] + [1] * len(x.shape))
+    (r,) = select_by_msb(x.session, stacked, [stacked], complement=True)
+    out = x.with_shares([s[0] for s in r])
+    if lo is None:
+        return x.add(out, -1)
+    out = out.add_public(lo)
+    if hi is not None:
+        out = out.add(x.with_shares([s[1] for s in r]), -1)
+    return out
+
+
+def exp_nonpositive(x: Fx, out: int) -> Fx:
+    """[e^x] for x <= 0 (softmax's x - max) as (e^(z/32))^32, z = max(x, -16): the clamp
+    (8 rounds, one comparison per element), e^u for u = z/32 in [-1/2, 0] by a degree-4
+    polynomial (relative error 1e-6; powers 4 rounds, truncation 1), then five squarings
+    (10 rounds): 23 rounds, one comparison and 8 products per element (the
+    range-reduction :func:`exp` compares every element with 13 thresholds on x <= 0).
+
+    Error: 32 times the polynomial's relative error (3e-5) plus about one unit of 2^-24
+    per squaring, absolute. x < -16 reads as -16 (e^-16 = 1.1e-7); x > 0 is outside the
+    domain (the result grows like a degree-128 polynomial, not like e^x).
+    """
+    z = clamp_public(x, SQ_LO, None)
+    u = z.halve(SQ_K).lift(max(WORK, z.scale + SQ_K))
+    pows = powers(u, 4, WORK)
+    y = poly_public(pows, _SQ_POLY, 16)
+    scale = max(out, WORK)
+    (y,) = truncate_many([y], [scale])
+    for _ in range(SQ_K):
+        (y,) = mul_many([(y, y)], [scale])
+    return truncate_many([y], [out])[0] if y.scale > out else y
+
+
+# -- piecewise polynomials on few, wide bins ------------------------------------------------
+
+
+def piecewise_wide(
+    x: Fx,
+    edges: Sequence[float],
+    shift: int,
+    inner: Sequence[Sequence[float]],
+    below: Sequence[float],
+    above: Sequence[float],
+    out: int,
+) -> Fx:
+    """f(x) = q_b(x / 2^shift) on the inner bin b = [edges[b], edges[b+1]), each q_b a
+    polynomial of the same degree D in v = x / 2^shift (coefficients ``inner[b]``, low
+    first), and ``below[0] + below[1] x`` / ``above[0] + above[1] x`` outside (constant or
+    linear).
+
+    Rounds: the powers v^2..v^D at 24 bits (2 ceil(log2 D)), one comparison of x with the
+    T edges (8), the products [x in bin b] q_b(v) of the 0/1 bin indicators with the
+    locally evaluated polynomials, and the linear outer pieces, in one Beaver round (no
+    truncation: the indicators are integers), then one truncation: 16 rounds for D = 7.
+    Per element: T comparisons and D - 1 + T + 1 products (the narrow-bin
+    :func:`piecewise_poly` needs one comparison per bin).
+
+    Outside the inner bins the powers overflow for large |x|; they are multiplied by a
+    zero indicator there, which is exact in the ring.
+    """
+    deg = len(inner[0]) - 1
+    for piece in (below, above):
+        if len(piece) > 1 and piece[1] not in (0.0, 1.0):
+            raise ValueError("internal: an outer piece is a constant, or a constant plus x")
+    v = x.halve(shift).lift(max(WORK, x.scale + shift))
+    pows = powers(v, deg, WORK)
+    bits = step_bits(x, edges)  # c_k = [x >= edges[k]], integers
+    t = len(edges)
+    cbits = 20
+    # the constants of every bin by select (free); the rest times the bin's indicator
+    consts = [below[0]] + [q[0] for q in inner] + [above[0]]
+    base = select(x, bits, consts, WORK + cbits)
+    pairs: list[tuple[Fx, Fx]] = []
+    for b, q in enumerate(inner):  # [x in bin b] = c_b - c_(b+1)
+        ind = x.with_shares([c[b] - c[b + 1] for c in bits], 0)
+        pairs.append((ind, poly_public(pows, [0.0, *q[1:]], cbits)))
+    linear: list[tuple[Fx, Fx]] = []
+    if len(below) > 1 and below[1]:
+        low = [-c[0] for c in bits]
+        low[0] = low[0] + 1
+        linear.append((x.with_shares(low, 0), x))
+    if len(above) > 1 and above[1]:
+        linear.append((x.with_shares([c[t - 1] for c in bits], 0), x))
+    prods = mul_many(pairs + linear, None)
+    acc = base
+    for p in prods[: len(pairs)]:
+        acc = acc.add(p)
+    (res,) = truncate_many([acc], [out])
+    for p in prods[len(pairs) :]:  # x at its own scale: no overflow for large x
+        res = res.add(p if p.scale <= out else truncate_many([p], [out])[0])
+    return res
