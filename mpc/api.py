@@ -7,11 +7,13 @@ from typing import Any, cast, overload
 import torch
 from torch import nn
 
-from mpc.compat import check_protocol, unwrap_fixed_precision
+from mpc.compat import check_protocol, share_remote, unwrap_fixed_precision
 from mpc.config import MPCConfig
+from mpc.errors import MPCError
 from mpc.ops.backward import track_grad
 from mpc.session import Session, session_for
 from mpc.shared import SharedTensor, share_tensor
+from pointers.pointer_tensor import PointerTensor
 
 
 @overload
@@ -73,8 +75,18 @@ def share(
         session = session_for(list(parties), crypto_provider, config)
     elif parties:
         raise TypeError("pass either parties or session, not both")
+    else:
+        gone = session.restarted()
+        if gone:
+            raise MPCError(
+                f"worker(s) {gone} of {session!r} restarted since its seeds were dealt, and "
+                "their shares and seeds died with the old process: share without session= "
+                "(the group then gets a new session), or make a new mpc.Session"
+            )
     if isinstance(x, nn.Module):
         return _share_module(x, session)
+    if isinstance(x, PointerTensor):  # the worker holding it splits it (mpc.compat)
+        return share_remote(x, session, frac_bits, requires_grad)
     shared = share_tensor(x, session, frac_bits)
     if requires_grad:
         track_grad(shared.requires_grad_(True))

@@ -5,6 +5,8 @@
   any other value is refused before anything is shared.
 * ``x.fix_precision().share(...)``: a :class:`pointers.FixedPrecisionTensor` (or a model
   marked by ``model.fix_precision()``) is shared with the fractional bits it carries.
+* ``x_ptr.share(...)`` / ``x_ptr.fix_precision().share(...)``: :func:`share_remote`, the
+  worker holding the value splits it (the client never sees it).
 * ``shared.copy()``: a new sharing of the same value (the parties copy their shares).
 * ``shared.max(dim=0)``: values and indices, with ``.get()`` on the pair (PySyft users call
   ``.get()`` on the result).
@@ -19,6 +21,8 @@ import torch
 from mpc.errors import MPCError
 from mpc.shared import SharedTensor
 from pointers.compat import FixedPrecisionTensor, precision_of
+from pointers.pointer_tensor import PointerTensor
+from pointers.pointer_tensor import call_function as pt_call_function
 
 #: PySyft 0.2's ``protocol=`` values; each runs our comparison protocol
 PROTOCOLS = ("fss", "snn")
@@ -46,7 +50,47 @@ def unwrap_fixed_precision(x: Any, frac_bits: int | None) -> tuple[Any, int | No
         )
     if isinstance(x, FixedPrecisionTensor):
         x = x.float_precision()  # exact: share() encodes it again with the same bits
+    if isinstance(x, PointerTensor):
+        x = x.detach()  # the unmarked pointer
     return x, bits
+
+
+def share_remote(
+    x: PointerTensor, session: Any, frac_bits: int | None, requires_grad: bool = False
+) -> SharedTensor:
+    """PySyft's ``x_ptr.share(...)`` (Part 10): the worker holding ``x`` encodes it in
+    fixed point and splits it into one additive share per party with its own CSPRNG
+    (:func:`mpc.secure_aggregation.share_update`), then delivers each share to its party,
+    party to party. The client never holds the value nor a share; the worker keeps the
+    original (and a share only if it is a party)."""
+    from mpc.secure_aggregation import SHARE_FUNCTION, _bound, install
+
+    if not x.is_floating_point():
+        raise MPCError(
+            f"sharing a remote tensor shares floats in fixed point; this one is {x.dtype} "
+            "(get() it and share it, or convert it with .float() first)"
+        )
+    x._ref.check()
+    if x._ref.chain is not None:
+        raise MPCError("sharing a pointer chain is not supported: get() one hop first")
+    f = session.config.frac_bits if frac_bits is None else frac_bits
+    worker = x.location
+    install(worker)
+    session.watch()
+    shape = tuple(x.shape)
+    shares = pt_call_function(
+        worker,
+        SHARE_FUNCTION,
+        [x, f, session.n, _bound(f, 1)],
+        out=[(shape, torch.int64)] * session.n,
+    )
+    moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]
+    shared = SharedTensor(moved, session, f, x.dtype)
+    if requires_grad:
+        from mpc.ops.backward import track_grad
+
+        track_grad(shared.requires_grad_(True))
+    return shared
 
 
 class MaxResult(NamedTuple):

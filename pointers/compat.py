@@ -10,7 +10,8 @@ PySyft-compatible and maps onto our own vocabulary (docs/coming-from-pysyft.md):
 * ``VirtualWorker(hook, id="bob")``: PySyft's signature (the hook is dropped);
   :class:`Optims`, one optimizer per worker.
 * ``x.fix_precision()`` / ``x.float_precision()``: :class:`FixedPrecisionTensor`, an
-  explicit fixed-point encoding that ``share(...)`` accepts; ``model.fix_precision()``
+  explicit fixed-point encoding that ``share(...)`` accepts (on a pointer: a pointer marked
+  with the precision, so that its worker encodes and shares it); ``model.fix_precision()``
   marks a model's precision for ``share``; ``optimizer.fix_precision()`` is the optimizer.
 
 This module knows nothing about cryptography: ``mpc.share`` reads the precision a
@@ -164,6 +165,8 @@ def fix_precision(
     optimizer, the optimizer itself (shared training keeps its own fixed point).
     PySyft's other keywords (``base=``, ``dtype=``) are accepted and ignored."""
     bits = frac_bits_for(precision_fractional, frac_bits)
+    if isinstance(x, PointerTensor):
+        return _mark_remote(x, bits)
     if isinstance(x, nn.Module):
         setattr(x, _MODEL_MARK, bits)
         return x
@@ -172,12 +175,30 @@ def fix_precision(
     return FixedPrecisionTensor.encode(x, bits)
 
 
+_POINTER_MARK = "_pointers_frac_bits"
+
+
+def _mark_remote(ptr: PointerTensor, bits: int) -> PointerTensor:
+    """PySyft's ``ptr.fix_precision()``: a pointer to the same remote float tensor, marked
+    with the fractional bits ``share(...)`` encodes it with, at the worker that holds it
+    (the value never comes to the client)."""
+    if not ptr.is_floating_point():
+        raise TypeError(f"fix_precision() expects a float tensor, got {ptr.dtype}")
+    if getattr(ptr, _POINTER_MARK, None) is not None:
+        raise TypeError("this pointer is already in fixed precision")
+    alias = ptr.detach()  # shares the remote object
+    setattr(alias, _POINTER_MARK, bits)
+    return alias
+
+
 def float_precision(x: Any) -> Any:
     """PySyft's ``x.float_precision()``: decode a :class:`FixedPrecisionTensor`; a float
     tensor (what ``shared.get()`` returns here: it decodes) is returned as it is; on a
     model, clears the mark."""
     if isinstance(x, FixedPrecisionTensor):
         return x.float_precision()
+    if isinstance(x, PointerTensor) and getattr(x, _POINTER_MARK, None) is not None:
+        return x.detach()  # the unmarked pointer
     if isinstance(x, nn.Module):
         if hasattr(x, _MODEL_MARK):
             delattr(x, _MODEL_MARK)
@@ -191,6 +212,8 @@ def precision_of(x: Any) -> int | None:
     """The fractional bits a :class:`FixedPrecisionTensor` or a marked model carries."""
     if isinstance(x, FixedPrecisionTensor):
         return x.frac_bits
+    if isinstance(x, PointerTensor):
+        return getattr(x, _POINTER_MARK, None)
     return getattr(x, _MODEL_MARK, None) if isinstance(x, nn.Module) else None
 
 

@@ -15,6 +15,16 @@ one message per role plus one per moved output, and sees no intermediate value. 
 signature (shapes, dtypes) a role's plan was not built for costs no extra message: the
 plan is traced again for it and the new graph travels with that role's call, once per
 signature and worker (see :class:`~pointers.plans.plan.PointerPlan`).
+
+Inputs that already sit at one worker (pointers) are copied from there to the first
+role's worker, party to party, and the outputs go back to that worker at the end: the
+data owner gets the result, the client a pointer to it there.
+
+A protocol is also an object that travels, as in PySyft 0.2: ``protocol.tag(...)``,
+``protocol.send(worker)`` (stored there as bytes, msgpack without pickle, found with
+:meth:`Protocol.search`), and ``.get()`` of the :class:`PointerProtocol` brings it back.
+Plans decoded from bytes run the signatures they were traced for (see
+:meth:`Plan.from_bytes`).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import torch
 
 from pointers.plans.graph import PlanError, PlanNotBuiltError
@@ -56,6 +67,8 @@ class Protocol:
             raise ProtocolError(f"role names must be unique, got {names}")
         self._roles: list[tuple[str, Plan]] = [(r, p) for r, p in pairs]
         self._deployed: list[tuple[WorkerClient, PointerPlan]] | None = None
+        self.tags: set[str] = set()
+        self.description = ""
 
     @property
     def roles(self) -> list[str]:
@@ -112,6 +125,13 @@ class Protocol:
         if self._deployed is None:
             raise ProtocolError("deploy the protocol to its workers before running it")
         first = self._deployed[0][0]
+        owners = {a.location.id: a.location for a in args if isinstance(a, PointerTensor)}
+        if len(owners) > 1:
+            raise ProtocolError(
+                f"the protocol's inputs sit at {sorted(owners)}: they must all be local, or "
+                "all at one worker (whose result it then is)"
+            )
+        owner = next(iter(owners.values()), None)
         current: list[Any] = [
             a.copy_to(first) if isinstance(a, PointerTensor) and a.location is not first else a
             for a in args
@@ -123,7 +143,84 @@ class Protocol:
             if k + 1 < len(self._deployed):
                 nxt = self._deployed[k + 1][0]
                 current = [p.move(nxt) for p in current]
+        last = self._deployed[-1][0]
+        if owner is not None and owner is not last:  # the data owner gets the result
+            moved = [p.move(owner) for p in current]
+            out = tuple(moved) if isinstance(out, tuple) else moved[0]
         return out
+
+    # -- a protocol as an object: tags, bytes, sent to and found at a worker ------------
+    def tag(self, *tags: str) -> Protocol:
+        """Add search tags (found with :meth:`Protocol.search` once sent); returns self."""
+        if not tags or not all(isinstance(t, str) for t in tags):
+            raise TypeError("tag() takes one or more tag strings")
+        self.tags.update(tags)
+        return self
+
+    def describe(self, description: str) -> Protocol:
+        if not isinstance(description, str):
+            raise TypeError("describe() takes a string")
+        self.description = description
+        return self
+
+    def to_bytes(self) -> bytes:
+        """The roles, their built plans (:meth:`Plan.to_bytes`), tags and description, as
+        one msgpack byte string (no pickle)."""
+        for role, plan in self._roles:
+            if not plan.is_built:
+                raise PlanNotBuiltError(f"role {role!r}: plan {plan.name!r} is not built yet")
+        roles = [[r, p.to_bytes()] for r, p in self._roles]
+        return msgpack.packb(
+            [_MAGIC, roles, sorted(self.tags), self.description], use_bin_type=True
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Protocol:
+        """A protocol from :meth:`to_bytes` output; every plan is validated as
+        :meth:`Plan.from_bytes` validates it (:class:`ProtocolError` on anything else)."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ProtocolError(f"a protocol decodes from bytes, not {type(data).__name__}")
+        try:
+            outer = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
+        except Exception as e:
+            raise ProtocolError(f"not a serialised protocol: {type(e).__name__}: {e}") from None
+        if not (
+            isinstance(outer, list)
+            and len(outer) == 4
+            and outer[0] == _MAGIC
+            and isinstance(outer[1], list)
+            and 0 < len(outer[1]) <= _MAX_ROLES
+            and all(
+                isinstance(r, list)
+                and len(r) == 2
+                and isinstance(r[0], str)
+                and isinstance(r[1], bytes)
+                for r in outer[1]
+            )
+            and isinstance(outer[2], list)
+            and all(isinstance(t, str) for t in outer[2])
+            and isinstance(outer[3], str)
+        ):
+            raise ProtocolError("not a serialised protocol (bad structure)")
+        protocol = Protocol([(r, Plan.from_bytes(b)) for r, b in outer[1]])
+        protocol.tags = set(outer[2])
+        protocol.description = outer[3]
+        return protocol
+
+    def send(self, worker: WorkerClient) -> PointerProtocol:
+        """Store the protocol at ``worker`` (as bytes, tagged with its tags and
+        ``#protocol``), where :meth:`Protocol.search` finds it; returns a pointer to it.
+        Nothing runs there: deploy it to run it."""
+        from pointers.module import send, tag
+
+        data = torch.frombuffer(bytearray(self.to_bytes()), dtype=torch.uint8)
+        tag(data, PROTOCOL_TAG, *sorted(self.tags), description=self.description)
+        return PointerProtocol(send(data, worker))
+
+    @staticmethod
+    def search(worker: WorkerClient, *tags: str) -> list[PointerProtocol]:
+        """Pointers to the protocols sent to ``worker`` that carry every tag in ``tags``."""
+        return [PointerProtocol(p) for p in worker.search(PROTOCOL_TAG, *tags)]
 
     def __repr__(self) -> str:
         parts = []
@@ -133,4 +230,35 @@ class Protocol:
         return f"Protocol([{', '.join(parts)}])"
 
 
-__all__ = ["Protocol", "ProtocolError"]
+_MAGIC = "pointers.protocol/1"
+_MAX_ROLES = 64
+#: the tag every protocol sent to a worker carries
+PROTOCOL_TAG = "#protocol"
+
+
+class PointerProtocol:
+    """A protocol stored at a worker (PySyft's pointer to a sent protocol)."""
+
+    def __init__(self, ptr: PointerTensor) -> None:
+        if not isinstance(ptr, PointerTensor) or ptr.dtype != torch.uint8 or ptr.dim() != 1:
+            raise ProtocolError("a protocol pointer points to a protocol's bytes at a worker")
+        self._ptr = ptr
+
+    @property
+    def location(self) -> WorkerClient:
+        return self._ptr.location
+
+    @property
+    def id_at_location(self) -> int:
+        return self._ptr.id_at_location
+
+    def get(self, delete: bool = True) -> Protocol:
+        """The protocol, decoded and validated (``delete=False``: it stays at the worker)."""
+        raw = self._ptr.get(delete=delete)
+        return Protocol.from_bytes(raw.numpy().tobytes())
+
+    def __repr__(self) -> str:
+        return f"PointerProtocol(location={self.location.id!r}, id={self.id_at_location})"
+
+
+__all__ = ["PROTOCOL_TAG", "PointerProtocol", "Protocol", "ProtocolError"]
