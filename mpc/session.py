@@ -103,14 +103,22 @@ class Session:
     def is_current(self) -> bool:
         """False once a worker restarted since the seeds were dealt (a network worker's
         process came back with an empty store): the group needs a new session."""
+        return not self.restarted()
+
+    def restarted(self) -> list[str]:
+        """The ids of the workers that restarted since the seeds were dealt. A network
+        worker's incarnation is checked with the worker only when its connection dropped
+        since the last reply (:attr:`pointers.NetworkWorker.incarnation`), so this is free
+        while nothing happened."""
+        out = []
         for k, w in enumerate(self._workers()):
             now = getattr(w, "incarnation", None)
             seen = self._incarnations[k]
             if seen is None:
                 self._incarnations[k] = now
             elif now is not None and now != seen:
-                return False
-        return True
+                out.append(w.id)
+        return out
 
     @property
     def n(self) -> int:
