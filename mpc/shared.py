@@ -7,6 +7,9 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,10 +17,12 @@ import torch
 import pointers as pt
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.math.encoding import decode, encode
-from mpc.math.prg import random_ring
+from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
+# from this many elements on, input shares 0..n-2 travel as 16-byte seeds (share_tensor)
+SEEDED_FROM = 64
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
 
 
@@ -76,7 +81,7 @@ class SharedTensor(torch.Tensor):
         if self.pending:
             from mpc.protocols.arith import truncate
 
-            with self.session.concurrently(self.numel()):
+            with self.session.concurrently(self.numel()), held_sends(self.session):
                 self.shares = truncate(self.session, self.shares, self.pending)
             self.frac_bits -= self.pending
             self.pending = 0
@@ -171,12 +176,25 @@ class SharedTensor(torch.Tensor):
                     numel = max(numel, t.numel())
         if session is None:
             return handler(func, args, kwargs or {})
-        with session.concurrently(numel):
+        with session.concurrently(numel), held_sends(session):
             for a in args:
                 for t in a if isinstance(a, list | tuple) else (a,):
                     if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
                         t.materialize()
             return handler(func, args, kwargs or {})
+
+
+def held_sends(session: Session) -> AbstractContextManager[Any]:
+    """While an op's commands are posted, network workers hold them, so each worker gets
+    the op's commands in one call (one client -> worker latency per op, not per command:
+    see :func:`pointers.network.connection.hold_sends`). Nothing for in-process workers;
+    the network layer is not loaded unless some worker already uses it."""
+    conn = sys.modules.get("pointers.network.connection")
+    if conn is None:
+        return contextlib.nullcontext()
+    workers = session.parties + ([session.dealer] if session.dealer is not None else [])
+    hold: AbstractContextManager[Any] = conn.hold_sends(workers)
+    return hold
 
 
 def _needs_get(what: str) -> MPCError:
@@ -187,7 +205,11 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     """Split ``x`` into additive shares and send share i to party i.
 
     The caller (the data owner) draws the shares from a CSPRNG (AES counter mode seeded by
-    os.urandom); floats are encoded in fixed point, integers shared exactly.
+    os.urandom); floats are encoded in fixed point, integers shared exactly. From
+    :data:`SEEDED_FROM` elements on, parties 0..n-2 get a fresh 16-byte seed each and
+    expand it into their share themselves (``mpc.share_from_seed``), so only the last
+    party's share travels as a tensor: n-1 shares cost 16 bytes each instead of 8 per
+    element.
     """
     if isinstance(x, SharedTensor):
         raise MPCError("this tensor is already secret-shared")
@@ -208,13 +230,24 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     else:
         raise TypeError(f"cannot secret-share a tensor of dtype {x.dtype}")
     ring = encode(x, f)  # may be x itself (an int64 tensor): never changed in place
-    shares = []
+    shape = tuple(ring.shape)
+    seeded = ring.numel() >= SEEDED_FROM
+    shares: list[pt.PointerTensor] = []
     rest = ring
-    for p in session.parties[:-1]:
-        r = random_ring(tuple(ring.shape))
-        rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
-        shares.append(pt.send(r, p))
-    shares.append(pt.send(rest, session.parties[-1]))
+    with held_sends(session):
+        for p in session.parties[:-1]:
+            if seeded:  # party i expands a 16-byte seed into its share (no tensor travels)
+                seed = new_seed()
+                r = PRG(seed).int64(shape)
+                (ptr,) = pt.call_function(
+                    p, "mpc.share_from_seed", [seed, list(shape)], out=[(shape, torch.int64)]
+                )
+                assert ptr is not None  # (out= given: a pointer per output)
+            else:
+                r = random_ring(shape)
+            rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
+            shares.append(ptr if seeded else pt.send(r, p))
+        shares.append(pt.send(rest, session.parties[-1]))
     return SharedTensor(shares, session, f, dtype)
 
 

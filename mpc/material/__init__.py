@@ -31,6 +31,7 @@ from mpc.material.party import (
     cmp_mask,
     cmp_select_finish,
     party_derive,
+    share_from_seed,
     trunc_finish,
     trunc_mask,
 )
@@ -55,6 +56,7 @@ FUNCTIONS = {
     "mpc.beaver_combine": beaver_combine,
     "mpc.trunc_mask": trunc_mask,
     "mpc.trunc_finish": trunc_finish,
+    "mpc.share_from_seed": share_from_seed,
 }
 
 __all__ = ["FUNCTIONS", "TAG_T_ARITH", "consume", "derive"]

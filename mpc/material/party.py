@@ -22,7 +22,9 @@ from mpc.material.streams import (
     derive,
 )
 from mpc.math import bits
+from mpc.math.prg import PRG, SEED_BYTES
 from mpc.math.ring import ring_bilinear
+from pointers.errors import LimitExceeded, NotAllowedError
 from pointers.worker.sealing import protocol_function
 
 _LOW63 = 0x7FFFFFFFFFFFFFFF
@@ -271,3 +273,37 @@ def cmp_select_finish(
     if complement:
         return (1 - d) * v - coef * vt
     return d * v + coef * vt
+
+
+# An input share drawn from a seed: at most this many bytes (1 GiB), checked before the
+# tensor is allocated (a sent tensor is bounded by the message size limit the same way).
+MAX_SEEDED_BYTES = 1 << 30
+
+
+def share_from_seed(ctx: Any, seed: bytes, shape: list[int]) -> torch.Tensor:
+    """Party i's input share, expanded from a 16-byte seed the data owner drew (os.urandom)
+    and sent it instead of the share itself: the owner expands the same seed to compute the
+    last party's share. Each seed gives one share at a worker; a second use is refused."""
+    if type(seed) is not bytes or len(seed) != SEED_BYTES:
+        raise ValueError(f"an input seed is {SEED_BYTES} bytes, got {type(seed).__name__}")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= 64
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise ValueError(f"an input share's shape is a list of sizes, got {shape!r}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel * 8 > MAX_SEEDED_BYTES:
+        raise LimitExceeded(
+            f"an input share of {numel} elements exceeds the {MAX_SEEDED_BYTES} bytes a "
+            "seeded share may take"
+        )
+    used: set[bytes] = ctx.function_state.setdefault("mpc.input_seeds", set())
+    if seed in used:
+        raise NotAllowedError(
+            f"worker {ctx.id!r}: this input seed was used before; a seed gives one share"
+        )
+    used.add(seed)
+    return PRG(seed).int64(tuple(shape))

@@ -11,9 +11,11 @@ their errors.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -88,6 +90,51 @@ class Item:
         self.stale = False  # posted before an error the caller has seen: ignore its error
 
 
+class SendHold:
+    """Connections whose posted commands wait together (see :func:`hold_sends`)."""
+
+    __slots__ = ("_conns", "_lock")
+
+    def __init__(self, conns: list[Connection]) -> None:
+        self._conns = conns
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for c in self._conns:
+            with c._cond:
+                c._holds.append(self)
+
+    def release(self) -> None:
+        """End the hold on every connection (idempotent): held posts leave at once."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            with c._cond:
+                if self in c._holds:
+                    c._holds.remove(self)
+                c._cond.notify()
+
+
+@contextlib.contextmanager
+def hold_sends(workers: Iterable[Any]) -> Iterator[None]:
+    """Inside the block, the commands posted to the network workers among ``workers``
+    wait in their queues; at its end they leave together, one call per worker (a protocol
+    step's commands then cost one client -> worker latency, not one per command). A
+    request or inspection sent to any of them inside ends the hold at once (a reply is
+    awaited, and it may depend on what is held); so does a queue that reaches half the
+    message size limit. Other workers are ignored."""
+    conns = [c for w in workers if isinstance(c := getattr(w, "_conn", None), Connection)]
+    if not conns:
+        yield
+        return
+    hold = SendHold(conns)
+    hold.start()
+    try:
+        yield
+    finally:
+        hold.release()
+
+
 class Connection:
     """One channel, one ordered queue, one sender thread. Holds no reference to the
     :class:`NetworkWorker`, so dropping the worker closes the connection. Its messages
@@ -124,6 +171,9 @@ class Connection:
         self.progress = time.monotonic()  # when the sender last started or finished a call
         self.failures = 0  # calls that failed in transport (the worker may have restarted)
         self.deadline = deadline
+        self._holds: list[SendHold] = []  # open holds: posts wait in the queue
+        self._urgent = 0  # queued requests and inspections (they end every hold)
+        self._queued_bytes = 0
         context.register(self)
         self._thread = threading.Thread(
             target=self._run, name=f"pointers-send-{worker_id}", daemon=True
@@ -139,7 +189,22 @@ class Connection:
                 self.progress = time.monotonic()
             item.seq = self.context.tick()  # under the lock: the queue is in number order
             self._queue.append(item)
+            self._queued_bytes += item.size
+            urgent = item.future is not None
+            if urgent:
+                self._urgent += 1
+            holds = list(self._holds) if urgent else []
             self._cond.notify()
+        for hold in holds:  # a reply is awaited: what is held with it must leave now
+            hold.release()
+
+    def _held(self) -> bool:
+        """Whether the queue waits for a hold to end (called with the lock held)."""
+        return (
+            bool(self._holds)
+            and not self._urgent
+            and self._queued_bytes < self.max_message_bytes // 2
+        )
 
     def busy_before(self, seq: int) -> bool:
         """Whether a message numbered below ``seq`` is still queued or in flight here."""
@@ -171,7 +236,7 @@ class Connection:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while (not self._queue or self._held()) and not self._closed:
                     self._cond.wait()
                 if not self._queue and self._closed:
                     break
@@ -188,9 +253,13 @@ class Connection:
                         break
                     batch.append(self._queue.popleft())
                     size += head.size
+                    if head.future is not None:
+                        self._urgent -= 1
                 inspect = None
                 if not batch and self._queue:
                     inspect = self._queue.popleft()
+                    self._urgent -= inspect.future is not None
+                self._queued_bytes -= size + (inspect.size if inspect is not None else 0)
                 self._running = batch[0].seq if batch else getattr(inspect, "seq", None)
             self.progress = time.monotonic()
             try:
