@@ -43,6 +43,8 @@ def unwrap_fixed_precision(x: Any, frac_bits: int | None) -> tuple[Any, int | No
     bits = precision_of(x)
     if bits is None:
         return x, frac_bits
+    if isinstance(x, FixedPrecisionTensor) and not x.float_dtype.is_floating_point:
+        return x.float_precision(), frac_bits  # integers are shared exactly
     if frac_bits is not None and frac_bits != bits:
         raise MPCError(
             f"the value is in fixed precision with {bits} fractional bits, but frac_bits="

@@ -112,6 +112,9 @@ def frac_bits_for(precision_fractional: int | None = None, frac_bits: int | None
     return frac_bits
 
 
+_INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
 class FixedPrecisionTensor(torch.Tensor):
     """A float tensor encoded in fixed point (PySyft's ``x.fix_precision()``): int64 values
     ``round(x * 2**frac_bits)``. ``share(...)`` shares it with its ``frac_bits``;
@@ -129,9 +132,15 @@ class FixedPrecisionTensor(torch.Tensor):
                 "fix_precision() of a remote tensor is not supported: get() it first, or "
                 "share it (sharing encodes in fixed point itself)"
             )
-        if not x.is_floating_point():
-            raise TypeError(f"fix_precision() expects a float tensor, got {x.dtype}")
         x = x.detach()
+        if not x.is_floating_point():
+            if x.dtype not in _INTEGER_DTYPES:
+                raise TypeError(f"fix_precision() expects a float or integer tensor, got {x.dtype}")
+            # integers are exact already: no fractional bits (shared as integers)
+            t = torch.Tensor._make_subclass(FixedPrecisionTensor, x.to(torch.int64))
+            t.frac_bits = 0
+            t.float_dtype = x.dtype
+            return t
         limit = 2.0 ** (62 - frac_bits)
         if x.numel() and not bool(x.abs().max() < limit):
             raise ValueError(
@@ -144,8 +153,10 @@ class FixedPrecisionTensor(torch.Tensor):
         return t
 
     def float_precision(self) -> torch.Tensor:
-        """The decoded float tensor."""
+        """The decoded float tensor (an integer tensor's own values)."""
         raw = self.as_subclass(torch.Tensor)
+        if not self.float_dtype.is_floating_point:
+            return raw.to(self.float_dtype)
         return (raw.double() / 2.0**self.frac_bits).to(self.float_dtype)
 
     def fix_precision(self, *args: Any, **kwargs: Any) -> FixedPrecisionTensor:
@@ -203,9 +214,9 @@ def float_precision(x: Any) -> Any:
         if hasattr(x, _MODEL_MARK):
             delattr(x, _MODEL_MARK)
         return x
-    if isinstance(x, torch.Tensor) and (x.is_floating_point() or isinstance(x, PointerTensor)):
+    if isinstance(x, torch.Tensor):  # already decoded (what shared.get() returns)
         return x
-    raise TypeError(f"float_precision() expects a fixed-precision tensor, got {x.dtype}")
+    raise TypeError(f"float_precision() expects a fixed-precision tensor, got {type(x).__name__}")
 
 
 def precision_of(x: Any) -> int | None:

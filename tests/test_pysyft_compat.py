@@ -115,8 +115,10 @@ def test_fix_precision_round_trip():
     assert f.dtype == torch.int64
     assert torch.allclose(f.float_precision(), x, atol=1e-3)
     assert torch.equal(torch.tensor([0.5]).fix_precision().float_precision(), torch.tensor([0.5]))
-    with pytest.raises(TypeError, match="float tensor"):
-        torch.tensor([1, 2]).fix_precision()
+    labels = torch.tensor([1, 7]).fix_precision()  # integers stay exact (PySyft's labels)
+    assert labels.frac_bits == 0 and torch.equal(labels.float_precision(), torch.tensor([1, 7]))
+    with pytest.raises(TypeError, match="float or integer tensor"):
+        torch.tensor([True]).fix_precision()
 
 
 def test_fix_precision_share_and_back(make_worker):

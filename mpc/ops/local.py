@@ -274,7 +274,10 @@ def sum_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     if kwargs.get("dtype") is not None:
         kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
-    return x.with_shares([func(s, *args[1:], **kwargs) for s in x.shares])
+    out = x.with_shares([func(s, *args[1:], **kwargs) for s in x.shares])
+    if x.dtype == torch.bool:  # as torch: a count (bools are shared as 0/1 integers)
+        return wrap(out, list(out.shares), 0, torch.int64)
+    return out
 
 
 @register(aten.mean.default, aten.mean.dim)
@@ -316,4 +319,6 @@ def to_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if x.frac_bits == 0:
             return wrap(x, rescale(x, f), f, dtype)
         return wrap(x, list(x.shares), x.frac_bits, dtype)
+    if x.dtype == torch.bool and dtype in (torch.int64, torch.int32):  # 0/1 integers already
+        return wrap(x, list(x.shares), 0, dtype)
     raise MPCError(f"cannot convert a shared {x.dtype} tensor to {dtype} without a protocol")
