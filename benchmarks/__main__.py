@@ -23,6 +23,15 @@ selected cases use (the parties, the crypto provider ``carol``, and W8's five da
 worker sleeps X ms before it handles each gRPC call it receives (a batch of pipelined
 commands from the client, or one object a peer delivers).
 
+``--bandwidth MBIT`` (with ``--network`` only) simulates a link of that speed: every call
+a process sends (a client's batch of commands, a delivery between workers) waits
+size / bandwidth before it leaves; calls sent side by side do not share the bandwidth, and
+replies (a fetched value) are not delayed. With a latency set, the table gains a column
+``floor`` = rounds x latency, the least any protocol of that many rounds could take.
+
+``--plan`` runs W5 and W13 as ``mpc.plan`` calls (recorded once, before the timer; each
+timed run is one plan call: one message per worker); other workloads run op by op.
+
 Exit status: 0, 1 if a result was incorrect, 2 on a usage error, 130 on Ctrl-C (and, with
 ``--network``, on SIGTERM: both stop the worker processes first).
 """
@@ -66,6 +75,10 @@ LATENCY_HELP = (
     "object a peer delivers: a share opened to it, dealer material); replies are not "
     "delayed. 0 to 10000; default 0"
 )
+BANDWIDTH_NEEDS_NETWORK = (
+    "--bandwidth needs --network: the worker processes and the client delay what they send"
+)
+PLAN_WORKLOADS = ("W5", "W13")
 
 
 def parse_size(text: str) -> int:
@@ -170,6 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--latency-ms", type=float, default=None, metavar="MS", help=LATENCY_HELP)
     ap.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        metavar="MBIT",
+        help="with --network only: simulate a link of MBIT Mbit/s (each call sent waits "
+        "size/bandwidth before it leaves; replies are not delayed)",
+    )
+    ap.add_argument(
+        "--plan",
+        action="store_true",
+        help=f"run {' and '.join(PLAN_WORKLOADS)} as mpc.plan calls (recorded once before "
+        "the timer)",
+    )
+    ap.add_argument(
         "--serial",
         action="store_true",
         help="in-process workers run one after the other in one thread, even for large "
@@ -192,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(LATENCY_NEEDS_NETWORK)
         if not 0 <= args.latency_ms <= 10_000:
             ap.error(f"--latency-ms must lie in [0, 10000], got {args.latency_ms:g}")
+    if args.bandwidth is not None:
+        if not args.network:
+            ap.error(BANDWIDTH_NEEDS_NETWORK)
+        if not 0 < args.bandwidth <= 1_000_000:
+            ap.error(f"--bandwidth must lie in (0, 1000000] Mbit/s, got {args.bandwidth:g}")
     latency = args.latency_ms or 0.0
     try:
         common, per = parse_sizes(args.sizes)
@@ -222,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.network:
         meta.update(workers=report.NETWORK_WORKERS, network=True, latency_ms=latency)
+        if args.bandwidth is not None:
+            meta.update(bandwidth_mbit=args.bandwidth)
+    if args.plan:
+        meta.update(plan=list(PLAN_WORKLOADS))
     try:
         with _sigterm_as_interrupt() if args.network else contextlib.nullcontext():
             rows, bad = _run(cases, args, latency)
@@ -233,9 +269,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print(report.describe(meta))
     print(format_table(rows))
+    if latency:
+        print()
+        print(report.floor_table(rows, latency))
     if args.markdown:
         print()
         print(format_markdown(rows))
+        if latency:
+            print()
+            print(report.floor_table(rows, latency, markdown=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(_finite({"meta": meta, "rows": rows}), f, indent=1, default=str)
@@ -261,17 +303,22 @@ def _run(
         if args.serial:
             factory = functools.partial(pt.VirtualWorker, concurrent=False)
         if args.network:
-            cluster = _start_cluster(cases, latency)
+            cluster = _start_cluster(cases, latency, args.bandwidth)
             factory = cluster.connect
         progress = _progress(len(cases) * (args.repeat + 2), disable=args.no_progress)
         for case in cases:
             progress.set_description(case.id)
-            row = measure(
-                case.build(factory), repeat=args.repeat, progress=lambda: progress.update()
-            )
+            w = case.build(factory)
+            planned = args.plan and case.workload in PLAN_WORKLOADS
+            offline = as_plan(w) if planned else None
+            row = measure(w, repeat=args.repeat, progress=lambda: progress.update())
+            if offline is not None:
+                row.update(plan=True, plan_record_s=offline)
             if cluster is not None:
                 cluster.close_connections()  # the next case connects afresh
                 row.update(workers="network", latency_ms=latency)
+                if args.bandwidth is not None:
+                    row.update(bandwidth_mbit=args.bandwidth)
             rows.append(row)
             bad += failures(row)
     finally:
@@ -300,16 +347,57 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _start_cluster(cases: list[Case], latency: float) -> Any:
-    """Serve every worker the cases use, each in its own process on 127.0.0.1."""
+def as_plan(w: Any) -> float:
+    """Make ``w`` run as an ``mpc.plan`` of its function (W5, W13): record the plan now
+    (not timed by the benchmark) and return the seconds that took; each run is then one
+    plan call, and the correctness check compares the plan's output with plaintext."""
+    import time
+
+    import mpc
+
+    if w.fn is None:
+        raise ValueError(f"workload {w.id} cannot run as a plan (no function of its inputs)")
+    start = time.perf_counter()
+    plan = mpc.plan(w.fn, *w.inputs)
+    w.sync()
+    recorded = time.perf_counter() - start
+    inputs = w.inputs
+
+    def run() -> Any:
+        return plan(*inputs)
+
+    def check() -> dict[str, Any]:
+        out, ref = run().get(), w.plain()
+        result: dict[str, Any] = {"max_abs_err": float((out - ref).abs().max())}
+        if w.id == "W5":
+            result["argmax_mismatches"] = int((out.argmax(1) != ref.argmax(1)).sum())
+        return result
+
+    w.run, w.check = run, check
+    w.op = f"{w.op} plan"
+    return recorded
+
+
+def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = None) -> Any:
+    """Serve every worker the cases use, each in its own process on 127.0.0.1 (with a
+    simulated ``bandwidth`` in Mbit/s: set in the environment the processes inherit)."""
+    import os
+
     from pointers.network.cluster import LocalCluster
+    from pointers.network.transport import BANDWIDTH_ENV
 
     names = list(dict.fromkeys(n for c in cases for n in worker_names(c.workload, c.parties)))
+    link = f", simulated bandwidth {bandwidth:g} Mbit/s" if bandwidth else ""
     print(
         f"python -m benchmarks: starting {len(names)} worker processes "
-        f"({', '.join(names)}) on 127.0.0.1, mutual TLS, added latency {latency:g} ms ...",
+        f"({', '.join(names)}) on 127.0.0.1, mutual TLS, added latency {latency:g} ms"
+        f"{link} ...",
         file=sys.stderr,
     )
+    if bandwidth:  # the client's own connections read it when they are made
+        os.environ[BANDWIDTH_ENV] = f"{bandwidth:g}"
+    else:
+        os.environ.pop(BANDWIDTH_ENV, None)
     return LocalCluster(names, latency_ms=latency).start()
 
 

@@ -82,10 +82,14 @@ def describe(meta: dict[str, Any]) -> str:
             f"NETWORK workers (one `python -m pointers serve` process each on 127.0.0.1, "
             f"mutual TLS), added latency {meta.get('latency_ms') or 0:g} ms per call received"
         )
+        if meta.get("bandwidth_mbit"):
+            where += f", simulated bandwidth {meta['bandwidth_mbit']:g} Mbit/s"
     elif "serial" in str(meta.get("workers", "")):
         where = "in-process VirtualWorkers one after the other (--serial)"
     else:
         where = "in-process VirtualWorkers (side by side for operands of 2^15+ elements)"
+    if meta.get("plan"):
+        where += f"; {' and '.join(meta['plan'])} as mpc.plan calls"
     return (
         f"{meta.get('parties', 2)} parties + crypto provider, {where}, "
         f"{meta.get('torch_threads', 1)} torch thread(s), {meta.get('repeat', '?')} timed runs; "
@@ -126,3 +130,46 @@ def plot_throughput(rows: list[dict[str, Any]], path: str | Path, title: str = "
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
+
+
+def floor_table(rows: list[dict[str, Any]], latency_ms: float, markdown: bool = False) -> str:
+    """With an added latency L: per protocol row, its rounds R, the latency floor R x L
+    (the least any protocol of R rounds could take), the median, what lies above the
+    floor, and the bound (R + 2) x L an op-by-op run aims at (``--plan``: (R + 1) x L)."""
+    from benchmarks.workloads import _fmt_time
+
+    head = ["workload", "size", "rounds", "floor R x L", "median", "above floor", "bound", "L"]
+    lines: list[list[str]] = []
+    for r in rows:
+        if "messages_per_op" in r or "rounds" not in r:
+            continue
+        rounds = int(r["rounds"])
+        floor = rounds * latency_ms / 1e3
+        extra = 1 if r.get("plan") else 2
+        bound = (rounds + extra) * latency_ms / 1e3
+        median = r.get("median_s")
+        above = None if median is None else median - floor
+        lines.append(
+            [
+                f"{r['workload']} {r['op']}",
+                str(r["size"]),
+                str(rounds),
+                _fmt_time(floor),
+                _fmt_time(median),
+                _fmt_time(above),
+                f"(R+{extra})L = {_fmt_time(bound)}",
+                f"{(median or 0) * 1e3 / latency_ms:.1f} L",
+            ]
+        )
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(cells) + " |" for cells in lines]
+        return "\n".join(out)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    out = [
+        f"latency floor at {latency_ms:g} ms per call received (median in units of L):",
+        fmt.format(*head),
+    ]
+    out += [fmt.format(*cells) for cells in lines]
+    return "\n".join(out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ class Workload:
     shape: tuple[int, ...] = ()
     # data workers that send to the parties (W8): their upload is recorded per run
     clients: list[Any] = field(default_factory=list)
+    # the function of the shared inputs that ``run`` computes, for ``--plan`` (W5, W13):
+    # ``mpc.plan(fn, *inputs)`` records it once, then each run is one plan call
+    fn: Callable[..., Any] | None = None
+    inputs: tuple[Any, ...] = ()
 
     @property
     def name(self) -> str:
@@ -81,10 +86,27 @@ class Workload:
 
     def sync(self) -> None:
         """Wait until every worker ran what it was sent (network workers pipeline their
-        commands, so an op returns before the workers did it); nothing in process."""
-        for w in self.everyone:
-            if not isinstance(w, pt.VirtualWorker):
+        commands, so an op returns before the workers did it); nothing in process. The
+        workers are waited for side by side (one client -> worker round trip, not one per
+        worker)."""
+        remote = [w for w in self.everyone if not isinstance(w, pt.VirtualWorker)]
+        errors: list[BaseException] = []
+
+        def one(w: Any) -> None:
+            try:
                 w.sync()
+            except BaseException as e:  # raised below, in this thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(w,)) for w in remote[1:]]
+        for t in threads:
+            t.start()
+        if remote:
+            one(remote[0])
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -362,6 +384,8 @@ def w5_lenet(batch: int, parties: int = 2, factory: WorkerFactory | None = None)
         dealer=carol,
         elements=batch,
         shape=tuple(inp.shape),
+        fn=shared_model,
+        inputs=(x,),
     )
 
 
@@ -1198,6 +1222,8 @@ def w13_transformer(seq: int, parties: int = 2, factory: WorkerFactory | None = 
         dealer=carol,
         elements=seq,
         shape=tuple(inp.shape),
+        fn=shared_layer,
+        inputs=(x,),
     )
 
 

@@ -245,8 +245,9 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
                 assert ptr is not None  # (out= given: a pointer per output)
             else:
                 r = random_ring(shape)
+                ptr = pt.send(r, p)
             rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
-            shares.append(ptr if seeded else pt.send(r, p))
+            shares.append(ptr)
         shares.append(pt.send(rest, session.parties[-1]))
     return SharedTensor(shares, session, f, dtype)
 

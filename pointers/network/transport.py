@@ -12,6 +12,7 @@ a :mod:`~pointers.network.framing` envelope, so msgpack stays the only format):
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
 from typing import Any
 
@@ -42,6 +43,23 @@ SERVER_KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+# Benchmarks only (python -m benchmarks --bandwidth): a simulated link speed in Mbit/s.
+# Every call a process sends then waits len(request) / bandwidth before it leaves, as on
+# a link of that speed; calls sent side by side do not share it, and replies are not
+# delayed. Unset (the default): no delay.
+BANDWIDTH_ENV = "POINTERS_SIMULATED_MBIT"
+
+
+def simulated_bytes_per_s() -> float:
+    """The simulated bandwidth in bytes per second from :data:`BANDWIDTH_ENV` (0: none)."""
+    text = os.environ.get(BANDWIDTH_ENV, "")
+    try:
+        mbit = float(text) if text else 0.0
+    except ValueError:
+        return 0.0
+    return mbit * 1e6 / 8 if mbit > 0 else 0.0
 
 
 def is_loopback(host: str) -> bool:
@@ -161,8 +179,11 @@ class Call:
         self._call = channel.unary_unary(method)
         self.reconnect_wait = reconnect_wait
         self._last_retry = -1e9
+        self._rate = simulated_bytes_per_s()
 
     def __call__(self, data: bytes, timeout: float, metadata: Any = None) -> bytes:
+        if self._rate:
+            time.sleep(len(data) / self._rate)
         try:
             return self._call(data, timeout=timeout, metadata=metadata)
         except grpc.RpcError as e:
