@@ -351,3 +351,45 @@ def test_sandbox_grid_search():
     assert sorted(found) == sorted(w.id for w in names["workers"])
     assert sum(p[0].shape[0] for p in found.values()) == 442
     assert names["grid"].search("#nothing") == {}
+
+
+# -- pointer chains, protocols as objects, sharing a remote tensor: on both worker kinds ----
+
+
+def test_pointer_chain_or_a_clear_refusal(bob, alice, worker_kind):
+    x = torch.tensor([1.0, 2.0]).send(bob)
+    if worker_kind == "network":  # a network worker is never a client of another
+        with pytest.raises(pt.PointerError, match="in-process workers only"):
+            x.send(alice)
+        assert torch.equal(x.get(), torch.tensor([1.0, 2.0]))  # nothing lost
+        return
+    chained = x.send(alice)
+    assert torch.equal((chained * 2).get().get(), torch.tensor([2.0, 4.0]))
+
+
+def test_protocol_sent_searched_and_fetched(make_worker):
+    alice, bob, james = (make_worker(n) for n in ("alice", "bob", "carol"))
+    # -1: any length, also after a round trip through bytes (which leaves the functions)
+    inc = pt.func2plan(args_shape=[(-1,)])(lambda x: x + 1)
+    dbl = pt.func2plan(args_shape=[(-1,)])(lambda x: x * 2)
+    protocol = pt.Protocol([("first", inc), ("second", dbl)]).tag("#inc-dbl")
+    ptr = protocol.send(james)
+    (found,) = pt.Protocol.search(james, "#inc-dbl")
+    assert found.id_at_location == ptr.id_at_location
+    fetched = found.get()
+    fetched.deploy(alice, bob)
+    x = torch.tensor([1.0, 3.0]).send(james)
+    out = fetched.run(x)  # the data owner gets the result
+    assert out.location.id == james.id
+    assert torch.equal(out.get(), torch.tensor([4.0, 8.0]))
+
+
+def test_share_a_remote_tensor(make_worker):
+    pytest.importorskip("mpc")
+    bob, alice, james = (make_worker(n) for n in ("bob", "alice", "carol"))
+    x = torch.tensor([1.5, -2.0, 0.25]).send(bob)
+    shared = x.fix_precision(precision_fractional=3).share(bob, alice, crypto_provider=james)
+    assert shared.frac_bits == 10
+    y = torch.tensor([2.0, 2.0, 2.0]).share(bob, alice, crypto_provider=james)
+    assert torch.allclose((shared * y).get(), torch.tensor([3.0, -4.0, 0.5]), atol=1e-2)
+    assert torch.equal(x.get(), torch.tensor([1.5, -2.0, 0.25]))
