@@ -13,7 +13,7 @@ from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
-from mpc.math.encoding import EncodingError
+from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.plan import SharedPlan, plan
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session
@@ -24,6 +24,7 @@ _compat.install()  # PySyft 0.2 compatible names on SharedTensor
 __all__ = [
     "CryptoProviderRequired",
     "EncodingError",
+    "FixedPointRangeWarning",
     "MPCConfig",
     "MPCError",
     "PartyMismatchError",
