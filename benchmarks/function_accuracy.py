@@ -3,11 +3,18 @@
 ``python -m benchmarks.function_accuracy [--n 10000]`` prints a markdown table: for 2 and 3
 parties, the max error against float64 torch on the issue's inputs, and the rounds of one
 call (the table in docs/secret-sharing.md comes from this script).
+
+``python -m benchmarks.function_accuracy --time [--n 100000] [--repeat 5]`` times each
+function instead (2 parties + crypto provider in process, one torch thread): median and
+process CPU time of one call, rounds and bytes per party, and the reference figures of
+CrypTen 0.4.1 quoted in issue 13 where there is one.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -83,10 +90,68 @@ def measure(n: int, parties: int, seed: int = 0) -> list[tuple[str, str, str, fl
     return rows
 
 
+# CrypTen 0.4.1 on the same inputs, as quoted in issue 13 (2 processes, 1 thread each)
+CRYPTEN = {
+    "exp": (66e-3, 8),
+    "reciprocal": (491e-3, 38),
+    "sigmoid": (311e-3, 23),
+}
+
+
+def timing(n: int, repeat: int = 5, seed: int = 0) -> list[dict[str, Any]]:
+    """Per function of :data:`CASES` at n elements: median wall and CPU seconds of one
+    call (after a warm-up), rounds and max bytes sent per party."""
+    torch.set_num_threads(1)
+    workers = [pt.VirtualWorker(name) for name in ("alice", "bob")]
+    dealer = pt.VirtualWorker("carol")
+    rows = []
+    for name, _, draw, fn, _, _ in CASES:
+        xs = draw(n, torch.Generator().manual_seed(seed))
+        xs = xs if isinstance(xs, tuple) else (xs,)
+        shared = [mpc.share(x.float(), *workers, crypto_provider=dealer) for x in xs]
+        fn(*shared)
+        walls, cpus = [], []
+        for _ in range(repeat):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn(*shared)
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        with mpc.stats() as s:
+            fn(*shared)
+        ref = CRYPTEN.get(name)
+        rows.append(
+            {
+                "function": name,
+                "median_s": statistics.median(walls),
+                "cpu_s": statistics.median(cpus),
+                "rounds": s.rounds,
+                "bytes_per_party": s.max_bytes_per_party,
+                "crypten_s": ref[0] if ref else None,
+                "crypten_rounds": ref[1] if ref else None,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--n", type=int, default=10_000, help="elements per function")
+    ap.add_argument("--n", type=int, default=None, help="elements per function")
+    ap.add_argument("--time", action="store_true", help="time each function instead")
+    ap.add_argument("--repeat", type=int, default=5, help="timed calls (--time)")
     args = ap.parse_args()
+    if args.time:
+        print("| function | median | cpu | rounds | bytes/party | CrypTen 0.4.1 | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for r in timing(args.n or 100_000, args.repeat):
+            ct = r["crypten_s"]
+            ref = f"{ct * 1e3:.0f} ms, {r['crypten_rounds']} rounds" if ct else "-"
+            ratio = f"{r['median_s'] / ct:.2f}x" if ct else "-"
+            print(
+                f"| {r['function']} | {r['median_s'] * 1e3:.0f} ms | {r['cpu_s'] * 1e3:.0f} ms "
+                f"| {r['rounds']} | {r['bytes_per_party'] / 1e6:.1f} MB | {ref} | {ratio} |"
+            )
+        return
+    args.n = args.n or 10_000
     two, three = measure(args.n, 2), measure(args.n, 3)
     print("| function | inputs | error | 2 parties | 3 parties | goal | rounds |")
     print("|---|---|---|---|---|---|---|")

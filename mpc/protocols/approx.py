@@ -199,28 +199,6 @@ def fit(
     return [0.0] * first + c
 
 
-# -- piecewise polynomials -------------------------------------------------------------
-
-
-def piecewise_poly(x: Fx, edges: Sequence[float], coefs: Sequence[Sequence[float]], out: int) -> Fx:
-    """p_b(x) on bin b, p_b's coefficients ``coefs[b]`` (same degree D for all bins).
-
-    Rounds: powers x^2..x^D (2 ceil(log2 D)), the comparison of x with every edge (8),
-    the products a_d(x) x^d with the selected coefficients a_d (1 Beaver round) and one
-    truncation: 4 + 8 + 2 = 14 for cubics.
-    """
-    deg = len(coefs[0]) - 1
-    pows = powers(x, deg, x.scale)
-    bits = step_bits(x, edges)
-    cbits = 24  # coefficient scale
-    a = [select(x, bits, [c[d] for c in coefs], cbits) for d in range(deg + 1)]
-    prods = mul_many([(a[d], pows[d - 1]) for d in range(1, deg + 1)], None)
-    acc = a[0].lift(prods[0].scale)
-    for p in prods:
-        acc = acc.add(p)
-    return truncate_many([acc], [out])[0]
-
-
 # -- exp --------------------------------------------------------------------------------
 
 LOG2E = 1.0 / math.log(2.0)
@@ -439,8 +417,9 @@ def piecewise_wide(
     T edges (8), the products [x in bin b] q_b(v) of the 0/1 bin indicators with the
     locally evaluated polynomials, and the linear outer pieces, in one Beaver round (no
     truncation: the indicators are integers), then one truncation: 16 rounds for D = 7.
-    Per element: T comparisons and D - 1 + T + 1 products (the narrow-bin
-    :func:`piecewise_poly` needs one comparison per bin).
+    Per element: T comparisons and D - 1 + T + 1 products. Piecewise cubics on narrow bins
+    (a comparison per bin) cost two to four times more: a comparison sends about three
+    times the bytes of a product.
 
     Outside the inner bins the powers overflow for large |x|; they are multiplied by a
     zero indicator there, which is exact in the ring.
