@@ -121,7 +121,7 @@ def check_public_product(p: torch.Tensor, frac_bits: int, op: str, public_first:
         dims = (-1,) if public_first or p.dim() < 2 else (-2,)
     else:
         return
-    top = float(p.detach().abs().to(torch.float64).sum(dim=dims).max())
+    top = float(p.detach().abs().sum(dim=dims).max())  # (in its dtype: a bound, not a value)
     if math.isfinite(top) and top >= product_safe_value(frac_bits):
         _range_warning(
             f"the public operand of {op}: its largest sum of |p| over the contracted dimension",
