@@ -86,15 +86,17 @@ class Workload:
 
     def sync(self) -> None:
         """Wait until every worker ran what it was sent (network workers pipeline their
-        commands, so an op returns before the workers did it); nothing in process. The
-        workers are waited for side by side (one client -> worker round trip, not one per
-        worker)."""
+        commands, so an op returns before the workers did it), and for the programs an
+        ``mpc.plan`` call started there; nothing in process. The workers are waited for
+        side by side (one client -> worker round trip, not one per worker)."""
         remote = [w for w in self.everyone if not isinstance(w, pt.VirtualWorker)]
         errors: list[BaseException] = []
 
         def one(w: Any) -> None:
             try:
                 w.sync()
+                w.wait_programs()  # an mpc.plan call runs as programs at the workers
+                w.sync()  # (and reports their errors)
             except BaseException as e:  # raised below, in this thread
                 errors.append(e)
 
