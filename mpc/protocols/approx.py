@@ -202,18 +202,21 @@ def fit(
 # -- exp --------------------------------------------------------------------------------
 
 LOG2E = 1.0 / math.log(2.0)
-EXP_T_LO, EXP_T_HI, EXP_STEP = -24, 16, 2
-_EXP_POLY = fit(lambda u: torch.exp2(EXP_STEP * u), 0.0, 1.0, 4, relative=True)
+EXP_T_LO, EXP_T_HI, EXP_STEP, EXP_DEG = -24, 16, 8, 8
+# 2^(8u) for u in [0, 1), in the centred variable w = 2u - 1 (smaller coefficients)
+_EXP_POLY = fit(lambda w: torch.exp2(EXP_STEP * (w + 1) / 2), -1.0, 1.0, EXP_DEG, relative=True)
 
 
 def exp(x: Fx, out: int, t_hi: int = EXP_T_HI) -> Fx:
-    """[e^x] by range reduction: t = x log2(e), n = t rounded down to a multiple of 2,
-    e^x = 2^n 2^(t - n), 2^(t-n) = p(u) for u = (t - n)/2 in [0, 1) (degree 4, relative
-    error 9e-5), 2^n selected by the bin bits (exact).
+    """[e^x] by range reduction: t = x log2(e), n = t rounded down to a multiple of 8,
+    e^x = 2^n 2^(t - n), 2^(t-n) = p(w) for u = (t - n)/8 in [0, 1) and w = 2u - 1
+    (degree 8, relative error 1e-4), 2^n selected by the bin bits (exact).
 
     Domain t in [-24, t_hi) (x in [-16.6, 11.09) for t_hi = 16): below it the result is 0,
-    at or above it 2^t_hi (saturation). Rounds: truncation of x log2 e (1), comparison (8),
-    powers u^2..u^4 (4), the polynomial's truncation (1), the product 2^n p(u) (2): 16.
+    at or above it 2^t_hi (saturation). Rounds: truncation of x log2 e (1), comparison with
+    6 thresholds (8), powers w^2..w^8 (6), the polynomial's truncation (1), the product
+    2^n p(w) (2): 18. Bins of 2 (a degree-4 polynomial) would take 16 rounds but 21
+    comparisons per element instead of 6.
     """
     edges_t = list(range(EXP_T_LO, t_hi + 1, EXP_STEP))
     thresholds = [e / LOG2E for e in edges_t]
@@ -223,9 +226,11 @@ def exp(x: Fx, out: int, t_hi: int = EXP_T_HI) -> Fx:
     t = x.times_public(LOG2E / EXP_STEP, 24)  # (t / 2) at scale s + 24
     u = t.add(select(x, bits, [-n / EXP_STEP for n in ns], t.scale))
     (u,) = truncate_many([u], [WORK])
-    pows = powers(u, 4, WORK)
-    p = poly_public(pows, _EXP_POLY, 16)
-    (p,) = truncate_many([p], [WORK - 4])  # p < 4: scale 20 keeps the product in range
+    w = u.with_shares(u.shares, WORK - 1).add_public(-1.0).lift(WORK)  # 2u - 1, exact
+    pows = powers(w, EXP_DEG, WORK)
+    p = poly_public(pows, _EXP_POLY, 20)
+    # p < 2^8 at scale 20, 2^n <= 2^16 at out: the product stays below 2^62
+    (p,) = truncate_many([p], [WORK - 4])
     gamma = select(x, bits, [0.0] + [2.0**n for n in ns[1:-1]] + [0.0], out)
     top = select(x, bits, [0.0] * (len(ns) - 1) + [2.0**t_hi], out)
     return mul(gamma, p, out).add(top)
