@@ -209,7 +209,8 @@ class Protocol:
 
     def send(self, worker: WorkerClient) -> PointerProtocol:
         """Store the protocol at ``worker`` (as bytes, tagged with its tags and
-        ``#protocol``), where :meth:`Protocol.search` finds it; returns a pointer to it.
+        ``#protocol``), where :meth:`Protocol.search` finds it; returns a pointer to it,
+        which owns it as any pointer does (dropping it deletes it at the worker).
         Nothing runs there: deploy it to run it."""
         from pointers.module import send, tag
 
