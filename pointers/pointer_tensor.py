@@ -309,6 +309,13 @@ class PointerTensor(torch.Tensor):
     def tag(self, *tags: str, description: str = "") -> PointerTensor:
         """Add search tags to the remote object."""
         self._ref.check()
+        if self._ref.chain is not None:
+            from pointers.worker.chains import ChainError
+
+            raise ChainError(
+                "a pointer chain cannot be tagged (the worker holds a pointer, not a tensor, "
+                "and search finds tensors): tag the tensor before sending it on"
+            )
         self._ref.location.post(Tag(self._ref.obj_id, list(tags), description))
         return self
 

@@ -110,6 +110,9 @@ def test_chain_refusals_are_clear(bob, alice):
         x.send(carol)
     with pytest.raises(ChainError, match="get\\(\\) one hop first"):
         x.copy_to(carol)
+    with pytest.raises(ChainError, match="cannot be tagged"):
+        x.tag("#mine")
+    assert bob.search("#mine") == []
     with pytest.raises(pt.PointerError, match="already at 'bob'"):
         torch.tensor([1.0]).send(bob).send(bob)
     g = torch.tensor([1.0], requires_grad=True).send(bob)

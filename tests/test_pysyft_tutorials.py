@@ -8,6 +8,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn, optim
 
 import pointers as pt
@@ -321,6 +323,28 @@ def test_remote_share_never_shows_the_client_the_value():
         torch.tensor([1, 2]).send(bob).share(bob, alice, crypto_provider=james)
     with pytest.raises(mpc.MPCError, match="pointer chain"):
         torch.tensor([1.0]).send(bob).send(alice).share(bob, alice, crypto_provider=james)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(st.floats(-1e4, 1e4, allow_nan=False), min_size=1, max_size=5),
+    st.floats(-100, 100, allow_nan=False),
+    st.sampled_from([None, 2, 4]),
+)
+def test_remote_share_matches_plaintext(values, scale, digits):
+    pytest.importorskip("mpc")
+    bob, alice, james = (pt.VirtualWorker(n) for n in ("bob", "alice", "james"))
+    t = torch.tensor(values, dtype=torch.float64)
+    x = t.send(bob)
+    remote = x if digits is None else x.fix_precision(precision_fractional=digits)
+    shared = remote.share(bob, alice, crypto_provider=james)
+    tol = 2.0**-shared.frac_bits
+    assert torch.allclose(shared.get(), t, atol=tol, rtol=0)
+    local = (t * 0.5).share(bob, alice, crypto_provider=james, frac_bits=shared.frac_bits)
+    assert torch.allclose((shared + local).get(), t * 1.5, atol=2 * tol, rtol=0)
+    # the public scale is encoded in fixed point too: its rounding error times |t|
+    bound = (abs(scale) + float(t.abs().max()) + 1) * tol
+    assert torch.allclose((shared * scale).get(), t * scale, atol=bound, rtol=0)
 
 
 # -- Part 11: secure deep learning classification ------------------------------------------------
