@@ -22,6 +22,7 @@ Worker functions beyond aten ops come from the entry-point group
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -395,6 +396,7 @@ class WorkerServer:
                 except Exception as e:  # never let the reaper die
                     print(f"pointers: freeing a session failed: {e!r}", file=sys.stderr)
                     continue
+                _trim_heap()  # hand the freed memory back to the system where possible
                 print(
                     f"pointers: worker {self.id!r}: the lease of client {client!r} session "
                     f"{session[:8] or '-'} expired ({idle:.1f} s without a call): freed "
@@ -613,6 +615,16 @@ class WorkerServer:
             return encode_envelope(out, [])
         except Exception as e:
             return _error_envelope(e, self.epoch)
+
+
+def _trim_heap() -> None:
+    """glibc keeps freed small blocks for reuse; malloc_trim returns them to the system
+    (a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _error_envelope(e: Exception, epoch: str) -> bytes:
