@@ -304,11 +304,13 @@ def test_sharing_a_shared_tensor_raises(workers: tuple[Any, ...], shared: mpc.Sh
         mpc.share(shared, alice, dan, crypto_provider=carol)
 
 
-def test_sharing_a_pointer_raises(workers: tuple[Any, ...]) -> None:
+def test_sharing_a_pointer_is_split_at_its_worker(workers: tuple[Any, ...]) -> None:
+    # issue 16: the worker holding it splits it (floats); integers are refused clearly
     alice, bob, carol, _ = workers
     ptr = pt.send(torch.ones(2), alice)
-    with pytest.raises(mpc.MPCError, match="remote tensor"):
-        mpc.share(ptr, alice, bob, crypto_provider=carol)
+    assert torch.equal(mpc.share(ptr, alice, bob, crypto_provider=carol).get(), torch.ones(2))
+    with pytest.raises(mpc.MPCError, match="remote tensor shares floats"):
+        mpc.share(pt.send(torch.ones(2, dtype=torch.int64), alice), alice, bob)
 
 
 def test_pointer_operands_are_refused(workers: tuple[Any, ...], shared: mpc.SharedTensor) -> None:
