@@ -129,8 +129,8 @@ class FixedPrecisionTensor(torch.Tensor):
     def encode(x: torch.Tensor, frac_bits: int) -> FixedPrecisionTensor:
         if isinstance(x, PointerTensor):
             raise TypeError(
-                "fix_precision() of a remote tensor is not supported: get() it first, or "
-                "share it (sharing encodes in fixed point itself)"
+                "FixedPrecisionTensor.encode() takes a local tensor; ptr.fix_precision() "
+                "marks a remote one, which its worker encodes when it is shared"
             )
         x = x.detach()
         if not x.is_floating_point():
