@@ -174,6 +174,7 @@ class Connection:
         self._holds: list[SendHold] = []  # open holds: posts wait in the queue
         self._urgent = 0  # queued requests and inspections (they end every hold)
         self._queued_bytes = 0
+        self.calls = 0  # Exec calls made (each carries a batch of commands)
         context.register(self)
         self._thread = threading.Thread(
             target=self._run, name=f"pointers-send-{worker_id}", daemon=True
@@ -337,6 +338,7 @@ class Connection:
         info: dict[str, Any] = {"expect": expects} if expects else {}
         if self.deadline is not None:
             info["deadline"] = self.deadline
+        self.calls += 1
         try:
             resp = self._exec(
                 encode_envelope(info, frames), timeout=self.timeout, metadata=self.metadata

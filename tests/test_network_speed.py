@@ -1,0 +1,205 @@
+"""Issue 15: what makes network workers faster, checked on both worker kinds.
+
+* ``mpc.share`` sends parties 0..n-2 a 16-byte seed each instead of their share
+  (``mpc.share_from_seed``), so only the last party's share travels as a tensor;
+* an op's commands leave in one call per network worker
+  (:func:`pointers.network.connection.hold_sends`);
+* ``python -m benchmarks`` flags: ``--bandwidth``, ``--plan``, the latency floor table.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mpc
+import pointers as pt
+from benchmarks.__main__ import main as bench_main
+from benchmarks.report import floor_table
+from mpc.material.party import MAX_SEEDED_BYTES
+from mpc.math.prg import PRG
+from mpc.session import install
+from mpc.shared import SEEDED_FROM
+
+KINDS = ["virtual", pytest.param("network", marks=pytest.mark.network)]
+
+
+@pytest.fixture
+def net(network_cluster):
+    yield network_cluster
+    network_cluster.close_connections()
+
+
+def _workers(kind: str, request: pytest.FixtureRequest, n: int = 2) -> list:
+    names = ["alice", "bob", "dave", "erin"][:n] + ["carol"]
+    if kind == "virtual":
+        workers = [pt.VirtualWorker(w) for w in names]
+        for w in workers:
+            install(w)  # (what a session does; served workers have the functions already)
+        return workers
+    net = request.getfixturevalue("net")
+    return [net.fresh(w) for w in names]
+
+
+def _received(w) -> int:
+    stats = w.stats() if callable(w.stats) else w.stats
+    return stats.bytes_received
+
+
+# ------------------------------------------------------------------ seeded input shares
+
+
+@given(
+    values=st.lists(
+        st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False), min_size=1, max_size=300
+    ),
+    n=st.integers(2, 4),
+)
+@settings(max_examples=40, deadline=None)
+def test_seeded_shares_reconstruct_the_plaintext_in_process(values, n):
+    x = torch.tensor(values)
+    *parties, dealer = [pt.VirtualWorker(f"p{i}") for i in range(n)] + [pt.VirtualWorker("d")]
+    s = mpc.share(x, *parties, crypto_provider=dealer)
+    assert torch.allclose(s.get(), x, atol=2e-5, rtol=0)
+    # each share alone is uniform-looking: the parties' shares are not the plaintext
+    if x.numel() >= SEEDED_FROM and x.abs().max() > 1:
+        for p in parties:
+            share = pt.PointerTensor.get(s.shares[parties.index(p)], delete=False)
+            assert not torch.equal(share, mpc.math.encoding.encode(x, 16))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_seeded_sharing_sends_seeds_not_tensors(kind, request):
+    alice, bob, carol = _workers(kind, request)
+    x = torch.randn(10_000)
+    before = [_received(alice), _received(bob)]
+    s = mpc.share(x, alice, bob, crypto_provider=carol)
+    y = s * s  # the seeded shares take part in a product like any others
+    assert torch.allclose(y.get(), x * x, atol=1e-3, rtol=1e-3)
+    for w in (alice, bob):
+        if kind == "network":
+            w.sync()
+    got = [_received(alice) - before[0], _received(bob) - before[1]]
+    # bob (the last party) gets the only share tensor, 80 kB; alice a seed and a command,
+    # besides the product's traffic (alike at both parties)
+    assert got[1] - got[0] >= 80_000 - 2_000, got
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_seed_gives_one_share_and_bad_seeds_are_refused(kind, request):
+    alice, _, _ = _workers(kind, request)
+    seed = os.urandom(16)
+    (p,) = pt.call_function(
+        alice, "mpc.share_from_seed", [seed, [3, 4]], out=[((3, 4), torch.int64)]
+    )
+    assert torch.equal(p.get(delete=False), PRG(seed).int64((3, 4)))
+    # (in process the error raises at the call, on a network worker at the next get)
+    with pytest.raises(pt.PointerError, match="used before"):
+        (again,) = pt.call_function(
+            alice, "mpc.share_from_seed", [seed, [3, 4]], out=[((3, 4), torch.int64)]
+        )
+        again.get()
+    for args, match in (
+        ([seed[:8], [2]], "16 bytes"),
+        ([os.urandom(16), [-1]], "list of sizes"),
+        ([os.urandom(16), "2"], "list of sizes"),
+        ([os.urandom(16), [MAX_SEEDED_BYTES // 8 + 1]], "exceeds"),
+    ):
+        with pytest.raises(pt.PointerError, match=match):
+            (bad,) = pt.call_function(alice, "mpc.share_from_seed", args, out=[((1,), torch.int64)])
+            bad.get()
+    assert torch.equal(p.get(), PRG(seed).int64((3, 4)))  # the first share is still there
+
+
+def test_small_tensors_travel_as_shares():
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    before = alice.stats.bytes_received
+    s = mpc.share(torch.ones(SEEDED_FROM - 1), alice, bob, crypto_provider=carol)
+    assert alice.stats.bytes_received - before >= 8 * (SEEDED_FROM - 1)
+    assert torch.equal(s.get(), torch.ones(SEEDED_FROM - 1))
+
+
+# ------------------------------------------------------------------ one call per op
+
+
+@pytest.mark.network
+def test_an_op_leaves_in_one_call_per_worker(net):
+    from pointers.network.connection import hold_sends
+
+    alice, bob, carol = net.fresh("alice"), net.fresh("bob"), net.fresh("carol")
+    x, y = torch.randn(1000), torch.randn(1000)
+    a = mpc.share(x, alice, bob, crypto_provider=carol)
+    b = mpc.share(y, alice, bob, crypto_provider=carol)
+    for w in (alice, bob, carol):
+        w.sync()
+    calls = [w._conn.calls for w in (alice, bob, carol)]
+    z = a * b  # Beaver product + truncation: about 10 commands per party
+    for w in (alice, bob, carol):
+        w.sync()
+    after = [w._conn.calls for w in (alice, bob, carol)]
+    # one call with the op, one with the sync's deletes at most
+    assert all(n - m <= 2 for m, n in zip(calls, after)), (calls, after)
+    assert torch.allclose(z.get(), x * y, atol=1e-3)
+
+    # a reply awaited inside a hold ends it (no deadlock), and what was held runs first
+    with hold_sends([alice, bob]):
+        p = pt.send(torch.arange(5.0), alice)
+        q = p + 1
+        assert torch.equal(q.get(), torch.arange(5.0) + 1)
+    # held commands leave when the block ends
+    before = alice._conn.calls
+    with hold_sends([alice]):
+        ps = [pt.send(torch.full((3,), float(i)), alice) for i in range(5)]
+        assert alice._conn.calls == before
+    alice.sync()
+    assert alice._conn.calls <= before + 2
+    assert [float(p.get()[0]) for p in ps] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+# ------------------------------------------------------------------ benchmark flags
+
+
+def test_benchmark_flags_need_network_and_sane_values(capsys):
+    for argv, message in (
+        (["--bandwidth", "100"], "--bandwidth needs --network"),
+        (["--network", "--bandwidth", "0"], "--bandwidth must lie in"),
+        (["--network", "--bandwidth", "-5"], "--bandwidth must lie in"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            bench_main(argv)
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_plan_flag_runs_lenet_as_a_plan_in_process(capsys):
+    assert (
+        bench_main(
+            ["--plan", "--workloads", "W5", "--sizes", "W5=1", "--repeat", "1", "--no-progress"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "W5 lenet plan" in out and "as mpc.plan calls" in out
+
+
+def test_floor_table_reports_rounds_times_latency():
+    rows = [
+        {"workload": "W1", "op": "mul", "size": "1e4", "rounds": 2, "median_s": 0.05},
+        {
+            "workload": "W5",
+            "op": "lenet plan",
+            "size": "b1",
+            "rounds": 60,
+            "median_s": 0.7,
+            "plan": True,
+        },
+    ]
+    text = floor_table(rows, 10.0)
+    assert "20.00 ms" in text and "(R+2)L = 40.00 ms" in text and "5.0 L" in text
+    assert "600.00 ms" in text and "(R+1)L = 610.00 ms" in text
+    md = floor_table(rows, 10.0, markdown=True)
+    assert md.splitlines()[0].startswith("| workload |") and md.count("\n") == 3
