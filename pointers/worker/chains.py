@@ -36,7 +36,6 @@ from pointers.errors import NotAllowedError, PointerError, RemoteError
 from pointers.wire import serde
 from pointers.wire.messages import (
     Delete,
-    Describe,
     ErrorReply,
     ExecuteOp,
     Fetch,
@@ -53,7 +52,7 @@ UNLINK = "pointers.chain.unlink"
 REMOTE_GET = "pointers.chain.remote_get"
 
 _STATE = "pointers.chains"  # a worker's PeerClients, by peer id, in its function_state
-_ALLOWED = (ExecuteOp, Fetch, Delete, Describe)
+_ALLOWED = (ExecuteOp, Fetch, Delete)
 
 
 class ChainError(PointerError):
