@@ -457,9 +457,10 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
     the count n is a power of two: a shift; else 1), the squared deviations summed and
-    divided by n (2; 3 when n is not a power of two), rsqrt (25), the product (2), the
-    weight (2 if shared): 29 rounds for a power-of-two n and public weights. Returns (out, mean, rstd)
-    like torch."""
+    divided by n (2; 3 when n is not a power of two), rsqrt (23), the product (2): 27
+    rounds for a power-of-two n. A shared weight costs no round: (x - mean) weight is
+    computed beside the squares, in the same Beaver round and truncation. Returns (out,
+    mean, rstd) like torch."""
     x, shape, weight, bias, eps = args[:5]
     dims = list(range(x.dim() - len(shape), x.dim()))
     n = 1
@@ -472,18 +473,24 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     else:
         (mu,) = approx.truncate_many([total.times_public(1.0 / n, 16)], [fx.scale + 4])
     dev = fx.add(mu, -1)
-    (sq,) = approx.mul_many([(dev, dev)], [None])  # untruncated
-    sq = sq.with_shares([s.sum(dims, keepdim=True) for s in sq.shares])
+    pairs = [(dev, dev)]
+    shared_weight = isinstance(weight, SharedTensor)
+    if shared_weight:
+        pairs.append((dev, _fx(weight)))
+    prods = approx.mul_many(pairs, None)  # untruncated
+    sq = prods[0].with_shares([s.sum(dims, keepdim=True) for s in prods[0].shares])
+    # the weighted deviations come down to the session's scale with the first truncation
+    scaled = [approx.WORK] + ([_f(x)] if shared_weight else [])
     if n & (n - 1) == 0:  # / n is a shift: one truncation in all
-        (v,) = approx.truncate_many([sq.halve(n.bit_length() - 1)], [approx.WORK])
+        v, *dw = approx.truncate_many([sq.halve(n.bit_length() - 1), *prods[1:]], scaled)
     else:  # 1/n with 16 significant bits: two
-        (sq,) = approx.truncate_many([sq], [approx.WORK])
+        sq, *dw = approx.truncate_many([sq, *prods[1:]], scaled)
         bits = 16 + n.bit_length()
         (v,) = approx.truncate_many([sq.times_public(1.0 / n, bits)], [approx.WORK])
     r = approx.rsqrt(v.add_public(float(eps)), approx.WORK)
-    out = _out(x, approx.mul(dev, r, _f(x)))
+    out = _out(x, approx.mul(dw[0] if shared_weight else dev, r, _f(x)))
     mean = _out(x, mu)
-    if weight is not None:
+    if weight is not None and not shared_weight:
         out = out * weight
     if bias is not None:
         out = out + bias

@@ -61,7 +61,8 @@ class Fx:
     def add(self, other: Fx, sign: int = 1) -> Fx:
         s = max(self.scale, other.scale)
         a, b = self.lift(s), other.lift(s)
-        return self.with_shares([x + y if sign > 0 else x - y for x, y in zip(a.shares, b.shares)])
+        shares = [x + y if sign > 0 else x - y for x, y in zip(a.shares, b.shares)]
+        return self.with_shares(shares, s)
 
     def add_public(self, c: float) -> Fx:
         shares = list(self.shares)
@@ -313,9 +314,11 @@ _RSQRT_START = fit(lambda m: m**-0.5, 0.25, 1.0, 2, relative=True)
 
 def rsqrt(x: Fx, out: int) -> Fx:
     """[1/sqrt(x)]: normalise x = m 2^E with E even (10 rounds); y0 = q(m) a quadratic
-    (relative error 3e-2, 2 rounds for m^2); two Newton-Raphson steps
-    y <- y (3 - m y^2) / 2 (relative error 1.5 e^2 per step: 1e-6), 3 levels each, the
-    scale 2^(-E/2) multiplied in with the last step: 25 rounds.
+    (relative error 3e-2, 3 rounds: m^2 and a truncation); two Newton-Raphson steps
+    y <- 1.5 y - 0.5 m y^3 (relative error 1.5 e^2 per step: 1e-6): the first in two
+    levels (m y and y^2, then their product: 4 rounds), the second with the scale
+    2^(-E/2) multiplied in, as g y (1.5 - 0.5 (m y) y) in three levels (6 rounds):
+    23 rounds.
 
     Domain [2^-14, 2^16): below, the result saturates to 2^7 (x <= 0 included), above
     to 2^-8.
@@ -324,15 +327,14 @@ def rsqrt(x: Fx, out: int) -> Fx:
     (m2,) = mul_many([(m, m)], [WORK])
     y = poly_public([m, m2], _RSQRT_START, 16)
     (y,) = truncate_many([y], [WORK])
-    for last in (False, True):
-        if last:
-            my, gy = mul_many([(m, y), (g, y)], [WORK, WORK])
-        else:
-            (my,) = mul_many([(m, y)], [WORK])
-        (my2,) = mul_many([(my, y)], [WORK])
-        h = my2.neg().halve().add_public(1.5)  # 1.5 - m y^2 / 2 at scale WORK + 1
-        y = mul(gy if last else y, h, out if last else WORK)
-    return y
+    my, y2 = mul_many([(m, y), (y, y)], [WORK, WORK])
+    (my3,) = mul_many([(my, y2)], None)  # untruncated, scale 2 WORK
+    y = y.times_public(1.5, 1).add(my3.halve().neg())  # scale 2 WORK + 1, exact
+    (y,) = truncate_many([y], [WORK])  # the level's one truncation
+    my, gy = mul_many([(m, y), (g, y)], [WORK, WORK])
+    (my2,) = mul_many([(my, y)], [WORK])
+    h = my2.neg().halve().add_public(1.5)  # 1.5 - m y^2 / 2 at scale WORK + 1
+    return mul(gy, h, out)
 
 
 # log: ln x = ln m + E ln 2, m in [1/2, 1)
