@@ -685,6 +685,13 @@ def _to_meta(obj: Any) -> Any:
     return obj
 
 
+def warm_meta() -> None:
+    """Run the meta path once: torch loads its meta kernels on first use (1 to 2 s on a
+    busy machine), which a worker does at startup rather than inside a client's deadline."""
+    op_bytes("aten::add.Tensor", torch.ops.aten.add.Tensor, [torch.ones(1), torch.ones(1)], {})
+    op_bytes("aten::ones.default", torch.ops.aten.ones.default, [[1]], {})
+
+
 def op_bytes(name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> int | None:
     """The bytes the outputs of ``op(*args, **kwargs)`` take, found by running it on the
     ``meta`` device (no data: shapes only), or None when that cannot tell (an op whose

@@ -47,7 +47,7 @@ from pointers.network.certs import (
 )
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
 from pointers.network.lease import SESSION_METADATA, check_session
-from pointers.network.served import ProgramPool, ServedWorker, is_error_header
+from pointers.network.served import ProgramPool, ServedWorker, is_error_header, warm_meta
 from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     DELIVER,
@@ -240,6 +240,8 @@ class WorkerServer:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> int:
         cfg = self.config
+        if cfg.max_stored_bytes is not None:
+            warm_meta()  # ops are sized on the meta device before they run
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="pointers"),
             options=[
