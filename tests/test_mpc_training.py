@@ -244,3 +244,127 @@ def test_issue_loss_and_cross_entropy_match_plaintext(group: Any) -> None:
         popt.step()
         assert abs(loss.get().item() - ploss.item()) < 1e-3
         assert abs(ce.get().item() - pce.item()) < 1e-3
+
+
+# -- Adam, max-pool's and softmax's backward ------------------------------------------------
+
+
+def _count_comparisons(monkeypatch: Any) -> list[int]:
+    runs: list[int] = []
+    original = compare._MsbRun.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        runs.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(compare._MsbRun, "__init__", counting)
+    return runs
+
+
+def test_adam_matches_torch_adam(group: Any) -> None:
+    """torch.optim.Adam on shared parameters (lerp_, addcmul_, sqrt, addcdiv_ by a shared
+    denominator) follows the same plaintext training step by step. The gradients here are
+    well above the fixed-point resolution: Adam's second moment (1 - beta2) g^2 needs
+    |g| >~ 0.1 at 16 fractional bits (docs/encrypted-training.md)."""
+    torch.manual_seed(0)
+    data = torch.randn(16, 3)
+    target = data @ torch.tensor([[1.5], [-2.0], [0.5]]) + 0.3
+    plain = nn.Linear(3, 1)
+    model = _share(copy.deepcopy(plain), group)
+    x, y = _share(data, group), _share(target, group)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    popt = torch.optim.Adam(plain.parameters(), lr=0.05)
+    for step in range(8):
+        opt.zero_grad()
+        d = model(x) - y
+        loss = (d * d).sum()
+        loss.backward()
+        opt.step()
+        popt.zero_grad()
+        pd = plain(data) - target
+        ploss = (pd * pd).sum()
+        ploss.backward()
+        popt.step()
+        assert abs(loss.get().item() - ploss.item()) <= 1e-3 * ploss.item() + 1e-3, step
+        for p, q in zip(model.parameters(), plain.parameters()):
+            assert torch.allclose(p.copy().get(), q.detach(), atol=2e-4), step
+    state = opt.state[model.weight]
+    assert isinstance(state["exp_avg"], mpc.SharedTensor)
+    assert isinstance(state["exp_avg_sq"], mpc.SharedTensor)
+
+
+def test_optimizer_ops_refuse_a_public_destination(group: Any) -> None:
+    s = _share(torch.ones(3), group)
+    with pytest.raises(mpc.UnsupportedOpError, match="public tensor cannot hold"):
+        torch.zeros(3).lerp_(s, 0.5)
+
+
+def test_maxpool_backward_uses_the_forward_argmax(group: Any, monkeypatch: Any) -> None:
+    torch.manual_seed(0)
+    data = torch.randn(2, 3, 5, 6)
+    data[0, 0, :2, :2] = 0.0  # an all-equal window: torch sends the gradient to its first entry
+    grad = torch.randn(2, 3, 2, 3)
+    xp = data.clone().requires_grad_(True)
+    out, idx = F.max_pool2d(xp, 2, return_indices=True)
+    out.backward(grad)
+    runs = _count_comparisons(monkeypatch)
+    xs = _share(data, group, requires_grad=True)
+    o, i = F.max_pool2d(xs, 2, return_indices=True)
+    assert len(runs) == 2  # one comparison per level of the 2x2 tree
+    with mpc.stats() as s:
+        o.backward(_share(grad, group))
+    assert len(runs) == 2, "the backward compared again"
+    assert s.rounds == 1  # the gradient times the kept one-hot argmax
+    assert torch.allclose(o.get(), out.detach(), atol=2e-5)
+    assert torch.equal(i.get(), idx)  # torch's flat indices, shared
+    assert torch.allclose(xs.grad.get(), xp.grad, atol=2e-5)
+
+
+def test_maxpool_backward_refuses_what_it_cannot_do(group: Any) -> None:
+    xs = _share(torch.randn(1, 1, 5, 5), group, requires_grad=True)
+    o = F.max_pool2d(xs, 3, stride=2)  # overlapping windows
+    with pytest.raises(mpc.UnsupportedOpError, match="non-overlapping"):
+        o.sum().backward()
+
+
+def test_a_model_with_maxpool_trains_like_plaintext(group: Any) -> None:
+    """Linear, ReLU, 2x2 max-pool over the hidden units laid out as 4x4 images, linear:
+    max-pool's backward inside a training step, SGD with momentum."""
+    torch.manual_seed(4)
+    plain = nn.Sequential(
+        nn.Linear(5, 32),
+        nn.ReLU(),
+        nn.Unflatten(1, (2, 4, 4)),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8, 2),
+    )
+    model = _share(copy.deepcopy(plain), group)
+    data, target = torch.randn(6, 5), torch.randn(6, 2)
+    x, y = _share(data, group), _share(target, group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    popt = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        popt.zero_grad()
+        F.mse_loss(plain(data), target).backward()
+        popt.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.allclose(p.copy().get(), q.detach(), atol=1e-3)
+
+
+def test_softmax_backward_from_the_saved_output(group: Any, monkeypatch: Any) -> None:
+    torch.manual_seed(5)
+    data, weight = torch.randn(4, 6) * 2, torch.randn(4, 6)
+    xp = data.clone().requires_grad_(True)
+    (torch.softmax(xp, 1) * weight).sum().backward()
+    xs = _share(data, group, requires_grad=True)
+    probs = torch.softmax(xs, 1)
+    runs = _count_comparisons(monkeypatch)
+    with mpc.stats() as s:
+        (probs * _share(weight, group)).sum().backward()
+    assert not runs, "softmax's backward compared (it needs only the saved output)"
+    assert 0 < s.rounds <= 6  # products: (grad * out), the sum's product with out, truncations
+    assert torch.allclose(xs.grad.get(), xp.grad, atol=1e-3)

@@ -71,6 +71,27 @@ def kept_mask(out: Any) -> SharedTensor | None:
     return None
 
 
+# max-pool's indices output (by its first share's pointer) -> its windows' one-hot argmax
+_POOL_ARGMAX: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def keep_pool_argmax(
+    onehot: SharedTensor, x: SharedTensor, kernel: list[int], stride: list[int]
+) -> SharedTensor:
+    """The indices output of a max-pool whose input requires grad: torch's flat index
+    into each (H, W) plane, shared (sum_k onehot_k * position_k: local), with the one-hot
+    argmax kept for :func:`max_pool2d_backward` (no second comparison)."""
+    w = x.shape[-1]
+    ho, wo = onehot.shape[2], onehot.shape[3]
+    kh, kw = kernel
+    rows = torch.arange(ho).view(ho, 1, 1, 1) * stride[0] + torch.arange(kh).view(1, 1, kh, 1)
+    cols = torch.arange(wo).view(1, wo, 1, 1) * stride[1] + torch.arange(kw).view(1, 1, 1, kw)
+    pos = (rows * w + cols).reshape(ho, wo, kh * kw)
+    idx = onehot.with_shares([(s * pos).sum(-1) for s in onehot.shares])
+    _POOL_ARGMAX[idx.shares[0]] = (onehot, list(kernel), list(stride))
+    return idx
+
+
 def _op(op: Any, *args: Any, **kwargs: Any) -> Any:
     """A registered op called directly (below autograd, as in any handler)."""
     return OPS[op](op, args, kwargs)
@@ -128,6 +149,42 @@ def threshold_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
             return _op(aten.mul.Tensor, grad, out > threshold)
         mask = _op(aten.gt.Scalar, out, threshold)
     return _op(aten.mul.Tensor, grad, mask)
+
+
+# -- max-pooling ------------------------------------------------------------------------
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The gradient goes to each window's maximum: grad x one-hot argmax kept by the
+    forward (one Beaver product of the gradient with 0/1 integers: 1 round, no
+    truncation), the windows laid back onto the input (non-overlapping windows: a
+    reshape; rows and columns no window covers get 0)."""
+    grad, x, padding = args[0], args[1], args[4]
+    indices = args[7] if len(args) > 7 else kwargs["indices"]
+    kept = _POOL_ARGMAX.get(indices.shares[0]) if isinstance(indices, SharedTensor) else None
+    if kept is None:
+        raise UnsupportedOpError(
+            str(func),
+            "max-pooling's backward needs the argmax its forward keeps when the input "
+            "requires grad (and grad mode is on)",
+        )
+    onehot, kh_kw, st = kept
+    if st != kh_kw or any(padding):
+        raise UnsupportedOpError(
+            str(func),
+            "max-pooling's backward supports non-overlapping windows "
+            "(stride == kernel_size) without padding",
+        )
+    kh, kw = kh_kw
+    n, c, ho, wo = onehot.shape[:4]
+    contrib = _op(aten.mul.Tensor, grad.unsqueeze(-1), onehot)  # (N, C, Ho, Wo, kh*kw)
+    g = contrib.reshape(n, c, ho, wo, kh, kw).permute(0, 1, 2, 4, 3, 5)
+    g = g.reshape(n, c, ho * kh, wo * kw)
+    h, w = x.shape[-2], x.shape[-1]
+    if (h, w) != (ho * kh, wo * kw):
+        g = _op(aten.constant_pad_nd.default, g, [0, w - wo * kw, 0, h - ho * kh], 0.0)
+    return g
 
 
 # -- losses -----------------------------------------------------------------------------
@@ -214,3 +271,78 @@ def log_softmax_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         )
     probs = exp(aten.exp.default, (out,), {})
     return grad - probs * grad.sum(dim, keepdim=True)
+
+
+# -- optimizer updates: lerp, addcmul, addcdiv (Adam, RMSprop, ...) -----------------------
+
+
+def _lerp(x: Any, end: Any, weight: Any) -> Any:
+    """x + w (end - x)."""
+    return _op(aten.add.Tensor, x, _op(aten.mul.Tensor, _op(aten.sub.Tensor, end, x), weight))
+
+
+def _addcmul(x: Any, a: Any, b: Any, value: Any = 1) -> Any:
+    """x + value a b: one Beaver product (a public value scales the result locally)."""
+    return _op(aten.add.Tensor, x, _op(aten.mul.Tensor, _op(aten.mul.Tensor, a, b), value))
+
+
+def _addcdiv(x: Any, a: Any, b: Any, value: Any = 1) -> Any:
+    """x + value a / b: a shared b costs a reciprocal (18 rounds, domain 2^-12 <= |b| <
+    2^12: a smaller |b| saturates, see :func:`mpc.protocols.approx.reciprocal`)."""
+    return _op(aten.add.Tensor, x, _op(aten.mul.Tensor, _op(aten.div.Tensor, a, b), value))
+
+
+def _write(func: Any, x: Any, out: Any) -> Any:
+    """``out`` brought to ``x``'s scale and written into ``x``'s shares at the parties (as
+    :mod:`mpc.ops.inplace` does), so views of ``x`` (optimizer state) see it."""
+    if not isinstance(x, SharedTensor) or not isinstance(out, SharedTensor):
+        raise UnsupportedOpError(
+            str(func),
+            "a public tensor cannot hold a secret result in place; use the out-of-place op",
+        )
+    if out.frac_bits > x.frac_bits and out.dtype.is_floating_point:
+        out.pending = max(out.pending, out.frac_bits - x.frac_bits)  # one truncation
+    out.materialize()
+    if tuple(out.shape) != tuple(x.shape):
+        raise RuntimeError(
+            f"{func}: output with shape {list(x.shape)} doesn't match the broadcast shape "
+            f"{list(out.shape)}"
+        )
+    if out.frac_bits != x.frac_bits:
+        raise UnsupportedOpError(str(func), f"internal: scale {out.frac_bits} != {x.frac_bits}")
+    for s, o in zip(x.shares, out.shares):
+        s.copy_(o)
+    return x
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _lerp(args[0], args[1], args[2] if len(args) > 2 else kwargs["weight"])
+
+
+@register(aten.lerp_.Scalar, aten.lerp_.Tensor)
+def lerp_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    weight = args[2] if len(args) > 2 else kwargs["weight"]
+    return _write(func, args[0], _lerp(args[0], args[1], weight))
+
+
+@register(aten.addcmul.default)
+def addcmul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _addcmul(*args[:3], kwargs.get("value", args[3] if len(args) > 3 else 1))
+
+
+@register(aten.addcmul_.default)
+def addcmul_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    value = kwargs.get("value", args[3] if len(args) > 3 else 1)
+    return _write(func, args[0], _addcmul(*args[:3], value))
+
+
+@register(aten.addcdiv.default)
+def addcdiv(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _addcdiv(*args[:3], kwargs.get("value", args[3] if len(args) > 3 else 1))
+
+
+@register(aten.addcdiv_.default)
+def addcdiv_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    value = kwargs.get("value", args[3] if len(args) > 3 else 1)
+    return _write(func, args[0], _addcdiv(*args[:3], value))

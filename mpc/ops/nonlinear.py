@@ -137,6 +137,54 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
     return vals, idx
 
 
+def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
+    """Max over the last dim (k entries) and its argmax as a one-hot vector (shared 0/1
+    integers, shape x.shape + [k]), for max-pooling's backward.
+
+    Each level pairs the first half (a) with the second (b): max(a, b) = b + relu(a - b),
+    and the bit [a >= b] from the same comparison
+    (:func:`mpc.protocols.compare.relu_with_mask`) selects the one-hot vectors,
+    oh_b + [a >= b] (oh_a - oh_b): local on the first level (the vectors are public unit
+    vectors), one Beaver product of integers (1 round, no truncation) on the others.
+    8 rounds per level plus 1 from the second level on: 17 for a 2x2 window. Ties go to
+    the earlier half (an all-equal window, e.g. zeros after a ReLU, to its first entry,
+    as in torch).
+    """
+    from mpc.protocols.compare import relu_with_mask
+
+    k = x.shape[-1]
+    vals = x
+    onehot: Any = torch.eye(k, dtype=torch.int64).expand(*x.shape, k)  # public at first
+    while vals.shape[-1] > 1:
+        n = vals.shape[-1]
+        h = n // 2
+        a, b = vals[..., :h], vals[..., h : 2 * h]
+        d = _diff(a, b)
+        r, bit_shares = relu_with_mask(x.session, d.shares, d.pending)
+        relu = d.with_shares(r, frac_bits=d.frac_bits - d.pending)
+        bit = SharedTensor(bit_shares, x.session, 0, torch.int64).unsqueeze(-1)  # [a >= b]
+        oa, ob = onehot[..., :h, :], onehot[..., h : 2 * h, :]
+        if isinstance(onehot, SharedTensor):
+            chosen = _add(ob, bit * _diff(oa, ob), 1)
+        else:
+            chosen = _add(bit * (oa - ob).contiguous(), ob.contiguous(), 1)
+        new_vals = _add(b, relu, 1)
+        if n % 2:
+            rest = onehot[..., 2 * h :, :]
+            rest = rest if isinstance(rest, SharedTensor) else rest.contiguous()
+            new_vals = cast(SharedTensor, torch.cat([new_vals, vals[..., 2 * h :]], dim=-1))
+            chosen = _cat_shared(chosen, rest)
+        vals, onehot = new_vals, chosen
+    return vals, onehot.squeeze(-2)
+
+
+def _cat_shared(a: SharedTensor, b: Any) -> SharedTensor:
+    """[a, b] along dim -2, b shared or public (a public part is shared trivially)."""
+    if not isinstance(b, SharedTensor):
+        b = SharedTensor(public_to_shares(b, a), a.session, 0, torch.int64)
+    return cast(SharedTensor, torch.cat([a, b], dim=-2))
+
+
 def _move_dim_last(x: SharedTensor, dim: int) -> SharedTensor:
     return x.movedim(dim, -1) if dim not in (-1, x.dim() - 1) else x
 
@@ -233,6 +281,13 @@ def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if any(padding):
         big = -float(2 ** (40 - x.frac_bits)) if x.frac_bits else -float(2**40)
         x = aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]], big)
+    if args[0].requires_grad and torch.is_grad_enabled() and not any(padding):
+        # training: keep the one-hot argmax of every window for the backward
+        from mpc.ops.backward import keep_pool_argmax
+
+        wins = _windows(x, kernel, stride)
+        v, onehot = _tree_max_onehot(wins)
+        return v.squeeze(-1), keep_pool_argmax(onehot, x, kernel, stride)
     v, _ = _tree_max(_windows(x, kernel, stride), False)
     v = v.squeeze(-1)
     # Indices would cost an argmax; nn.MaxPool2d ignores them. Return a meta tensor so
