@@ -7,9 +7,6 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -81,7 +78,7 @@ class SharedTensor(torch.Tensor):
         if self.pending:
             from mpc.protocols.arith import truncate
 
-            with self.session.concurrently(self.numel()), held_sends(self.session):
+            with self.session.concurrently(self.numel()):
                 self.shares = truncate(self.session, self.shares, self.pending)
             self.frac_bits -= self.pending
             self.pending = 0
@@ -176,25 +173,12 @@ class SharedTensor(torch.Tensor):
                     numel = max(numel, t.numel())
         if session is None:
             return handler(func, args, kwargs or {})
-        with session.concurrently(numel), held_sends(session):
+        with session.concurrently(numel):
             for a in args:
                 for t in a if isinstance(a, list | tuple) else (a,):
                     if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
                         t.materialize()
             return handler(func, args, kwargs or {})
-
-
-def held_sends(session: Session) -> AbstractContextManager[Any]:
-    """While an op's commands are posted, network workers hold them, so each worker gets
-    the op's commands in one call (one client -> worker latency per op, not per command:
-    see :func:`pointers.network.connection.hold_sends`). Nothing for in-process workers;
-    the network layer is not loaded unless some worker already uses it."""
-    conn = sys.modules.get("pointers.network.connection")
-    if conn is None:
-        return contextlib.nullcontext()
-    workers = session.parties + ([session.dealer] if session.dealer is not None else [])
-    hold: AbstractContextManager[Any] = conn.hold_sends(workers)
-    return hold
 
 
 def _needs_get(what: str) -> MPCError:
@@ -234,21 +218,20 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     seeded = ring.numel() >= SEEDED_FROM
     shares: list[pt.PointerTensor] = []
     rest = ring
-    with held_sends(session):
-        for p in session.parties[:-1]:
-            if seeded:  # party i expands a 16-byte seed into its share (no tensor travels)
-                seed = new_seed()
-                r = PRG(seed).int64(shape)
-                (ptr,) = pt.call_function(
-                    p, "mpc.share_from_seed", [seed, list(shape)], out=[(shape, torch.int64)]
-                )
-                assert ptr is not None  # (out= given: a pointer per output)
-            else:
-                r = random_ring(shape)
-                ptr = pt.send(r, p)
-            rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
-            shares.append(ptr)
-        shares.append(pt.send(rest, session.parties[-1]))
+    for p in session.parties[:-1]:
+        if seeded:  # party i expands a 16-byte seed into its share (no tensor travels)
+            seed = new_seed()
+            r = PRG(seed).int64(shape)
+            (ptr,) = pt.call_function(
+                p, "mpc.share_from_seed", [seed, list(shape)], out=[(shape, torch.int64)]
+            )
+            assert ptr is not None  # (out= given: a pointer per output)
+        else:
+            r = random_ring(shape)
+            ptr = pt.send(r, p)
+        rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
+        shares.append(ptr)
+    shares.append(pt.send(rest, session.parties[-1]))
     return SharedTensor(shares, session, f, dtype)
 
 

@@ -122,7 +122,13 @@ def hold_sends(workers: Iterable[Any]) -> Iterator[None]:
     step's commands then cost one client -> worker latency, not one per command). A
     request or inspection sent to any of them inside ends the hold at once (a reply is
     awaited, and it may depend on what is held); so does a queue that reaches half the
-    message size limit. Other workers are ignored."""
+    message size limit. Other workers are ignored.
+
+    Measured with added latency (docs/benchmarks.md), holding each op of ``mpc``'s
+    protocols made them slower, not faster: the sender thread already sends what queued
+    up while its previous call was in flight, and holding delays the dealer's and the
+    parties' first commands until the client has posted the whole op. So nothing in the
+    library holds; it is for a caller whose posting is quick next to the latency."""
     conns = [c for w in workers if isinstance(c := getattr(w, "_conn", None), Connection)]
     if not conns:
         yield
