@@ -17,6 +17,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_plan",
     "test_mpc_nonces",
     "test_mpc_functions",
+    "test_mpc_training",
     "test_sealing",
     "test_federated",
     "test_pysyft_compat",

@@ -368,3 +368,47 @@ def test_softmax_backward_from_the_saved_output(group: Any, monkeypatch: Any) ->
     assert not runs, "softmax's backward compared (it needs only the saved output)"
     assert 0 < s.rounds <= 6  # products: (grad * out), the sum's product with out, truncations
     assert torch.allclose(xs.grad.get(), xp.grad, atol=1e-3)
+
+
+# -- both worker kinds (conftest.BOTH_WORKER_KINDS): small sizes ----------------------------
+
+
+def test_training_steps_on_both_worker_kinds(make_worker: Any) -> None:
+    """The issue's loop (log-softmax loss on shared one-hot labels, SGD) and an Adam step,
+    in process and on network workers in their own processes."""
+    alice, bob, carol = make_worker("alice"), make_worker("bob"), make_worker("carol")
+    plain = _mlp([4, 6, 3], seed=8)
+    model = mpc.share(copy.deepcopy(plain), alice, bob, crypto_provider=carol)
+    data, labels = torch.randn(5, 4), torch.arange(5) % 3
+    onehot = F.one_hot(labels, 3).float()
+    x = mpc.share(data, alice, bob, crypto_provider=carol)
+    y = mpc.share(onehot, alice, bob, crypto_provider=carol)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    popt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        loss = -(F.log_softmax(model(x), dim=1) * y).sum() / x.shape[0]
+        loss.backward()
+        opt.step()
+        popt.zero_grad()
+        ploss = -(F.log_softmax(plain(data), dim=1) * onehot).sum() / 5
+        ploss.backward()
+        popt.step()
+        assert abs(loss.get().item() - ploss.item()) < 1e-3, step
+    trained = mpc.get(model)
+    for p, q in zip(trained.parameters(), plain.parameters()):
+        assert torch.allclose(p, q, atol=1e-3)
+
+    lin = nn.Linear(3, 1)
+    lin_plain = copy.deepcopy(lin)
+    mpc.share(lin, alice, bob, crypto_provider=carol)
+    xs = torch.randn(8, 3) * 2
+    adam = torch.optim.Adam(lin.parameters(), lr=0.05)
+    padam = torch.optim.Adam(lin_plain.parameters(), lr=0.05)
+    adam.zero_grad()
+    (lin(mpc.share(xs, alice, bob, crypto_provider=carol)) ** 2).sum().backward()
+    adam.step()
+    padam.zero_grad()
+    (lin_plain(xs) ** 2).sum().backward()
+    padam.step()
+    assert torch.allclose(lin.weight.get(), lin_plain.weight.detach(), atol=2e-4)
