@@ -49,7 +49,7 @@ def cluster(tmp_path_factory):
         tmp_path_factory.mktemp("leases"),
         ["alice", "bob", "carol"],
         ["client", "other"],
-        args=["--lease", str(LEASE), "--max-sessions", "4", "--max-stored-mb", "256"],
+        args=["--lease", str(LEASE), "--max-sessions", "6", "--max-stored-mb", "256"],
     )
     c.start()
     yield c
@@ -206,10 +206,10 @@ def test_two_sessions_of_one_identity_are_apart(cluster):
 
 
 def test_sessions_per_identity_are_capped(cluster):
-    ctxs = [ClientContext() for _ in range(4)]
+    ctxs = [ClientContext() for _ in range(6)]
     conns = [cluster.connect("bob", identity="other", context=c) for c in ctxs]
     for w in conns:
-        pt.send(torch.ones(1), w).get()  # each opened its session (4: the limit)
+        pt.send(torch.ones(1), w).get()  # each opened its session (6: the limit)
     extra = cluster.connect("bob", identity="other", context=ClientContext())
     with pytest.raises(pt.LimitExceeded, match="--max-sessions"):
         pt.send(torch.ones(1), extra).get()
@@ -258,7 +258,9 @@ def test_an_op_too_large_is_refused_before_it_allocates(cluster):
         (col * row).get()  # 3.6 GB by broadcasting
     with pytest.raises(pt.LimitExceeded, match="aten::mm"):
         (col @ row).get()
-    assert _rss(pid, "VmHWM") - peak < 64 << 20  # nothing of the size was ever allocated
+    grew = _rss(pid, "VmHWM") - peak
+    print(f"\npeak RSS of alice grew {grew >> 20} MiB while refusing 3 GiB and 3.6 GB outputs")
+    assert grew < 64 << 20  # nothing of the size was ever allocated
     # what fits runs, and is right
     a, b = torch.randn(300, 1), torch.randn(1, 200)
     assert torch.allclose((pt.send(a, alice) * pt.send(b, alice)).get(), a * b)
@@ -362,9 +364,19 @@ def test_program_threads_are_bounded_and_deadlines_capped(serve):
     assert _program_threads() - base <= 3
     alice.wait_programs(30.0)  # 5 programs of 1 s (the worker's deadline), 2 at a time
     took = time.monotonic() - start
-    assert 2.5 < took < 10.0, took
+    assert 2.5 < took < 15.0, took
     other.wait_programs(30.0)
-    assert time.monotonic() - start < 12.0  # not 3600 s: the deadline was capped
+    assert time.monotonic() - start < 20.0  # not 3600 s: the deadline was capped
     time.sleep(0.2)
     assert _program_threads() == base
     other.close()
+
+
+def test_lease_options_are_checked(capsys):
+    from pointers.__main__ import main
+
+    for bad in (["--lease", "0"], ["--max-sessions", "0"], ["--programs-per-client", "0"]):
+        assert main(["serve", "--id", "alice", "--insecure", "--port", "0", *bad]) == 2
+        assert "must" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="lease"):
+        ServerConfig("alice", insecure=True, lease=0.5)
