@@ -328,21 +328,21 @@ def lerp_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.addcmul.default)
 def addcmul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _addcmul(*args[:3], kwargs.get("value", args[3] if len(args) > 3 else 1))
+    return _addcmul(args[0], args[1], args[2], kwargs.get("value", args[3] if len(args) > 3 else 1))
 
 
 @register(aten.addcmul_.default)
 def addcmul_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     value = kwargs.get("value", args[3] if len(args) > 3 else 1)
-    return _write(func, args[0], _addcmul(*args[:3], value))
+    return _write(func, args[0], _addcmul(args[0], args[1], args[2], value))
 
 
 @register(aten.addcdiv.default)
 def addcdiv(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _addcdiv(*args[:3], kwargs.get("value", args[3] if len(args) > 3 else 1))
+    return _addcdiv(args[0], args[1], args[2], kwargs.get("value", args[3] if len(args) > 3 else 1))
 
 
 @register(aten.addcdiv_.default)
 def addcdiv_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     value = kwargs.get("value", args[3] if len(args) > 3 else 1)
-    return _write(func, args[0], _addcdiv(*args[:3], value))
+    return _write(func, args[0], _addcdiv(args[0], args[1], args[2], value))
