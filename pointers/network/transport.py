@@ -94,7 +94,9 @@ def channel_options(
         ("grpc.max_receive_message_length", max_message_bytes),
         # a restarted worker is found again quickly
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
+        # (gRPC core also takes this as the least time one connection attempt, the TLS
+        # handshake included, is given: at 100 ms every connect to a busy worker failed)
+        ("grpc.min_reconnect_backoff_ms", 2_000),
         ("grpc.max_reconnect_backoff_ms", 1000),
         ("grpc.enable_retries", 0),
         # a worker that stopped answering (hung, partitioned) fails the call in seconds
