@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = f"{a / b:.2f}x" if a and b else "-"
         fa = f"{a * 1e3:.1f} ms" if a else "-"
         fb = f"{b * 1e3:.1f} ms" if b else "-"
-        print(f"| {wid} {n:g} | {fa} | {fb} | {ratio} |")
+        size = f"1e{len(str(n)) - 1}" if n >= 1000 and str(n).strip("0") == "1" else str(n)
+        print(f"| {wid} {size} | {fa} | {fb} | {ratio} |")
     return 0
 
 
