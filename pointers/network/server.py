@@ -23,6 +23,7 @@ Worker functions beyond aten ops come from the entry-point group
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -622,6 +623,7 @@ class WorkerServer:
 def _trim_heap() -> None:
     """glibc keeps freed small blocks for reuse; malloc_trim returns them to the system
     (a no-op elsewhere)."""
+    gc.collect()  # request buffers caught in reference cycles (tracebacks) go now
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
