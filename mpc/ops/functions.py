@@ -218,7 +218,7 @@ def exp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.log.default)
 def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 15 rounds, domain
+    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 17 rounds, domain
     [2^-16, 2^16), absolute error 1e-4."""
     x = _shared(func, args[0])
     return _out(x, approx.log(_fx(x), _f(x)))
@@ -398,7 +398,7 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten._log_softmax.default)
 def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """log_softmax(x) = (x - max) - ln(sum e^(x - max)): max, exp on (-inf, 0], log on
-    [1, k]: 8 ceil(log2 k) + 23 + 15 rounds."""
+    [1, k]: 8 ceil(log2 k) + 23 + 17 rounds."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     lg = approx.log(total, _f(x), jmin=-2, jtop=jtop)

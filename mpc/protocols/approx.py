@@ -338,19 +338,21 @@ def rsqrt(x: Fx, out: int) -> Fx:
 
 
 # log: ln x = ln m + E ln 2, m in [1/2, 1)
-LOG_JMIN, LOG_JTOP = -16, 16
-_LOG_POLY = fit(torch.log, 0.5, 1.0, 4)
+LOG_JMIN, LOG_JTOP, LOG_STEP, LOG_DEG = -16, 16, 2, 7
+_LOG_POLY = fit(torch.log, 0.25, 1.0, LOG_DEG)
 
 
 def log(x: Fx, out: int, jmin: int = LOG_JMIN, jtop: int = LOG_JTOP) -> Fx:
-    """[ln x]: normalise x = m 2^E, m in [1/2, 1) (10 rounds), ln m = p(m) of degree 4
-    (abs error 7e-5; powers 4 rounds, truncation 1), plus E ln 2 selected by the bits
-    (no round): 15 rounds. Domain [2^-16, 2^16): below (x <= 0 included) the result
-    saturates to -16 ln 2 = -11.09, above to 16 ln 2.
+    """[ln x]: normalise x = m 2^E, m in [1/4, 1) (bins of 2 bits: 17 comparisons per
+    element on the default domain; 10 rounds), ln m = p(m) of degree 7 (abs error 5.4e-5,
+    coefficients at 20 bits; powers 6 rounds, truncation 1), plus E ln 2 selected by the
+    bits (no round): 17 rounds. Bins of 1 bit with a degree-4 polynomial take 15 rounds
+    but 33 comparisons per element. Domain [2^-16, 2^16): below (x <= 0 included) the
+    result saturates to -16 ln 2 = -11.09, above to 16 ln 2.
     """
-    m, g = normalise(x, jmin, jtop, 1, False, lambda s, e: e * math.log(2.0), out)
-    pows = powers(m, 4, WORK)
-    p = poly_public(pows, _LOG_POLY, 16)
+    m, g = normalise(x, jmin, jtop, LOG_STEP, False, lambda s, e: e * math.log(2.0), out)
+    pows = powers(m, LOG_DEG, WORK)
+    p = poly_public(pows, _LOG_POLY, 20)
     (p,) = truncate_many([p], [out])
     return p.add(g)
 
