@@ -380,3 +380,20 @@ def test_lease_options_are_checked(capsys):
         assert "must" in capsys.readouterr().err
     with pytest.raises(ValueError, match="lease"):
         ServerConfig("alice", insecure=True, lease=0.5)
+
+
+def test_a_plan_too_large_is_refused_before_it_runs(serve):
+    srv, alice = serve(max_stored_bytes=256 << 10)
+
+    @pt.func2plan(args_shape=[(-1,)])
+    def outer(x):
+        return x.unsqueeze(1) * x.unsqueeze(0)
+
+    remote = outer.send(alice)
+    small = torch.arange(100.0)
+    assert torch.equal(remote(pt.send(small, alice)).get(), torch.outer(small, small))
+    before = srv.stored_bytes()
+    with pytest.raises(pt.LimitExceeded, match="plan .*refused before running"):
+        remote(pt.send(torch.ones(1000), alice)).get()  # 4 MB of output
+    alice.sync()
+    assert srv.stored_bytes() <= before + 4000  # (the 4 KB input, if not yet dropped)

@@ -26,6 +26,7 @@ is an ordinary :class:`pointers.worker.base.Worker` (same message handler as in 
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from pointers.errors import (
     PointerError,
     UnknownObjectError,
 )
+from pointers.plans.graph import PlanGraph
 from pointers.wire import serde
 from pointers.wire.messages import (
     AcceptPeer,
@@ -49,6 +51,7 @@ from pointers.wire.messages import (
     ErrorReply,
     ExecuteOp,
     Fetch,
+    RunPlan,
     RunProgram,
     SendToPeer,
     Tag,
@@ -849,6 +852,25 @@ class ServedWorker(Worker):
         except BaseException:
             self.store.release_promises(promised)
             raise
+
+    @handles(RunPlan)
+    def _run_plan(self, msg: RunPlan) -> Any:
+        """Size a plan's outputs on the ``meta`` device before it runs (as an op's)."""
+        store = self.store
+        if store.max_bytes is not None:
+            plan = store.get(msg.plan_id)
+            if isinstance(plan, PlanGraph):
+                try:
+                    args = self._resolve(msg.args)
+                    metas = (
+                        plan.infer(args) if all(isinstance(a, torch.Tensor) for a in args) else None
+                    )
+                except Exception:  # the run itself reports bad arguments
+                    metas = None
+                if metas:
+                    size = sum(math.prod(shape) * dtype.itemsize for shape, _, dtype in metas)
+                    store.charge_check(None, size, f"plan {plan.name!r}")
+        return super()._run_plan(msg)
 
     @handles(Tag)
     def _tag(self, msg: Tag) -> None:
