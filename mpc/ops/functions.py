@@ -227,13 +227,13 @@ def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.reciprocal.default)
 def reciprocal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """1/x by normalisation and Goldschmidt (see :func:`mpc.protocols.approx.reciprocal`):
-    18 rounds, domain 2^-12 <= |x| < 2^12, relative error 1e-5 (result at 24 bits)."""
+    27 rounds (sign, then |x|), domain 2^-12 <= |x| < 2^12, relative error 1e-5 (result at 24 bits)."""
     x = _shared(func, args[0])
     return _out(x, approx.reciprocal(_fx(x), hi_scale(x)))
 
 
 def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
-    """a / [b] = a * (1/[b]): 18 + 2 rounds (a public: 18 + 1)."""
+    """a / [b] = a * (1/[b]): 27 + 2 rounds (a public: 27 + 1)."""
     r = approx.reciprocal(_fx(b), hi_scale(b))
     if isinstance(a, SharedTensor):
         fa = _fx(a)
