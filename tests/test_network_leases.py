@@ -87,6 +87,8 @@ _CHILD = textwrap.dedent(
     alice = pt.connect("alice", a, certs=certs, identity="client")
     bob = pt.connect("bob", b, certs=certs, identity="client")
     carol = pt.connect("carol", c, certs=certs, identity="client")
+    for w in (alice, bob, carol):
+        w.reset()  # its own session only: the test process's objects stay
     x = torch.arange(1 << 20, dtype=torch.float32) / 7
     kept = [mpc.share(x + k, alice, bob, crypto_provider=carol) for k in range(n)]
     kept.append(pt.send(torch.ones(1 << 20), alice))  # and a plain tensor
@@ -168,7 +170,8 @@ def test_a_killed_client_is_freed_within_the_lease(cluster):
     finally:
         if child.poll() is None:
             child.kill()
-    # this process's own session, same identity, lived on with its object
+    # this process's own session, same identity, lived on with its object (the other
+    # process's reset() and death did not touch it)
     assert torch.equal(mine.get(), torch.tensor([1.0, 2.0, 3.0]))
     # and a new session of the identity works at once (shares, dealer material, get)
     again = _child(cluster, 1)
