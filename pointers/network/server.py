@@ -631,6 +631,23 @@ def _trim_heap() -> None:
             pass
 
 
+MALLOC_ARENAS = 2  # glibc malloc arenas of a served worker (see _limit_arenas)
+
+
+def _limit_arenas() -> None:
+    """glibc gives each thread that allocates its own malloc arena (up to 8 per core), and
+    memory freed in an arena of one of the many gRPC threads mostly stays with the
+    process: a worker then keeps about what each client sent it. With two arenas, freed
+    memory returns (measured: RSS back to its baseline after each of 8 clients that sent
+    32 MiB and left, instead of growing by about 33 MiB per client). An explicit
+    MALLOC_ARENA_MAX wins; a no-op off glibc."""
+    if sys.platform.startswith("linux") and "MALLOC_ARENA_MAX" not in os.environ:
+        try:
+            ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
+        except (OSError, AttributeError):
+            pass
+
+
 def _error_envelope(e: Exception, epoch: str) -> bytes:
     return encode_envelope({"epoch": epoch, "error": [type(e).__name__, str(e)]}, [])
 
@@ -648,6 +665,7 @@ def serve(
 ) -> None:
     """Serve until SIGINT/SIGTERM (or, with ``watch_stdin``, until standard input
     closes); prints one line with the address once listening."""
+    _limit_arenas()  # before the server's threads allocate
     server = WorkerServer(config)
     server.start()
     mode = (
