@@ -226,6 +226,36 @@ SAMPLES: list[Sample] = [
         ),
         [(3, 4)] * 2,
     ),
+    # optimizer updates (Adam: lerp_, addcmul_, addcdiv_) and max-pool's backward with the
+    # argmax its forward kept
+    (
+        "optimizer updates",
+        lambda a, b, c: (
+            torch.lerp(a, b, 0.3)
+            + torch.lerp(a, b, torch.full((3, 4), 0.25))
+            + torch.addcmul(a, b, c, value=0.5)
+            + torch.addcdiv(a, b, c * c + 1, value=0.5)
+            + a.clone().lerp_(b, 0.3)
+            + a.clone().lerp_(b, torch.full((3, 4), 0.75))
+            + a.clone().addcmul_(b, c, value=2.0)
+            + a.clone().addcdiv_(b, c * c + 1, value=-0.5)
+        ),
+        [(3, 4)] * 3,
+    ),
+    (
+        "max pool backward",
+        lambda g, x: aten.max_pool2d_with_indices_backward(
+            g,
+            x,
+            [2, 2],
+            [2, 2],
+            [0, 0],
+            [1, 1],
+            False,
+            F.max_pool2d(x.detach().requires_grad_(), 2, return_indices=True)[1],
+        ).detach(),
+        [(1, 2, 2, 3), (1, 2, 4, 6)],
+    ),
     (
         "batch norm overload",
         lambda a: aten._native_batch_norm_legit_no_training(
