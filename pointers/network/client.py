@@ -249,9 +249,11 @@ class NetworkWorker:
         self._introduced[peer.id] = (peer, self._link_state(peer))
 
     def _link_state(self, peer: NetworkWorker) -> tuple[Any, ...]:
-        """Changes when either worker restarted (or may have): introduce again then."""
+        """Changes when either worker restarted (or may have): introduce again then. The
+        incarnations are asked for when a connection dropped since (a restart while the
+        client was idle leaves no failed call behind)."""
         a, b = self._conn, peer._conn
-        return (a.epoch, a.failures, b.epoch, b.failures)
+        return (self.incarnation, a.failures, peer.incarnation, b.failures)
 
     # PySyft 0.2's name for the object store (pointers.compat)
     _objects = property(lambda self: self.objects)
