@@ -1,7 +1,9 @@
 """The serving side of a network worker: one :class:`ServedWorker` per client namespace.
 
-A served process holds one namespace per client identity: its own object store, counters
-and peer links, so one client's ids and objects are invisible to another. Each namespace
+A served process holds one namespace per client session (an identity and a session token,
+see :mod:`pointers.network.lease`): its own object store, counters and peer links, so one
+client's ids and objects are invisible to another, and the server frees a namespace whose
+lease ran out (:meth:`ServedWorker.close`). Each namespace
 is an ordinary :class:`pointers.worker.base.Worker` (same message handler as in process) with:
 
 * a :class:`WaitingStore`: commands arrive on the client's connection while peer
@@ -19,7 +21,12 @@ is an ordinary :class:`pointers.worker.base.Worker` (same message handler as in 
   the command (or program) that produces it can run meanwhile: a client's ``get`` waits
   for a program's output, and a program's step waits for a peer's delivery, without
   stopping the namespace.
-* a byte limit on what the client stores (``max_stored_bytes``).
+* limits on what the client stores: bytes (``max_stored_bytes``; a program or plan by
+  its Python objects, :func:`footprint`, and tags by their characters) and objects
+  (``max_objects``); an op (:func:`op_bytes`) or a plan's outputs are sized on the
+  ``meta`` device and refused before they run;
+* a :class:`ProgramQueue` in the worker's :class:`ProgramPool`: programs run on a bounded
+  number of threads, per session and per worker.
 * the network control messages: ``ConnectPeer`` (a link to a peer) and ``AcceptPeer``
   (deliveries from that peer may land in this namespace).
 """
