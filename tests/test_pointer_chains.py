@@ -177,3 +177,14 @@ def test_chain_of_a_sealed_object_keeps_it_sealed(bob, alice):
         hop.get()
     with pytest.raises(pt.RemoteError):  # a client may not store a sealed object either
         bob.post(Store(bob.new_id(), torch.ones(1), [], "", True))
+
+
+def test_fetching_a_hop_by_its_id_is_refused_and_keeps_the_chain(bob, alice):
+    from pointers.wire.messages import Fetch
+
+    x = torch.tensor([1.0, 2.0, 3.0]).send(bob).send(alice)
+    (hop_id,) = bob._objects.keys()
+    with pytest.raises(pt.RemoteError, match="NotAllowedError.*chain.s hop"):
+        bob.request(Fetch(hop_id, True))
+    assert hop_id in bob._objects  # not dropped by the refused fetch
+    assert torch.equal(x.get().get(), torch.tensor([1.0, 2.0, 3.0]))

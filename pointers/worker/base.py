@@ -272,6 +272,13 @@ class Worker:
         value = self._readable(msg.obj_id, "fetching it").value
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"object {msg.obj_id} is not a tensor")
+        from pointers.pointer_tensor import PointerTensor
+
+        if isinstance(value, PointerTensor):  # a chain's hop: refused before it is dropped
+            raise NotAllowedError(
+                f"object {msg.obj_id} is a pointer chain's hop, not a tensor: "
+                "get() the chain's pointer instead (one hop at a time)"
+            )
         if msg.delete:
             self.store.discard(msg.obj_id)
         return value
