@@ -257,6 +257,16 @@ SAMPLES: list[Sample] = [
         [(1, 2, 2, 3), (1, 2, 4, 6)],
     ),
     (
+        "convolution backward",
+        lambda g, x, w: sum(
+            t.sum()
+            for t in aten.convolution_backward(
+                g, x, w, [3], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]
+            )
+        ),
+        [(2, 3, 4, 4), (2, 2, 4, 4), (3, 2, 3, 3)],
+    ),
+    (
         "batch norm overload",
         lambda a: aten._native_batch_norm_legit_no_training(
             a,

@@ -412,3 +412,43 @@ def test_training_steps_on_both_worker_kinds(make_worker: Any) -> None:
     (lin_plain(xs) ** 2).sum().backward()
     padam.step()
     assert torch.allclose(lin.weight.get(), lin_plain.weight.detach(), atol=2e-4)
+
+
+def test_cnn_trains_like_plaintext(group: Any) -> None:
+    """Conv (its backward: two more convolutions), ReLU, max-pool, linear: three SGD steps
+    with momentum follow the same plaintext training."""
+    torch.manual_seed(6)
+    plain = nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(12, 2)
+    )
+    model = _share(copy.deepcopy(plain), group)
+    data, target = torch.randn(4, 1, 4, 4), torch.randn(4, 2)
+    x, y = _share(data, group), _share(target, group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    popt = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        popt.zero_grad()
+        F.mse_loss(plain(data), target).backward()
+        popt.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.allclose(p.copy().get(), q.detach(), atol=1e-3)
+
+
+def test_conv_backward_input_gradient_and_its_limits(group: Any) -> None:
+    torch.manual_seed(7)
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    data = torch.randn(2, 2, 5, 5, requires_grad=True)
+    grad = torch.randn(2, 3, 5, 5)
+    conv(data).backward(grad)
+    shared = _share(copy.deepcopy(conv), group)
+    x = _share(data.detach(), group, requires_grad=True)
+    shared(x).backward(_share(grad, group))
+    assert torch.allclose(x.grad.get(), data.grad, atol=5e-4)
+    assert torch.allclose(shared.weight.grad.get(), conv.weight.grad, atol=5e-4)
+    strided = _share(nn.Conv2d(2, 3, 3, stride=2), group)
+    y = _share(data.detach(), group, requires_grad=True)
+    with pytest.raises(mpc.UnsupportedOpError, match="strided"):
+        strided(y).sum().backward()

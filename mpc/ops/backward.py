@@ -26,6 +26,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from mpc.errors import UnsupportedOpError
+from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
 from mpc.protocols.compare import relu_with_mask
 from mpc.registry import OPS, register
@@ -185,6 +186,54 @@ def max_pool2d_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     if (h, w) != (ho * kh, wo * kw):
         g = _op(aten.constant_pad_nd.default, g, [0, w - wo * kw, 0, h - ho * kh], 0.0)
     return g
+
+
+# -- convolution ------------------------------------------------------------------------
+
+
+@register(aten.convolution_backward.default)
+def convolution_backward(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """2-D convolution's backward as two more convolutions (Beaver products, 1 round each
+    plus a truncation), groups 1 and dilation 1: the weight's gradient correlates the
+    input with the output gradient (a conv of the transposed input by the transposed
+    gradient, dilated by the stride); the input's gradient convolves the gradient with
+    the flipped, transposed weight (stride 1 only); the bias's is a sum (local)."""
+    grad, x, w = args[0], args[1], args[2]
+    stride, padding, dilation = list(args[4]), list(args[5]), list(args[6])
+    transposed, groups, mask = args[7], args[9], args[10]
+    if transposed or groups != 1 or any(d != 1 for d in dilation) or len(w.shape) != 4:
+        raise UnsupportedOpError(
+            str(func), "only a 2-D convolution with groups=1 and dilation=1 has a backward"
+        )
+    kh, kw = w.shape[2], w.shape[3]
+    grad_input = grad_weight = grad_bias = None
+    if mask[0]:
+        if any(s != 1 for s in stride):
+            raise UnsupportedOpError(
+                str(func), "the input's gradient of a strided convolution is not supported yet"
+            )
+        flipped = w.flip([2, 3]).transpose(0, 1).clone(memory_format=torch.contiguous_format)
+        params = {
+            "stride": [1, 1],
+            "padding": [kh - 1 - padding[0], kw - 1 - padding[1]],
+            "dilation": [1, 1],
+            "groups": 1,
+        }
+        grad_input = bilinear_op(grad, flipped, "conv2d", params)
+    if mask[1]:
+        params = {"stride": [1, 1], "padding": padding, "dilation": stride, "groups": 1}
+        gw = bilinear_op(
+            x.transpose(0, 1).clone(memory_format=torch.contiguous_format),
+            grad.transpose(0, 1).clone(memory_format=torch.contiguous_format),
+            "conv2d",
+            params,
+        )
+        grad_weight = gw.transpose(0, 1)[:, :, :kh, :kw].clone(
+            memory_format=torch.contiguous_format
+        )
+    if mask[2]:
+        grad_bias = grad.sum([0, 2, 3])
+    return grad_input, grad_weight, grad_bias
 
 
 # -- losses -----------------------------------------------------------------------------
