@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -303,9 +304,11 @@ def reciprocal(
     larger ones to +-2^-12.
     """
     if signed:
-        one = [
-            torch.ones_like(s) if i == 0 else torch.zeros_like(s) for i, s in enumerate(x.shares)
-        ]
+        # 1 shared trivially, made where the shares live (ones_like of a pointer is one)
+        one = cast(
+            Shares,
+            [torch.ones_like(s) if i == 0 else torch.zeros_like(s) for i, s in enumerate(x.shares)],
+        )
         xm, ms = select_by_msb(x.session, x.shares, [x.shares, one])
         absx = x.with_shares([s - 2 * t for s, t in zip(x.shares, xm)])
         sign = x.with_shares([-2 * t for t in ms], 0).add_public(1.0)
