@@ -40,7 +40,16 @@ from pointers.worker.program import bind
 NONCE_FUNCTIONS = {
     name
     for name in FUNCTIONS
-    if name not in ("mpc.new_seed", "mpc.cmp_select_finish", "mpc.bilinear_public")
+    if name
+    not in (
+        "mpc.new_seed",
+        "mpc.cmp_select_finish",
+        "mpc.bilinear_public",
+        # (no seed or nonce: an input share's one-time seed, a round's shares packed)
+        "mpc.share_from_seed",
+        "mpc.pack",
+        "mpc.unpack",
+    )
 }
 DEALER_FUNCTIONS = {name for name in NONCE_FUNCTIONS if name.startswith("mpc.dealer_")}
 

@@ -30,10 +30,12 @@ from mpc.material.party import (
     cmp_init,
     cmp_mask,
     cmp_select_finish,
+    pack,
     party_derive,
     share_from_seed,
     trunc_finish,
     trunc_mask,
+    unpack,
 )
 from mpc.material.streams import TAG_T_ARITH, consume, derive
 
@@ -57,6 +59,8 @@ FUNCTIONS = {
     "mpc.trunc_mask": trunc_mask,
     "mpc.trunc_finish": trunc_finish,
     "mpc.share_from_seed": share_from_seed,
+    "mpc.pack": pack,
+    "mpc.unpack": unpack,
 }
 
 __all__ = ["FUNCTIONS", "TAG_T_ARITH", "consume", "derive"]

@@ -307,3 +307,34 @@ def share_from_seed(ctx: Any, seed: bytes, shape: list[int]) -> torch.Tensor:
         )
     used.add(seed)
     return PRG(seed).int64(tuple(shape))
+
+
+@protocol_function(either=("parts",))
+def pack(ctx: Any, parts: list[torch.Tensor]) -> torch.Tensor:
+    """A party's shares of the values one round opens, as one flat tensor: they reach
+    each peer in one delivery instead of one per value (see :func:`unpack`)."""
+    if not (isinstance(parts, list) and parts and all(isinstance(p, torch.Tensor) for p in parts)):
+        raise TypeError("pack takes a non-empty list of tensors")
+    if any(p.dtype != parts[0].dtype for p in parts):
+        raise TypeError("pack takes tensors of one dtype")
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+@protocol_function(either=("packed",))
+def unpack(ctx: Any, packed: torch.Tensor, shapes: list[list[int]]) -> list[torch.Tensor]:
+    """The values :func:`pack` put in ``packed``, with their ``shapes`` (views: no copy)."""
+    if not isinstance(packed, torch.Tensor) or packed.dim() != 1:
+        raise TypeError("unpack takes the flat tensor pack made")
+    if not (isinstance(shapes, list) and shapes):
+        raise ValueError("unpack takes a non-empty list of shapes")
+    sizes = []
+    for shape in shapes:
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise ValueError(f"a shape is a list of sizes, got {shape!r}")
+        n = 1
+        for d in shape:
+            n *= d
+        sizes.append(n)
+    if sum(sizes) != packed.numel():
+        raise ValueError(f"shapes of {sum(sizes)} elements for a packed tensor of {packed.numel()}")
+    return [part.view(shape) for part, shape in zip(packed.split(sizes), shapes)]

@@ -5,6 +5,7 @@ Notation: [x] is an additive sharing, x = sum_i x_i mod 2^64, party i holding x_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -90,11 +91,30 @@ def open_among(
     """Open each [v] among the parties in one round: party i sends v_i to every other
     party, then each party sums (``xor``: XORs) what it holds. Returns, per value, a
     pointer to the opened value at each party. The client never sees an opened value.
-    ``count=False``: the values travel in a round already counted (same messages batch)."""
+    ``count=False``: the values travel in a round already counted (same messages batch).
+    Several values of one dtype travel packed (``mpc.pack``/``mpc.unpack``): one delivery
+    per peer per round, so a round costs one latency, not one per value."""
     if count:
         accounting.count_round()
-    opened: list[Shares] = []
     parties = session.parties
+    dtypes = {s.dtype for shares in values for s in shares}
+    if len(values) > 1 and len(dtypes) == 1:
+        # one delivery per peer for the whole round (one latency, not one per value):
+        # each party packs its shares, the packed sums are opened, then split again
+        dtype = dtypes.pop()
+        shapes = [[int(d) for d in shares[0].shape] for shares in values]
+        total = sum(math.prod(s) for s in shapes)
+        packed = [
+            call(p, "mpc.pack", [[shares[i] for shares in values]], out=[((total,), dtype)])[0]
+            for i, p in enumerate(parties)
+        ]
+        (sums,) = open_among(session, [packed], xor, count=False)
+        metas: Out = [(tuple(s), dtype) for s in shapes]
+        per_party = [
+            call(p, "mpc.unpack", [sums[j], shapes], out=metas) for j, p in enumerate(parties)
+        ]
+        return [list(col) for col in zip(*per_party)]
+    opened: list[Shares] = []
     for shares in values:
         received: list[list[pt.PointerTensor]] = [[] for _ in parties]
         for i, s in enumerate(shares):
