@@ -191,3 +191,53 @@ def test_floor_table_reports_rounds_times_latency():
     assert "600.00 ms" in text and "(R+1)L = 610.00 ms" in text
     md = floor_table(rows, 10.0, markdown=True)
     assert md.splitlines()[0].startswith("| workload |") and md.count("\n") == 3
+
+
+# ------------------------------------------------------------------ packed rounds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_round_opens_its_values_in_one_delivery_per_peer(kind, request):
+    alice, bob, carol = _workers(kind, request)
+    x, y = torch.randn(500), torch.randn(500)
+    a = mpc.share(x, alice, bob, crypto_provider=carol)
+    b = mpc.share(y, alice, bob, crypto_provider=carol)
+    for w in (alice, bob, carol):
+        if kind == "network":
+            w.sync()
+
+    def peer_messages(w) -> int:
+        stats = w.stats() if callable(w.stats) else w.stats
+        return stats.peer_messages_sent
+
+    before = peer_messages(alice)
+    z = a * b  # Beaver opens e and f together, packed (get() decodes the truncation away)
+    assert torch.allclose(z.get(), x * y, atol=1e-3)
+    if kind == "network":
+        alice.sync()
+    assert peer_messages(alice) - before == 1  # e and f: one delivery to bob
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
+    alice, _, _ = _workers(kind, request)
+    flat = pt.send(torch.arange(6), alice)
+    (u, v) = pt.call_function(
+        alice, "mpc.unpack", [flat, [[2], [2, 2]]], out=[((2,), torch.int64), ((2, 2), torch.int64)]
+    )
+    assert torch.equal(u.get(), torch.tensor([0, 1]))
+    assert torch.equal(v.get(), torch.tensor([[2, 3], [4, 5]]))
+    for shapes, match in (([[2], [2]], "4 elements"), ([[-1]], "list of sizes"), ([], "non-empty")):
+        with pytest.raises(pt.PointerError, match=match):
+            (bad,) = pt.call_function(
+                alice, "mpc.unpack", [flat, shapes], out=[((1,), torch.int64)]
+            )
+            bad.get()
+    with pytest.raises(pt.PointerError, match="one dtype"):
+        (bad,) = pt.call_function(
+            alice,
+            "mpc.pack",
+            [[flat, pt.send(torch.ones(2), alice)]],
+            out=[((8,), torch.int64)],
+        )
+        bad.get()
