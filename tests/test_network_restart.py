@@ -112,7 +112,7 @@ def test_plain_pointers_after_a_restart(cluster, trio):
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(x=values, seed=st.integers(0, 2**31 - 1))
 def test_results_stay_right_across_restarts(cluster, x, seed):
     """Values drawn by hypothesis; one restart of bob between two rounds of work."""

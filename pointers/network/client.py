@@ -40,9 +40,15 @@ from pointers.errors import DecodeError, LimitExceeded, PointerError, RemoteErro
 from pointers.network.certs import Credentials, check_identity, load_credentials
 from pointers.network.connection import Connection, Future, Item
 from pointers.network.context import DEFAULT_CONTEXT, ClientContext
-from pointers.network.framing import buffer_bytes
+from pointers.network.framing import buffer_bytes, encode_envelope
 from pointers.network.lease import SESSION_METADATA, renew_leases, session_of
-from pointers.network.transport import DEFAULT_MAX_MESSAGE, IDENTITY_METADATA, open_channel
+from pointers.network.transport import (
+    DEFAULT_MAX_MESSAGE,
+    IDENTITY_METADATA,
+    INSPECT,
+    open_channel,
+    rpc_error,
+)
 from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
@@ -121,6 +127,7 @@ class NetworkWorker:
         self.restarts = 0  # restarts of the worker this client noticed
         self._epoch_seen = connection.epoch
         self._failures_seen = connection.failures
+        self._doubts = 0  # hellos that found no answer: the epoch is unconfirmed
         self._epoch_lock = threading.Lock()
         self._watch = _ChannelWatch()
         try:
@@ -253,7 +260,10 @@ class NetworkWorker:
         incarnations are asked for when a connection dropped since (a restart while the
         client was idle leaves no failed call behind)."""
         a, b = self._conn, peer._conn
-        return (self.incarnation, a.failures, peer.incarnation, b.failures)
+        return (
+            (self.incarnation, a.failures, self._doubts),
+            (peer.incarnation, b.failures, peer._doubts),
+        )
 
     # PySyft 0.2's name for the object store (pointers.compat)
     _objects = property(lambda self: self.objects)
@@ -300,13 +310,30 @@ class NetworkWorker:
             self._watch.dropped = False
             failures = conn.failures
             try:
-                conn.inspect_direct({"what": "hello"}, min(conn.timeout, _HELLO_TIMEOUT))
+                self._hello()
             except PointerError:
                 self._watch.dropped = True  # ask again next time
+                self._doubts += 1  # (introductions are renewed meanwhile: see _link_state)
             else:
                 self._failures_seen = failures
         self._note_incarnation()
         return conn.epoch
+
+    def _hello(self) -> None:
+        """Ask the worker for its epoch, waiting (bounded) for the channel to reconnect:
+        right after a restart it may still be backing off from a failed attempt."""
+        conn = self._conn
+        call = conn.channel.unary_unary(INSPECT)
+        try:
+            resp = call(
+                encode_envelope({"what": "hello"}, []),
+                timeout=min(conn.timeout, _HELLO_TIMEOUT),
+                metadata=conn.metadata,
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as e:
+            raise rpc_error(e, self.id, self.address, "a hello") from None
+        conn._inspect_reply(resp)  # notes the epoch; raises a reported error
 
     def _note_incarnation(self) -> None:
         """Mark the ids made so far as dead if the worker's epoch changed (a restart)."""
