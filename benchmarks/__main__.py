@@ -375,6 +375,7 @@ def as_plan(w: Any) -> float:
 
     w.run, w.check = run, check
     w.op = f"{w.op} plan"
+    w.programs = True  # each timed run's sync waits for the plan's programs
     return recorded
 
 

@@ -69,6 +69,7 @@ class Workload:
     # ``mpc.plan(fn, *inputs)`` records it once, then each run is one plan call
     fn: Callable[..., Any] | None = None
     inputs: tuple[Any, ...] = ()
+    programs: bool = False  # runs start programs at the workers (mpc.plan): sync waits
 
     @property
     def name(self) -> str:
@@ -95,8 +96,9 @@ class Workload:
         def one(w: Any) -> None:
             try:
                 w.sync()
-                w.wait_programs()  # an mpc.plan call runs as programs at the workers
-                w.sync()  # (and reports their errors)
+                if self.programs:  # an mpc.plan call runs as programs at the workers
+                    w.wait_programs()
+                    w.sync()  # (and reports their errors)
             except BaseException as e:  # raised below, in this thread
                 errors.append(e)
 
