@@ -64,6 +64,9 @@ from pointers.wire.messages import (
 from pointers.worker.base import Frames, Recorder, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
+# a hello after the connection dropped waits this long for it to come back (a restarted
+# worker is back within the 1 s reconnect backoff; a hung one must not stall the caller)
+_REHELLO_TIMEOUT = 3.0
 _DELETE_BATCH = 64  # while recording, deletes become a command every so many (as in process)
 _NO_OBJECT = re.compile(r"holds no object with id (\d+)")
 
@@ -327,7 +330,7 @@ class NetworkWorker:
         try:
             resp = call(
                 encode_envelope({"what": "hello"}, []),
-                timeout=min(conn.timeout, _HELLO_TIMEOUT),
+                timeout=min(conn.timeout, _REHELLO_TIMEOUT),
                 metadata=conn.metadata,
                 wait_for_ready=True,
             )
