@@ -145,8 +145,12 @@ class NetworkWorker:
 
     # -- the client interface of a worker ------------------------------------------------
     def new_id(self) -> int:
-        if self._conn.epoch is not self._epoch_seen:
-            self._note_incarnation()
+        epoch = self._conn.epoch
+        if epoch is not self._epoch_seen:  # (a new reply: usually the same epoch)
+            if epoch == self._epoch_seen:
+                self._epoch_seen = epoch
+            else:
+                self._note_incarnation()
         i = next(self._ids)
         if self.recorder is not None:
             self.recorder.record_new_id(self.id, i)
