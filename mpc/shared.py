@@ -199,8 +199,8 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
         raise MPCError("this tensor is already secret-shared")
     if isinstance(x, pt.PointerTensor):
         raise MPCError(
-            "sharing a remote tensor is not supported yet: get() it first or share it "
-            "from the worker that holds it"
+            "share_tensor splits a local tensor: share a remote one with mpc.share(ptr, ...) "
+            "or ptr.share(...), which has the worker holding it split it"
         )
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x)

@@ -146,17 +146,6 @@ def test_nll_loss_with_public_labels(group: Any) -> None:
     )
 
 
-def test_cross_entropy_says_what_is_missing(group: Any) -> None:
-    from mpc.registry import OPS
-
-    if torch.ops.aten._log_softmax.default in OPS:
-        pytest.skip("log_softmax is there: covered by the training tests")
-    model = _share(_mlp([4, 3], seed=5), group)
-    x = _share(torch.randn(2, 4), group)
-    with pytest.raises(mpc.UnsupportedOpError, match="log_softmax"):
-        F.cross_entropy(model(x), torch.tensor([0, 2]))
-
-
 def _digits() -> tuple[torch.Tensor, ...]:
     sklearn = pytest.importorskip("sklearn.datasets")
     d = sklearn.load_digits()
