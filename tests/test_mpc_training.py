@@ -38,6 +38,28 @@ def _mlp(sizes: list[int], seed: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def _mse_sgd_alongside(
+    model: nn.Module,
+    plain: nn.Module,
+    data: torch.Tensor,
+    target: torch.Tensor,
+    group: Any,
+    steps: int = 3,
+    **kw: Any,
+) -> None:
+    """``steps`` SGD steps on the MSE loss, encrypted (``model``) and in plaintext
+    (``plain``) from the same weights, side by side."""
+    x, y = _share(data, group), _share(target, group)
+    opt, popt = torch.optim.SGD(model.parameters(), **kw), torch.optim.SGD(plain.parameters(), **kw)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        popt.zero_grad()
+        F.mse_loss(plain(data), target).backward()
+        popt.step()
+
+
 def test_pysyft_toy_loss_matches_plaintext_at_every_step(group: Any) -> None:
     data = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
     target = torch.tensor([[0.0], [0.0], [1.0], [1.0]])
@@ -114,17 +136,8 @@ def test_shared_leaf_input_gets_its_grad(group: Any) -> None:
 def test_sgd_momentum_weight_decay_and_mse_loss(group: Any) -> None:
     plain = _mlp([5, 6, 3], seed=4)
     model = _share(copy.deepcopy(plain), group)
-    kw = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}
-    opt, popt = torch.optim.SGD(model.parameters(), **kw), torch.optim.SGD(plain.parameters(), **kw)
     data, target = torch.randn(6, 5), torch.randn(6, 3)
-    x, y = _share(data, group), _share(target, group)
-    for _ in range(3):
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        opt.step()
-        popt.zero_grad()
-        F.mse_loss(plain(data), target).backward()
-        popt.step()
+    _mse_sgd_alongside(model, plain, data, target, group, lr=0.05, momentum=0.9, weight_decay=0.01)
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.allclose(p.get(), q, atol=2e-3)
 
@@ -330,16 +343,7 @@ def test_a_model_with_maxpool_trains_like_plaintext(group: Any) -> None:
     )
     model = _share(copy.deepcopy(plain), group)
     data, target = torch.randn(6, 5), torch.randn(6, 2)
-    x, y = _share(data, group), _share(target, group)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    popt = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(3):
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        opt.step()
-        popt.zero_grad()
-        F.mse_loss(plain(data), target).backward()
-        popt.step()
+    _mse_sgd_alongside(model, plain, data, target, group, lr=0.05, momentum=0.9)
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.allclose(p.copy().get(), q.detach(), atol=1e-3)
 
@@ -412,16 +416,7 @@ def test_cnn_trains_like_plaintext(group: Any) -> None:
     )
     model = _share(copy.deepcopy(plain), group)
     data, target = torch.randn(4, 1, 4, 4), torch.randn(4, 2)
-    x, y = _share(data, group), _share(target, group)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    popt = torch.optim.SGD(plain.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(3):
-        opt.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        opt.step()
-        popt.zero_grad()
-        F.mse_loss(plain(data), target).backward()
-        popt.step()
+    _mse_sgd_alongside(model, plain, data, target, group, lr=0.05, momentum=0.9)
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.allclose(p.copy().get(), q.detach(), atol=1e-3)
 
