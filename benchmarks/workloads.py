@@ -352,15 +352,14 @@ def w4_relu(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> W
     )
 
 
-def w5_lenet(batch: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
-    """W5: encrypted inference, model and input both private (LeNet-like, 28x28 input);
-    throughput counts images."""
-    model = lenet()
-    inp = torch.rand(batch, 1, 28, 28, generator=_gen())
+def _shared_inference(
+    model: nn.Module, inp: torch.Tensor, parties: int, factory: WorkerFactory | None
+) -> tuple[list[Any], Any, nn.Module, Any, Callable[[], Any], Callable[[], torch.Tensor]]:
+    """Model and input both shared in one session (W5, W13): the workers, the dealer, the
+    shared model and input, and the encrypted and plaintext forward passes (no autograd)."""
     ws, carol = _parties(parties, factory)
     shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
-    session = next(shared_model.parameters()).session
-    x = mpc.share(inp, session=session)
+    x = mpc.share(inp, session=next(shared_model.parameters()).session)
 
     def run() -> Any:
         with torch.no_grad():
@@ -369,6 +368,15 @@ def w5_lenet(batch: int, parties: int = 2, factory: WorkerFactory | None = None)
     def plain() -> torch.Tensor:
         with torch.no_grad():
             return model(inp)
+
+    return ws, carol, shared_model, x, run, plain
+
+
+def w5_lenet(batch: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
+    """W5: encrypted inference, model and input both private (LeNet-like, 28x28 input);
+    throughput counts images."""
+    inp = torch.rand(batch, 1, 28, 28, generator=_gen())
+    ws, carol, shared_model, x, run, plain = _shared_inference(lenet(), inp, parties, factory)
 
     def check() -> dict[str, Any]:
         out, ref = run().get(), plain()
@@ -1200,21 +1208,10 @@ def transformer_layer() -> nn.Module:
 def w13_transformer(seq: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W13: encrypted inference of one unmodified ``nn.TransformerEncoderLayer(64, 4, 256)``
     on a (1, seq, 64) input (WORKLOADS.md: seq 32); weights and input shared."""
-    layer = transformer_layer()
     inp = torch.randn(1, seq, 64, generator=_gen())
-    ws, carol = _parties(parties, factory)
-    shared_layer = mpc.share(copy.deepcopy(layer), *ws, crypto_provider=carol)
-    session = next(shared_layer.parameters()).session
-    x = mpc.share(inp, session=session)
-
-    def run() -> Any:
-        with torch.no_grad():
-            return shared_layer(x)
-
-    def plain() -> torch.Tensor:
-        with torch.no_grad():
-            return layer(inp)
-
+    ws, carol, shared_layer, x, run, plain = _shared_inference(
+        transformer_layer(), inp, parties, factory
+    )
     return Workload(
         "W13",
         "transformer",
