@@ -42,6 +42,13 @@ class ClientContext:
         self._count = itertools.count(1)
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._cond = threading.Condition()
+        # (pid, token) of this context's client session (see pointers.network.lease)
+        self.session: tuple[int, str] | None = None
+
+    @property
+    def lock(self) -> threading.Condition:
+        """The context's lock (a condition variable), for state kept on the context."""
+        return self._cond
 
     def tick(self) -> int:
         """The next message number (thread-safe)."""

@@ -34,18 +34,15 @@ SESSION_METADATA = "pointers-session"
 SESSION_RE = re.compile(r"[0-9a-f]{32}")
 MIN_HEARTBEAT = 0.25  # seconds between two renewals of one connection's lease, at least
 
-_sessions: weakref.WeakKeyDictionary[ClientContext, tuple[int, str]] = weakref.WeakKeyDictionary()
-_sessions_lock = threading.Lock()
-
 
 def session_of(context: ClientContext) -> str:
-    """The session token of ``context`` in this process (a new one after a fork)."""
+    """The session token of ``context`` in this process (a new one after a fork), kept on
+    the context itself (``context.session``)."""
     pid = os.getpid()
-    with _sessions_lock:
-        known = _sessions.get(context)
+    with context.lock:
+        known = context.session
         if known is None or known[0] != pid:
-            known = (pid, os.urandom(16).hex())
-            _sessions[context] = known
+            known = context.session = (pid, os.urandom(16).hex())
         return known[1]
 
 
