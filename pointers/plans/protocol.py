@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import torch
 
+from pointers.errors import DecodeError
 from pointers.plans.graph import PlanError, PlanNotBuiltError
 from pointers.plans.plan import Plan, PointerPlan
 from pointers.pointer_tensor import PointerTensor
+from pointers.wire import serde
 
 if TYPE_CHECKING:
     from pointers.worker.client import WorkerClient
@@ -180,10 +182,10 @@ class Protocol:
         :meth:`Plan.from_bytes` validates it (:class:`ProtocolError` on anything else)."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ProtocolError(f"a protocol decodes from bytes, not {type(data).__name__}")
-        try:
-            outer = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
-        except Exception as e:
-            raise ProtocolError(f"not a serialised protocol: {type(e).__name__}: {e}") from None
+        try:  # within the wire's structural limits (nesting, declared lengths, objects)
+            outer = serde.unpack_document(data)
+        except DecodeError as e:
+            raise ProtocolError(f"not a serialised protocol: {e}") from None
         if not (
             isinstance(outer, list)
             and len(outer) == 4

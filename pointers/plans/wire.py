@@ -14,6 +14,9 @@ state then the constants (they travel as message buffers), ``nodes`` a list of
 each op against the worker's allow-list, every reference (only to values computed
 earlier), every argument's type and nesting. :func:`plan_to_bytes` packs the wire form
 and its tensor buffers into one msgpack byte string; nothing here uses pickle.
+:func:`plan_from_bytes` unpacks it within the wire's structural limits
+(:func:`pointers.wire.serde.unpack_document`: nesting, declared lengths, objects) and
+decodes the plan's header as a worker decodes a message's.
 
 A *variant* is a stored plan traced again for another input signature (what
 :class:`~pointers.wire.messages.StoreRunPlan` carries): the same wire form under the magic
@@ -97,10 +100,10 @@ def plan_from_bytes(data: bytes) -> PlanGraph:
     """Decode :func:`plan_to_bytes` output; raises :class:`PlanDecodeError` on anything else."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise PlanDecodeError(f"a plan decodes from bytes, not {type(data).__name__}")
-    try:
-        outer = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
-    except Exception as e:
-        raise PlanDecodeError(f"not a serialised plan: {type(e).__name__}: {e}") from None
+    try:  # within the wire's structural limits (nesting, declared lengths, objects)
+        outer = serde.unpack_document(data)
+    except DecodeError as e:
+        raise PlanDecodeError(f"not a serialised plan: {e}") from None
     if not (
         isinstance(outer, list)
         and len(outer) == 3

@@ -24,7 +24,9 @@ bytes that follow it; a header decodes into at most :func:`max_objects` allocate
 memory (Python objects are that much larger than their msgpack form). A message carries
 at most :data:`MAX_BUFFERS` tensor buffers, each used once, and a tensor's declared dtype
 and shape must match its buffer's size exactly before anything is allocated. :func:`encode`
-refuses what :func:`decode` would refuse.
+refuses what :func:`decode` would refuse. :func:`unpack_document` applies the same
+structural limits, without the header's size cap, to stand-alone documents from untrusted
+bytes (serialised plans and protocols, which carry their tensors).
 """
 
 from __future__ import annotations
@@ -200,10 +202,17 @@ _STEPS = [1 + n if k == _FIXED else 0 for k, n, _ in _TABLE]  # whole size of a 
 
 
 def _scan(
-    data: bytes, pos: int, end: int, depth: int, ext_depth: int, budget: int
+    data: bytes,
+    pos: int,
+    end: int,
+    depth: int,
+    ext_depth: int,
+    budget: int,
+    what: str = "a message header",
 ) -> tuple[int, int]:
     """Walk the msgpack value at ``data[pos:end]`` without building anything, checking the
-    limits; return where it ends and how many objects the budget has left."""
+    limits; return where it ends and how many objects the budget has left. ``what`` names
+    the value in errors."""
     steps, kinds, sizes, allocs = _STEPS, _KINDS, _SIZES, _ALLOCS
     stack: list[int] = []  # values still to read in each enclosing container
     left = 1  # values still to read at this level
@@ -211,11 +220,11 @@ def _scan(
         while not left:
             if not stack:
                 if budget < 0:
-                    raise DecodeError("a message header decodes into too many objects")
+                    raise DecodeError(f"{what} decodes into too many objects")
                 return pos, budget
             left = stack.pop()
         if pos >= end:
-            raise DecodeError("a message header ends in the middle of a value")
+            raise DecodeError(f"{what} ends in the middle of a value")
         b = data[pos]
         step = steps[b]
         if step:  # a run of fixed-size values (numbers, short strings, nil, booleans)
@@ -230,7 +239,7 @@ def _scan(
                 if not step:
                     break
             if pos > end:
-                raise DecodeError("a message header ends in the middle of a value")
+                raise DecodeError(f"{what} ends in the middle of a value")
             continue
         left -= 1
         kind = kinds[b]
@@ -244,19 +253,26 @@ def _scan(
             else:
                 n = size
             if depth + len(stack) >= MAX_DEPTH:
-                raise DecodeError(f"a message header nests deeper than {MAX_DEPTH} levels")
+                raise DecodeError(f"{what} nests deeper than {MAX_DEPTH} levels")
             if budget < 0:
-                raise DecodeError("a message header decodes into too many objects")
+                raise DecodeError(f"{what} decodes into too many objects")
             if kind == _MAP:
                 n *= 2
             if n > end - pos:  # every value takes at least one byte
-                raise DecodeError(f"a message header declares {n} values in {end - pos} bytes")
+                raise DecodeError(f"{what} declares {n} values in {end - pos} bytes")
             if n:
                 stack.append(left)
                 left = n
         elif kind == _VAR:
             n = int.from_bytes(data[pos : pos + size], "big")
-            pos += size + n
+            pos += size
+            if n > end - pos:
+                if pos > end:
+                    raise DecodeError(f"{what} ends in the middle of a value")
+                raise DecodeError(
+                    f"{what} declares a string or binary of {n} bytes in {end - pos} bytes"
+                )
+            pos += n
         elif kind == _EXT:
             if size < 0:
                 n = int.from_bytes(data[pos : pos - size], "big")
@@ -264,27 +280,25 @@ def _scan(
             else:
                 n = size
             if pos >= end:
-                raise DecodeError("a message header ends in the middle of a value")
+                raise DecodeError(f"{what} ends in the middle of a value")
             code = data[pos]
             pos += 1
             if pos + n > end:
-                raise DecodeError("a message header ends in the middle of an extension value")
+                raise DecodeError(f"{what} ends in the middle of an extension value")
             level = depth + len(stack) + 1
             if level > MAX_DEPTH:
-                raise DecodeError(f"a message header nests deeper than {MAX_DEPTH} levels")
+                raise DecodeError(f"{what} nests deeper than {MAX_DEPTH} levels")
             if code == _EXT_TUPLE or code == _EXT_TENSOR:  # decoded by a nested unpackb
                 if ext_depth >= MAX_EXT_DEPTH:
-                    raise DecodeError(
-                        f"a message header nests tuples deeper than {MAX_EXT_DEPTH} levels"
-                    )
-                inner, budget = _scan(data, pos, pos + n, level, ext_depth + 1, budget)
+                    raise DecodeError(f"{what} nests tuples deeper than {MAX_EXT_DEPTH} levels")
+                inner, budget = _scan(data, pos, pos + n, level, ext_depth + 1, budget, what)
                 if inner != pos + n:
                     raise DecodeError("an extension value holds more than one value")
             pos += n
         else:
-            raise DecodeError(f"a message header holds the invalid byte 0x{b:02x}")
+            raise DecodeError(f"{what} holds the invalid byte 0x{b:02x}")
         if pos > end:
-            raise DecodeError("a message header ends in the middle of a value")
+            raise DecodeError(f"{what} ends in the middle of a value")
 
 
 def check_header(header: Any) -> bytes:
@@ -340,6 +354,53 @@ def unpack_limited(
         max_map_len=min(n // 2, max_map_len),
         max_ext_len=n,
     )
+
+
+def unpack_document(
+    data: Any,
+    ext_hook: Any = msgpack.ExtType,
+    *,
+    max_bytes: int | None = None,
+    what: str = "the document",
+) -> Any:
+    """``msgpack.unpackb`` of a stand-alone msgpack document from untrusted bytes (a
+    serialised plan or protocol), within a header's structural limits but not its size
+    cap: values nest at most :data:`MAX_DEPTH` levels (and :data:`MAX_EXT_DEPTH`
+    extension values), every declared array, map, string, binary or extension length
+    fits in the bytes that follow it, the document decodes into at most
+    :func:`max_objects` objects, and msgpack's ``max_*_len`` are set from the document's
+    length. Documents may exceed :data:`MAX_HEADER_BYTES` (a plan carries its tensors);
+    ``max_bytes``, if given, caps their size. ``what`` names the document in errors.
+
+    Raises :class:`DecodeError` on anything past the limits or malformed (never msgpack's
+    own errors), before building anything on a limit's account."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError(f"{what} must be bytes, not {type(data).__name__}")
+    raw = data if type(data) is bytes else bytes(data)
+    n = len(raw)
+    if max_bytes is not None and n > max_bytes:
+        raise DecodeError(f"{what} of {n} bytes exceeds the limit of {max_bytes} bytes")
+    # (always the exact scan, unlike check_header: documents are few, and so every limit
+    # gets the same error whatever the document's length)
+    end, _ = _scan(raw, 0, n, 0, 0, max_objects(n), what)
+    if end != n:
+        raise DecodeError(f"{n - end} unexpected bytes after the value of {what}")
+    try:
+        return msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=ext_hook,
+            max_str_len=n,
+            max_bin_len=n,
+            max_array_len=n,
+            max_map_len=n // 2,
+            max_ext_len=n,
+        )
+    except DecodeError:
+        raise
+    except Exception as e:  # msgpack raises many types on malformed input
+        raise DecodeError(f"{what} is malformed msgpack: {type(e).__name__}: {e}") from None
 
 
 def encode(obj: Any) -> tuple[bytes, list[torch.Tensor]]:
