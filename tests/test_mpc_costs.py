@@ -6,6 +6,12 @@ carry tree packs bits, see mpc/math/bits.py) as measured when this test was writ
 small allowance for message headers. With n parties every opening goes to n - 1 peers,
 so a party's bytes scale with n - 1; the dealer ships one correction to the last party
 whatever n is.
+
+The dealer's bytes are pinned too, for the ops that truncate: per truncated element it
+ships the last party's share of U (8 bytes) and of D = 2^(64-f) (1 - h) only the f-bit
+s with D = 2^(64-f) s (2 bytes, int16, at the default f = 16), not a full 8-byte word:
+a truncation used to cost the dealer 16 bytes an element, now 10 (a product with its
+truncation 24, now 18; see mpc/material/dealer.py dealer_trunc).
 """
 
 from __future__ import annotations
@@ -43,6 +49,17 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
 }
 HEADER_ALLOWANCE = 64  # bytes of message headers per round
 
+# name: payload bytes the dealer ships (to the last party), whatever the number of parties:
+# a triple's c (8 bytes an element of the product) and the truncation's U (8) and s of D
+# (2 at f = 16; it was 8 before D's correction travelled narrow: mul 24 N, now 18 N)
+TRUNC_DEALER_BYTES = 8 + 2
+DEALER_CASES: dict[str, int] = {
+    "mul": (8 + TRUNC_DEALER_BYTES) * N,
+    "matmul": (8 + TRUNC_DEALER_BYTES) * 64 * 64,
+    "conv2d": (8 + TRUNC_DEALER_BYTES) * 4 * 30 * 30,
+}
+DEALER_HEADER_ALLOWANCE = 256  # bytes of message headers of the dealer's few messages
+
 
 def _measure(n: int, fn: Callable[..., Any], shapes: list[tuple[int, ...]]) -> Any:
     parties = [pt.VirtualWorker(f"p{i}") for i in range(n)]
@@ -73,3 +90,22 @@ def test_rounds_and_bytes_per_party(name: str, n: int) -> None:
 def test_the_dealer_ships_the_same_whatever_the_number_of_parties() -> None:
     fn, shapes, _, _ = CASES["lt"]
     assert _measure(2, fn, shapes).dealer_bytes == _measure(3, fn, shapes).dealer_bytes
+
+
+@pytest.mark.parametrize("name", list(DEALER_CASES))
+def test_dealer_bytes_of_the_ops_that_truncate(name: str) -> None:
+    fn, shapes, _, _ = CASES[name]
+    payload = DEALER_CASES[name]
+    sent = _measure(2, fn, shapes).dealer_bytes
+    assert payload <= sent <= payload + DEALER_HEADER_ALLOWANCE, (
+        f"{name}: the dealer sent {sent} bytes, expected {payload} of payload"
+    )
+
+
+def test_a_fused_truncation_costs_the_dealer_the_same_as_a_separate_one() -> None:
+    """ReLU of a product: the ReLU's material, a triple and one truncation (U and the
+    narrow s of D), with the truncation fused into the comparison's first round."""
+    relu = _measure(2, *CASES["relu"][:2]).dealer_bytes
+    fused = _measure(2, *CASES["relu of a product"][:2]).dealer_bytes
+    payload = (8 + TRUNC_DEALER_BYTES) * N
+    assert payload <= fused - relu <= payload + DEALER_HEADER_ALLOWANCE, (relu, fused)

@@ -67,21 +67,48 @@ def dealer_and_triple(ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: li
     return c
 
 
+def trunc_correction_dtype(bits: int) -> torch.dtype:
+    """The narrowest integer dtype that holds ``bits`` bits (two's complement): the dtype
+    in which the dealer ships the last party's share of [D] (see :func:`dealer_trunc`)."""
+    if bits <= 8:
+        return torch.int8
+    if bits <= 16:
+        return torch.int16
+    if bits <= 32:
+        return torch.int32
+    return torch.int64
+
+
 @protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
 ) -> list[torch.Tensor]:
     """Truncation material for the mask r = sum of derived shares (see :func:`trunc_finish`):
     the last party's shares of U = -(r' >> f) - 2^(62-f) and D = 2^(64-f) (1 - msb(r')),
-    where r' = r - 2^62."""
+    where r' = r - 2^62 and f = ``bits``.
+
+    D is a multiple of 2^(64-f), so it is shared as D_i = 2^(64-f) s_i with s_i in Z/2^f:
+    party i < n-1 takes s_i from its seed (its derived word shifted left by 64 - f keeps
+    the word's low f bits as the top f bits of D_i), and the last party gets only
+    s_{n-1} = (1 - h) - sum_{i<n-1} s_i mod 2^f, f bits, in the narrowest dtype that holds
+    them (:func:`trunc_correction_dtype`: int16 at f = 16, 2 bytes an element instead of
+    8); it widens it and shifts it left by 64 - f where it uses it. Nothing leaks: s_0 is
+    uniform in Z/2^f and independent of h and of the other s_i, so s_{n-1} is uniform in
+    Z/2^f given everything the last party holds besides it (a one-time pad of 1 - h), and
+    any n - 1 of the s_i are independent and uniform, as the full-width shares were."""
+    if type(bits) is not int or not 1 <= bits <= 62:
+        raise ValueError(f"a truncation drops 1 to 62 bits, got {bits!r}")
     consume(ctx, seeds, nonce, TAG_R, TAG_U, TAG_D)
     r = sum_derived(seeds, nonce, TAG_R, shape).sub_(1 << 62)
-    d = (r >> 63).add_(1).bitwise_left_shift_(64 - bits)  # 2^(64-f) (1 - h)
+    d = (r >> 63).add_(1)  # s = 1 - h, in Z/2^f
     u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
     for s in seeds[:-1]:
         u -= derive(s, nonce, TAG_U, shape)
         d -= derive(s, nonce, TAG_D, shape)
-    return [u, d]
+    # s_{n-1} mod 2^f as a signed f-bit value (sign-extended from bit f - 1): it fits the
+    # narrow dtype exactly, and widened and shifted left by 64 - f it is D_{n-1} mod 2^64
+    d = d.bitwise_left_shift_(64 - bits).bitwise_right_shift_(64 - bits)
+    return [u, d.to(trunc_correction_dtype(bits))]
 
 
 @protocol_function(material=("seeds",), sealed_outputs=True)

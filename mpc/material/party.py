@@ -109,13 +109,19 @@ def trunc_finish(
            = (c >> f) + U + msb(c) D,
     since msb(c) - h + b = 2 msb(c) (1 - h). The public msb(c) selects [D] or 0, so:
     [z >> f] = [U] + ([D] & (c >> 63)) (+ c >> f at party 0).
+
+    D's shares are D_i = 2^(64-f) s_i (see :func:`~mpc.material.dealer.dealer_trunc`):
+    s_i is the derived word (its low f bits count) here, the dealer's narrow correction
+    s_{n-1} (f bits, int16 at f = 16) at the last party; both are shifted left by 64 - f.
     """
     consume(ctx, [seed], nonce, TAG_U, TAG_D)
     if corrections is None:
         u = derive(seed, nonce, TAG_U, list(c.shape))
-        d = derive(seed, nonce, TAG_D, list(c.shape))
+        s = derive(seed, nonce, TAG_D, list(c.shape))
     else:
-        u, d = corrections
+        u, s = corrections
+        s = s.to(torch.int64)  # widen the dealer's f-bit s_{n-1}
+    d = s.bitwise_left_shift_(64 - bits)  # D_i = 2^(64-f) s_i
     u += d.bitwise_and_(c >> 63)  # c >> 63: all ones where msb(c) = 1, else 0
     if first:  # c is the opened copy, this call's own
         u += c.bitwise_right_shift_(bits)

@@ -13,6 +13,7 @@ import torch
 
 import pointers as pt
 from mpc import accounting
+from mpc.material.dealer import trunc_correction_dtype
 from mpc.session import Session
 
 Shares = list[pt.PointerTensor]
@@ -227,13 +228,14 @@ class TruncRun:
         self.nonce = nonce = session.next_nonce()
         self.shape = shape = list(z[0].shape)
         seed = session.party_seeds
-        # offline: the last party's [U], [D]
+        # offline: the last party's [U] (int64) and its share of s, [D] = 2^(64-bits) [s]
+        # (``bits`` bits, in the narrowest dtype that holds them: int16 at 16 bits)
         self.corr = deal(
             session,
             "truncation of a fixed-point product",
             "mpc.dealer_trunc",
             [nonce, shape, bits],
-            out=[(shape, I64), (shape, I64)],
+            out=[(shape, I64), (shape, trunc_correction_dtype(bits))],
         )
         # [c] = [z] + [r]
         (self.masked,) = at_parties(
@@ -260,7 +262,9 @@ def truncate(session: Session, z: Shares, bits: int) -> Shares:
     """[z >> bits] for |z| < 2^62, exact up to one unit in the last place, any n.
 
     Dealer: r uniform, shared; with r' = r - 2^62 and h = msb(r') it deals
-    [U] = [-(r' >> bits) - 2^(62-bits)] and [D] = [2^(64-bits) (1 - h)]. Parties open
+    [U] = [-(r' >> bits) - 2^(62-bits)] and [D] = [2^(64-bits) (1 - h)], D shared as
+    2^(64-bits) [s] with s = 1 - h in Z/2^bits, so the last party's correction for it is
+    ``bits`` bits (2 bytes an element at 16 bits, not 8; see ``dealer_trunc``). Parties open
     c = z + r = (z + 2^62) + r' (one round). With b = msb(c) xor h, the carry out of the
     low 63 bits, z + 2^62 = (c mod 2^63) - (r' mod 2^63) + 2^63 b; given the public msb(c)
     this is linear in h: each party keeps [U] + [D] where msb(c) = 1 and [U] elsewhere,
