@@ -12,6 +12,7 @@ their errors.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -144,7 +145,17 @@ def hold_sends(workers: Iterable[Any]) -> Iterator[None]:
 class Connection:
     """One channel, one ordered queue, one sender thread. Holds no reference to the
     :class:`NetworkWorker`, so dropping the worker closes the connection. Its messages
-    are numbered by ``context`` (see :class:`~pointers.network.context.ClientContext`)."""
+    are numbered by ``context`` (see :class:`~pointers.network.context.ClientContext`).
+
+    Calls that carry commands only (nothing awaits an answer) leave without waiting for
+    the answer of the call before, up to :data:`PIPELINE` in flight: the worker runs the
+    calls of a connection in the order they left (each names its place, ``order``), so a
+    protocol's next step reaches the parties while they still wait on their peers for
+    the last one, instead of one latency after. A call that awaits an answer (a ``get``,
+    an inspection) leaves once every call before it was answered, so errors are ordered
+    as before."""
+
+    PIPELINE = 4
 
     def __init__(
         self,
@@ -181,6 +192,11 @@ class Connection:
         self._urgent = 0  # queued requests and inspections (they end every hold)
         self._queued_bytes = 0
         self.calls = 0  # Exec calls made (each carries a batch of commands)
+        # calls of commands only that left before the answer of the one before (oldest
+        # first): (gRPC future, its items, its frame count, its announcements)
+        self._flight: deque[tuple[Any, list[Item], int, list[list[Any]]]] = deque()
+        self._token = os.urandom(8).hex()  # names this connection's order of calls
+        self._order = 0
         context.register(self)
         self._thread = threading.Thread(
             target=self._run, name=f"pointers-send-{worker_id}", daemon=True
@@ -243,10 +259,20 @@ class Connection:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while (not self._queue or self._held()) and not self._closed:
+                while (not self._queue or self._held()) and not self._closed and not self._landed():
                     self._cond.wait()
+                if self._landed():
+                    head_call = self._flight[0]
+                else:
+                    head_call = None
+            if head_call is not None:  # answers are taken in the order the calls left
+                self._land(wait=True)
+                continue
+            with self._cond:
                 if not self._queue and self._closed:
                     break
+                if not self._queue:
+                    continue
                 batch: list[Item] = []
                 size = 0
                 while self._queue:
@@ -267,9 +293,24 @@ class Connection:
                     inspect = self._queue.popleft()
                     self._urgent -= inspect.future is not None
                 self._queued_bytes -= size + (inspect.size if inspect is not None else 0)
-                self._running = batch[0].seq if batch else getattr(inspect, "seq", None)
+                if self._running is None:
+                    self._running = batch[0].seq if batch else getattr(inspect, "seq", None)
+                # the deletes that may travel with this batch: those of pointers dropped
+                # before it left the queue, whose commands are all in it or sent before
+                # (a pointer is dropped after the commands that use it were posted); none
+                # while commands posted earlier still wait in the queue
+                ready_deletes = 0 if self._queue else len(self.deletes)
             self.progress = time.monotonic()
+            # commands only (no answer awaited, nothing to inspect) leave without waiting for
+            # the calls still in flight (at most PIPELINE); the worker runs them in order
+            pipelined = inspect is None and bool(batch) and all(it.future is None for it in batch)
             try:
+                if pipelined and len(self._flight) < self.PIPELINE:
+                    bulk = ready_deletes if ready_deletes >= _DELETE_BATCH else 0
+                    self._send_batch(batch, bulk, pipelined=True)
+                    continue
+                while self._flight:  # an answer is awaited: everything before it lands first
+                    self._land(wait=True)
                 if batch or (inspect is not None and inspect.flush):
                     # deletes travel as in process: before an answer is awaited, or in bulk
                     with_deletes = (
@@ -277,7 +318,7 @@ class Connection:
                         or any(it.future is not None for it in batch)
                         or len(self.deletes) >= _DELETE_BATCH
                     )
-                    self._send_batch(batch, with_deletes)
+                    self._send_batch(batch, ready_deletes if with_deletes else 0)
                 if inspect is not None:
                     self._send_inspect(inspect)
             except BaseException as e:  # never let the sender die silently
@@ -288,14 +329,42 @@ class Connection:
             with self._cond:
                 self._running = None
             self.context.settled()
+        while self._flight:
+            self._land(wait=True)
         if self.deletes:  # closing: release what dropped pointers still hold (best effort)
             try:
-                self._send_batch([], with_deletes=True)
+                self._send_batch([], len(self.deletes))
             except Exception:  # noqa: S110 - the worker may be gone already
                 pass
 
-    def _take_pending(self, with_deletes: bool) -> tuple[list[list[Any]], list[int]]:
-        """Expected deliveries (always) and, when ``with_deletes``, the deletes of dropped
+    def _landed(self) -> bool:
+        """Whether the oldest call in flight has its answer (called with the lock held)."""
+        return bool(self._flight) and self._flight[0][0].done()
+
+    def _land(self, wait: bool) -> None:
+        """Take the answer of the oldest call in flight (waiting for it if ``wait``)."""
+        call, sent, nframes, expects = self._flight[0]
+        if not wait and not call.done():
+            return
+        try:
+            resp: bytes | None = call.result()
+            error: grpc.RpcError | None = None
+        except grpc.RpcError as e:
+            resp, error = None, e
+        except Exception as e:  # (cancelled at close)
+            resp, error = None, None
+            self._fail_all(sent, PartyUnavailable(f"a call to {self.worker_id!r}: {e}"))
+        with self._cond:
+            self._flight.popleft()
+            nxt = self._flight[0][1] if self._flight else None
+            self._running = nxt[0].seq if nxt else None
+        if resp is not None or error is not None:
+            self._answer(sent, nframes, expects, resp, error)
+        self.progress = time.monotonic()
+        self.context.settled()
+
+    def _take_pending(self, ndeletes: int) -> tuple[list[list[Any]], list[int]]:
+        """Expected deliveries (always) and the first ``ndeletes`` deletes of dropped
         pointers."""
         expects: dict[str, list[int]] = {}
         n = len(self.expects)
@@ -305,8 +374,8 @@ class Connection:
             for peer, obj_id in taken:
                 expects.setdefault(peer, []).append(obj_id)
         deletes: list[int] = []
-        if with_deletes:
-            n = len(self.deletes)
+        if ndeletes:
+            n = min(ndeletes, len(self.deletes))
             if n:
                 deletes = self.deletes[:n]
                 del self.deletes[:n]
@@ -320,8 +389,8 @@ class Connection:
             return None
         return deferred
 
-    def _send_batch(self, batch: list[Item], with_deletes: bool) -> None:
-        expects, deletes = self._take_pending(with_deletes)
+    def _send_batch(self, batch: list[Item], ndeletes: int, pipelined: bool = False) -> None:
+        expects, deletes = self._take_pending(ndeletes)
         frames: list[Any] = []
         sent: list[Item] = []
         raised = self.context.raised
@@ -344,15 +413,46 @@ class Connection:
         info: dict[str, Any] = {"expect": expects} if expects else {}
         if self.deadline is not None:
             info["deadline"] = self.deadline
+        # the calls' order: one that leaves while others are in flight runs after them
+        self._order += 1
+        # (1: it must run after call number - 1, still in flight when this one left)
+        info["order"] = [self._token, self._order, 1 if pipelined and self._flight else 0]
         self.calls += 1
+        data = encode_envelope(info, frames)
+        if pipelined:
+            call = self._exec.future(data, timeout=self.timeout, metadata=self.metadata)
+            with self._cond:
+                self._flight.append((call, sent, len(frames), expects))
+            call.add_done_callback(self._wake)
+            return
         try:
-            resp = self._exec(
-                encode_envelope(info, frames), timeout=self.timeout, metadata=self.metadata
-            )
+            resp: bytes | None = self._exec(data, timeout=self.timeout, metadata=self.metadata)
+            error: grpc.RpcError | None = None
+        except grpc.RpcError as e:
+            resp, error = None, e
+        self._answer(sent, len(frames), expects, resp, error)
+
+    def _wake(self, _call: Any) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _answer(
+        self,
+        sent: list[Item],
+        nframes: int,
+        expects: list[list[Any]],
+        resp: bytes | None,
+        rpc_failure: grpc.RpcError | None,
+    ) -> None:
+        """Resolve the items of one call from its answer (or its transport error)."""
+        try:
+            if rpc_failure is not None:
+                raise rpc_failure
+            assert resp is not None
             rinfo, replies = decode_envelope(resp)
             self._note_epoch(rinfo)
             batch_error = info_field(rinfo, "error", list, None)
-            answered = _answers(replies, len(frames))
+            answered = _answers(replies, nframes)
         except grpc.RpcError as e:
             self.failures += 1
             # the announcements may not have arrived: they travel again with the next call

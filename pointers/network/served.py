@@ -61,6 +61,7 @@ from pointers.wire.messages import (
     RunPlan,
     RunProgram,
     SendToPeer,
+    Store,
     Tag,
     encode_message,
 )
@@ -220,6 +221,7 @@ class WaitingStore(ObjectStore):
         self._held: dict[tuple[str, int], tuple[Any, bool, bool, float]] = {}
         self._dropped: dict[int, str | None] = {}  # announced ids deleted before they arrived
         self._unavailable: dict[str, str] = {}  # peer -> why a wait for it timed out
+        self.on_wait_failed: Callable[[], None] | None = None  # a wait raised PartyUnavailable
         self._waiters = 0
 
     # -- writes ------------------------------------------------------------------------
@@ -504,7 +506,12 @@ class WaitingStore(ObjectStore):
                     if e is not None:
                         return e
                     left = end - time.monotonic()
-                    self._check(obj_id, left)
+                    try:
+                        self._check(obj_id, left)
+                    except PartyUnavailable:
+                        if self.on_wait_failed is not None:
+                            self.on_wait_failed()
+                        raise
                     self._waiters += 1
                     try:
                         if lock is not None:  # let the producer run meanwhile
@@ -769,6 +776,15 @@ class ServedWorker(Worker):
         self._link_factory = link_factory
         self._pop_after_reply: int | None = None
         self._control = False
+        self._lost_lock = threading.Lock()
+        # set while a client's SendToPeer runs (a program's deliveries are not reported
+        # here: the peers waiting for them fail, and so does the program's output)
+        self._commanded = threading.local()
+        self.store.on_wait_failed = self._forget_unreachable
+        self._order_cond = threading.Condition()
+        self._order_next: dict[str, int] = {}  # connection token -> the next call's number
+        # queued deliveries that failed, not reported yet: (peer unreachable, message)
+        self._lost_deliveries: list[tuple[bool, str]] = []
 
     def handle_frames(
         self,
@@ -805,8 +821,144 @@ class ServedWorker(Worker):
         self._pop_after_reply = msg.obj_id
         return value
 
+    # -- deliveries that do not wait for the peer ----------------------------------------
+    def deliver(
+        self,
+        peer: str,
+        obj_id: int,
+        value: Any,
+        donate: bool = False,
+        lend: bool = False,
+        sealed: bool = False,
+    ) -> None:
+        """Queue ``value`` for ``peer`` on the link's sender thread (see
+        :class:`~pointers.network.server.PeerLink`); a link that cannot queue delivers
+        and waits, as in process. A failure is reported at the client's next call here
+        (:meth:`take_lost`) and to the peer."""
+        link = self.peer_link(peer)
+        post = getattr(link, "post_frames", None)
+        if post is None:
+            return super().deliver(peer, obj_id, value, donate, lend, sealed)
+        header, buffers = encode_message(Store(obj_id, value, [], "", sealed))
+        self.stats.peer_messages_sent += 1
+        self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
+        report = getattr(self._commanded, "on", False)
+        post(
+            header, buffers, obj_id, (lambda why: self._lost(peer, obj_id, why)) if report else None
+        )
+
+    def _lost(self, peer: str, obj_id: int, why: str) -> None:
+        """A queued delivery did not arrive (the sender thread calls this): reported to
+        the client by :meth:`take_lost`."""
+        with self._lost_lock:
+            if len(self._lost_deliveries) < 16:
+                self._lost_deliveries.append(
+                    (
+                        why.startswith("PartyUnavailable"),
+                        f"worker {self.id!r} could not deliver object {obj_id} to its peer "
+                        f"{peer!r}: {why}",
+                    )
+                )
+
+    # -- the order of a connection's calls ---------------------------------------------
+    MAX_CONNECTIONS_ORDERED = 64  # connection tokens remembered per namespace
+
+    def wait_turn(self, token: str, number: int, pipelined: bool) -> None:
+        """Wait until the calls a pipelined call left after have run here (bounded by
+        the deadline: a call that never comes is not waited for longer). A call older
+        than one that already ran is refused: its place is gone."""
+        if not pipelined:
+            return
+        with self._order_cond:
+            nxt = self._order_next.get(token, 0)  # (0: none of its calls ran here yet)
+            end = time.monotonic() + self.store.deadline
+            while number > nxt:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return  # the calls before it did not come: run it anyway
+                self._order_cond.wait(left)
+                nxt = self._order_next.get(token, 0)
+            if number < nxt:
+                raise PointerError(
+                    f"worker {self.id!r}: call {number} of this connection came after call "
+                    f"{nxt - 1} had run (it arrived too late to keep its place)"
+                )
+
+    def end_turn(self, token: str, number: int) -> None:
+        with self._order_cond:
+            order = self._order_next
+            if token not in order and len(order) >= self.MAX_CONNECTIONS_ORDERED:
+                del order[next(iter(order))]  # the oldest connection's
+            order[token] = max(order.get(token, 0), number + 1)
+            self._order_cond.notify_all()
+
+    def _forget_unreachable(self) -> None:
+        """A wait here failed for want of a peer: the client learns of it from that
+        failure, so the deliveries lost to unreachable peers so far are not reported
+        again at the next sync."""
+        with self._lost_lock:
+            self._lost_deliveries = [(u, m) for u, m in self._lost_deliveries if not u]
+
+    def take_lost(self, unreachable: bool = True) -> str | None:
+        """The deliveries that failed and were not reported yet (one message), and forget
+        them. ``unreachable=False`` (a call's commands): only those a peer refused; those
+        to an unreachable peer wait for the next sync (whoever waits for that peer learns
+        it anyway, from the deadline there), so a call after a failed protocol step does
+        not fail again for the same dead peer; nor are they once a wait here failed (see
+        :meth:`_forget_unreachable`)."""
+        with self._lost_lock:
+            take = [m for u, m in self._lost_deliveries if unreachable or not u]
+            self._lost_deliveries = [
+                (u, m) for u, m in self._lost_deliveries if not (unreachable or not u)
+            ]
+        return "; ".join(take) if take else None
+
+    def flush_deliveries(self, timeout: float | None = None) -> bool:
+        """Wait until every queued delivery of this namespace left (False: timed out)."""
+        ok = True
+        for link in list(self._peer_links.values()):
+            flush = getattr(link, "flush", None)
+            if flush is not None:
+                ok = flush(timeout) and ok
+        return ok
+
+    def send_to_peer(self, msg: SendToPeer) -> None:
+        """As :meth:`Worker.send_to_peer`; a move whose queued delivery fails later puts
+        the object back here (as a failed move in process does)."""
+        post = getattr(self.peer_link(msg.peer), "post_frames", None)
+        if not msg.delete or post is None:
+            return super().send_to_peer(msg)
+        with self._lock:
+            entry = self.store.entry(msg.obj_id)
+            value, sealed = entry.value, entry.sealed
+            tags, description = entry.tags, entry.description
+            del entry
+            self.store.forget(msg.obj_id)
+        header, buffers = encode_message(Store(msg.new_id, value, [], "", sealed))
+        self.stats.peer_messages_sent += 1
+        self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
+        store, obj_id = self.store, msg.obj_id
+
+        report = getattr(self._commanded, "on", False)
+
+        def restore(why: str) -> None:
+            if report:
+                self._lost(msg.peer, msg.new_id, why)
+            try:
+                store.put(obj_id, value, tags, description, sealed)
+            except Exception:  # noqa: S110 - the store closed or is full: reported anyway
+                pass
+
+        try:
+            post(header, buffers, msg.new_id, restore)
+        except BaseException:
+            with self._lock:
+                self.store.put(obj_id, value, tags, description, sealed)
+            raise
+
     @handles(SendToPeer)
     def _send_to_peer(self, msg: SendToPeer) -> None:
+        self._commanded.on = True  # a client's command: a lost delivery is reported to it
         try:
             return super()._send_to_peer(msg)
         except PartyUnavailable:
@@ -820,6 +972,8 @@ class ServedWorker(Worker):
                 except Exception:  # noqa: S110 - the original error is what matters
                     pass
             raise
+        finally:
+            self._commanded.on = False
 
     @handles(ConnectPeer)
     def _connect_peer(self, msg: ConnectPeer) -> None:
@@ -901,6 +1055,10 @@ class ServedWorker(Worker):
         self.programs.close()
         held = self.store.close(reason)
         self.function_state.clear()
+        for link in self._peer_links.values():
+            close = getattr(link, "close", None)
+            if close is not None:
+                close()
         self._peer_links.clear()
         self.accepted.clear()
         return held
@@ -911,3 +1069,5 @@ class ServedWorker(Worker):
             self.store.clear()
             self.function_state.clear()
             self.stats = WorkerStats()
+        with self._lost_lock:
+            self._lost_deliveries = []

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from typing import Any
 
 import grpc
 
-from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable
+from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable, PointerError
 from pointers.network.certs import (
     PARTY,
     Credentials,
@@ -153,22 +154,54 @@ def plugin_functions() -> dict[str, Callable[..., Any]]:
     return out
 
 
+class DeliveryFailed(PointerError):
+    """An object this worker queued for a peer did not arrive (the peer refused it)."""
+
+
 class PeerLink:
-    """How one namespace delivers to one peer: a ``handle_frames`` over gRPC."""
+    """How one namespace delivers to one peer, over gRPC.
+
+    Deliveries do not wait for the peer's answer (:meth:`post_frames`): the envelope is
+    encoded at once (a snapshot: later writes to the tensor do not travel) and queued,
+    and up to :data:`WINDOW` sender threads per link send the queue, in order of
+    posting but each without waiting for the one before (the peer stores deliveries by
+    id, in whatever order they come): deliveries posted back to back cost one latency
+    together, not one each. A party that opens values
+    in a round thus sends to every peer at once and goes on with its own work, and the
+    crypto provider's corrections leave one after the other without a latency each.
+    A failure (the peer unreachable, or its refusal) goes to the ``on_failure`` callback
+    of the delivery (the namespace reports a refusal to its client at its next call),
+    and a peer that refused is told (``delivery_failed``, best effort) so that a command
+    waiting there for the object fails at once instead of at its deadline.
+    At most :data:`MAX_QUEUED_BYTES` wait per link; a delivery beyond waits for room.
+    """
+
+    MAX_QUEUED_BYTES = 512 * 1024 * 1024
+    WINDOW = 8  # deliveries in flight at once (each on its own sender thread)
+    IDLE_SECONDS = 5.0  # the sender thread ends after this long with nothing to send
 
     def __init__(
         self, server: WorkerServer, peer: str, address: str, client: str, session: str = ""
     ) -> None:
         self.server, self.peer, self.address, self.client = server, peer, address, client
         self.session = session
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[bytes, int | None, Callable[[str], None] | None]] = deque()
+        self._queued_bytes = 0
+        self._threads = 0  # sender threads running
+        self._idle = 0  # of which waiting for work
+        self._busy = 0  # deliveries in flight
+        self._closed = False
 
-    def _call(self, info: dict[str, Any], frames: list[Any]) -> Any:
-        server = self.server
-        call = server.peer_call(self.peer, self.address)
-        head: dict[str, Any] = {"client": self.client, "from": server.id}
+    def _encode(self, info: dict[str, Any], frames: list[Any]) -> bytes:
+        head: dict[str, Any] = {"client": self.client, "from": self.server.id}
         if self.session:
             head["session"] = self.session
-        data = encode_envelope({**head, **info}, frames)
+        return encode_envelope({**head, **info}, frames)
+
+    def _send(self, data: bytes) -> Any:
+        server = self.server
+        call = server.peer_call(self.peer, self.address)
         try:
             resp = call(data, timeout=server.config.deadline, metadata=server.call_metadata)
         except grpc.RpcError as e:
@@ -187,12 +220,116 @@ class PeerLink:
             raise FrameError("a delivery reply carries exactly one message")
         return out[0]
 
+    def _call(self, info: dict[str, Any], frames: list[Any]) -> Any:
+        return self._send(self._encode(info, frames))
+
     def handle_frames(self, header: bytes, buffers: list[Any]) -> Frames:
+        """A delivery that waits for the peer's answer."""
         _, rh, rb = self._call({}, [(0, header, buffers)])
         return rh, rb
 
+    # -- deliveries that do not wait -----------------------------------------------------
+    def post_frames(
+        self,
+        header: bytes,
+        buffers: list[Any],
+        obj_id: int,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        """Queue a delivery of ``obj_id`` (encoded now); ``on_failure(reason)`` runs on the
+        sender thread if it does not arrive."""
+        self._post(self._encode({}, [(0, header, buffers)]), obj_id, on_failure)
+
     def delivery_failed(self, obj_id: int, reason: str) -> None:
-        self._call({"failed": [obj_id, reason[:2000]]}, [])
+        """Tell the peer (after what is queued before) that ``obj_id`` will not come."""
+        self._post(self._encode({"failed": [obj_id, reason[:2000]]}, []), None, None)
+
+    def _post(
+        self, data: bytes, obj_id: int | None, on_failure: Callable[[str], None] | None
+    ) -> None:
+        with self._cond:
+            while (
+                self._queued_bytes
+                and self._queued_bytes + len(data) > self.MAX_QUEUED_BYTES
+                and not self._closed
+            ):
+                self._cond.wait(1.0)
+            if self._closed:
+                raise PartyUnavailable(
+                    f"worker {self.server.id!r}: this session's link to {self.peer!r} is closed",
+                    self.peer,
+                )
+            self._queue.append((data, obj_id, on_failure))
+            self._queued_bytes += len(data)
+            if self._idle == 0 and self._threads < self.WINDOW:
+                self._threads += 1
+                threading.Thread(
+                    target=self._run, name=f"pointers-deliver-{self.peer}", daemon=True
+                ).start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                idle_since = time.monotonic()
+                self._idle += 1
+                while not self._queue and not self._closed:
+                    left = self.IDLE_SECONDS - (time.monotonic() - idle_since)
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                self._idle -= 1
+                if not self._queue:  # idle too long, or closed: a later post starts another
+                    self._threads -= 1
+                    self._cond.notify_all()
+                    return
+                data, obj_id, on_failure = self._queue.popleft()
+                self._busy += 1
+            why: str | None = None
+            try:
+                reply = self._send(data)
+                if is_error_header(reply[1]):
+                    err = decode_message(reply[1], reply[2])
+                    if isinstance(err, ErrorReply):
+                        why = f"{err.kind}: {err.message}"
+                    else:
+                        why = "the peer answered with an error"
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+            if why is not None and obj_id is not None:
+                if on_failure is not None:
+                    try:
+                        on_failure(why)
+                    except Exception:  # noqa: S110 - reporting must not stop the sender
+                        pass
+                if not why.startswith("PartyUnavailable"):  # a peer that answered: tell it
+                    try:
+                        self._send(self._encode({"failed": [obj_id, why[:2000]]}, []))
+                    except Exception:  # noqa: S110 - best effort
+                        pass
+            with self._cond:
+                self._busy -= 1
+                self._queued_bytes -= len(data)
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued has been sent (False: ``timeout`` ran out)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Drop what is still queued (the session ended) and stop the sender thread."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._cond.notify_all()
 
 
 class WorkerServer:
@@ -481,6 +618,24 @@ class WorkerServer:
 
     def _exec_in(self, ns: ServedWorker, info: dict[str, Any], frames: list[Any]) -> bytes:
         try:
+            order = _call_order(info)
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+        try:
+            if order is not None:
+                ns.wait_turn(*order)
+            return self._exec_turn(ns, info, frames)
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+        finally:
+            if order is not None:
+                ns.end_turn(order[0], order[1])
+
+    def _exec_turn(self, ns: ServedWorker, info: dict[str, Any], frames: list[Any]) -> bytes:
+        try:
+            lost = ns.take_lost(unreachable=False)  # earlier calls' refused deliveries
+            if lost is not None:
+                raise DeliveryFailed(lost)
             deadline = info_field(info, "deadline", (int, float), None)
             if deadline is not None and not 0 < deadline <= 3600:
                 raise FrameError(f"a deadline must lie in (0, 3600] seconds, got {deadline}")
@@ -599,6 +754,14 @@ class WorkerServer:
 
     def _inspect_in(self, ns: ServedWorker, what: str | None, info: dict[str, Any]) -> bytes:
         try:
+            if what == "stats":  # (a sync) what this client's commands sent is delivered
+                # first, and a delivery that did not arrive is its error
+                ns.flush_deliveries(ns.store.deadline)
+                lost = ns.take_lost()
+                if lost is not None:
+                    if "PartyUnavailable" in lost:
+                        raise PartyUnavailable(lost, None)
+                    raise DeliveryFailed(lost)
             if what == "stats":
                 out: dict[str, Any] = {"stats": dict(vars(ns.stats))}
             elif what == "ids":
@@ -611,6 +774,7 @@ class WorkerServer:
                 if timeout is None or not 0 <= timeout <= 3600:
                     raise FrameError("waiting for programs needs a timeout in [0, 3600] s")
                 ns.wait_programs(float(timeout))
+                ns.flush_deliveries(float(timeout))
                 out = {}
             else:
                 raise FrameError(f"unknown inspection {what!r}")
@@ -646,6 +810,24 @@ def _limit_arenas() -> None:
             ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
         except (OSError, AttributeError):
             pass
+
+
+def _call_order(info: dict[str, Any]) -> tuple[str, int, bool] | None:
+    """A call's ``order`` field: its connection's token, its number, and whether it left
+    while the calls before it were in flight (then it runs after them)."""
+    order = info_field(info, "order", list, None)
+    if order is None:
+        return None
+    if not (
+        len(order) == 3
+        and isinstance(order[0], str)
+        and 0 < len(order[0]) <= 64
+        and type(order[1]) is int
+        and 0 < order[1] < 1 << 62
+        and order[2] in (0, 1)
+    ):
+        raise FrameError("malformed 'order' field")
+    return order[0], order[1], bool(order[2])
 
 
 def _error_envelope(e: Exception, epoch: str) -> bytes:

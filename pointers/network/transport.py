@@ -183,6 +183,12 @@ class Call:
         self._last_retry = -1e9
         self._rate = simulated_bytes_per_s()
 
+    def future(self, data: bytes, timeout: float, metadata: Any = None) -> Any:
+        """The call without waiting for its answer (a gRPC future; not retried)."""
+        if self._rate:
+            time.sleep(len(data) / self._rate)
+        return self._call.future(data, timeout=timeout, metadata=metadata)
+
     def __call__(self, data: bytes, timeout: float, metadata: Any = None) -> bytes:
         if self._rate:
             time.sleep(len(data) / self._rate)
