@@ -14,7 +14,7 @@ from mpc.api import get, share
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
-from mpc.plan import SharedPlan, plan
+from mpc.plan import SharedPlan, plan, preprocess
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session
 from mpc.shared import SharedTensor
@@ -37,6 +37,7 @@ __all__ = [
     "get",
     "secure_fedavg",
     "plan",
+    "preprocess",
     "share",
     "stats",
 ]

@@ -21,6 +21,7 @@ tensor([1., 0.])
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,8 @@ from mpc.errors import MPCError
 from mpc.session import Session, recording_nonces
 from mpc.shared import SharedTensor
 from pointers.pointer_tensor import PointerTensor, RemoteRef
-from pointers.wire.messages import StoreProgram
+from pointers.wire.messages import SendToPeer, StoreProgram
+from pointers.wire.serde import Slot, SlotRef
 from pointers.worker.program import Recording, Slots, build_programs, run_programs
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, int], ...]
@@ -65,6 +67,16 @@ class _Programs:
         self.out_share_meta = [(tuple(s.shape), s.stride(), s.dtype) for s in out.shares]
         self.programs = programs  # per worker id, the commands in wire form with slots
         self.commands = {wid: len(p) for wid, p in programs.items()}
+        # material dealt ahead (SharedPlan.preprocess): per prepared call, its bindings
+        # (input slots still 0); and which slots the dealer delivers to which party
+        self.prepared: deque[list[int]] = deque()
+        self.dealt: list[tuple[str, int]] = []  # (party id, slot) of each dealer delivery
+        dealer = inputs[0].session.dealer
+        self.dealer_id: str | None = None if dealer is None else dealer.id
+        if self.dealer_id is not None:
+            for raw in programs[self.dealer_id]:
+                if raw and raw[0] == SendToPeer.KIND and isinstance(raw[3], Slot):
+                    self.dealt.append((raw[2], raw[3].index))
         self.program_ids: dict[str, int] = {}
         for w in workers:
             pid = w.new_id()
@@ -138,10 +150,12 @@ class SharedPlan:
             return out
         return self._run(variant, inputs)
 
-    def _run(self, variant: _Programs, inputs: tuple[SharedTensor, ...]) -> SharedTensor:
-        self.session.watch()
+    def _bindings(
+        self, variant: _Programs, input_ids: list[int] | None
+    ) -> tuple[list[int], dict[str, list[int]]]:
+        """Fresh bindings for one call (``input_ids`` None: input slots 0, bound later)
+        and, per worker, the ids its program will produce."""
         by_id = {w.id: w for w in self.workers}
-        input_ids = [s.id_at_location for x in inputs for s in x.shares]
         nonces = [s.next_nonce() for s in variant.nonce_sessions]
         bindings: list[int] = []
         promised: dict[str, list[int]] = {w.id: [] for w in self.workers}
@@ -150,11 +164,73 @@ class SharedPlan:
                 v = by_id[arg].new_id()
                 promised[arg].append(v)
             elif kind == "input":
-                v = input_ids[arg]
+                v = 0 if input_ids is None else input_ids[arg]
             else:
                 v = nonces[arg]
             bindings.append(v)
-        run_programs(variant.program_ids, self.workers, bindings, promised)
+        return bindings, promised
+
+    def preprocess(self, calls: int = 1, *examples: SharedTensor) -> None:
+        """Deal the crypto provider's material for the next ``calls`` calls now (the
+        offline phase): the dealer runs its program for each of them at once, with the
+        nonces and ids those calls will use, and its corrections wait at the parties.
+        A call that finds prepared material then runs the parties' programs only, so the
+        dealer's work and its latency leave the call (the online phase). ``examples``:
+        inputs of the signature to prepare for (default: the signature the plan was
+        recorded with). Prepared material is used in order, one set per call, and only
+        once; an unused set stays at the parties until the session ends."""
+        if calls < 0:
+            raise ValueError(f"calls must be at least 0, got {calls}")
+        variant = self._variants.get(_signature(examples)) if examples else self._first
+        if variant is None:
+            raise MPCError("no program set was recorded for that signature: call the plan once")
+        dealer = self.session.dealer
+        if dealer is None or variant.dealer_id is None:
+            raise MPCError("this plan has no crypto provider: there is nothing to deal ahead")
+        inputs_used = any(
+            variant.slots.kind[i][0] == "input" for i in _slots_of(variant.programs[dealer.id])
+        )
+        if inputs_used:  # (the dealer never sees inputs; a program that did is not dealt)
+            raise MPCError("the crypto provider's program reads the plan's inputs")
+        self.session.watch()
+        by_id = {w.id: w for w in self.workers}
+        for _ in range(calls):
+            bindings, promised = self._bindings(variant, None)
+            for party, slot in variant.dealt:  # the parties accept these before their call
+                expect = getattr(by_id[party], "expect_delivery", None)
+                if expect is not None:
+                    expect(dealer.id, bindings[slot])
+            run_programs(variant.program_ids, [dealer], bindings, promised)
+            variant.prepared.append(bindings)
+        for party in {p for p, _ in variant.dealt}:
+            flush = getattr(by_id[party], "sync", None)
+            if flush is not None:  # (the announcements leave now, not with the next call)
+                flush()
+
+    def prepared(self, *examples: SharedTensor) -> int:
+        """How many calls (of the examples' signature; default the recorded one) have
+        their material dealt ahead."""
+        variant = self._variants.get(_signature(examples)) if examples else self._first
+        return 0 if variant is None else len(variant.prepared)
+
+    def _run(self, variant: _Programs, inputs: tuple[SharedTensor, ...]) -> SharedTensor:
+        self.session.watch()
+        input_ids = [s.id_at_location for x in inputs for s in x.shares]
+        workers = self.workers
+        if variant.prepared:  # the dealer ran already: the parties only, with its ids
+            bindings = variant.prepared.popleft()
+            for i, (kind, arg) in enumerate(variant.slots.kind):
+                if kind == "input":
+                    bindings[i] = input_ids[arg]
+            # (the dealt ids too: a delivery still on its way is waited for, not refused)
+            promised: dict[str, list[int]] = {w.id: [] for w in workers}
+            for i, (kind, arg) in enumerate(variant.slots.kind):
+                if kind == "new" and arg != variant.dealer_id:
+                    promised[arg].append(bindings[i])
+            workers = [w for w in workers if w.id != variant.dealer_id]
+        else:
+            bindings, promised = self._bindings(variant, input_ids)
+        run_programs(variant.program_ids, workers, bindings, promised)
         accounting.count_round(variant.rounds)
         shares = []
         for party, slot, (shape, stride, dtype) in zip(
@@ -175,6 +251,23 @@ class SharedPlan:
             f"commands={self.commands}, rounds={self.rounds}, "
             f"signatures={len(self._variants)})"
         )
+
+
+def _slots_of(raw: Any) -> set[int]:
+    """The slot numbers a program's commands use."""
+    if isinstance(raw, Slot | SlotRef):
+        return {raw.index}
+    if isinstance(raw, list | tuple):
+        return set().union(*(_slots_of(x) for x in raw)) if raw else set()
+    if isinstance(raw, dict):
+        return set().union(*(_slots_of(x) for x in raw.values())) if raw else set()
+    return set()
+
+
+def preprocess(plan: SharedPlan, calls: int = 1, *examples: SharedTensor) -> None:
+    """``plan.preprocess(calls, *examples)``: deal the crypto provider's material for the
+    plan's next ``calls`` calls ahead of them (see :meth:`SharedPlan.preprocess`)."""
+    plan.preprocess(calls, *examples)
 
 
 def plan(fn: Callable[..., Any], *examples: SharedTensor) -> SharedPlan:

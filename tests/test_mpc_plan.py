@@ -4,6 +4,7 @@ Runs on both worker kinds (conftest.py): in process, and network workers in thei
 processes, where each party's program runs in a thread of its served namespace.
 """
 
+import copy
 import gc
 import time
 
@@ -142,3 +143,71 @@ def test_a_failing_party_program_reports_instead_of_hanging(trio, worker_kind):
     # the workers stay usable, and the plan runs again on good inputs
     z = _share(torch.tensor([3.0, -3.0]), trio)
     assert torch.allclose(p(z).get(), torch.tensor([3.0, 0.0]), atol=1e-4)
+
+
+# --------------------------------------------------------------- material dealt ahead
+
+
+def _received(w) -> int:
+    """Messages ``w`` received so far (a network worker's after a sync)."""
+    if isinstance(w, pt.NetworkWorker):
+        w.sync()
+    return w.stats.messages_received
+
+
+def test_preprocessed_calls_leave_the_dealer_out_and_match_plaintext(trio):
+    """plan.preprocess(k): the crypto provider deals k calls' material ahead; those calls
+    send no message to it, and their results are those of plaintext torch."""
+    alice, bob, carol = trio
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 2)).eval()
+    plain = copy.deepcopy(model)
+    mpc.share(model, alice, bob, crypto_provider=carol)
+    x = _share(torch.randn(3, 5), trio)
+    model_plan = mpc.plan(model, x)
+    with mpc.stats() as offline:
+        mpc.preprocess(model_plan, 2)
+        carol.wait_programs(10)
+    assert model_plan.prepared() == 2
+    assert offline.client_messages >= 2  # one RunProgram to the dealer per prepared call
+    for k in range(3):  # two prepared calls, then one that deals as it goes
+        images = torch.randn(3, 5)
+        y = _share(images, trio)
+        before = _received(carol)
+        with mpc.stats() as online:
+            out = model_plan(y)
+            for w in trio:
+                w.wait_programs(10)
+        # the prepared calls send the dealer nothing, and it sends nothing
+        if k < 2:
+            assert _received(carol) == before and online.dealer_bytes == 0
+        else:
+            assert _received(carol) > before and online.dealer_bytes > 0
+        assert online.rounds == model_plan.rounds
+        with torch.no_grad():
+            assert torch.allclose(out.get(), plain(images), atol=1e-3)
+    assert model_plan.prepared() == 0
+
+
+def test_preprocess_for_another_signature_and_bad_arguments(trio):
+    x = _share(torch.tensor([1.0, -2.0, 3.0]), trio)
+    square_relu = mpc.plan(lambda t: F.relu(t * t - 1), x)
+    with pytest.raises(ValueError, match="at least 0"):
+        square_relu.preprocess(-1)
+    wide = _share(torch.tensor([[0.5, -3.0], [2.0, 1.5]]), trio)
+    with pytest.raises(mpc.MPCError, match="no program set was recorded"):
+        square_relu.preprocess(1, wide)
+    assert torch.allclose(square_relu(wide).get(), torch.tensor([[0.0, 8.0], [3.0, 1.25]]))
+    square_relu.preprocess(1, wide)  # now recorded: dealt for that signature only
+    assert square_relu.prepared(wide) == 1 and square_relu.prepared() == 0
+    again = _share(torch.tensor([[1.0, 0.0], [-2.0, 0.5]]), trio)
+    assert torch.allclose(square_relu(again).get(), torch.tensor([[0.0, 0.0], [3.0, 0.0]]))
+    assert square_relu.prepared(wide) == 0
+
+
+def test_a_plan_without_a_dealer_has_nothing_to_preprocess(make_worker):
+    alice, bob = make_worker("alice"), make_worker("bob")
+    x = mpc.share(torch.tensor([1.0, 2.0]), alice, bob)
+    double = mpc.plan(lambda t: t + t, x)
+    with pytest.raises(mpc.MPCError, match="no crypto provider"):
+        double.preprocess(1)

@@ -359,6 +359,12 @@ class NetworkWorker:
         self._note_incarnation()
         return self._first_id <= obj_id < self._restarted_below
 
+    def expect_delivery(self, peer: str, obj_id: int) -> None:
+        """Announce that worker ``peer`` will deliver ``obj_id`` here, outside any command
+        of this client's (a program's step dealt ahead, see ``mpc``'s plans): the id
+        travels with the next call, and a delivery that comes first is held until then."""
+        self._conn.expects.append((peer, obj_id))
+
     def sync(self) -> None:
         """Wait until every queued message ran; raise the first error among them."""
         self._inspect("stats", flush=True)
