@@ -58,6 +58,7 @@ from benchmarks.workloads import (
     POINTER_CASES,
     SIZE_UNIT,
     Case,
+    _fmt_time,
     failures,
     format_markdown,
     format_table,
@@ -197,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the timer)",
     )
     ap.add_argument(
+        "--preprocess",
+        action="store_true",
+        help="with --plan: deal each plan call's crypto-provider material ahead "
+        "(mpc.preprocess), outside the timer; the median is then the online time, and the "
+        "offline time per call is printed after the table",
+    )
+    ap.add_argument(
         "--serial",
         action="store_true",
         help="in-process workers run one after the other in one thread, even for large "
@@ -212,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--parties must be 2..5, got {args.parties}")
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.preprocess and not args.plan:
+        ap.error("--preprocess needs --plan (material is dealt ahead for plan calls)")
     if args.serial and args.network:
         ap.error("--serial is for in-process workers; network workers run in their own processes")
     if args.latency_ms is not None:
@@ -258,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             meta.update(bandwidth_mbit=args.bandwidth)
     if args.plan:
         meta.update(plan=list(PLAN_WORKLOADS))
+    if args.preprocess:
+        meta.update(preprocess=True)
     try:
         with _sigterm_as_interrupt() if args.network else contextlib.nullcontext():
             rows, bad = _run(cases, args, latency)
@@ -272,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     if latency:
         print()
         print(report.floor_table(rows, latency))
+    for row in rows:
+        if row.get("preprocess_s") is not None:
+            print(
+                f"{row['workload']} {row['op']} {row['size']}: offline (mpc.preprocess, outside "
+                f"the timer) {_fmt_time(row['preprocess_s'])} per call; online: the median above"
+            )
     if args.markdown:
         print()
         print(format_markdown(rows))
@@ -311,9 +329,14 @@ def _run(
             w = case.build(factory)
             planned = args.plan and case.workload in PLAN_WORKLOADS
             offline = as_plan(w) if planned else None
+            dealt = None
+            if planned and args.preprocess:  # warm-up, the timed runs, profile and check
+                dealt = preprocess_plan(w, args.repeat + 3)
             row = measure(w, repeat=args.repeat, progress=lambda: progress.update())
             if offline is not None:
                 row.update(plan=True, plan_record_s=offline)
+            if dealt is not None:
+                row.update(preprocess_s=dealt)
             if cluster is not None:
                 cluster.close_connections()  # the next case connects afresh
                 row.update(workers="network", latency_ms=latency)
@@ -374,9 +397,23 @@ def as_plan(w: Any) -> float:
         return result
 
     w.run, w.check = run, check
+    w.plan = plan
     w.op = f"{w.op} plan"
     w.programs = True  # each timed run's sync waits for the plan's programs
     return recorded
+
+
+def preprocess_plan(w: Any, calls: int) -> float:
+    """Deal the material of ``w``'s next ``calls`` plan calls now (``mpc.preprocess``);
+    the seconds per call that took (dealer's work and deliveries, waited for)."""
+    import time
+
+    import mpc
+
+    start = time.perf_counter()
+    mpc.preprocess(w.plan, calls)
+    w.sync()
+    return (time.perf_counter() - start) / calls
 
 
 def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = None) -> Any:
