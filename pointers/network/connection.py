@@ -156,6 +156,7 @@ class Connection:
     as before."""
 
     PIPELINE = 4
+    PIPELINE_AFTER = 0.005  # seconds a call is in flight before the next one may leave
 
     def __init__(
         self,
@@ -197,6 +198,7 @@ class Connection:
         self._flight: deque[tuple[Any, list[Item], int, list[list[Any]]]] = deque()
         self._token = os.urandom(8).hex()  # names this connection's order of calls
         self._order = 0
+        self._sent_at = 0.0  # when the last call left
         context.register(self)
         self._thread = threading.Thread(
             target=self._run, name=f"pointers-send-{worker_id}", daemon=True
@@ -259,8 +261,10 @@ class Connection:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while (not self._queue or self._held()) and not self._closed and not self._landed():
-                    self._cond.wait()
+                while not self._landed():
+                    if self._closed or (self._queue and not self._held() and not self._gather()):
+                        break
+                    self._cond.wait(self._gather() or None)
                 if self._landed():
                     head_call = self._flight[0]
                 else:
@@ -336,6 +340,17 @@ class Connection:
                 self._send_batch([], len(self.deletes))
             except Exception:  # noqa: S110 - the worker may be gone already
                 pass
+
+    def _gather(self) -> float:
+        """Seconds to let commands gather before the next call leaves while another is in
+        flight (0: it may leave now). Called with the lock held. A worker that answers
+        within :data:`PIPELINE_AFTER` gets the next commands in one call with its answer
+        (as many as queued meanwhile: fewer, larger calls); one that takes longer (it
+        waits for its peers, or the link is slow) gets them without waiting for it."""
+        if not self._flight:
+            return 0.0
+        left = self._sent_at + self.PIPELINE_AFTER - time.monotonic()
+        return left if left > 0 else 0.0
 
     def _landed(self) -> bool:
         """Whether the oldest call in flight has its answer (called with the lock held)."""
@@ -419,6 +434,7 @@ class Connection:
         info["order"] = [self._token, self._order, 1 if pipelined and self._flight else 0]
         self.calls += 1
         data = encode_envelope(info, frames)
+        self._sent_at = time.monotonic()
         if pipelined:
             call = self._exec.future(data, timeout=self.timeout, metadata=self.metadata)
             with self._cond:

@@ -29,7 +29,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
@@ -162,23 +161,21 @@ class PeerLink:
     """How one namespace delivers to one peer, over gRPC.
 
     Deliveries do not wait for the peer's answer (:meth:`post_frames`): the envelope is
-    encoded at once (a snapshot: later writes to the tensor do not travel) and queued,
-    and up to :data:`WINDOW` sender threads per link send the queue, in order of
-    posting but each without waiting for the one before (the peer stores deliveries by
-    id, in whatever order they come): deliveries posted back to back cost one latency
-    together, not one each. A party that opens values
-    in a round thus sends to every peer at once and goes on with its own work, and the
-    crypto provider's corrections leave one after the other without a latency each.
+    encoded at once (a snapshot: later writes to the tensor do not travel) and the call
+    leaves at once as a gRPC future, whose answer a gRPC thread reads when it comes. The
+    peer stores deliveries by id, in whatever order they come, so deliveries posted back
+    to back cost one latency together, not one each: a party that opens values in a
+    round sends to every peer and goes on with its own work, and the crypto provider's
+    corrections leave one after the other without a latency each.
     A failure (the peer unreachable, or its refusal) goes to the ``on_failure`` callback
     of the delivery (the namespace reports a refusal to its client at its next call),
     and a peer that refused is told (``delivery_failed``, best effort) so that a command
     waiting there for the object fails at once instead of at its deadline.
-    At most :data:`MAX_QUEUED_BYTES` wait per link; a delivery beyond waits for room.
+    At most :data:`MAX_QUEUED_BYTES` are in flight per link; a delivery beyond waits for
+    room.
     """
 
     MAX_QUEUED_BYTES = 512 * 1024 * 1024
-    WINDOW = 8  # deliveries in flight at once (each on its own sender thread)
-    IDLE_SECONDS = 5.0  # the sender thread ends after this long with nothing to send
 
     def __init__(
         self, server: WorkerServer, peer: str, address: str, client: str, session: str = ""
@@ -186,10 +183,7 @@ class PeerLink:
         self.server, self.peer, self.address, self.client = server, peer, address, client
         self.session = session
         self._cond = threading.Condition()
-        self._queue: deque[tuple[bytes, int | None, Callable[[str], None] | None]] = deque()
-        self._queued_bytes = 0
-        self._threads = 0  # sender threads running
-        self._idle = 0  # of which waiting for work
+        self._queued_bytes = 0  # bytes of the deliveries in flight
         self._busy = 0  # deliveries in flight
         self._closed = False
 
@@ -205,20 +199,21 @@ class PeerLink:
         try:
             resp = call(data, timeout=server.config.deadline, metadata=server.call_metadata)
         except grpc.RpcError as e:
-            if not server.config.peers:  # a client-given address: say nothing about it
-                raise PartyUnavailable(
-                    f"worker {server.id!r} could not deliver to its peer {self.peer!r} at "
-                    f"{self.address} (unreachable, or not that worker)",
-                    self.peer,
-                ) from None
-            err = rpc_error(e, self.peer, self.address, "a delivery")
-            raise PartyUnavailable(
-                f"worker {server.id!r} could not deliver to its peer: {err}", self.peer
-            ) from None
+            raise PartyUnavailable(self._unreachable(e), self.peer) from None
         _, out = decode_envelope(resp)
         if len(out) != 1:
             raise FrameError("a delivery reply carries exactly one message")
         return out[0]
+
+    def _unreachable(self, e: grpc.RpcError) -> str:
+        server = self.server
+        if not server.config.peers:  # a client-given address: say nothing about it
+            return (
+                f"worker {server.id!r} could not deliver to its peer {self.peer!r} at "
+                f"{self.address} (unreachable, or not that worker)"
+            )
+        err = rpc_error(e, self.peer, self.address, "a delivery")
+        return f"worker {server.id!r} could not deliver to its peer: {err}"
 
     def _call(self, info: dict[str, Any], frames: list[Any]) -> Any:
         return self._send(self._encode(info, frames))
@@ -259,64 +254,67 @@ class PeerLink:
                     f"worker {self.server.id!r}: this session's link to {self.peer!r} is closed",
                     self.peer,
                 )
-            self._queue.append((data, obj_id, on_failure))
             self._queued_bytes += len(data)
-            if self._idle == 0 and self._threads < self.WINDOW:
-                self._threads += 1
-                threading.Thread(
-                    target=self._run, name=f"pointers-deliver-{self.peer}", daemon=True
-                ).start()
-            self._cond.notify()
+            self._busy += 1
+        size = len(data)
+        try:
+            server = self.server
+            call = server.peer_call(self.peer, self.address)
+            future = call.future(
+                data, timeout=server.config.deadline, metadata=server.call_metadata
+            )
+        except BaseException:
+            self._settle(size)
+            raise
+        future.add_done_callback(lambda f: self._answered(f, size, obj_id, on_failure))
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                idle_since = time.monotonic()
-                self._idle += 1
-                while not self._queue and not self._closed:
-                    left = self.IDLE_SECONDS - (time.monotonic() - idle_since)
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                self._idle -= 1
-                if not self._queue:  # idle too long, or closed: a later post starts another
-                    self._threads -= 1
-                    self._cond.notify_all()
-                    return
-                data, obj_id, on_failure = self._queue.popleft()
-                self._busy += 1
-            why: str | None = None
-            try:
-                reply = self._send(data)
-                if is_error_header(reply[1]):
-                    err = decode_message(reply[1], reply[2])
-                    if isinstance(err, ErrorReply):
-                        why = f"{err.kind}: {err.message}"
-                    else:
-                        why = "the peer answered with an error"
-            except Exception as e:
-                why = f"{type(e).__name__}: {e}"
+    def _answered(
+        self, future: Any, size: int, obj_id: int | None, on_failure: Callable[[str], None] | None
+    ) -> None:
+        """A delivery's answer came (on a gRPC thread): report a failure."""
+        why: str | None = None
+        try:
+            _, out = decode_envelope(future.result())
+            if len(out) != 1:
+                raise FrameError("a delivery reply carries exactly one message")
+            _, rh, rb = out[0]
+            if is_error_header(rh):
+                err = decode_message(rh, rb)
+                why = (
+                    f"{err.kind}: {err.message}"
+                    if isinstance(err, ErrorReply)
+                    else "the peer answered with an error"
+                )
+        except grpc.RpcError as e:
+            why = f"PartyUnavailable: {self._unreachable(e)}"
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+        try:
             if why is not None and obj_id is not None:
                 if on_failure is not None:
-                    try:
-                        on_failure(why)
-                    except Exception:  # noqa: S110 - reporting must not stop the sender
-                        pass
+                    on_failure(why)
                 if not why.startswith("PartyUnavailable"):  # a peer that answered: tell it
-                    try:
-                        self._send(self._encode({"failed": [obj_id, why[:2000]]}, []))
-                    except Exception:  # noqa: S110 - best effort
-                        pass
-            with self._cond:
-                self._busy -= 1
-                self._queued_bytes -= len(data)
-                self._cond.notify_all()
+                    data = self._encode({"failed": [obj_id, why[:2000]]}, [])
+                    server = self.server
+                    server.peer_call(self.peer, self.address).future(
+                        data, timeout=server.config.deadline, metadata=server.call_metadata
+                    )
+        except Exception:  # noqa: S110 - reporting is best effort; the sender goes on
+            pass
+        finally:
+            self._settle(size)
+
+    def _settle(self, size: int) -> None:
+        with self._cond:
+            self._busy -= 1
+            self._queued_bytes -= size
+            self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued has been sent (False: ``timeout`` ran out)."""
+        """Wait until every delivery in flight was answered (False: ``timeout`` ran out)."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._busy:
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -324,11 +322,9 @@ class PeerLink:
         return True
 
     def close(self) -> None:
-        """Drop what is still queued (the session ended) and stop the sender thread."""
+        """The session ended: later deliveries are refused (those in flight finish)."""
         with self._cond:
             self._closed = True
-            self._queue.clear()
-            self._queued_bytes = 0
             self._cond.notify_all()
 
 
