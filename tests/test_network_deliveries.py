@@ -8,6 +8,7 @@ sync) and to the peer (a command waiting there fails at once, not at its deadlin
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -15,6 +16,10 @@ import torch
 
 import pointers as pt
 from pointers.network import ServerConfig, WorkerServer, create_certs
+from pointers.network.certs import load_credentials
+from pointers.network.framing import decode_envelope, encode_envelope
+from pointers.network.transport import EXEC, SYNC, open_channel
+from pointers.wire.messages import Fetch, Store, decode_message, encode_message
 
 pytestmark = pytest.mark.network
 
@@ -112,3 +117,84 @@ def test_a_delivery_to_a_dead_peer_does_not_hang_the_sender(served, certs):
         assert torch.equal(x.get(), torch.ones(3))  # alice goes on
     finally:
         bob.close()
+
+
+# -- the order of pipelined calls, as a hostile client would send them --------------------
+
+
+def _raw_exec(certs, server: WorkerServer):
+    channel = open_channel(
+        server.address,
+        worker_id=server.id,
+        credentials=load_credentials(certs, "client"),
+        max_message_bytes=1 << 20,
+    )
+    call = channel.unary_unary(EXEC)
+
+    def send(order, *msgs, flags=0, timeout=30):
+        frames = []
+        for m in msgs:
+            header, buffers = encode_message(m)
+            frames.append((flags, header, buffers))
+        info = {} if order is None else {"order": order}
+        return decode_envelope(call(encode_envelope(info, frames), timeout=timeout))
+
+    return channel, send
+
+
+@pytest.fixture
+def raw_alice(certs):
+    server = WorkerServer(ServerConfig("alice", certs=str(certs), threads=32, deadline=2.0), {})
+    server.start()
+    channel, send = _raw_exec(certs, server)
+    yield send
+    channel.close()
+    server.stop(grace=None)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [["t", -1, 1], ["", 1, 1], ["t", 1, 2], ["t" * 65, 1, 0], ["t", 1], "t", ["t", 1.5, 0]],
+)
+def test_a_malformed_call_order_is_refused(raw_alice, order):
+    info, _ = raw_alice(order, Store(1, torch.ones(1), [], "", False))
+    assert info["error"][0] == "FrameError" and "order" in info["error"][1]
+
+
+def test_pipelined_calls_run_in_their_order_whatever_order_they_arrive_in(raw_alice):
+    raw_alice(["conn", 1, 0], Store(5, torch.zeros(1), [], "", False))
+    late = threading.Thread(
+        target=raw_alice, args=(["conn", 3, 1], Store(5, torch.full((1,), 3.0), [], "", False))
+    )
+    late.start()  # call 3 arrives first and waits for call 2
+    time.sleep(0.3)
+    raw_alice(["conn", 2, 1], Store(5, torch.full((1,), 2.0), [], "", False))
+    late.join(10)
+    _, replies = raw_alice(["conn", 4, 0], Fetch(5, False), flags=SYNC)
+    assert torch.equal(decode_message(replies[0][1], replies[0][2]).value, torch.full((1,), 3.0))
+    # a call numbered before one that already ran is refused, not run out of place
+    info, _ = raw_alice(["conn", 3, 1], Store(5, torch.zeros(1), [], "", False))
+    assert "came after call" in info["error"][1]
+
+
+def test_calls_cannot_wait_far_ahead_or_in_numbers(raw_alice):
+    raw_alice(["conn", 1, 0], Store(5, torch.zeros(1), [], "", False))
+    start = time.monotonic()
+    info, _ = raw_alice(["conn", 100, 1], Store(6, torch.zeros(1), [], "", False))
+    assert "at most 16 calls may be in flight" in info["error"][1]
+    assert time.monotonic() - start < 1.0  # refused at once, no thread held
+    # calls that wait for a predecessor that never comes: bounded in number and in time
+    results: list = []
+
+    def waiting(k: int) -> None:
+        results.append(raw_alice([f"c{k}", 50, 1], Store(100 + k, torch.zeros(1), [], "", False)))
+
+    threads = [threading.Thread(target=waiting, args=(k,)) for k in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    errors = [info["error"] for info, _ in results if "error" in info]
+    assert len(results) == 20
+    assert any(e[0] == "LimitExceeded" for e in errors)
+    assert time.monotonic() - start < 10.0  # the others ran after the 2 s deadline

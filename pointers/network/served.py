@@ -783,6 +783,7 @@ class ServedWorker(Worker):
         self.store.on_wait_failed = self._forget_unreachable
         self._order_cond = threading.Condition()
         self._order_next: dict[str, int] = {}  # connection token -> the next call's number
+        self._turn_waiters = 0
         # queued deliveries that failed, not reported yet: (peer unreachable, message)
         self._lost_deliveries: list[tuple[bool, str]] = []
 
@@ -862,6 +863,8 @@ class ServedWorker(Worker):
 
     # -- the order of a connection's calls ---------------------------------------------
     MAX_CONNECTIONS_ORDERED = 64  # connection tokens remembered per namespace
+    MAX_CALLS_AHEAD = 16  # how far ahead of the next call a pipelined one may be numbered
+    MAX_TURN_WAITERS = 16  # calls of a session waiting for their turn at once (threads)
 
     def wait_turn(self, token: str, number: int, pipelined: bool) -> None:
         """Wait until the calls a pipelined call left after have run here (bounded by
@@ -870,14 +873,29 @@ class ServedWorker(Worker):
         if not pipelined:
             return
         with self._order_cond:
-            nxt = self._order_next.get(token, 0)  # (0: none of its calls ran here yet)
+            nxt = self._order_next.get(token)
+            if nxt is not None and number > nxt + self.MAX_CALLS_AHEAD:
+                raise PointerError(
+                    f"worker {self.id!r}: call {number} of this connection cannot wait for "
+                    f"call {nxt}: at most {self.MAX_CALLS_AHEAD} calls may be in flight"
+                )
+            if self._turn_waiters >= self.MAX_TURN_WAITERS and (nxt is None or number > nxt):
+                raise LimitExceeded(
+                    f"worker {self.id!r}: {self._turn_waiters} calls of this session already "
+                    "wait for the calls before them; send fewer at once"
+                )
             end = time.monotonic() + self.store.deadline
-            while number > nxt:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return  # the calls before it did not come: run it anyway
-                self._order_cond.wait(left)
-                nxt = self._order_next.get(token, 0)
+            self._turn_waiters += 1
+            try:
+                while number > (nxt or 0):  # (None: none of its calls ran here yet)
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        return  # the calls before it did not come: run it anyway
+                    self._order_cond.wait(left)
+                    nxt = self._order_next.get(token)
+            finally:
+                self._turn_waiters -= 1
+            nxt = nxt or 0
             if number < nxt:
                 raise PointerError(
                     f"worker {self.id!r}: call {number} of this connection came after call "
