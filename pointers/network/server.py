@@ -60,6 +60,7 @@ from pointers.network.transport import (
     Call,
     bind_address,
     is_loopback,
+    not_sent,
     open_channel,
     rpc_error,
     split_address,
@@ -151,6 +152,9 @@ def plugin_functions() -> dict[str, Callable[..., Any]]:
                 raise TypeError(f"entry point {ep.name!r}: {name!r} is not a named function")
             out[name] = fn
     return out
+
+
+RESEND_WAIT = 3.0  # seconds a delivery that was not sent waits for the peer's channel
 
 
 class DeliveryFailed(PointerError):
@@ -266,12 +270,37 @@ class PeerLink:
         except BaseException:
             self._settle(size)
             raise
-        future.add_done_callback(lambda f: self._answered(f, size, obj_id, on_failure))
+        future.add_done_callback(lambda f: self._answered(f, size, obj_id, on_failure, data))
 
     def _answered(
-        self, future: Any, size: int, obj_id: int | None, on_failure: Callable[[str], None] | None
+        self,
+        future: Any,
+        size: int,
+        obj_id: int | None,
+        on_failure: Callable[[str], None] | None,
+        data: bytes | None = None,
     ) -> None:
-        """A delivery's answer came (on a gRPC thread): report a failure."""
+        """A delivery's answer came (on a gRPC thread): report a failure. A delivery that
+        was never sent (the channel to a restarted peer not connected yet) is sent once
+        more, waiting for the channel (``data``: not retried yet)."""
+        if data is not None:
+            try:
+                err = future.exception()
+            except Exception:  # (cancelled)
+                err = None
+            if isinstance(err, grpc.RpcError) and not_sent(err):
+                try:
+                    server = self.server
+                    again = server.peer_call(self.peer, self.address).future(
+                        data,
+                        timeout=min(server.config.deadline, RESEND_WAIT),
+                        metadata=server.call_metadata,
+                        wait_for_ready=True,
+                    )
+                    again.add_done_callback(lambda f: self._answered(f, size, obj_id, on_failure))
+                    return
+                except Exception:  # noqa: S110 - report the first failure below
+                    pass
         why: str | None = None
         try:
             _, out = decode_envelope(future.result())

@@ -183,11 +183,17 @@ class Call:
         self._last_retry = -1e9
         self._rate = simulated_bytes_per_s()
 
-    def future(self, data: bytes, timeout: float, metadata: Any = None) -> Any:
-        """The call without waiting for its answer (a gRPC future; not retried)."""
+    def future(
+        self, data: bytes, timeout: float, metadata: Any = None, wait_for_ready: bool = False
+    ) -> Any:
+        """The call without waiting for its answer (a gRPC future). Not retried here: a
+        caller whose call was not sent (:func:`not_sent`) may send it again with
+        ``wait_for_ready``, as :meth:`__call__` does."""
         if self._rate:
             time.sleep(len(data) / self._rate)
-        return self._call.future(data, timeout=timeout, metadata=metadata)
+        return self._call.future(
+            data, timeout=timeout, metadata=metadata, wait_for_ready=wait_for_ready
+        )
 
     def __call__(self, data: bytes, timeout: float, metadata: Any = None) -> bytes:
         if self._rate:
@@ -211,6 +217,11 @@ class Call:
             raise
         finally:
             self._last_retry = time.monotonic()
+
+
+def not_sent(e: grpc.RpcError) -> bool:
+    """The call never reached the worker, for a reason a reconnection may cure."""
+    return _not_sent(e)
 
 
 def _not_sent(e: grpc.RpcError) -> bool:
