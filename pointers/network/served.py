@@ -831,11 +831,13 @@ class ServedWorker(Worker):
         donate: bool = False,
         lend: bool = False,
         sealed: bool = False,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
-        """Queue ``value`` for ``peer`` on the link's sender thread (see
-        :class:`~pointers.network.server.PeerLink`); a link that cannot queue delivers
-        and waits, as in process. A failure is reported at the client's next call here
-        (:meth:`take_lost`) and to the peer."""
+        """Send ``value`` without waiting for the peer (see
+        :class:`~pointers.network.server.PeerLink`); a link that cannot post delivers and
+        waits, as in process. A failure is reported at the client's next call here
+        (:meth:`take_lost`; a client's command only), to the peer, and to ``on_lost``
+        (a move puts its object back)."""
         link = self.peer_link(peer)
         post = getattr(link, "post_frames", None)
         if post is None:
@@ -844,12 +846,17 @@ class ServedWorker(Worker):
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
         report = getattr(self._commanded, "on", False)
-        post(
-            header, buffers, obj_id, (lambda why: self._lost(peer, obj_id, why)) if report else None
-        )
+
+        def failed(why: str) -> None:
+            if report:
+                self._lost(peer, obj_id, why)
+            if on_lost is not None:
+                on_lost(why)
+
+        post(header, buffers, obj_id, failed if report or on_lost is not None else None)
 
     def _lost(self, peer: str, obj_id: int, why: str) -> None:
-        """A queued delivery did not arrive (the sender thread calls this): reported to
+        """A delivery did not arrive (called on a gRPC thread): reported to
         the client by :meth:`take_lost`."""
         with self._lost_lock:
             if len(self._lost_deliveries) < 16:
@@ -932,47 +939,13 @@ class ServedWorker(Worker):
         return "; ".join(take) if take else None
 
     def flush_deliveries(self, timeout: float | None = None) -> bool:
-        """Wait until every queued delivery of this namespace left (False: timed out)."""
+        """Wait until every delivery of this namespace in flight was answered (False: timed out)."""
         ok = True
         for link in list(self._peer_links.values()):
             flush = getattr(link, "flush", None)
             if flush is not None:
                 ok = flush(timeout) and ok
         return ok
-
-    def send_to_peer(self, msg: SendToPeer) -> None:
-        """As :meth:`Worker.send_to_peer`; a move whose queued delivery fails later puts
-        the object back here (as a failed move in process does)."""
-        post = getattr(self.peer_link(msg.peer), "post_frames", None)
-        if not msg.delete or post is None:
-            return super().send_to_peer(msg)
-        with self._lock:
-            entry = self.store.entry(msg.obj_id)
-            value, sealed = entry.value, entry.sealed
-            tags, description = entry.tags, entry.description
-            del entry
-            self.store.forget(msg.obj_id)
-        header, buffers = encode_message(Store(msg.new_id, value, [], "", sealed))
-        self.stats.peer_messages_sent += 1
-        self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
-        store, obj_id = self.store, msg.obj_id
-
-        report = getattr(self._commanded, "on", False)
-
-        def restore(why: str) -> None:
-            if report:
-                self._lost(msg.peer, msg.new_id, why)
-            try:
-                store.put(obj_id, value, tags, description, sealed)
-            except Exception:  # noqa: S110 - the store closed or is full: reported anyway
-                pass
-
-        try:
-            post(header, buffers, msg.new_id, restore)
-        except BaseException:
-            with self._lock:
-                self.store.put(obj_id, value, tags, description, sealed)
-            raise
 
     @handles(SendToPeer)
     def _send_to_peer(self, msg: SendToPeer) -> None:

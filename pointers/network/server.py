@@ -235,8 +235,8 @@ class PeerLink:
         obj_id: int,
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
-        """Queue a delivery of ``obj_id`` (encoded now); ``on_failure(reason)`` runs on the
-        sender thread if it does not arrive."""
+        """Send a delivery of ``obj_id`` (encoded now) without waiting for its answer;
+        ``on_failure(reason)`` runs on a gRPC thread if it does not arrive."""
         self._post(self._encode({}, [(0, header, buffers)]), obj_id, on_failure)
 
     def delivery_failed(self, obj_id: int, reason: str) -> None:

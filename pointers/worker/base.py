@@ -493,8 +493,13 @@ class Worker:
         donate: bool = False,
         lend: bool = False,
         sealed: bool = False,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``.
+
+        ``on_lost(reason)``: for a worker whose deliveries do not wait for the peer (a
+        served worker), called from another thread if this one does not arrive; here a
+        failure raises instead, and the callback is never called.
 
         ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); ``lend``:
         both sides only read it (see :class:`~pointers.wire.messages.SendToPeer`). Either way
@@ -535,8 +540,23 @@ class Worker:
             if msg.delete:
                 self.store.forget(msg.obj_id)
             donate = msg.delete and _sole_owner(value)  # before ``value`` is an argument
+
+        def put_back(why: str) -> None:  # a move whose delivery failed after it left
+            try:
+                self.store.put(msg.obj_id, value, tags, description, sealed)
+            except Exception:  # noqa: S110 - the store closed or is full: reported anyway
+                pass
+
         try:
-            self.deliver(msg.peer, msg.new_id, value, donate=donate, lend=msg.lend, sealed=sealed)
+            self.deliver(
+                msg.peer,
+                msg.new_id,
+                value,
+                donate=donate,
+                lend=msg.lend,
+                sealed=sealed,
+                on_lost=put_back if msg.delete else None,
+            )
         except BaseException:
             if msg.delete:
                 with self._lock:
