@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 import torch
+from byte_mutation import mutated
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -253,13 +254,8 @@ def test_random_msgpack_documents_raise_only_the_modules_errors(value):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutated_protocols_raise_only_the_modules_errors(data):
-    raw = bytearray(PROTOCOL_BYTES)
-    for _ in range(data.draw(st.integers(1, 4))):
-        i = data.draw(st.integers(0, len(raw) - 1))
-        raw[i] = data.draw(st.integers(0, 255))
-    if data.draw(st.booleans()):
-        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    raw = mutated(data, PROTOCOL_BYTES)
     try:
-        pt.Protocol.from_bytes(bytes(raw))
+        pt.Protocol.from_bytes(raw)
     except PROTOCOL_ERRORS:
         pass
