@@ -1,4 +1,4 @@
-"""Ours (network workers) against CrypTen 0.4.1 (2 processes over gloo), in one run.
+"""Ours against CrypTen 0.4.1 (2 processes over gloo), in one run.
 
 Run by hand only (the test suite never imports it). CrypTen lives in its own virtual
 environment, since it pins old dependencies::
@@ -21,6 +21,22 @@ one warm-up), then ours (``python -m benchmarks --network``: 3 worker processes,
 TLS), and prints both with the ratio ours / CrypTen. Same workloads as WORKLOADS.md: W1 mul
 1e5 and 1e6 (with truncation), W2 matmul 256, W3 compare 1e4 and 1e6 (revealing the 0/1
 result), W5 LeNet batch 1 (model and input private), W6 share + reconstruct 1e6.
+
+``--functions`` compares the non-linear workloads instead, ours in process (``python -m
+benchmarks`` without ``--network``: 2 parties and the crypto provider in one process) against
+the same CrypTen setup, CrypTen's functions at its default settings: W9 ``x.sigmoid()`` of
+4 randn 1e5, W10 ``x.softmax(dim=1)`` of 2 randn (1000, 100), W12 one training step
+(forward, ``crypten.nn.CrossEntropyLoss`` on one-hot labels, backward,
+``update_parameters(0.1)``) of the MLP 64-128-10 from ``crypten.nn`` on a batch of 64
+random inputs in [0, 1] (model src 0, data src 1), W13 the ``TransformerEncoderLayer(64, 4,
+256)`` (relu, post-norm, batch first) on a (1, 32, 64) input, written out in CrypTen's
+tensor API (CrypTen cannot convert the torch module; weights encrypted from rank 0,
+checked once against torch's layer before timing, error printed to stderr). CrypTen's
+``x.reciprocal()`` on U(0.01, 100) and ``x.exp()`` on U(-8, 4) at 1e5 are printed after
+the table, CrypTen only: ours times W11 as one row for its whole table of functions. The
+table adds rounds: ours as ``mpc.stats()`` counts them, CrypTen's as the communicator
+calls of rank 0 in one extra untimed run (``communicator.verbose``; each send, receive or
+collective counts one, so the two are not quite the same measure).
 """
 
 from __future__ import annotations
@@ -38,14 +54,25 @@ from typing import Any
 
 CASES = [("W1", 100_000), ("W1", 1_000_000), ("W2", 256), ("W3", 10_000), ("W3", 1_000_000)]
 CASES += [("W5", 1), ("W6", 1_000_000)]
+FUNCTION_CASES = [("W9", 100_000), ("W10", 1000), ("W12", 64), ("W13", 32)]
+FUNCTION_CASES += [("W11r", 100_000), ("W11e", 100_000)]  # CrypTen only, after the table
+FUNCTION_LABELS = {
+    "W9": "W9 sigmoid 1e5",
+    "W10": "W10 softmax 1000x100",
+    "W12": "W12 train step b64",
+    "W13": "W13 transformer 1x32x64",
+    "W11r": "reciprocal 1e5",
+    "W11e": "exp 1e5",
+}
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------- CrypTen side
 
 
-def _crypten_worker(cases: list[list[Any]], repeat: int) -> dict[str, float]:
-    """Runs in each CrypTen rank; returns rank 0's medians by case id."""
+def _crypten_worker(cases: list[list[Any]], repeat: int, rounds: bool = False) -> dict[str, float]:
+    """Runs in each CrypTen rank; returns rank 0's medians by case id (and with ``rounds``
+    the communicator calls of one more run, untimed, as ``<case id>:rounds``)."""
     import crypten
     import crypten.communicator as comm
     import torch
@@ -63,6 +90,11 @@ def _crypten_worker(cases: list[list[Any]], repeat: int) -> dict[str, float]:
             run()
             times.append(time.perf_counter() - t)
         out[f"{wid}-{n}"] = statistics.median(times)
+        if rounds:
+            with crypten.cfg.temp_override({"communicator.verbose": True}):
+                comm.get().reset_communication_stats()
+                run()
+                out[f"{wid}-{n}:rounds"] = comm.get().get_communication_stats()["rounds"]
     return out if comm.get().get_rank() == 0 else {}
 
 
@@ -98,10 +130,97 @@ def _crypten_case(crypten: Any, torch: Any, wid: str, n: int) -> Any:
     if wid == "W6":
         plain = torch.randn(n)
         return lambda: crypten.cryptensor(plain, src=0).get_plain_text()
+    if wid in ("W9", "W10", "W11r", "W11e"):
+        if wid == "W9":
+            x = crypten.cryptensor(4 * torch.randn(n), src=0)
+            return lambda: x.sigmoid()
+        if wid == "W10":
+            x = crypten.cryptensor(2 * torch.randn(n, 100), src=0)
+            return lambda: x.softmax(dim=1)
+        if wid == "W11r":
+            x = crypten.cryptensor(torch.rand(n) * (100 - 0.01) + 0.01, src=0)
+            return lambda: x.reciprocal()
+        x = crypten.cryptensor(torch.rand(n) * 12 - 8, src=0)
+        return lambda: x.exp()
+    if wid == "W12":
+        return _crypten_train_step(crypten, torch, n)
+    if wid == "W13":
+        return _crypten_transformer(crypten, torch, n)
     raise ValueError(f"unknown workload {wid}")
 
 
-def crypten_only(cases: list[list[Any]], repeat: int, out: str) -> None:
+def _crypten_train_step(crypten: Any, torch: Any, batch: int) -> Any:
+    """W12: one SGD step (lr 0.1) of the MLP 64-128-10, model from rank 0, data from 1."""
+    cnn = crypten.nn
+    model = cnn.Sequential(cnn.Linear(64, 128), cnn.ReLU(), cnn.Linear(128, 10))
+    model.encrypt(src=0)
+    model.train()
+    x = crypten.cryptensor(torch.rand(batch, 64), src=1)
+    labels = torch.randint(0, 10, (batch,))
+    y = crypten.cryptensor(torch.nn.functional.one_hot(labels, 10).float(), src=1)
+    loss_fn = cnn.CrossEntropyLoss()
+
+    def step() -> Any:
+        model.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        model.update_parameters(0.1)
+        return loss
+
+    return step
+
+
+def _crypten_transformer(crypten: Any, torch: Any, seq: int) -> Any:
+    """W13: ``nn.TransformerEncoderLayer(64, 4, 256)`` (relu, post-norm, batch first) on a
+    (1, seq, 64) input in CrypTen's tensor API, weights from rank 0, input from rank 1;
+    checked once against torch's layer (max abs error printed to stderr by rank 0)."""
+    d, heads = 64, 4
+    hd = d // heads
+    layer = torch.nn.TransformerEncoderLayer(d, heads, 256, dropout=0.0, batch_first=True)
+    layer.eval()
+    sd = {k: v.detach().clone() for k, v in layer.state_dict().items()}
+
+    def enc(t: Any) -> Any:
+        return crypten.cryptensor(t.contiguous(), src=0)
+
+    w_in, b_in = sd["self_attn.in_proj_weight"], sd["self_attn.in_proj_bias"]
+    wq, wk, wv = (enc(w_in[i * d : (i + 1) * d].t()) for i in range(3))
+    bq, bk, bv = (enc(b_in[i * d : (i + 1) * d]) for i in range(3))
+    wo, bo = enc(sd["self_attn.out_proj.weight"].t()), enc(sd["self_attn.out_proj.bias"])
+    w1, b1 = enc(sd["linear1.weight"].t()), enc(sd["linear1.bias"])
+    w2, b2 = enc(sd["linear2.weight"].t()), enc(sd["linear2.bias"])
+    g1, be1 = enc(sd["norm1.weight"]), enc(sd["norm1.bias"])
+    g2, be2 = enc(sd["norm2.weight"]), enc(sd["norm2.bias"])
+    plain = torch.randn(1, seq, d)
+    x = crypten.cryptensor(plain, src=1)
+
+    def norm(y: Any, gamma: Any, beta: Any) -> Any:
+        c = y - y.mean(-1, keepdim=True)
+        var = (c * c).mean(-1, keepdim=True)
+        return c * (var + layer.norm1.eps).inv_sqrt() * gamma + beta
+
+    def forward() -> Any:
+        x2 = x.view(seq, d)
+        q, k, v = x2.matmul(wq) + bq, x2.matmul(wk) + bk, x2.matmul(wv) + bv
+        outs = []
+        for h in range(heads):
+            s = slice(h * hd, (h + 1) * hd)
+            scores = q[:, s].matmul(k[:, s].t()).div(hd**0.5)
+            outs.append(scores.softmax(dim=-1).matmul(v[:, s]))
+        y = norm(x2 + crypten.cat(outs, dim=1).matmul(wo) + bo, g1, be1)
+        f = (y.matmul(w1) + b1).relu().matmul(w2) + b2
+        return norm(y + f, g2, be2).view(1, seq, d)
+
+    with torch.no_grad():
+        ref = layer(plain)
+    err = float((forward().get_plain_text() - ref).abs().max())
+    if crypten.communicator.get().get_rank() == 0:
+        verdict = "ok" if err <= 5e-2 else "TOO LARGE (> 5e-2)"
+        print(f"W13 check: max abs err vs torch's layer {err:.2e}: {verdict}", file=sys.stderr)
+    return forward
+
+
+def crypten_only(cases: list[list[Any]], repeat: int, out: str, rounds: bool = False) -> None:
     import types
 
     # crypten 0.4.1's ONNX converter imports a module torch 2.13 no longer has
@@ -117,12 +236,70 @@ def crypten_only(cases: list[list[Any]], repeat: int, out: str) -> None:
 
     @crypten.mpc.run_multiprocess(world_size=2)
     def job() -> dict[str, float]:
-        return _crypten_worker(cases, repeat)
+        return _crypten_worker(cases, repeat, rounds)
 
     for r in job():
         if r:
             results.update(r)
     Path(out).write_text(json.dumps({"crypten": results}))
+
+
+def _ours_functions(repeat: int) -> tuple[dict[str, float], dict[str, Any], list[str]]:
+    """Ours in process on W9, W10, W12, W13 at the sizes of FUNCTION_CASES: medians and
+    rounds by case id, and the rows' notes."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "ours.json")
+        cmd = [
+            sys.executable, "-m", "benchmarks", "--no-progress", "--repeat", str(repeat),
+            "--json", path, "--workloads", "W9,W10,W12,W13", "--sizes", "W9=1e5",
+            "--sizes", "W10=1000", "--sizes", "W12=64", "--sizes", "W13=32",
+        ]  # fmt: skip
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        rows = json.loads(Path(path).read_text())["rows"]
+    sizes = dict(FUNCTION_CASES)
+    times, rounds, notes = {}, {}, []
+    for r in rows:
+        wid = r["workload"]
+        if wid not in sizes:
+            continue
+        key = f"{wid}-{sizes[wid]}"
+        times[key], rounds[key] = r["median_s"], r.get("rounds")
+        if r.get("notes"):
+            notes.append(f"{wid} (ours): {r['notes']}")
+        if r.get("error"):
+            notes.append(f"{wid} (ours): error {r['error']}")
+    return times, rounds, notes
+
+
+def _ms(t: float | None) -> str:
+    return f"{t * 1e3:.1f} ms" if t else "-"
+
+
+def _functions_table(
+    theirs: dict[str, Any], ours: dict[str, float], our_rounds: dict[str, Any]
+) -> None:
+    print(
+        "| workload | ours, in process | CrypTen 0.4.1 | ratio | rounds, ours | rounds, CrypTen |"
+    )
+    print("|---|---|---|---|---|---|")
+    for wid, n in FUNCTION_CASES:
+        if wid.startswith("W11"):
+            continue
+        key = f"{wid}-{n}"
+        a, b = ours.get(key), theirs.get(key)
+        ratio = f"{a / b:.2f}x" if a and b else "-"
+        ra, rb = our_rounds.get(key), theirs.get(f"{key}:rounds")
+        ra, rb = "-" if ra is None else ra, "-" if rb is None else rb
+        print(f"| {FUNCTION_LABELS[wid]} | {_ms(a)} | {_ms(b)} | {ratio} | {ra} | {rb} |")
+    only = [
+        f"{FUNCTION_LABELS[w]} {_ms(theirs.get(f'{w}-{n}'))}"
+        f" ({theirs.get(f'{w}-{n}:rounds', '-')} rounds)"
+        for w, n in FUNCTION_CASES
+        if w.startswith("W11")
+    ]
+    print(
+        "\nCrypTen only (W11; ours times its whole function table as one row): " + ", ".join(only)
+    )
 
 
 # ----------------------------------------------------------------------- both sides
@@ -157,23 +334,35 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--crypten-python", default="/tmp/cvenv/bin/python")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--functions",
+        action="store_true",
+        help="W9, W10, W12, W13 (ours in process) and CrypTen's reciprocal and exp "
+        "instead of W1-W6 (ours over the network)",
+    )
     ap.add_argument("--crypten-only", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    cases = [[w, n] for w, n in CASES]
+    cases = [[w, n] for w, n in (FUNCTION_CASES if args.functions else CASES)]
     if args.crypten_only:
-        crypten_only(cases, args.repeat, args.crypten_only)
+        crypten_only(cases, args.repeat, args.crypten_only, rounds=args.functions)
         return 0
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "crypten.json")
-        subprocess.run(
-            [args.crypten_python, __file__, "--crypten-only", path, "--repeat", str(args.repeat)],
-            check=True,
-        )
+        cmd = [args.crypten_python, __file__, "--crypten-only", path, "--repeat", str(args.repeat)]
+        subprocess.run(cmd + (["--functions"] if args.functions else []), check=True)
         theirs = json.loads(Path(path).read_text())["crypten"]
-    ours = _ours(args.repeat, 0.0)
+    if args.functions:
+        ours, our_rounds, notes = _ours_functions(args.repeat)
+    else:
+        ours = _ours(args.repeat, 0.0)
     load_after = os.getloadavg()
     print(f"load before {load_before}, after {load_after}; {time.strftime('%Y-%m-%d %H:%M')}")
+    if args.functions:
+        _functions_table(theirs, ours, our_rounds)
+        for line in notes:
+            print(line)
+        return 0
     print("| workload | ours, network | CrypTen 0.4.1 | ratio |")
     print("|---|---|---|---|")
     for wid, n in CASES:

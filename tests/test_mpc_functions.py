@@ -24,6 +24,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
+from mpc.protocols import approx
 
 U = 2.0**-16
 ENC = U / 2
@@ -139,11 +140,8 @@ def test_division_by_shared(a: torch.Tensor, b: torch.Tensor, group: Any) -> Non
 # -- piecewise polynomials ----------------------------------------------------------------
 
 # fit error bound (measured on a fine grid when the bins are fitted) and the derivative's max;
-# each is a polynomial per wide bin and saturates outside them (sigmoid to 0 / 1 outside
-# [-9, 9]: error 1 - sigmoid(9) = 1.234e-4 at the edges; its degree-7 fit inside has 4.3e-5,
-# its evaluation at 2^-24 about 1.2e-5)
+# each is a polynomial per wide bin and saturates outside them
 PIECEWISE = [
-    ("sigmoid", torch.sigmoid, -12.0, 12.0, 1.25e-4, 0.25),
     ("tanh", torch.tanh, -7.0, 7.0, 2.47e-4, 1.0),  # saturation at +-4.5
     ("gelu", F.gelu, -6.0, 6.0, 1.5e-4, 1.13),  # fit; 1.27e-4 at the edges +-4
     ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"), -6.0, 6.0, 1.4e-4, 1.13),
@@ -164,12 +162,34 @@ def test_piecewise(
     prop()
 
 
-def test_sigmoid_saturates_outside_its_bins(group: Any) -> None:
-    x = torch.tensor([-1e4, -100.0, -9.0, -9.0 + U, 9.0 - U, 9.0, 100.0, 1e4])
+# sigmoid: a Fourier series of x clamped to [-10, 10] (mpc.protocols.approx.sigmoid): the
+# series' fit error on [-10, 10] (measured when it is fitted), 1 - sigmoid(10) past the
+# clamp, the fixed point (dealt values at 2^-30, coefficients at 2^-24: 1e-6 in all), the
+# input's encoding times sigmoid's slope 1/4, and the output unit with the truncation's
+SIGMOID_BOUND = (
+    approx.SIGMOID_SERIES.max_error
+    + (1 - 1 / (1 + math.exp(approx.SIGMOID_CLAMP)))
+    + 1e-6
+    + ENC / 4
+    + 2 * U
+)
+
+
+@PROPS
+@given(x=values(-30.0, 30.0, 30))
+def test_sigmoid(x: torch.Tensor, group: Any) -> None:
+    assert_within(run(torch.sigmoid, x, group), torch.sigmoid(x), torch.full_like(x, SIGMOID_BOUND))
+
+
+def test_sigmoid_saturates_outside_its_clamp(group: Any) -> None:
+    c = approx.SIGMOID_CLAMP
+    x = torch.tensor([-1e4, -100.0, -c - U, -c, -c + U, 0.0, c - U, c, c + U, 100.0, 1e4])
     got = run(torch.sigmoid, x, group)
-    ref = torch.sigmoid(x.double())
-    assert_within(got, ref, torch.full_like(ref, 1.25e-4 + 2 * U))
-    assert got[0] == 0 and got[1] == 0 and got[-2] == 1 and got[-1] == 1
+    assert_within(got, torch.sigmoid(x.double()), torch.full_like(got, SIGMOID_BOUND))
+    # past the clamp every input reads as +-10: the same value as at the edge, up to the
+    # fixed point's noise, never anything of the periodic series' other half-period
+    assert (got[:3] - got[3]).abs().max() <= 4 * U and (got[-3:] - got[-4]).abs().max() <= 4 * U
+    assert bool((got[:3] < 2e-4).all()) and bool((got[-3:] > 1 - 2e-4).all())
 
 
 def test_softmax_clamps_far_below_the_max(group: Any) -> None:

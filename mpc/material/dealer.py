@@ -18,12 +18,14 @@ from mpc.material.streams import (
     TAG_RBITS,
     TAG_T_ARITH,
     TAG_T_BIN,
+    TAG_TRIG,
     TAG_U,
     consume,
     derive,
     sum_derived,
     xor_derived,
 )
+from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG
 from mpc.math.ring import ring_bilinear
 from pointers.worker.sealing import protocol_function
@@ -130,3 +132,22 @@ def dealer_compare(
         t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
         t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
     return [r_bits, t_arith, t_bin]
+
+
+@protocol_function(material=("seeds",), sealed_outputs=True)
+def dealer_fourier(
+    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int, terms: int,
+    scale: int,
+) -> torch.Tensor:  # fmt: skip
+    """Material of a trigonometric series (see :func:`~mpc.material.party.fourier_finish`):
+    the mask r (arithmetic, derived by all), and cos(k theta), sin(k theta) for k = 1..K
+    at ``scale`` fractional bits, theta = 2 pi (r mod 2^bits) / 2^bits, shared additively:
+    the last party's shares, shape [K, *shape, 2] (cos, sin pairs)."""
+    check_series_params(bits, terms, scale)
+    consume(ctx, seeds, nonce, TAG_R, TAG_TRIG)
+    r = sum_derived(seeds, nonce, TAG_R, shape)
+    pairs = torch.view_as_real(harmonics(ring_angle(r, bits), terms))
+    out = pairs.mul(2.0**scale).round_().to(torch.int64)
+    for s in seeds[:-1]:
+        out -= derive(s, nonce, TAG_TRIG, [terms, *shape, 2])
+    return out

@@ -4,6 +4,7 @@ run where the shares live; the party's own seed gives its share of the dealer's 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -17,11 +18,13 @@ from mpc.material.streams import (
     TAG_RBITS,
     TAG_T_ARITH,
     TAG_T_BIN,
+    TAG_TRIG,
     TAG_U,
     consume,
     derive,
 )
 from mpc.math import bits
+from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG, SEED_BYTES
 from mpc.math.ring import ring_bilinear
 from pointers.errors import LimitExceeded, NotAllowedError
@@ -140,6 +143,57 @@ def bilinear_public(
     if public_first:
         return ring_bilinear(op, params, public, share)
     return ring_bilinear(op, params, share, public)
+
+
+# -- trigonometric series, party side -------------------------------------------------
+
+
+@protocol_function(material=("seed", "trig", "c"))
+def fourier_finish(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    trig: torch.Tensor | None,
+    c: torch.Tensor,
+    bits: int,
+    const: float,
+    cos: list[float],
+    sin: list[float],
+    coef_bits: int,
+    scale: int,
+) -> torch.Tensor:
+    """Party i's share of F(x) = const + sum_k a_k cos(k alpha) + b_k sin(k alpha), alpha =
+    2 pi (x mod 2^bits) / 2^bits, at ``coef_bits + scale`` fractional bits, from the opened
+    c = x + r. With phi the angle of c and theta that of r, alpha = phi - theta, and
+    a cos(k alpha) + b sin(k alpha) = Re[(a - i b) e^(i k phi) e^(-i k theta)]
+                                    = P cos k theta + Q sin k theta
+    for P + i Q = (a - i b) e^(i k phi): public coefficients (encoded at ``coef_bits``)
+    times the shares of cos k theta and sin k theta (``trig``, shape [K, *x.shape, 2]: the
+    dealer's at the last party; derived elsewhere). Local."""
+    terms = len(sin)
+    check_series_params(bits, terms, scale)
+    if len(cos) != terms or type(coef_bits) is not int or not 8 <= coef_bits <= 30:
+        raise ValueError("a series needs as many cosine as sine terms and 8-30 coefficient bits")
+    if not all(math.isfinite(v) and abs(v) <= 2.0**20 for v in [const, *cos, *sin]):
+        raise ValueError("a series' coefficients must be finite, at most 2^20 in magnitude")
+    consume(ctx, [seed], nonce, TAG_TRIG)
+    want = [terms, *c.shape, 2]
+    if trig is None:
+        trig = derive(seed, nonce, TAG_TRIG, want)
+    if list(trig.shape) != want:
+        raise ValueError(f"series material of shape {list(trig.shape)} for {list(c.shape)}")
+    g = torch.complex(
+        torch.tensor(cos, dtype=torch.float64), -torch.tensor(sin, dtype=torch.float64)
+    )
+    g = g.mul_(2.0**coef_bits).view([terms] + [1] * c.dim())
+    pq = torch.view_as_real(harmonics(ring_angle(c, bits), terms).mul_(g))
+    prods = pq.round_().to(torch.int64).mul_(trig)
+    n = c.numel()
+    out = prods.view(terms, 2 * n).sum(0).view(n, 2).sum(-1).view(c.shape)  # (fast path)
+    if first:
+        out += round(const * 2.0 ** (coef_bits + scale))
+    return out
 
 
 # -- comparison (MSB extraction), party side ---------------------------------------------

@@ -1,0 +1,104 @@
+"""Trigonometric series on the ring: the fits and the harmonics (no I/O, no shares).
+
+A function f on [-T, T] is approximated by a *periodic* one of period P = 2^p (P > 2T),
+F(x) = a_0 + sum_k a_k cos(2 pi k x / P) + b_k sin(2 pi k x / P), k = 1..K, fitted by
+least squares on [-T, T] only: outside it F is free (no reflection, no Gibbs jump at
++-T), so a smooth f needs few terms. A ring element z read at s fractional bits is the
+real z / 2^s, so the angle 2 pi k x / P is 2 pi k z / 2^(s + p): periodic in the ring
+element modulo 2^(s + p), which is what makes the series cheap on shares (see
+:func:`mpc.protocols.approx.fourier_series`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MAX_TERMS = 32  # harmonics per series (the dealer's work and bytes grow with it)
+
+
+@dataclass(frozen=True)
+class Series:
+    """F(x) = const + sum_k cos_k cos(2 pi k x / 2^period_bits) + sin_k sin(...)."""
+
+    period_bits: int  # log2 of the period P, in real units
+    half_width: float  # T: F approximates f on [-T, T]
+    const: float
+    cos: tuple[float, ...]  # a_1..a_K
+    sin: tuple[float, ...]  # b_1..b_K
+    max_error: float  # max |F - f| on a fine grid of [-T, T] (float64)
+
+    @property
+    def terms(self) -> int:
+        return len(self.sin)
+
+
+def fit_series(
+    f: Callable[[torch.Tensor], torch.Tensor],
+    half_width: float,
+    period_bits: int,
+    terms: int,
+    odd: bool = False,
+) -> Series:
+    """Least-squares fit of f on [-T, T] by K harmonics of period 2^period_bits
+    (``odd``: f is odd, sines only). Chebyshev-like nodes crowd the ends, as in a
+    near-minimax polynomial fit; the error is then measured on a uniform grid."""
+    if not 1 <= terms <= MAX_TERMS:
+        raise ValueError(f"a series has 1 to {MAX_TERMS} terms, got {terms}")
+    period = 2.0**period_bits
+    if not 0 < 2 * half_width < period:
+        raise ValueError(f"the fit interval [-{half_width}, {half_width}] must lie in a period")
+    n = 4096
+    j = torch.arange(n, dtype=torch.float64)
+    x = half_width * torch.cos((2 * j + 1) / (2 * n) * math.pi)
+    k = torch.arange(1, terms + 1, dtype=torch.float64)
+
+    def basis(t: torch.Tensor) -> torch.Tensor:
+        ang = 2 * math.pi * t[:, None] * k[None, :] / period
+        cols = (
+            [torch.sin(ang)]
+            if odd
+            else [torch.ones_like(t)[:, None], torch.cos(ang), torch.sin(ang)]
+        )
+        return torch.cat(cols, 1)
+
+    coef = torch.linalg.lstsq(basis(x), f(x)[:, None]).solution[:, 0]
+    grid = torch.linspace(-half_width, half_width, 20001, dtype=torch.float64)
+    err = float((basis(grid) @ coef - f(grid)).abs().max())
+    if odd:
+        const, cos, sin = 0.0, [0.0] * terms, coef.tolist()
+    else:
+        const, cos, sin = float(coef[0]), coef[1 : terms + 1].tolist(), coef[terms + 1 :].tolist()
+    return Series(period_bits, half_width, const, tuple(cos), tuple(sin), err)
+
+
+def harmonics(angle: torch.Tensor, terms: int) -> torch.Tensor:
+    """e^(i k a) for k = 1..K, stacked as [K, *angle.shape] (complex128), by K - 1 complex
+    products from e^(i a): one pair of transcendental calls, not 2K (float64 rounding
+    grows about linearly in k: ~1e-15 at K = 32). ``torch.view_as_real`` of the result
+    gives (cos k a, sin k a) pairs in a trailing dimension of 2."""
+    out = torch.empty((terms, *angle.shape), dtype=torch.complex128)
+    out[0] = torch.polar(torch.ones_like(angle), angle)
+    for k in range(1, terms):
+        torch.mul(out[k - 1], out[0], out=out[k])
+    return out
+
+
+def ring_angle(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """2 pi (z mod 2^bits) / 2^bits as float64: the angle of ring elements, period 2^bits."""
+    if not 1 <= bits <= 62:
+        raise ValueError(f"a ring period of 2^1 to 2^62, got 2^{bits}")
+    low = z & ((1 << bits) - 1)
+    return low.to(torch.float64).mul_(2 * math.pi / 2.0**bits)
+
+
+def check_series_params(bits: int, terms: int, scale: int) -> None:
+    """The public parameters of a trigonometric series step, as a worker accepts them."""
+    for name, v, lo, hi in (("period bits", bits, 1, 62), ("terms", terms, 1, MAX_TERMS)):
+        if type(v) is not int or not lo <= v <= hi:
+            raise ValueError(f"a series' {name} must be an int in [{lo}, {hi}], got {v!r}")
+    if type(scale) is not int or not 8 <= scale <= 30:
+        raise ValueError(f"a series' value scale must be an int in [8, 30], got {scale!r}")
