@@ -64,3 +64,47 @@ def test_level_steps_are_linear_over_xor_shares(seed, level):
     for a, b, c in zip(new, new0, new1):
         if a is not None:
             assert torch.equal(b ^ c, a)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(I64, I64), min_size=1, max_size=200),
+    st.integers(1, 4),
+    st.integers(0, 2**32 - 1),
+)
+def test_local_first_level_on_xor_shares(pairs, n_parties, seed):
+    """The first level computed locally from the dealer's pair products, on random XOR
+    shares of ~r and of the packed products (garbage odd bits included), gives the carry
+    into bit 63 of c + ~r + 1 once the other levels run: msb(c - r) exactly."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randint(-(2**63), 2**63 - 1, shape, generator=gen, dtype=torch.int64)
+
+    c = torch.tensor([a for a, _ in pairs], dtype=torch.int64)
+    r = torch.tensor([b for _, b in pairs], dtype=torch.int64)
+    n = c.numel()
+    words = bits.padded(n)
+    q = bits.pair_products(torch.cat([~r, torch.zeros(words - n, dtype=torch.int64)]))
+    packed = bits.pack_pairs(q)
+    # XOR shares: party 0 holds r's bits complemented (as cmp_init does), the others random
+    r_shares = [rnd(n) for _ in range(n_parties - 1)]
+    q_shares = [rnd(words // 2) for _ in range(n_parties - 1)]
+    r0, q0 = r, packed
+    for s in r_shares:
+        r0 = r0 ^ s
+    for s in q_shares:
+        q0 = q0 ^ s
+    shares = [(~r0, q0)] + list(zip(r_shares, q_shares))
+    cw = torch.cat([c, torch.zeros(words - n, dtype=torch.int64)])
+    g = p = None
+    for i, (y, qp) in enumerate(shares):
+        yw = torch.cat([y, torch.zeros(words - n, dtype=torch.int64)])
+        gi, pi = bits.local_first_level(cw, yw, bits.unpack_pairs(qp), i == 0)
+        g, p = (gi, pi) if g is None else (g ^ gi, p ^ pi)
+    for level in range(1, bits.LEVELS):
+        x, yy = bits.level_operands(g, p, level)
+        g, p = bits.level_update(g, x & yy, level)
+    carry = bits.unpack_carries(g, n)
+    msb = (((c - r) >> 63) & 1).to(torch.int64)
+    assert torch.equal(carry ^ ((c >> 63) & 1) ^ (((~r) >> 63) & 1), msb)

@@ -29,7 +29,9 @@ import pointers as pt
 N = 4096
 
 # name: (fn, operand shapes, rounds, payload bytes per party with 2 parties; the values a
-# round opens travel packed in one message per peer, so their headers count once)
+# round opens travel packed in one message per peer, so their headers count once). A
+# comparison is 7 rounds: its carry tree's first level is local (the dealer's pair
+# products, mpc/math/bits.py local_first_level); it was 8 rounds and 321,808 bytes for lt.
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # Beaver: open e and f (2 words), then truncation: open c (1 word)
     "mul": (lambda a, b: a * b, [(N,), (N,)], 2, 3 * 8 * N),
@@ -41,15 +43,16 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
         2,
         8 * (32 * 32 + 4 * 9 + 4 * 30 * 30),
     ),
-    "lt": (lambda a, b: a < b, [(N,), (N,)], 8, 321_808),
-    "relu": (F.relu, [(N,)], 8, 387_344),
-    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 9, 485_716),
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 24, 396_845),
-    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 16, 290_849),
+    "lt": (lambda a, b: a < b, [(N,), (N,)], 7, 190_702),
+    "relu": (F.relu, [(N,)], 7, 256_238),
+    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 8, 354_610),
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 21, 282_055),
+    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 14, 192_477),
 }
 HEADER_ALLOWANCE = 64  # bytes of message headers per round
 
-# name: payload bytes the dealer ships (to the last party), whatever the number of parties:
+# name: payload bytes the dealer ships (to the last party), whatever the number of parties
+# (lt's were 226,614 with headers before the first level went local):
 # a triple's c (8 bytes an element of the product) and the truncation's U (8) and s of D
 # (2 at f = 16; it was 8 before D's correction travelled narrow: mul 24 N, now 18 N)
 TRUNC_DEALER_BYTES = 8 + 2
@@ -57,8 +60,11 @@ DEALER_CASES: dict[str, int] = {
     "mul": (8 + TRUNC_DEALER_BYTES) * N,
     "matmul": (8 + TRUNC_DEALER_BYTES) * 64 * 64,
     "conv2d": (8 + TRUNC_DEALER_BYTES) * 4 * 30 * 30,
+    # r's bits, the daBit both ways (8 bytes each), the pair products of the local first
+    # level (half a word), the c of the five AND levels (2, 1, 1/2, 1/4 words and 1/32)
+    "lt": (24 + 4 + 8 + 4 + 2 + 1) * N + N // 4,
 }
-DEALER_HEADER_ALLOWANCE = 256  # bytes of message headers of the dealer's few messages
+DEALER_HEADER_ALLOWANCE = 512  # bytes of message headers of the dealer's few messages
 
 
 def _measure(n: int, fn: Callable[..., Any], shapes: list[tuple[int, ...]]) -> Any:
@@ -93,7 +99,7 @@ def test_the_dealer_ships_the_same_whatever_the_number_of_parties() -> None:
 
 
 @pytest.mark.parametrize("name", list(DEALER_CASES))
-def test_dealer_bytes_of_the_ops_that_truncate(name: str) -> None:
+def test_dealer_bytes(name: str) -> None:
     fn, shapes, _, _ = CASES[name]
     payload = DEALER_CASES[name]
     sent = _measure(2, fn, shapes).dealer_bytes

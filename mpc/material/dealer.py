@@ -14,6 +14,7 @@ from mpc.material.streams import (
     TAG_B,
     TAG_C,
     TAG_D,
+    TAG_PAIRS,
     TAG_R,
     TAG_RBITS,
     TAG_T_ARITH,
@@ -25,6 +26,7 @@ from mpc.material.streams import (
     sum_derived,
     xor_derived,
 )
+from mpc.math import bits
 from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG
 from mpc.math.ring import ring_bilinear
@@ -117,10 +119,12 @@ def dealer_trunc(
 def dealer_compare(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]
 ) -> list[torch.Tensor]:
-    """Comparison material: r (arithmetic, derived by all) shared bitwise as well, and a
-    random bit t shared both ways (a "daBit"): the last party's binary share of r, its
-    arithmetic share of t and its binary share of t."""
-    consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN)
+    """Comparison material: r (arithmetic, derived by all) shared bitwise as well, a random
+    bit t shared both ways (a "daBit"), and the products of adjacent bits of ~r that make
+    the carry tree's first level local (:func:`mpc.math.bits.local_first_level`): the last
+    party's binary share of r, its arithmetic and binary shares of t, and its XOR share of
+    the packed pair products (half a word per element, over the padded element count)."""
+    consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
     r = sum_derived(seeds, nonce, TAG_R, shape)
     r_bits = r.clone()
     for s in seeds[:-1]:
@@ -131,7 +135,12 @@ def dealer_compare(
     for s in seeds[:-1]:
         t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
         t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
-    return [r_bits, t_arith, t_bin]
+    q = bits.pair_products(~r.reshape(-1))
+    pad = bits.padded(q.numel()) - q.numel()
+    pairs = bits.pack_pairs(torch.cat([q, q.new_zeros(pad)]) if pad else q)
+    for s in seeds[:-1]:
+        pairs ^= derive(s, nonce, TAG_PAIRS, list(pairs.shape))
+    return [r_bits, t_arith, t_bin, pairs]
 
 
 @protocol_function(material=("seeds",), sealed_outputs=True)

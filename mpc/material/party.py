@@ -14,6 +14,7 @@ from mpc.material.streams import (
     TAG_B,
     TAG_C,
     TAG_D,
+    TAG_PAIRS,
     TAG_R,
     TAG_RBITS,
     TAG_T_ARITH,
@@ -206,38 +207,40 @@ def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch
     return x + derive(seed, nonce, TAG_R, list(x.shape))
 
 
-@protocol_function(material=("seed", "r_bits", "c"), sealed_outputs=True)
+@protocol_function(material=("seed", "r_bits", "pairs", "c"), sealed_outputs=True)
 def cmp_init(
     ctx: Any,
     seed: torch.Tensor,
     nonce: int,
     first: bool,
     r_bits: torch.Tensor | None,
+    pairs: torch.Tensor | None,
     c: torch.Tensor,
 ) -> list[torch.Tensor]:
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
-    carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded for the
-    carry tree; and the party's XOR share of msb(c) ^ msb(~r)."""
-    consume(ctx, [seed], nonce, TAG_RBITS)
+    carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded, after
+    the carry tree's first level, which is local here given the dealer's pair products
+    (``pairs``: the last party's, derived elsewhere; see
+    :func:`mpc.math.bits.local_first_level`); and the party's XOR share of
+    msb(c) ^ msb(~r)."""
+    consume(ctx, [seed], nonce, TAG_RBITS, TAG_PAIRS)
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
     if first:
         y = ~y
     top = (y >> 63) & 1
     if first:
         top ^= (c >> 63) & 1
-    g = c & y
-    p = c ^ y if first else y
-    g ^= p & 1
-    g &= _LOW63  # group [0, 63] = group [0, 62]: bit 63 generates nothing ...
-    p &= _LOW63
-    if first:
-        p |= -(1 << 63)  # ... and propagates
-    n = g.numel()
-    pad = bits.padded(n) - n
-    g, p = g.reshape(-1), p.reshape(-1)
-    if pad:
-        g = torch.cat([g, g.new_zeros(pad)])
-        p = torch.cat([p, p.new_zeros(pad)])
+    n = c.numel()
+    words = bits.padded(n)
+    if pairs is None:
+        pairs = derive(seed, nonce, TAG_PAIRS, [words // 2])
+    if list(pairs.shape) != [words // 2]:
+        raise ValueError(f"pair products of shape {list(pairs.shape)} for {n} elements")
+    cw, yw = c.reshape(-1), y.reshape(-1)
+    if words > n:
+        cw = torch.cat([cw, cw.new_zeros(words - n)])
+        yw = torch.cat([yw, yw.new_zeros(words - n)])
+    g, p = bits.local_first_level(cw, yw, bits.unpack_pairs(pairs), first)
     return [g, p, top]
 
 

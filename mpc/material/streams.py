@@ -17,7 +17,19 @@ from mpc.math.prg import PRG
 from pointers.errors import NotAllowedError
 
 # tags of the streams derived for one nonce
-TAG_A, TAG_B, TAG_C, TAG_R, TAG_U, TAG_D, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_TRIG = range(10)
+(
+    TAG_A,
+    TAG_B,
+    TAG_C,
+    TAG_R,
+    TAG_U,
+    TAG_D,
+    TAG_RBITS,
+    TAG_T_ARITH,
+    TAG_T_BIN,
+    TAG_TRIG,
+    TAG_PAIRS,
+) = range(11)
 
 
 def _seed_bytes(seed: torch.Tensor) -> bytes:

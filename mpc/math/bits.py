@@ -35,6 +35,65 @@ def padded(n: int) -> int:
     return -(-max(n, 1) // PAD) * PAD
 
 
+_LOW63 = (1 << 63) - 1
+_TOP = -(1 << 63)
+
+
+def pair_products(r_not: torch.Tensor) -> torch.Tensor:
+    """The dealer's q for the local first level: at each even bit position l, the product
+    y_(l+1) y_l of the complemented mask's bits y = ~r, with bit 63 read as 0 (it is the
+    public "propagate" there), one word per element."""
+    y = r_not & _LOW63
+    return (y >> 1) & y & MASKS[0]
+
+
+def pack_pairs(q: torch.Tensor) -> torch.Tensor:
+    """(2m,) words with only even bits used -> (m,): word i ^ word i+m << 1 (linear over
+    XOR); :func:`unpack_pairs` inverts it. Halves what the dealer ships."""
+    m = q.shape[0] // 2
+    return (q[:m] & MASKS[0]) ^ ((q[m:] & MASKS[0]) << 1)
+
+
+def unpack_pairs(packed: torch.Tensor) -> torch.Tensor:
+    return torch.cat([packed & MASKS[0], (packed >> 1) & MASKS[0]])
+
+
+def local_first_level(
+    c: torch.Tensor, y: torch.Tensor, q: torch.Tensor, first: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Level 0 of the carry tree without an AND round: (G, P) after it, as
+    :func:`level_update` gives them, from the public c, this party's XOR share y of ~r
+    (party 0's already complemented) and its share q of the pairs' products (all flat,
+    padded words).
+
+    With c public every AND of level 0 is linear in the shares once q = y_h y_l is known:
+    for a pair (h, l) = (2j+1, 2j), p = c ^ y and g_l = alpha_l ^ beta_l y_l (alpha = 0,
+    beta = c_l, but at bit 0, where the carry-in 1 is folded in: g_0 = c_0 | y_0, so
+    alpha_0 = c_0, beta_0 = 1 ^ c_0), and bit 63 is public (c_63 read as 1, y_63 as 0):
+      p_h p_l = c_h c_l ^ c_h y_l ^ c_l y_h ^ q
+      p_h g_l = c_h alpha_l ^ c_h beta_l y_l ^ alpha_l y_h ^ beta_l q
+    (the c-only terms at party 0). Cf. the preprocessed products of mask bits that make
+    ABY2.0's multi-input AND gates local (Patra et al., USENIX Security 2021)."""
+    m0 = MASKS[0]
+    cp = c | _TOP
+    yp = y & _LOW63
+    g = c & yp
+    p = (cp ^ yp) if first else yp
+    g ^= p & 1  # the carry-in, at bit 0
+    ch, cl = (cp >> 1) & m0, cp & m0
+    yh, yl = (yp >> 1) & m0, yp & m0
+    alpha = c & 1
+    beta = (c ^ 1) & m0
+    z1 = (ch & yl) ^ (cl & yh) ^ q
+    z0 = (ch & beta & yl) ^ (alpha & yh) ^ (beta & q)
+    if first:
+        z1 ^= ch & cl
+        z0 ^= ch & alpha
+    g_new, p_new = level_update(g, torch.stack([z0, z1]), 0)
+    assert p_new is not None
+    return g_new, p_new
+
+
 def level_operands(
     g: torch.Tensor, p: torch.Tensor, level: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -105,12 +105,13 @@ class _MsbRun:
         seed = session.party_seeds
 
         # offline: r shared both ways (the last party's <r>), the daBit t both ways
-        r_bits_last, self.t_arith_last, t_bin_last = deal(
+        words = bits.padded(_numel(shape))
+        r_bits_last, self.t_arith_last, t_bin_last, pairs_last = deal(
             session,
             "comparison of secret values",
             "mpc.dealer_compare",
             [nonce, shape],
-            out=[(shape, I64)] * 3,
+            out=[(shape, I64)] * 3 + [([words // 2], I64)],
         )
         selecting = bool(values) or trunc is not None
         t = self._t_shares() if selecting else []
@@ -133,18 +134,19 @@ class _MsbRun:
             self.values.append(truncated)
             late.append(BeaverRun(session, truncated, t, "mul", {}, tuple(shape)))
 
-        # generate / propagate words of c - r, then rounds 2-7: the carry tree
-        words = bits.padded(_numel(shape))
-        r_bits = last_only(session, r_bits_last)
+        # generate / propagate words of c - r after the local first level of the carry
+        # tree, then rounds 2-6: its other five levels
+        r_bits, pairs = last_only(session, r_bits_last), last_only(session, pairs_last)
+        words //= 2
         g, p, top = at_parties(
             session,
             "mpc.cmp_init",
-            lambda i: [seed[i], nonce, i == 0, r_bits(i), c.value[i]],
+            lambda i: [seed[i], nonce, i == 0, r_bits(i), pairs(i), c.value[i]],
             [([words], I64), ([words], I64), (shape, I64)],
         )
-        for level in range(bits.LEVELS):
-            ride = Round(session)  # the late products open with the first level
-            late_openings = [b.open_in(ride) for b in late] if level == 0 else []
+        for level in range(1, bits.LEVELS):
+            ride = Round(session)  # the late products open with the first AND level
+            late_openings = [b.open_in(ride) for b in late] if level == 1 else []
             g, p = _carry_level(session, g, p, level, words, ride)
             words //= 1 if level == bits.LEVELS - 1 else 2
             self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
