@@ -431,7 +431,7 @@ def w7_maxpool(n: int, parties: int = 2, factory: WorkerFactory | None = None) -
     """W7: ``F.max_pool2d(x, 2)`` on a private (N, C, H, W) tensor of about n elements
     (shape from :func:`pool_shape`); the result stays shared.
 
-    Each 2x2 window is reduced by a pairwise tree of secure max (two levels of 8 rounds).
+    Each 2x2 window is reduced by a pairwise tree of secure max (two levels of 7 rounds).
     Correctness: max abs error vs plaintext, and exact agreement with max-pooling the
     fixed-point encodings.
     """

@@ -38,7 +38,7 @@ _RELU_MASKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 def relu_keeping_mask(x: SharedTensor) -> SharedTensor:
     """relu(x) (a pending truncation fused, as in the plain ReLU) with the bit [x >= 0]
-    kept for ``threshold_backward``: the same 8 rounds as a plain ReLU."""
+    kept for ``threshold_backward``: the same 7 rounds as a plain ReLU."""
     out_shares, mask = relu_with_mask(x.session, x.shares, x.pending)
     out = x.with_shares(out_shares, frac_bits=x.frac_bits - x.pending)
     _RELU_MASKS[out_shares[0]] = SharedTensor(mask, x.session, 0, torch.int64)
@@ -336,7 +336,7 @@ def _addcmul(x: Any, a: Any, b: Any, value: Any = 1) -> Any:
 
 
 def _addcdiv(x: Any, a: Any, b: Any, value: Any = 1) -> Any:
-    """x + value a / b: a shared b costs a reciprocal (18 rounds, domain 2^-12 <= |b| <
+    """x + value a / b: a shared b costs a reciprocal (25 rounds, domain 2^-12 <= |b| <
     2^12: a smaller |b| saturates, see :func:`mpc.protocols.approx.reciprocal`)."""
     return _op(aten.add.Tensor, x, _op(aten.mul.Tensor, _op(aten.div.Tensor, a, b), value))
 

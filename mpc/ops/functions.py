@@ -106,7 +106,7 @@ def pow_base(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.abs.default)
 def abs_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """|x| = x - 2 x msb(x): one comparison with the product riding on it (8 rounds)."""
+    """|x| = x - 2 x msb(x): one comparison with the product riding on it (7 rounds)."""
     x = args[0]
     (xm,) = select_by_msb(x.session, x.shares, [x.shares])
     return x.with_shares([s - 2 * t for s, t in zip(x.shares, xm)])
@@ -114,7 +114,7 @@ def abs_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.sign.default)
 def sign(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """sign(x) = [x > 0] - [x < 0]: both comparisons in one run (8 rounds); sign(0) = 0."""
+    """sign(x) = [x > 0] - [x < 0]: both comparisons in one run (7 rounds); sign(0) = 0."""
     x = args[0]
     lo, hi = _lt_gt(x, 0)
     k = 1 << x.frac_bits
@@ -122,7 +122,7 @@ def sign(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _clamp(x: SharedTensor, lo: Any, hi: Any) -> SharedTensor:
-    """lo + relu(x - lo) - relu(x - hi) (lo <= hi): both ReLUs in one comparison (8 rounds)."""
+    """lo + relu(x - lo) - relu(x - hi) (lo <= hi): both ReLUs in one comparison (7 rounds)."""
     parts = []
     if lo is not None:
         parts.append(_diff(x, lo))
@@ -155,7 +155,7 @@ def _bound(func: Any, v: Any) -> Any:
 
 @register(aten.clamp.default, aten.clamp.Tensor)
 def clamp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """clamp(x, min, max): 8 rounds (one comparison run for both bounds)."""
+    """clamp(x, min, max): 7 rounds (one comparison run for both bounds)."""
     x = args[0]
     lo = args[1] if len(args) > 1 else kwargs.get("min")
     hi = args[2] if len(args) > 2 else kwargs.get("max")
@@ -174,7 +174,7 @@ def clamp_max(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.hardtanh.default)
 def hardtanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """hardtanh = clamp(x, min_val, max_val): 8 rounds."""
+    """hardtanh = clamp(x, min_val, max_val): 7 rounds."""
     lo = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
     hi = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
     return _clamp(args[0], lo, hi)
@@ -210,7 +210,7 @@ def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.exp.default)
 def exp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """e^x by range reduction (see :func:`mpc.protocols.approx.exp`): 16 rounds, domain
+    """e^x by range reduction (see :func:`mpc.protocols.approx.exp`): 17 rounds, domain
     [-16.6, 11.09), relative error 1e-4 (result at 24 fractional bits)."""
     x = _shared(func, args[0])
     return _out(x, approx.exp(_fx(x), hi_scale(x)))
@@ -218,7 +218,7 @@ def exp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.log.default)
 def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 17 rounds, domain
+    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 16 rounds, domain
     [2^-16, 2^16), absolute error 1e-4."""
     x = _shared(func, args[0])
     return _out(x, approx.log(_fx(x), _f(x)))
@@ -227,7 +227,7 @@ def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.reciprocal.default)
 def reciprocal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """1/x by normalisation and Goldschmidt (see :func:`mpc.protocols.approx.reciprocal`):
-    27 rounds (sign, then |x|), domain 2^-12 <= |x| < 2^12, relative error 1e-5 (result at 24 bits)."""
+    25 rounds (sign, then |x|), domain 2^-12 <= |x| < 2^12, relative error 1e-5 (result at 24 bits)."""
     x = _shared(func, args[0])
     return _out(x, approx.reciprocal(_fx(x), hi_scale(x)))
 
@@ -246,14 +246,14 @@ def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
 @register(aten.rsqrt.default)
 def rsqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """1/sqrt(x) by normalisation and Newton-Raphson (see
-    :func:`mpc.protocols.approx.rsqrt`): 25 rounds, domain [2^-14, 2^16)."""
+    :func:`mpc.protocols.approx.rsqrt`): 22 rounds, domain [2^-14, 2^16)."""
     x = _shared(func, args[0])
     return _out(x, approx.rsqrt(_fx(x), _f(x) + 4))
 
 
 @register(aten.sqrt.default)
 def sqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """sqrt(x) = x / sqrt(x): rsqrt and one product, 27 rounds; sqrt(0) = 0, x < 0 gives
+    """sqrt(x) = x / sqrt(x): rsqrt and one product, 24 rounds; sqrt(0) = 0, x < 0 gives
     x 2^7 (out of the domain [0, 2^16))."""
     x = _shared(func, args[0])
     fx = _fx(x)
@@ -346,14 +346,14 @@ def sigmoid(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def tanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Degree-7 polynomials on the 4 bins of width 2.25 in [-4.5, 4.5], -1 below and 1
     above (fit error 9.7e-5, 2.5e-4 at the saturation edges), p(0) = 0 exactly and a
-    24-bit output (tiny outputs keep their sign): 16 rounds, 5 comparisons per element."""
+    24-bit output (tiny outputs keep their sign): 15 rounds, 5 comparisons per element."""
     return _apply_wide("tanh", args[0])
 
 
 @register(aten.gelu.default)
 def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """GELU, erf or tanh form: degree-8 polynomials on [-4, 0] and [0, 4] with p(0) = 0,
-    0 below and x above (fit error 1.5e-4, 1.3e-4 at the saturation edges): 16 rounds, 3
+    0 below and x above (fit error 1.5e-4, 1.3e-4 at the saturation edges): 15 rounds, 3
     comparisons per element."""
     approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
     return _apply_wide("gelu_tanh" if approximate == "tanh" else "gelu", args[0])
@@ -363,7 +363,7 @@ def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """SiLU x sigmoid(x): degree-7 polynomials on the 4 bins of width 5 in [-10, 10], 0
     below and x above (fit error 1.1e-4 + 6e-5 evaluation, 4.5e-4 at the saturation
-    edges): 16 rounds, 5 comparisons per element."""
+    edges): 15 rounds, 5 comparisons per element."""
     return _apply_wide("silu", args[0])
 
 
@@ -385,10 +385,10 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
 @register(aten._softmax.default, aten._safe_softmax.default)
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by the comparison tree
-    (8 ceil(log2 k) rounds), exp on (-inf, 0] by clamping and squaring (23, see
+    (7 ceil(log2 k) rounds), exp on (-inf, 0] by a clamp and a Fourier series (9, see
     :func:`mpc.protocols.approx.exp_nonpositive`), the reciprocal of the sum in [1, k]
-    (18) and one product (2): 99 rounds for k = 100. Per element: about two comparisons
-    (the max tree and the clamp) and 9 products."""
+    (16) and one product (2): 77 rounds for k = 100. Per element: about two comparisons
+    (the max tree and the clamp) and one product."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     r = approx.reciprocal(total, hi_scale(x), jmin=-2, jtop=jtop, signed=False)
@@ -398,7 +398,7 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten._log_softmax.default)
 def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """log_softmax(x) = (x - max) - ln(sum e^(x - max)): max, exp on (-inf, 0], log on
-    [1, k]: 8 ceil(log2 k) + 23 + 17 rounds."""
+    [1, k]: 7 ceil(log2 k) + 9 + 16 rounds."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     lg = approx.log(total, _f(x), jmin=-2, jtop=jtop)

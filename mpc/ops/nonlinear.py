@@ -106,7 +106,7 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
     """Max (and argmax) over the last dim of x; indices are shared integers.
 
     Each level pairs the first and second halves: max(a, b) = b + (a - b) msb(b - a), the
-    index likewise, both products riding on one comparison (8 rounds per level). Ties
+    index likewise, both products riding on one comparison (7 rounds per level). Ties
     keep b's index.
     """
     k = x.shape[-1]
@@ -146,7 +146,7 @@ def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
     (:func:`mpc.protocols.compare.relu_with_mask`) selects the one-hot vectors,
     oh_b + [a >= b] (oh_a - oh_b): local on the first level (the vectors are public unit
     vectors), one Beaver product of integers (1 round, no truncation) on the others.
-    8 rounds per level plus 1 from the second level on: 17 for a 2x2 window. Ties go to
+    7 rounds per level plus 1 from the second level on: 15 for a 2x2 window. Ties go to
     the earlier half (an all-equal window, e.g. zeros after a ReLU, to its first entry,
     as in torch).
     """

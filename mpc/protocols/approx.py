@@ -6,7 +6,7 @@ registered steps only: Beaver products (:class:`~mpc.protocols.arith.BeaverRun`)
 truncations (:class:`~mpc.protocols.arith.TruncRun`) and the comparison protocol
 (:func:`~mpc.protocols.compare.msb`). Every *level* of products costs two rounds (the
 Beaver opening, then one truncation for all the products of the level together); the
-comparisons of one call all run in one 8-round comparison.
+comparisons of one call all run in one 7-round comparison.
 
 The common tool is a **bin selection** (:func:`step_bits`, :func:`select`): one comparison
 run on the stacked differences x - theta_k gives the bits c_k = [x >= theta_k] for sorted
@@ -145,7 +145,7 @@ def mul(a: Fx, b: Fx, scale: int) -> Fx:
 
 def step_bits(x: Fx, thresholds: Sequence[float]) -> Shares:
     """Shares of the stacked bits c_k = [x >= theta_k] (shape [T, *x.shape], integers), in
-    one comparison run (8 rounds): c_k = 1 - msb(x - theta_k)."""
+    one comparison run (7 rounds): c_k = 1 - msb(x - theta_k)."""
     t = len(thresholds)
     enc = torch.tensor([round(th * 2**x.scale) for th in thresholds], dtype=I64)
     enc = enc.view([t] + [1] * len(x.shape))
@@ -226,8 +226,8 @@ def exp(x: Fx, out: int, t_hi: int = EXP_T_HI) -> Fx:
 
     Domain t in [-24, t_hi) (x in [-16.6, 11.09) for t_hi = 16): below it the result is 0,
     at or above it 2^t_hi (saturation). Rounds: truncation of x log2 e (1), comparison with
-    6 thresholds (8), powers w^2..w^8 (6), the polynomial's truncation (1), the product
-    2^n p(w) (2): 18. Bins of 2 (a degree-4 polynomial) would take 16 rounds but 21
+    6 thresholds (7), powers w^2..w^8 (6), the polynomial's truncation (1), the product
+    2^n p(w) (2): 17. Bins of 2 (a degree-4 polynomial) would take 15 rounds but 21
     comparisons per element instead of 6.
     """
     edges_t = list(range(EXP_T_LO, t_hi + 1, EXP_STEP))
@@ -265,7 +265,7 @@ def normalise(
     x too), |x| >= 2^jtop as 2^jtop. Returns [m] (scale WORK) and [per_e(sign, E)] at
     ``out`` (a value constant on each bin: linear in the bits, no round).
 
-    Rounds: one comparison (8) and the product m = alpha(x) x with the selected 2^-E (2).
+    Rounds: one comparison (7) and the product m = alpha(x) x with the selected 2^-E (2).
     Catrina and Saxena (FC 2010) find the bit length by a bit decomposition; the bins'
     comparisons here all run in parallel instead.
     """
@@ -300,15 +300,15 @@ REC_JMIN, REC_JTOP, REC_STEP = -12, 12, 2
 def reciprocal(
     x: Fx, out: int, jmin: int = REC_JMIN, jtop: int = REC_JTOP, signed: bool = True
 ) -> Fx:
-    """[1/x]: normalise |x| = m 2^E (10 rounds), then Goldschmidt on m in [1/4, 1):
+    """[1/x]: normalise |x| = m 2^E (9 rounds), then Goldschmidt on m in [1/4, 1):
     y0 = 3.75 - 3 m (|eps| <= 1/4, no round), eps = 1 - m y0,
     1/m = y0 (1 + eps)(1 + eps^2)(1 + eps^4) (relative error eps^8 <= 1.5e-5), with the
-    scale 2^-E multiplied into y0 in the first level: 4 levels, 8 rounds. 18 rounds.
+    scale 2^-E multiplied into y0 in the first level: 4 levels, 8 rounds. 17 rounds.
 
     ``signed``: first |x| = x - 2 x msb(x) and the sign 1 - 2 msb(x) from one comparison
-    (8 rounds, the products ride on it), the sign multiplied in at the end (1 round, an
-    integer: no truncation): 27 rounds, 14 comparisons per element on the default domain
-    (normalising x itself over both signs takes 9 fewer rounds but 27 comparisons).
+    (7 rounds, the products ride on it), the sign multiplied in at the end (1 round, an
+    integer: no truncation): 25 rounds, 14 comparisons per element on the default domain
+    (normalising x itself over both signs takes 8 fewer rounds but 27 comparisons).
 
     Domain 2^-12 <= |x| < 2^12: smaller magnitudes saturate to +-2^12 (x = 0 gives +2^12),
     larger ones to +-2^-12.
@@ -340,12 +340,12 @@ _RSQRT_START = fit(lambda m: m**-0.5, 0.25, 1.0, 2, relative=True)
 
 
 def rsqrt(x: Fx, out: int) -> Fx:
-    """[1/sqrt(x)]: normalise x = m 2^E with E even (10 rounds); y0 = q(m) a quadratic
+    """[1/sqrt(x)]: normalise x = m 2^E with E even (9 rounds); y0 = q(m) a quadratic
     (relative error 3e-2, 3 rounds: m^2 and a truncation); two Newton-Raphson steps
     y <- 1.5 y - 0.5 m y^3 (relative error 1.5 e^2 per step: 1e-6): the first in two
     levels (m y and y^2, then their product: 4 rounds), the second with the scale
     2^(-E/2) multiplied in, as g y (1.5 - 0.5 (m y) y) in three levels (6 rounds):
-    23 rounds.
+    22 rounds.
 
     Domain [2^-14, 2^16): below, the result saturates to 2^7 (x <= 0 included), above
     to 2^-8.
@@ -371,9 +371,9 @@ _LOG_POLY = fit(torch.log, 0.25, 1.0, LOG_DEG)
 
 def log(x: Fx, out: int, jmin: int = LOG_JMIN, jtop: int = LOG_JTOP) -> Fx:
     """[ln x]: normalise x = m 2^E, m in [1/4, 1) (bins of 2 bits: 17 comparisons per
-    element on the default domain; 10 rounds), ln m = p(m) of degree 7 (abs error 5.4e-5,
+    element on the default domain; 9 rounds), ln m = p(m) of degree 7 (abs error 5.4e-5,
     coefficients at 20 bits; powers 6 rounds, truncation 1), plus E ln 2 selected by the
-    bits (no round): 17 rounds. Bins of 1 bit with a degree-4 polynomial take 15 rounds
+    bits (no round): 16 rounds. Bins of 1 bit with a degree-4 polynomial take 14 rounds
     but 33 comparisons per element. Domain [2^-16, 2^16): below (x <= 0 included) the
     result saturates to -16 ln 2 = -11.09, above to 16 ln 2.
     """
@@ -391,7 +391,7 @@ EXP_LO = -16.0  # exp_nonpositive reads x below it as EXP_LO
 
 def clamp_public(x: Fx, lo: float | None, hi: float | None) -> Fx:
     """clamp(x, lo, hi) for public bounds: lo + relu(x - lo) - relu(x - hi), both ReLUs in
-    one comparison run (8 rounds; the products ride on its daBit)."""
+    one comparison run (7 rounds; the products ride on its daBit)."""
     parts = [b for b in (lo, hi) if b is not None]
     if not parts:
         return x
@@ -414,9 +414,9 @@ EXP_SERIES = fit_series(lambda t: torch.exp(t - 8.0), 8.0, 5, 10)
 
 
 def exp_nonpositive(x: Fx, out: int) -> Fx:
-    """[e^x] for x <= 0 (softmax's x - max): z = max(x, -16) (one comparison run, 8
+    """[e^x] for x <= 0 (softmax's x - max): z = max(x, -16) (one comparison run, 7
     rounds, one comparison per element), then e^z = F(z + 8) by the masked Fourier series
-    :data:`EXP_SERIES` (2 rounds, :func:`fourier_series`): 10 rounds, no products.
+    :data:`EXP_SERIES` (2 rounds, :func:`fourier_series`): 9 rounds, no products.
 
     Error: 1.1e-6 absolute (the fit) plus about 1e-7 (fixed point). x < -16 reads as -16
     (e^-16 = 1.1e-7); x > 0 is outside the domain (the series is periodic: x in (0, 16]
@@ -443,9 +443,9 @@ def piecewise_wide(
     linear).
 
     Rounds: the powers v^2..v^D at 24 bits (2 ceil(log2 D)), one comparison of x with the
-    T edges (8), the products [x in bin b] q_b(v) of the 0/1 bin indicators with the
+    T edges (7), the products [x in bin b] q_b(v) of the 0/1 bin indicators with the
     locally evaluated polynomials, and the linear outer pieces, in one Beaver round (no
-    truncation: the indicators are integers), then one truncation: 16 rounds for D = 7.
+    truncation: the indicators are integers), then one truncation: 15 rounds for D = 7.
     Per element: T comparisons and D - 1 + T + 1 products. Piecewise cubics on narrow bins
     (a comparison per bin) cost two to four times more: a comparison sends about three
     times the bytes of a product.
@@ -554,8 +554,8 @@ SIGMOID_SERIES = Series(**{**SIGMOID_SERIES.__dict__, "const": 0.5})
 
 def sigmoid(x: Fx, out: int) -> Fx:
     """sigmoid(x) = F(clamp(x, -10, 10)), F the 12-sine series of period 32 fitted on
-    [-10, 10]: the clamp (one comparison run, 8 rounds, 2 comparisons per element) keeps
-    x where F is fitted, and the series costs 2 rounds (:func:`fourier_series`): 10 rounds,
+    [-10, 10]: the clamp (one comparison run, 7 rounds, 2 comparisons per element) keeps
+    x where F is fitted, and the series costs 2 rounds (:func:`fourier_series`): 9 rounds,
     no products. Error: 1.1e-4 (fit) + 4.5e-5 (saturation past +-10) + fixed point."""
     xc = clamp_public(x, -SIGMOID_CLAMP, SIGMOID_CLAMP)
     return fourier_series(xc, SIGMOID_SERIES, out)

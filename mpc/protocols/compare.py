@@ -1,18 +1,21 @@
 """Comparison: the most significant bit of a shared ring element, for any number of parties.
 
-msb([x]) with a dealer (8 rounds):
+msb([x]) with a dealer (7 rounds):
 1. Dealer: r uniform, shared additively [r] and bitwise <r> (XOR shares of the 64-bit
    word), and a random bit t shared both ways (a daBit).
 2. Open c = x + r (round 1). Then x = c - r = c + ~r + 1 over 64 bits, so
    msb(x) = msb(c) ^ msb(~r) ^ carry_63, where carry_63 is the carry into bit 63.
 3. Generate g = c & ~r and propagate p = c ^ ~r are local XOR shares (c is public);
    a binary tree of (G, P) group combinations gives the carry into bit 63 in
-   log2(64) = 6 levels, each one round of binary Beaver ANDs (rounds 2-7). After each
+   log2(64) = 6 levels. The first is local: the dealer also deals the products of
+   adjacent bits of ~r, which make its ANDs linear in the shares
+   (:func:`mpc.math.bits.local_first_level`); each other level is one round of binary
+   Beaver ANDs (rounds 2-6). After each
    level the surviving bits are compacted and two words packed into one
    (:mod:`mpc.math.bits`), so the levels AND n, n/2, n/4, ... words: about 4 words per
    element in all.
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
-   (round 8), [msb(x)] = d + (1 - 2d)[t].
+   (round 7), [msb(x)] = d + (1 - 2d)[t].
 Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
 Cf. CrypTen's A2B + carry-lookahead comparison. daBits: Rotaru and Wood, INDOCRYPT 2019;
 opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 2020 (edaBits).
@@ -41,7 +44,7 @@ from mpc.session import Session
 
 
 def msb(session: Session, x: Shares) -> Shares:
-    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 8 rounds."""
+    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 7 rounds."""
     run = _MsbRun(session, x, [])
     return run.finish_bit()
 
@@ -49,7 +52,7 @@ def msb(session: Session, x: Shares) -> Shares:
 def select_by_msb(
     session: Session, x: Shares, values: list[Shares], complement: bool = False
 ) -> list[Shares]:
-    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 8 rounds.
+    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 7 rounds.
 
     The products ride on the daBit: with d = msb(x) ^ t opened in the last round,
     msb(x) = d + (1 - 2d) t, so v * msb(x) = d v + (1 - 2d) [v t]; the Beaver product
@@ -61,7 +64,7 @@ def select_by_msb(
 
 
 def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
-    """[relu(z >> bits)] in 8 rounds, for a product z not yet truncated.
+    """[relu(z >> bits)] in 7 rounds, for a product z not yet truncated.
 
     The comparison runs on z itself (same sign as z >> bits, up to the one-unit rounding
     of the truncation); the truncation's opening shares the comparison's first round and
@@ -85,7 +88,7 @@ def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Share
 class _MsbRun:
     """msb([x]) as in the module docstring, with optional products [v t] for selections
     (see :func:`select_by_msb`) and an optional truncation whose result is selected too
-    (see :func:`relu_truncating`). The constructor runs rounds 1-8; ``finish_bit`` or
+    (see :func:`relu_truncating`). The constructor runs rounds 1-7; ``finish_bit`` or
     ``finish_select`` is the local last step."""
 
     def __init__(
@@ -151,7 +154,7 @@ class _MsbRun:
             words //= 1 if level == bits.LEVELS - 1 else 2
             self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
 
-        # round 8: open d = msb(x) ^ t
+        # round 7: open d = msb(x) ^ t
         t_bin = last_only(session, t_bin_last)
         (d,) = at_parties(
             session,
