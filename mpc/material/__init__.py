@@ -13,7 +13,6 @@ material has its own stream and both sides derive it without talking.
 from __future__ import annotations
 
 from mpc.material.dealer import (
-    dealer_and_triple,
     dealer_compare,
     dealer_fourier,
     dealer_triple,
@@ -24,8 +23,7 @@ from mpc.material.party import (
     beaver_combine,
     beaver_mask,
     bilinear_public,
-    carry_combine,
-    carry_mask,
+    carry_step,
     cmp_bit_finish,
     cmp_bit_mask,
     cmp_init,
@@ -45,14 +43,12 @@ FUNCTIONS = {
     "mpc.cmp_select_finish": cmp_select_finish,
     "mpc.cmp_mask": cmp_mask,
     "mpc.cmp_init": cmp_init,
-    "mpc.carry_mask": carry_mask,
-    "mpc.carry_combine": carry_combine,
+    "mpc.carry_step": carry_step,
     "mpc.cmp_bit_mask": cmp_bit_mask,
     "mpc.cmp_bit_finish": cmp_bit_finish,
     "mpc.bilinear_public": bilinear_public,
     "mpc.new_seed": new_seed,
     "mpc.dealer_triple": dealer_triple,
-    "mpc.dealer_and_triple": dealer_and_triple,
     "mpc.dealer_trunc": dealer_trunc,
     "mpc.dealer_compare": dealer_compare,
     "mpc.dealer_fourier": dealer_fourier,

@@ -59,18 +59,6 @@ def dealer_triple(
     return c
 
 
-@protocol_function(material=("seeds",), sealed_outputs=True)
-def dealer_and_triple(ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]) -> Any:
-    """Binary (XOR-shared, bitwise) triple c = a & b: the last party's share of c."""
-    consume(ctx, seeds, nonce, TAG_A, TAG_B, TAG_C)
-    a = xor_derived(seeds, nonce, TAG_A, shape)
-    b = xor_derived(seeds, nonce, TAG_B, shape)
-    c = a & b
-    for s in seeds[:-1]:
-        c ^= derive(s, nonce, TAG_C, shape)
-    return c
-
-
 def trunc_correction_dtype(bits: int) -> torch.dtype:
     """The narrowest integer dtype that holds ``bits`` bits (two's complement): the dtype
     in which the dealer ships the last party's share of [D] (see :func:`dealer_trunc`)."""
@@ -117,13 +105,21 @@ def dealer_trunc(
 
 @protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_compare(
-    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int]
-) -> list[torch.Tensor]:
-    """Comparison material: r (arithmetic, derived by all) shared bitwise as well, a random
-    bit t shared both ways (a "daBit"), and the products of adjacent bits of ~r that make
-    the carry tree's first level local (:func:`mpc.math.bits.local_first_level`): the last
-    party's binary share of r, its arithmetic and binary shares of t, and its XOR share of
-    the packed pair products (half a word per element, over the padded element count)."""
+    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], level_nonces: list[int]
+) -> torch.Tensor:
+    """Comparison material, the last party's part as one flat tensor (one delivery): its
+    binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
+    random bit t (a "daBit"), its XOR share of the packed products of adjacent bits of ~r
+    that make the carry tree's first level local (:func:`mpc.math.bits.local_first_level`:
+    half a word per element, over the padded element count), then its share c of each
+    other level's binary triple c = a & b (``level_nonces``: one per level 1..5; a and b
+    are derived by every party)."""
+    if not (
+        isinstance(level_nonces, list)
+        and len(level_nonces) == bits.LEVELS - 1
+        and all(type(v) is int for v in level_nonces)
+    ):
+        raise ValueError(f"a comparison takes {bits.LEVELS - 1} level nonces, got {level_nonces!r}")
     consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
     r = sum_derived(seeds, nonce, TAG_R, shape)
     r_bits = r.clone()
@@ -136,11 +132,21 @@ def dealer_compare(
         t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
         t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
     q = bits.pair_products(~r.reshape(-1))
-    pad = bits.padded(q.numel()) - q.numel()
-    pairs = bits.pack_pairs(torch.cat([q, q.new_zeros(pad)]) if pad else q)
+    words = bits.padded(q.numel())
+    pairs = bits.pack_pairs(torch.cat([q, q.new_zeros(words - q.numel())]))
     for s in seeds[:-1]:
         pairs ^= derive(s, nonce, TAG_PAIRS, list(pairs.shape))
-    return [r_bits, t_arith, t_bin, pairs]
+    parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1), pairs]
+    for level, level_nonce in enumerate(level_nonces, start=1):
+        w = words >> level
+        and_shape = [w] if level == bits.LEVELS - 1 else [2, w]
+        consume(ctx, seeds, level_nonce, TAG_A, TAG_B, TAG_C)
+        c = xor_derived(seeds, level_nonce, TAG_A, and_shape)
+        c &= xor_derived(seeds, level_nonce, TAG_B, and_shape)
+        for s in seeds[:-1]:
+            c ^= derive(s, level_nonce, TAG_C, and_shape)
+        parts.append(c.reshape(-1))
+    return torch.cat(parts)
 
 
 @protocol_function(material=("seeds",), sealed_outputs=True)

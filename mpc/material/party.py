@@ -216,13 +216,15 @@ def cmp_init(
     r_bits: torch.Tensor | None,
     pairs: torch.Tensor | None,
     c: torch.Tensor,
+    next_nonce: int,
 ) -> list[torch.Tensor]:
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
     carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded, after
     the carry tree's first level, which is local here given the dealer's pair products
     (``pairs``: the last party's, derived elsewhere; see
-    :func:`mpc.math.bits.local_first_level`); and the party's XOR share of
-    msb(c) ^ msb(~r)."""
+    :func:`mpc.math.bits.local_first_level`); the party's XOR share of
+    msb(c) ^ msb(~r); and the second level's AND operands masked with the binary triple
+    of ``next_nonce`` (see :func:`_mask_level`)."""
     consume(ctx, [seed], nonce, TAG_RBITS, TAG_PAIRS)
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
     if first:
@@ -241,29 +243,26 @@ def cmp_init(
         cw = torch.cat([cw, cw.new_zeros(words - n)])
         yw = torch.cat([yw, yw.new_zeros(words - n)])
     g, p = bits.local_first_level(cw, yw, bits.unpack_pairs(pairs), first)
-    return [g, p, top]
+    return [g, p, top, *_mask_level(ctx, seed, next_nonce, g, p, 1)]
 
 
-@protocol_function(material=("seed", "g", "p"), sealed_outputs=True)
-def carry_mask(
-    ctx: Any,
-    seed: torch.Tensor,
-    nonce: int,
-    g: torch.Tensor,
-    p: torch.Tensor,
-    level: int,
+def _mask_level(
+    ctx: Any, seed: torch.Tensor, nonce: int, g: torch.Tensor, p: torch.Tensor, level: int
 ) -> list[torch.Tensor]:
-    """One carry-tree level: the AND operands (see :mod:`mpc.math.bits`) masked with a binary
-    triple: e_i = x_i ^ a_i, f_i = y_i ^ b_i."""
+    """A carry-tree level's AND operands (see :mod:`mpc.math.bits`) masked with the binary
+    triple of ``nonce``: [e | f] flat (opened as one value: e_i = x_i ^ a_i, f_i = y_i ^
+    b_i), a_i and b_i."""
+    if type(level) is not int or not 1 <= level < bits.LEVELS:
+        raise ValueError(f"a carry-tree level is 1 to {bits.LEVELS - 1}, got {level!r}")
     consume(ctx, [seed], nonce, TAG_A, TAG_B)
     x, y = bits.level_operands(g, p, level)
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
-    return [x ^ a, y ^ b, a, b]
+    return [torch.cat([(x ^ a).reshape(-1), (y ^ b).reshape(-1)]), a, b]
 
 
-@protocol_function(material=("seed", "c", "a", "b", "e", "f", "g"), sealed_outputs=True)
-def carry_combine(
+@protocol_function(material=("seed", "c", "a", "b", "ef", "g", "p"), sealed_outputs=True)
+def carry_step(
     ctx: Any,
     seed: torch.Tensor,
     nonce: int,
@@ -271,20 +270,34 @@ def carry_combine(
     c: torch.Tensor | None,
     a: torch.Tensor,
     b: torch.Tensor,
-    e: torch.Tensor,
-    f: torch.Tensor,
+    ef: torch.Tensor,
     g: torch.Tensor,
+    p: torch.Tensor,
     level: int,
+    next_nonce: int | None,
 ) -> list[torch.Tensor]:
-    """Finish the level's AND (z = c ^ e&b ^ f&a ^ e&f at party 0), then the next (G, P)."""
+    """Finish one carry-tree level's ANDs from the opened [e | f] (z = c ^ e&b ^ f&a ^
+    e&f at party 0; ``c``: the dealer's correction at the last party, derived elsewhere),
+    the next (G, P), and, but after the last level, the next level's masked operands
+    (:func:`_mask_level` with ``next_nonce``)."""
+    if type(level) is not int or not 1 <= level < bits.LEVELS:
+        raise ValueError(f"a carry-tree level is 1 to {bits.LEVELS - 1}, got {level!r}")
+    last = level == bits.LEVELS - 1
+    if (next_nonce is None) != last:
+        raise ValueError("a next nonce is given for every carry-tree level but the last")
+    if ef.dim() != 1 or ef.numel() != 2 * a.numel() or a.shape != b.shape:
+        raise ValueError("the opened [e | f] must be twice the size of the triple's a and b")
     consume(ctx, [seed], nonce, TAG_C)
-    z = b.bitwise_and_(e)
-    z ^= a.bitwise_and_(f)
+    e, f = ef.view(2, *a.shape).unbind(0)
+    z = b.bitwise_and(e)
+    z ^= a.bitwise_and(f)
     if first:
-        z ^= e.bitwise_and_(f)
+        z ^= e & f
     z ^= derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
     g_new, p_new = bits.level_update(g, z, level)
-    return [g_new] if p_new is None else [g_new, p_new]
+    if p_new is None or next_nonce is None:
+        return [g_new]
+    return [g_new, p_new, *_mask_level(ctx, seed, next_nonce, g_new, p_new, level + 1)]
 
 
 @protocol_function(material=("seed", "t_bin", "g", "top"), sealed_outputs=True)

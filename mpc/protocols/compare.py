@@ -107,15 +107,24 @@ class _MsbRun:
         self.nonce = nonce = session.next_nonce()
         seed = session.party_seeds
 
-        # offline: r shared both ways (the last party's <r>), the daBit t both ways
-        words = bits.padded(_numel(shape))
-        r_bits_last, self.t_arith_last, t_bin_last, pairs_last = deal(
+        # offline, in one dealer call and one delivery: r shared both ways (the last
+        # party's <r>), the daBit t both ways, the pair products of the local first level
+        # and the binary triples of the five AND levels (one nonce each), split at the last
+        # party by one unpack
+        n = _numel(shape)
+        words = bits.padded(n)
+        self.level_nonces = level_nonces = [session.next_nonce() for _ in range(bits.LEVELS - 1)]
+        shapes = [shape] * 3 + [[words // 2]] + and_shapes(words)
+        (corr,) = deal(
             session,
             "comparison of secret values",
             "mpc.dealer_compare",
-            [nonce, shape],
-            out=[(shape, I64)] * 3 + [([words // 2], I64)],
+            [nonce, shape, level_nonces],
+            out=[([_total(shapes)], I64)],
         )
+        last_party = session.parties[-1]
+        pieces = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
+        r_bits_last, self.t_arith_last, t_bin_last, pairs_last, *and_last = pieces
         selecting = bool(values) or trunc is not None
         t = self._t_shares() if selecting else []
         self.t, self.x = t, x
@@ -138,21 +147,43 @@ class _MsbRun:
             late.append(BeaverRun(session, truncated, t, "mul", {}, tuple(shape)))
 
         # generate / propagate words of c - r after the local first level of the carry
-        # tree, then rounds 2-6: its other five levels
+        # tree, masked for the second; then rounds 2-6: its other five levels, each step
+        # finishing one level's ANDs and masking the next's (one call per party and level)
         r_bits, pairs = last_only(session, r_bits_last), last_only(session, pairs_last)
+        level_shapes = and_shapes(words)
         words //= 2
-        g, p, top = at_parties(
+        g, p, top, ef, a, b = at_parties(
             session,
             "mpc.cmp_init",
-            lambda i: [seed[i], nonce, i == 0, r_bits(i), pairs(i), c.value[i]],
-            [([words], I64), ([words], I64), (shape, I64)],
+            lambda i: [seed[i], nonce, i == 0, r_bits(i), pairs(i), c.value[i], level_nonces[0]],
+            [([words], I64), ([words], I64), (shape, I64)] + _masked(level_shapes[0]),
         )
-        for level in range(1, bits.LEVELS):
+        for k, level in enumerate(range(1, bits.LEVELS)):
+            last_level = level == bits.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
             late_openings = [b.open_in(ride) for b in late] if level == 1 else []
-            g, p = _carry_level(session, g, p, level, words, ride)
-            words //= 1 if level == bits.LEVELS - 1 else 2
+            xor_round = Round(session, xor=True)
+            opened = xor_round.add(ef)
+            xor_round.open()
+            ride.open(count=False)  # (the same round's arithmetic openings)
             self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
+            corr_c = last_only(session, and_last[k])
+            next_nonce = None if last_level else level_nonces[k + 1]
+            if not last_level:
+                words //= 2
+            out = [([words], I64)] if last_level else [([words], I64)] * 2
+            out += [] if last_level else _masked(level_shapes[k + 1])
+
+            step_args = [
+                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], b[i], opened.value[i]]
+                + [g[i], p[i], level, next_nonce]
+                for i in range(session.n)
+            ]
+            outs = at_parties(session, "mpc.carry_step", step_args.__getitem__, out)
+            if last_level:
+                (g,) = outs
+            else:
+                g, p, ef, a, b = outs
 
         # round 7: open d = msb(x) ^ t
         t_bin = last_only(session, t_bin_last)
@@ -217,48 +248,24 @@ class _MsbRun:
         return out
 
 
-def _carry_level(
-    session: Session, g: Shares, p: Shares, level: int, words: int, round: Round
-) -> tuple[Shares, Shares]:
-    """One level of the carry tree: binary Beaver ANDs on ``words`` packed words per party,
-    opened in ``round`` (with whatever else rides in it); the next (G, P)."""
-    last = level == bits.LEVELS - 1
-    nonce = session.next_nonce()
-    seed = session.party_seeds
-    and_shape = [words] if last else [2, words]
-    (c_last,) = deal(
-        session, "comparison", "mpc.dealer_and_triple", [nonce, and_shape], [(and_shape, I64)]
-    )
-    e, f, a, b = at_parties(
-        session,
-        "mpc.carry_mask",
-        lambda i: [seed[i], nonce, g[i], p[i], level],
-        [(and_shape, I64)] * 4,
-    )
-    xor_round = Round(session, xor=True)
-    opened_e, opened_f = xor_round.add(e), xor_round.add(f)
-    xor_round.open()
-    round.open(count=False)  # (the same round's arithmetic openings)
-    c = last_only(session, c_last)
-    out_words = words if last else words // 2
-    outs = at_parties(
-        session,
-        "mpc.carry_combine",
-        lambda i: [
-            seed[i],
-            nonce,
-            i == 0,
-            c(i),
-            a[i],
-            b[i],
-            opened_e.value[i],
-            opened_f.value[i],
-            g[i],
-            level,
-        ],
-        [([out_words], I64)] * (1 if last else 2),
-    )
-    return (outs[0], p) if last else (outs[0], outs[1])
+def and_shapes(words: int) -> list[list[int]]:
+    """The AND operands' shapes of the carry tree's levels 1..5 for ``words`` padded
+    words at level 0: two stacked halves ([2, words / 2^level]), one at the last level."""
+    out = []
+    for level in range(1, bits.LEVELS):
+        w = words >> level
+        out.append([w] if level == bits.LEVELS - 1 else [2, w])
+    return out
+
+
+def _masked(and_shape: list[int]) -> list[tuple[Any, torch.dtype]]:
+    """Output metadata of a masking step: e and f packed flat (opened as one value),
+    then the triple's a and b."""
+    return [([2 * _total([and_shape])], I64), (and_shape, I64), (and_shape, I64)]
+
+
+def _total(shapes: list[list[int]]) -> int:
+    return sum(_numel(sh) for sh in shapes)
 
 
 def _numel(shape: list[int]) -> int:
