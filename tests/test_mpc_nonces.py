@@ -248,14 +248,15 @@ def test_a_replayed_nonce_is_refused_by_the_worker(trio: Any) -> None:
     session = x.session
     nonce = session.next_nonce()
     seed, share = session.party_seeds[0], x.shares[0]
-    out = [((3,), torch.int64)] * 3
+    out = [((6,), torch.int64), ((3,), torch.int64)]  # [e | f] packed, and a
     pt.call_function(alice, "mpc.beaver_mask", [seed, nonce, share, share], out=out)
     pt.call_function(alice, "mpc.beaver_mask", [seed, nonce + 1, share, share], out=out)
     alice.request(Describe([]))  # both went through
     _refused_at(alice, "mpc.beaver_mask", [seed, nonce, share, share], out)
     dealer_seeds = session.dealer_seeds
-    pt.call_function(carol, "mpc.dealer_trunc", [dealer_seeds, nonce, [3], 16], out=out[:2])
-    _refused_at(carol, "mpc.dealer_trunc", [dealer_seeds, nonce, [3], 16], out[:2])
+    trunc_out = [((3,), torch.int64)] * 2
+    pt.call_function(carol, "mpc.dealer_trunc", [dealer_seeds, nonce, [3], 16], out=trunc_out)
+    _refused_at(carol, "mpc.dealer_trunc", [dealer_seeds, nonce, [3], 16], trunc_out)
     assert torch.equal(x.get(), torch.ones(3))  # the workers stay usable
 
 

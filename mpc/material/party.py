@@ -49,14 +49,19 @@ def beaver_mask(
     x: torch.Tensor,
     y: torch.Tensor,
 ) -> list[torch.Tensor]:
-    """Party i: the masked e_i = x_i - a_i, f_i = y_i - b_i, and its triple share a_i."""
+    """Party i: the masked e_i = x_i - a_i and f_i = y_i - b_i packed flat in one tensor
+    [e_i | f_i] (one value to open), and its triple share a_i."""
     consume(ctx, [seed], nonce, TAG_A, TAG_B)
     a = derive(seed, nonce, TAG_A, list(x.shape))
     b = derive(seed, nonce, TAG_B, list(y.shape))
-    return [torch.sub(x, a), torch.sub(y, b, out=b), a]
+    nx = a.numel()
+    ef = torch.empty(nx + b.numel(), dtype=torch.int64)
+    torch.sub(x.reshape(-1), a.reshape(-1), out=ef[:nx])
+    torch.sub(y.reshape(-1), b.reshape(-1), out=ef[nx:])
+    return [ef, a]
 
 
-@protocol_function(material=("seed", "c", "a", "e", "f"), either=("y",))
+@protocol_function(material=("seed", "c", "a", "ef"), either=("y",))
 def beaver_combine(
     ctx: Any,
     seed: torch.Tensor,
@@ -64,8 +69,7 @@ def beaver_combine(
     c: torch.Tensor | None,
     y: torch.Tensor,
     a: torch.Tensor,
-    e: torch.Tensor,
-    f: torch.Tensor,
+    ef: torch.Tensor,
     op: str,
     params: dict[str, Any],
 ) -> torch.Tensor:
@@ -73,10 +77,15 @@ def beaver_combine(
     c + op(e, b + f) + op(a, f) = op(a + e, b + f). No party needs a special term.
 
     ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
-    ``e`` and ``a`` are this call's own temporaries (opened here, derived for this nonce):
-    the elementwise case works in their buffers.
+    ``ef`` is the opened [e | f] (e of a's shape, f of y's), this call's own temporary
+    (opened here), like ``a`` (derived for this nonce): the elementwise case works in
+    their buffers.
     """
     consume(ctx, [seed], nonce, TAG_C)
+    nx = a.numel()
+    if ef.dim() != 1 or ef.numel() != nx + y.numel():
+        raise ValueError(f"an opened [e | f] of {ef.numel()} elements for {nx} + {y.numel()}")
+    e, f = ef[:nx].view(a.shape), ef[nx:].view(y.shape)
     if op == "mul" and e.shape == y.shape == a.shape == f.shape:
         z = e.mul_(y).addcmul_(a, f)
     else:

@@ -168,32 +168,32 @@ class BeaverRun:
             [nonce, x_shape, y_shape, op, params],
             out=[(out_shape, I64)],
         )
-        # [e] = [x] - [a], [f] = [y] - [b], and the party's [a]
-        self.e, self.f, self.a = at_parties(
+        # [e | f] = [x] - [a] | [y] - [b] packed flat (opened as one value), and [a]
+        self.ef, self.a = at_parties(
             session,
             "mpc.beaver_mask",
             lambda i: [seed[i], nonce, x[i], y[i]],
-            out=[(x_shape, I64), (y_shape, I64), (x_shape, I64)],
+            out=[((_count(x_shape) + _count(y_shape),), I64), (x_shape, I64)],
         )
 
-    def open_in(self, round: Round) -> tuple[Opened, Opened]:
-        """Schedule the openings of e and f in ``round``."""
-        return round.add(self.e), round.add(self.f)
+    def open_in(self, round: Round) -> Opened:
+        """Schedule the opening of e and f (one packed value) in ``round``."""
+        return round.add(self.ef)
 
-    def finish_opened(self, opened: tuple[Opened, Opened]) -> Shares:
-        return self.finish(opened[0].value, opened[1].value)
+    def finish_opened(self, opened: Opened) -> Shares:
+        return self.finish(opened.value)
 
-    def finish(self, e: Shares, f: Shares) -> Shares:
-        """[z] = [c] + op(e, [y]) + op([a], f)."""
+    def finish(self, ef: Shares) -> Shares:
+        """[z] = [c] + op(e, [y]) + op([a], f), from the opened [e | f]."""
         seed, nonce, y, a = self.session.party_seeds, self.nonce, self.y, self.a
         c = last_only(self.session, self.c_last)
         (z,) = at_parties(
             self.session,
             "mpc.beaver_combine",
-            lambda i: [seed[i], nonce, c(i), y[i], a[i], e[i], f[i], self.op, self.params],
+            lambda i: [seed[i], nonce, c(i), y[i], a[i], ef[i], self.op, self.params],
             out=[(self.out_shape, I64)],
         )
-        self.e, self.f, self.a, self.y = [], [], [], []
+        self.ef, self.a, self.y = [], [], []
         return z
 
 
@@ -218,6 +218,10 @@ def beaver(
     opened = run.open_in(one)
     one.open()
     return run.finish_opened(opened)
+
+
+def _count(shape: list[int]) -> int:
+    return math.prod(shape)
 
 
 class TruncRun:
