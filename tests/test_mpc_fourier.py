@@ -53,13 +53,14 @@ def evaluate(x: torch.Tensor, series: Series, group: Any) -> torch.Tensor:
 
 
 series_st = st.builds(
-    lambda k, p, const, coefs: Series(
-        p, 1.0, const, tuple(coefs[:k]), tuple(coefs[MAX_TERMS : MAX_TERMS + k]), 0.0
+    lambda k, p, const, coefs, single: Series(
+        p, 1.0, const, tuple(coefs[:k]), tuple(coefs[MAX_TERMS : MAX_TERMS + k]), 0.0, single
     ),
     st.integers(1, 12),
     st.integers(1, 8),
     st.floats(-2, 2),
     st.lists(st.floats(-1, 1), min_size=2 * MAX_TERMS, max_size=2 * MAX_TERMS),
+    st.booleans(),
 )
 
 
@@ -75,6 +76,13 @@ def test_series_matches_float64_on_the_encoded_input(
     # unit, per term; the output's unit (2^-24) and the truncation's one more
     total = sum(abs(c) for c in (*series.cos, *series.sin))
     bound = total * 2**-31 + 2 * series.terms * 2**-25 + 2 * 2**-24 + 1e-12
+    if series.single:
+        # float32: the angle off by up to 2^-24 of a turn (F's slope times that shift),
+        # the harmonics' recurrence (~k 2^-24 relative) and the products' rounding
+        slope = sum(
+            k * (abs(a) + abs(b)) for k, (a, b) in enumerate(zip(series.cos, series.sin), 1)
+        )
+        bound += slope * 2 * math.pi * 2**-23 + total * series.terms * 2**-22
     want = plain_series(series, encoded)
     assert bool(((got - want).abs() <= bound).all()), (got - want).abs().max()
 
@@ -121,11 +129,12 @@ def test_a_worker_refuses_bad_series_steps(group: Any) -> None:
     dseeds, seed = session.dealer_seeds, session.party_seeds[0]
     out = [((3, 3, 2), torch.int64)]
     bad_dealer = [
-        ([21, 0, 30], "terms"),
-        ([21, MAX_TERMS + 1, 30], "terms"),
-        ([63, 3, 30], "period bits"),
-        ([21, 3, 31], "scale"),
-        ([21, 3.0, 30], "terms"),
+        ([21, 0, 30, False], "terms"),
+        ([21, MAX_TERMS + 1, 30, False], "terms"),
+        ([63, 3, 30, False], "period bits"),
+        ([21, 3, 31, False], "scale"),
+        ([21, 3.0, 30, False], "terms"),
+        ([21, 3, 30, 1], "precision flag"),
     ]
     for params, what in bad_dealer:
         with pytest.raises(pt.RemoteError, match=what):
@@ -134,20 +143,22 @@ def test_a_worker_refuses_bad_series_steps(group: Any) -> None:
             )
             carol.request(Describe([]))
     nonce = session.next_nonce()
-    pt.call_function(carol, "mpc.dealer_fourier", [dseeds, nonce, [3], 21, 3, 30], out=out)
+    pt.call_function(carol, "mpc.dealer_fourier", [dseeds, nonce, [3], 21, 3, 30, False], out=out)
     with pytest.raises(pt.RemoteError, match="already used"):
-        pt.call_function(carol, "mpc.dealer_fourier", [dseeds, nonce, [3], 21, 3, 30], out=out)
+        pt.call_function(
+            carol, "mpc.dealer_fourier", [dseeds, nonce, [3], 21, 3, 30, False], out=out
+        )
         carol.request(Describe([]))
     share = x.shares[0]
     (masked,) = pt.call_function(
         alice, "mpc.cmp_mask", [seed, session.next_nonce(), share], out=[((3,), torch.int64)]
     )
-    ok = [21, 0.5, [0.1] * 3, [0.2] * 3, 24, 30]
+    ok = [21, 0.5, [0.1] * 3, [0.2] * 3, 24, 30, False]
     bad_party = [
-        ([21, 0.5, [0.1] * 2, [0.2] * 3, 24, 30], "as many cosine"),
-        ([21, float("nan"), [0.1] * 3, [0.2] * 3, 24, 30], "finite"),
-        ([21, 0.5, [1e9] * 3, [0.2] * 3, 24, 30], "finite"),
-        ([21, 0.5, [0.1] * 3, [0.2] * 3, 40, 30], "coefficient bits"),
+        ([21, 0.5, [0.1] * 2, [0.2] * 3, 24, 30, False], "as many cosine"),
+        ([21, float("nan"), [0.1] * 3, [0.2] * 3, 24, 30, False], "finite"),
+        ([21, 0.5, [1e9] * 3, [0.2] * 3, 24, 30, False], "finite"),
+        ([21, 0.5, [0.1] * 3, [0.2] * 3, 40, 30, False], "coefficient bits"),
     ]
     for params, what in bad_party:
         with pytest.raises(pt.RemoteError, match=what):

@@ -164,12 +164,13 @@ def test_piecewise(
 
 # sigmoid: a Fourier series of x clamped to [-10, 10] (mpc.protocols.approx.sigmoid): the
 # series' fit error on [-10, 10] (measured when it is fitted), 1 - sigmoid(10) past the
-# clamp, the fixed point (dealt values at 2^-30, coefficients at 2^-24: 1e-6 in all), the
-# input's encoding times sigmoid's slope 1/4, and the output unit with the truncation's
+# clamp, the fixed point (evaluated in float32: harmonics ~k 2^-24 relative times the
+# coefficients' sum of ~10, the products' rounding; 2e-5 in all), the input's encoding
+# times sigmoid's slope 1/4, and the output unit with the truncation's
 SIGMOID_BOUND = (
     approx.SIGMOID_SERIES.max_error
     + (1 - 1 / (1 + math.exp(approx.SIGMOID_CLAMP)))
-    + 1e-6
+    + 2e-5
     + ENC / 4
     + 2 * U
 )

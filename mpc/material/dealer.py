@@ -152,16 +152,18 @@ def dealer_compare(
 @protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_fourier(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int, terms: int,
-    scale: int,
+    scale: int, single: bool,
 ) -> torch.Tensor:  # fmt: skip
     """Material of a trigonometric series (see :func:`~mpc.material.party.fourier_finish`):
     the mask r (arithmetic, derived by all), and cos(k theta), sin(k theta) for k = 1..K
     at ``scale`` fractional bits, theta = 2 pi (r mod 2^bits) / 2^bits, shared additively:
-    the last party's shares, shape [K, *shape, 2] (cos, sin pairs)."""
-    check_series_params(bits, terms, scale)
+    the last party's shares, shape [K, *shape, 2] (cos, sin pairs). ``single``: computed
+    in float32 (the values then carry about 1e-6 of rounding)."""
+    check_series_params(bits, terms, scale, single)
     consume(ctx, seeds, nonce, TAG_R, TAG_TRIG)
     r = sum_derived(seeds, nonce, TAG_R, shape)
-    pairs = torch.view_as_real(harmonics(ring_angle(r, bits), terms))
+    angle = ring_angle(r, bits, torch.float32 if single else torch.float64)
+    pairs = torch.view_as_real(harmonics(angle, terms))
     out = pairs.mul(2.0**scale).round_().to(torch.int64)
     for s in seeds[:-1]:
         out -= derive(s, nonce, TAG_TRIG, [terms, *shape, 2])

@@ -172,6 +172,7 @@ def fourier_finish(
     sin: list[float],
     coef_bits: int,
     scale: int,
+    single: bool,
 ) -> torch.Tensor:
     """Party i's share of F(x) = const + sum_k a_k cos(k alpha) + b_k sin(k alpha), alpha =
     2 pi (x mod 2^bits) / 2^bits, at ``coef_bits + scale`` fractional bits, from the opened
@@ -180,9 +181,10 @@ def fourier_finish(
                                     = P cos k theta + Q sin k theta
     for P + i Q = (a - i b) e^(i k phi): public coefficients (encoded at ``coef_bits``)
     times the shares of cos k theta and sin k theta (``trig``, shape [K, *x.shape, 2]: the
-    dealer's at the last party; derived elsewhere). Local."""
+    dealer's at the last party; derived elsewhere). Local. ``single``: the trigonometry in
+    float32 (about 2.5 times faster; see :class:`mpc.math.fourier.Series`)."""
     terms = len(sin)
-    check_series_params(bits, terms, scale)
+    check_series_params(bits, terms, scale, single)
     if len(cos) != terms or type(coef_bits) is not int or not 8 <= coef_bits <= 30:
         raise ValueError("a series needs as many cosine as sine terms and 8-30 coefficient bits")
     if not all(math.isfinite(v) and abs(v) <= 2.0**20 for v in [const, *cos, *sin]):
@@ -193,11 +195,10 @@ def fourier_finish(
         trig = derive(seed, nonce, TAG_TRIG, want)
     if list(trig.shape) != want:
         raise ValueError(f"series material of shape {list(trig.shape)} for {list(c.shape)}")
-    g = torch.complex(
-        torch.tensor(cos, dtype=torch.float64), -torch.tensor(sin, dtype=torch.float64)
-    )
+    real = torch.float32 if single else torch.float64
+    g = torch.complex(torch.tensor(cos, dtype=real), -torch.tensor(sin, dtype=real))
     g = g.mul_(2.0**coef_bits).view([terms] + [1] * c.dim())
-    pq = torch.view_as_real(harmonics(ring_angle(c, bits), terms).mul_(g))
+    pq = torch.view_as_real(harmonics(ring_angle(c, bits, real), terms).mul_(g))
     prods = pq.round_().to(torch.int64).mul_(trig)
     n = c.numel()
     out = prods.view(terms, 2 * n).sum(0).view(n, 2).sum(-1).view(c.shape)  # (fast path)

@@ -522,7 +522,7 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
         session,
         "trigonometric series",
         "mpc.dealer_fourier",
-        [nonce, shape, bits, terms, TRIG_BITS],
+        [nonce, shape, bits, terms, TRIG_BITS, series.single],
         out=[([terms, *shape, 2], I64)],
     )
     (masked,) = at_parties(
@@ -538,7 +538,7 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
         "mpc.fourier_finish",
         lambda i: (
             [seed[i], nonce, i == 0, trig(i), c.value[i], bits, *coefs]
-            + [TRIG_COEF_BITS, TRIG_BITS]
+            + [TRIG_COEF_BITS, TRIG_BITS, series.single]
         ),
         [(shape, I64)],
     )
@@ -549,7 +549,7 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
 # 4.5e-5 is the saturation's error outside)
 SIGMOID_CLAMP = 10.0
 SIGMOID_SERIES = fit_series(lambda t: torch.sigmoid(t) - 0.5, SIGMOID_CLAMP, 5, 12, odd=True)
-SIGMOID_SERIES = Series(**{**SIGMOID_SERIES.__dict__, "const": 0.5})
+SIGMOID_SERIES = Series(**{**SIGMOID_SERIES.__dict__, "const": 0.5, "single": True})
 
 
 def sigmoid(x: Fx, out: int) -> Fx:
