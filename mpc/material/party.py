@@ -271,7 +271,7 @@ def _mask_level(
     return [torch.cat([(x ^ a).reshape(-1), (y ^ b).reshape(-1)]), a, b]
 
 
-@protocol_function(material=("seed", "c", "a", "b", "ef", "g", "p"), sealed_outputs=True)
+@protocol_function(material=("seed", "c", "a", "b", "ef_pieces", "g", "p"), sealed_outputs=True)
 def carry_step(
     ctx: Any,
     seed: torch.Tensor,
@@ -280,16 +280,26 @@ def carry_step(
     c: torch.Tensor | None,
     a: torch.Tensor,
     b: torch.Tensor,
-    ef: torch.Tensor,
+    ef_pieces: list[torch.Tensor],
     g: torch.Tensor,
     p: torch.Tensor,
     level: int,
     next_nonce: int | None,
 ) -> list[torch.Tensor]:
-    """Finish one carry-tree level's ANDs from the opened [e | f] (z = c ^ e&b ^ f&a ^
-    e&f at party 0; ``c``: the dealer's correction at the last party, derived elsewhere),
-    the next (G, P), and, but after the last level, the next level's masked operands
-    (:func:`_mask_level` with ``next_nonce``)."""
+    """Finish one carry-tree level's ANDs from [e | f], opened here as the XOR of
+    ``ef_pieces`` (this party's share and the ones the others sent it: no separate
+    opening step), z = c ^ e&b ^ f&a ^ e&f at party 0 (``c``: the dealer's correction at
+    the last party, derived elsewhere); the next (G, P); and, but after the last level,
+    the next level's masked operands (:func:`_mask_level` with ``next_nonce``)."""
+    if not (
+        isinstance(ef_pieces, list)
+        and len(ef_pieces) >= 2
+        and all(isinstance(t, torch.Tensor) and t.shape == ef_pieces[0].shape for t in ef_pieces)
+    ):
+        raise ValueError("the [e | f] pieces are a list of two or more tensors of one shape")
+    ef = torch.bitwise_xor(ef_pieces[0], ef_pieces[1])  # a new tensor: the pieces are lent
+    for piece in ef_pieces[2:]:
+        ef ^= piece
     if type(level) is not int or not 1 <= level < bits.LEVELS:
         raise ValueError(f"a carry-tree level is 1 to {bits.LEVELS - 1}, got {level!r}")
     last = level == bits.LEVELS - 1

@@ -143,6 +143,21 @@ def open_among(
     return opened
 
 
+def exchange(session: Session, shares: Shares, count: bool = True) -> list[Shares]:
+    """One round in which each party sends its share of [v] to every other party, without
+    the sums: per party j, [v_j, then v_i from each other party i], for a step that opens
+    v itself (adds or XORs the pieces) as it uses it, one message per party fewer than
+    :func:`open_among`. The client never sees a piece."""
+    if count:
+        accounting.count_round()
+    pieces: list[Shares] = [[s] for s in shares]
+    for i, s in enumerate(shares):
+        for j, pj in enumerate(session.parties):
+            if i != j:
+                pieces[j].append(s.copy_to(pj, lend=True))  # only read at both ends
+    return pieces
+
+
 class BeaverRun:
     """A Beaver product split in phases so its opening can share a round with others."""
 

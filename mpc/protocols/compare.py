@@ -38,6 +38,7 @@ from mpc.protocols.arith import (
     at_parties,
     call,
     deal,
+    exchange,
     last_only,
 )
 from mpc.session import Session
@@ -162,9 +163,7 @@ class _MsbRun:
             last_level = level == bits.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
             late_openings = [b.open_in(ride) for b in late] if level == 1 else []
-            xor_round = Round(session, xor=True)
-            opened = xor_round.add(ef)
-            xor_round.open()
+            pieces = exchange(session, ef)  # opened (XORed) by the step itself
             ride.open(count=False)  # (the same round's arithmetic openings)
             self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
             corr_c = last_only(session, and_last[k])
@@ -175,7 +174,7 @@ class _MsbRun:
             out += [] if last_level else _masked(level_shapes[k + 1])
 
             step_args = [
-                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], b[i], opened.value[i]]
+                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], b[i], pieces[i]]
                 + [g[i], p[i], level, next_nonce]
                 for i in range(session.n)
             ]
