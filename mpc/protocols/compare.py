@@ -124,8 +124,8 @@ class _MsbRun:
             out=[([_total(shapes)], I64)],
         )
         last_party = session.parties[-1]
-        pieces = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
-        r_bits_last, self.t_arith_last, t_bin_last, pairs_last, *and_last = pieces
+        dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
+        r_bits_last, self.t_arith_last, t_bin_last, pairs_last, *and_last = dealt
         selecting = bool(values) or trunc is not None
         t = self._t_shares() if selecting else []
         self.t, self.x = t, x
@@ -163,7 +163,7 @@ class _MsbRun:
             last_level = level == bits.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
             late_openings = [b.open_in(ride) for b in late] if level == 1 else []
-            pieces = exchange(session, ef)  # opened (XORed) by the step itself
+            ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
             ride.open(count=False)  # (the same round's arithmetic openings)
             self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
             corr_c = last_only(session, and_last[k])
@@ -174,7 +174,7 @@ class _MsbRun:
             out += [] if last_level else _masked(level_shapes[k + 1])
 
             step_args = [
-                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], b[i], pieces[i]]
+                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], b[i], ef_pieces[i]]
                 + [g[i], p[i], level, next_nonce]
                 for i in range(session.n)
             ]
