@@ -49,6 +49,7 @@ NONCE_FUNCTIONS = {
         "mpc.share_from_seed",
         "mpc.pack",
         "mpc.unpack",
+        "mpc.open_unpack",
     )
 }
 DEALER_FUNCTIONS = {name for name in NONCE_FUNCTIONS if name.startswith("mpc.dealer_")}

@@ -241,3 +241,29 @@ def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
             out=[((8,), torch.int64)],
         )
         bad.get()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
+    alice, _, _ = _workers(kind, request)
+    one, two = pt.send(torch.arange(6), alice), pt.send(torch.arange(6) * 10, alice)
+    out = [((2,), torch.int64), ((2, 2), torch.int64)]
+    u, v = pt.call_function(alice, "mpc.open_unpack", [[one, two], [[2], [2, 2]], False], out=out)
+    assert torch.equal(u.get(), torch.tensor([0, 11]))
+    assert torch.equal(v.get(), torch.tensor([[22, 33], [44, 55]]))
+    (w,) = pt.call_function(
+        alice, "mpc.open_unpack", [[one, two], [[6]], True], out=[((6,), torch.int64)]
+    )
+    assert torch.equal(w.get(), torch.arange(6) ^ (torch.arange(6) * 10))
+    assert torch.equal(one.get(), torch.arange(6))  # the pieces are not modified
+    one = pt.send(torch.arange(6), alice)
+    short = pt.send(torch.arange(4), alice)
+    for args, match in (
+        ([[one], [[6]], False], "two or more"),
+        ([[one, short], [[6]], False], "one shape"),
+        ([[one, two], [[6]], 1], "bool"),
+        ([[one, two], [[5]], False], "6 elements|5 elements"),
+    ):
+        with pytest.raises(pt.PointerError, match=match):
+            (bad,) = pt.call_function(alice, "mpc.open_unpack", args, out=[((6,), torch.int64)])
+            bad.get()

@@ -30,6 +30,7 @@ from mpc.material.party import (
     cmp_mask,
     cmp_select_finish,
     fourier_finish,
+    open_unpack,
     pack,
     party_derive,
     share_from_seed,
@@ -60,6 +61,7 @@ FUNCTIONS = {
     "mpc.trunc_finish": trunc_finish,
     "mpc.share_from_seed": share_from_seed,
     "mpc.pack": pack,
+    "mpc.open_unpack": open_unpack,
     "mpc.unpack": unpack,
 }
 

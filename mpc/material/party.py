@@ -434,3 +434,29 @@ def unpack(ctx: Any, packed: torch.Tensor, shapes: list[list[int]]) -> list[torc
     if sum(sizes) != packed.numel():
         raise ValueError(f"shapes of {sum(sizes)} elements for a packed tensor of {packed.numel()}")
     return [part.view(shape) for part, shape in zip(packed.split(sizes), shapes)]
+
+
+@protocol_function(either=("pieces",))
+def open_unpack(
+    ctx: Any, pieces: list[torch.Tensor], shapes: list[list[int]], xor: bool
+) -> list[torch.Tensor]:
+    """Open a round's packed values at this party: the sum (``xor``: the XOR) of its own
+    packed share and the ones its peers sent it (``pieces``; not modified: in process they
+    are the senders' own tensors), split into the values with their ``shapes`` (views of
+    one new tensor; see :func:`pack` and :func:`unpack`)."""
+    if not (
+        isinstance(pieces, list)
+        and len(pieces) >= 2
+        and all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in pieces)
+        and all(t.shape == pieces[0].shape and t.dtype == pieces[0].dtype for t in pieces)
+    ):
+        raise ValueError("open_unpack takes two or more flat tensors of one shape and dtype")
+    if type(xor) is not bool:
+        raise TypeError("open_unpack's xor flag is a bool")
+    total = torch.bitwise_xor(pieces[0], pieces[1]) if xor else torch.add(pieces[0], pieces[1])
+    for piece in pieces[2:]:
+        if xor:
+            total ^= piece
+        else:
+            total += piece
+    return unpack(ctx, total, shapes)

@@ -109,10 +109,12 @@ def open_among(
             call(p, "mpc.pack", [[shares[i] for shares in values]], out=[((total,), dtype)])[0]
             for i, p in enumerate(parties)
         ]
-        (sums,) = open_among(session, [packed], xor, count=False)
+        # each party sums (XORs) the packed pieces and splits the sum in one step
+        pieces = exchange(session, packed, count=False)
         metas: Out = [(tuple(s), dtype) for s in shapes]
         per_party = [
-            call(p, "mpc.unpack", [sums[j], shapes], out=metas) for j, p in enumerate(parties)
+            call(p, "mpc.open_unpack", [pieces[j], shapes, xor], out=metas)
+            for j, p in enumerate(parties)
         ]
         return [list(col) for col in zip(*per_party)]
     opened: list[Shares] = []
