@@ -15,6 +15,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_errors",
     "test_mpc_privacy",
     "test_mpc_plan",
+    "test_mpc_plan_functions",
     "test_mpc_nonces",
     "test_mpc_functions",
     "test_mpc_training",
