@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 import mpc
-import pointers as pt
 
 
 @pytest.fixture
