@@ -29,9 +29,10 @@ from pointers.wire import serde
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-# the errors each decoder may raise (a protocol decodes its plans with Plan.from_bytes)
+# the errors each decoder may raise (a protocol decodes its plans with Plan.from_bytes and
+# reports a bad one as its own ProtocolError, naming the role)
 PLAN_ERRORS = (pt.PlanDecodeError,)
-PROTOCOL_ERRORS = (pt.ProtocolError, pt.PlanDecodeError)
+PROTOCOL_ERRORS = (pt.ProtocolError,)
 
 
 def _plan() -> pt.Plan:
@@ -259,3 +260,13 @@ def test_mutated_protocols_raise_only_the_modules_errors(data):
         pt.Protocol.from_bytes(raw)
     except PROTOCOL_ERRORS:
         pass
+
+
+def test_a_protocol_with_a_bad_plan_names_the_role() -> None:
+    good = _protocol()
+    bad = msgpack.unpackb(PROTOCOL_BYTES, raw=False)
+    bad[1][1][1] = bad[1][1][1][:-3]  # the second role's plan, truncated
+    with pytest.raises(pt.ProtocolError, match="role 'second'") as caught:
+        pt.Protocol.from_bytes(pack(bad))
+    assert isinstance(caught.value.__cause__, pt.PlanDecodeError)
+    assert pt.Protocol.from_bytes(good.to_bytes()).roles == good.roles

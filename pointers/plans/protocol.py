@@ -36,7 +36,7 @@ import msgpack
 import torch
 
 from pointers.errors import DecodeError
-from pointers.plans.graph import PlanError, PlanNotBuiltError
+from pointers.plans.graph import PlanDecodeError, PlanError, PlanNotBuiltError
 from pointers.plans.plan import Plan, PointerPlan
 from pointers.pointer_tensor import PointerTensor
 from pointers.wire import serde
@@ -204,7 +204,13 @@ class Protocol:
             and isinstance(outer[3], str)
         ):
             raise ProtocolError("not a serialised protocol (bad structure)")
-        protocol = Protocol([(r, Plan.from_bytes(b)) for r, b in outer[1]])
+        roles = []
+        for role, blob in outer[1]:
+            try:
+                roles.append((role, Plan.from_bytes(blob)))
+            except PlanDecodeError as e:  # the protocol's error, naming the role
+                raise ProtocolError(f"role {role!r}: {e}") from e
+        protocol = Protocol(roles)
         protocol.tags = set(outer[2])
         protocol.description = outer[3]
         return protocol
