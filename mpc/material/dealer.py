@@ -137,9 +137,7 @@ def dealer_compare(
     for s in seeds[:-1]:
         pairs ^= derive(s, nonce, TAG_PAIRS, list(pairs.shape))
     parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1), pairs]
-    for level, level_nonce in enumerate(level_nonces, start=1):
-        w = words >> level
-        and_shape = [w] if level == bits.LEVELS - 1 else [2, w]
+    for level_nonce, and_shape in zip(level_nonces, bits.and_shapes(words)):
         consume(ctx, seeds, level_nonce, TAG_A, TAG_B, TAG_C)
         c = xor_derived(seeds, level_nonce, TAG_A, and_shape)
         c &= xor_derived(seeds, level_nonce, TAG_B, and_shape)

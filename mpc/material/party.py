@@ -31,8 +31,6 @@ from mpc.math.ring import ring_bilinear
 from pointers.errors import LimitExceeded, NotAllowedError
 from pointers.worker.sealing import protocol_function
 
-_LOW63 = 0x7FFFFFFFFFFFFFFF
-
 
 @protocol_function(material=("seed",), sealed_outputs=True)
 def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> Any:
@@ -291,15 +289,7 @@ def carry_step(
     opening step), z = c ^ e&b ^ f&a ^ e&f at party 0 (``c``: the dealer's correction at
     the last party, derived elsewhere); the next (G, P); and, but after the last level,
     the next level's masked operands (:func:`_mask_level` with ``next_nonce``)."""
-    if not (
-        isinstance(ef_pieces, list)
-        and len(ef_pieces) >= 2
-        and all(isinstance(t, torch.Tensor) and t.shape == ef_pieces[0].shape for t in ef_pieces)
-    ):
-        raise ValueError("the [e | f] pieces are a list of two or more tensors of one shape")
-    ef = torch.bitwise_xor(ef_pieces[0], ef_pieces[1])  # a new tensor: the pieces are lent
-    for piece in ef_pieces[2:]:
-        ef ^= piece
+    ef = _open_pieces(ef_pieces, xor=True)
     if type(level) is not int or not 1 <= level < bits.LEVELS:
         raise ValueError(f"a carry-tree level is 1 to {bits.LEVELS - 1}, got {level!r}")
     last = level == bits.LEVELS - 1
@@ -444,19 +434,30 @@ def open_unpack(
     packed share and the ones its peers sent it (``pieces``; not modified: in process they
     are the senders' own tensors), split into the values with their ``shapes`` (views of
     one new tensor; see :func:`pack` and :func:`unpack`)."""
+    if type(xor) is not bool:
+        raise TypeError("open_unpack's xor flag is a bool")
+    total = _open_pieces(pieces, xor)
+    return unpack(ctx, total, shapes)
+
+
+def _open_pieces(pieces: list[torch.Tensor], xor: bool) -> torch.Tensor:
+    """The sum (``xor``: the XOR) of a party's own share and the ones its peers sent it,
+    in a new tensor (the pieces are not modified: in process they are the senders' own)."""
     if not (
         isinstance(pieces, list)
         and len(pieces) >= 2
         and all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in pieces)
         and all(t.shape == pieces[0].shape and t.dtype == pieces[0].dtype for t in pieces)
     ):
-        raise ValueError("open_unpack takes two or more flat tensors of one shape and dtype")
-    if type(xor) is not bool:
-        raise TypeError("open_unpack's xor flag is a bool")
-    total = torch.bitwise_xor(pieces[0], pieces[1]) if xor else torch.add(pieces[0], pieces[1])
-    for piece in pieces[2:]:
-        if xor:
+        raise ValueError(
+            "the pieces of an opening are two or more flat tensors of one shape and dtype"
+        )
+    if xor:
+        total = torch.bitwise_xor(pieces[0], pieces[1])
+        for piece in pieces[2:]:
             total ^= piece
-        else:
+    else:
+        total = torch.add(pieces[0], pieces[1])
+        for piece in pieces[2:]:
             total += piece
-    return unpack(ctx, total, shapes)
+    return total

@@ -39,6 +39,17 @@ _LOW63 = (1 << 63) - 1
 _TOP = -(1 << 63)
 
 
+def and_shapes(words: int) -> list[list[int]]:
+    """The AND operands' shapes of the carry tree's levels 1..5 for ``words`` padded
+    words at level 0 (the first level is local): two stacked halves
+    ([2, words / 2^level]), one at the last level."""
+    out = []
+    for level in range(1, LEVELS):
+        w = words >> level
+        out.append([w] if level == LEVELS - 1 else [2, w])
+    return out
+
+
 def pair_products(r_not: torch.Tensor) -> torch.Tensor:
     """The dealer's q for the local first level: at each even bit position l, the product
     y_(l+1) y_l of the complemented mask's bits y = ~r, with bit 63 read as 0 (it is the

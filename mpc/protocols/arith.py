@@ -190,7 +190,7 @@ class BeaverRun:
             session,
             "mpc.beaver_mask",
             lambda i: [seed[i], nonce, x[i], y[i]],
-            out=[((_count(x_shape) + _count(y_shape),), I64), (x_shape, I64)],
+            out=[((math.prod(x_shape) + math.prod(y_shape),), I64), (x_shape, I64)],
         )
 
     def open_in(self, round: Round) -> Opened:
@@ -235,10 +235,6 @@ def beaver(
     opened = run.open_in(one)
     one.open()
     return run.finish_opened(opened)
-
-
-def _count(shape: list[int]) -> int:
-    return math.prod(shape)
 
 
 class TruncRun:

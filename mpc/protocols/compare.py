@@ -114,8 +114,9 @@ class _MsbRun:
         # party by one unpack
         n = _numel(shape)
         words = bits.padded(n)
-        self.level_nonces = level_nonces = [session.next_nonce() for _ in range(bits.LEVELS - 1)]
-        shapes = [shape] * 3 + [[words // 2]] + and_shapes(words)
+        level_nonces = [session.next_nonce() for _ in range(bits.LEVELS - 1)]
+        level_shapes = bits.and_shapes(words)
+        shapes = [shape] * 3 + [[words // 2]] + level_shapes
         (corr,) = deal(
             session,
             "comparison of secret values",
@@ -151,7 +152,6 @@ class _MsbRun:
         # tree, masked for the second; then rounds 2-6: its other five levels, each step
         # finishing one level's ANDs and masking the next's (one call per party and level)
         r_bits, pairs = last_only(session, r_bits_last), last_only(session, pairs_last)
-        level_shapes = and_shapes(words)
         words //= 2
         g, p, top, ef, a, b = at_parties(
             session,
@@ -245,16 +245,6 @@ class _MsbRun:
             )
             out.append(selected)
         return out
-
-
-def and_shapes(words: int) -> list[list[int]]:
-    """The AND operands' shapes of the carry tree's levels 1..5 for ``words`` padded
-    words at level 0: two stacked halves ([2, words / 2^level]), one at the last level."""
-    out = []
-    for level in range(1, bits.LEVELS):
-        w = words >> level
-        out.append([w] if level == bits.LEVELS - 1 else [2, w])
-    return out
 
 
 def _masked(and_shape: list[int]) -> list[tuple[Any, torch.dtype]]:
