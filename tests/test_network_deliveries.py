@@ -198,3 +198,38 @@ def test_calls_cannot_wait_far_ahead_or_in_numbers(raw_alice):
     assert len(results) == 20
     assert any(e[0] == "LimitExceeded" for e in errors)
     assert time.monotonic() - start < 10.0  # the others ran after the 2 s deadline
+
+
+def test_inspections_are_answered_while_every_command_thread_waits(certs):
+    """Commands, deliveries and inspections have their own thread pools: calls waiting
+    for their turn hold every command thread, and a lease renewal, a hello and a peer's
+    delivery are still served at once (with one pool they queued behind the waiting
+    calls, and the leases of live sessions ran out)."""
+    server = WorkerServer(ServerConfig("alice", certs=str(certs), threads=4, deadline=3.0), {})
+    server.start()
+    channel, send = _raw_exec(certs, server)
+    client = pt.connect("alice", server.address, certs=certs, identity="client")
+    try:
+        send(["conn", 1, 0], Store(5, torch.zeros(1), [], "", False))
+        waiting = [
+            threading.Thread(
+                target=send, args=([f"w{k}", 9, 1], Store(10 + k, torch.zeros(1), [], "", False))
+            )
+            for k in range(4)  # as many as the command threads: each waits for call 8
+        ]
+        for t in waiting:
+            t.start()
+        time.sleep(0.5)  # every command thread now waits for a call that never comes
+        start = time.monotonic()
+        client._conn.inspect_direct({"what": "lease"}, timeout=2.0)
+        client._conn.inspect_direct({"what": "hello"}, timeout=2.0)
+        assert time.monotonic() - start < 1.0
+        for t in waiting:
+            t.join(10)
+        # the waits ended at the deadline; the worker serves commands again
+        p = pt.send(torch.arange(3.0), client)
+        assert torch.equal(p.get(), torch.arange(3.0))
+    finally:
+        client.close()
+        channel.close()
+        server.stop(grace=None)

@@ -153,12 +153,11 @@ class Connection:
     protocol's next step reaches the parties while they still wait on their peers for
     the last one, instead of one latency after. A call that awaits an answer (a ``get``,
     an inspection) leaves once every call before it was answered, so errors are ordered
-    as before. Off by default (``PIPELINE = 0``): in the 8-client load test
-    (tests/test_network_load.py) the overlapping calls held the workers' handler threads,
-    so that lease renewals timed out and sessions expired; set ``Connection.PIPELINE``
-    to enable it (it saved about 1 latency per op at 20 ms of added latency)."""
+    as before. (A served worker runs commands, peer deliveries and inspections on three
+    thread pools, so calls waiting for their turn never hold the threads that deliveries
+    and lease renewals need; ``PIPELINE = 0`` turns pipelining off.)"""
 
-    PIPELINE = 0  # off: overlapping calls held the workers' handler threads under load (see below)
+    PIPELINE = 4  # command-only calls in flight at once (0: one call at a time)
     PIPELINE_AFTER = 0.005  # seconds a call is in flight before the next one may leave
 
     def __init__(

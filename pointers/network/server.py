@@ -398,6 +398,7 @@ class WorkerServer:
         self._channels: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
+        self._pools: list[futures.ThreadPoolExecutor] = []
         self.port: int | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -405,8 +406,18 @@ class WorkerServer:
         cfg = self.config
         if cfg.max_stored_bytes is not None:
             warm_meta()  # ops are sized on the meta device before they run
+        # three pools, so that calls of one kind never wait for threads the others hold:
+        # client commands (an Exec may wait for peers' deliveries, or for its turn behind
+        # the connection's earlier calls), peer deliveries (short: they only store), and
+        # inspections (lease renewals, syncs). With one pool, commands waiting for
+        # deliveries held every thread, the deliveries and renewals queued behind them,
+        # and the leases of live sessions ran out (8 pipelining clients, 16 threads).
+        self._pools = [
+            futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix=f"pointers-{k}")
+            for k in ("exec", "deliver", "inspect")
+        ]
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="pointers"),
+            self._pools[0],
             options=[
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -416,8 +427,8 @@ class WorkerServer:
         )
         handlers = {
             "Exec": grpc.unary_unary_rpc_method_handler(self._exec),
-            "Deliver": grpc.unary_unary_rpc_method_handler(self._deliver),
-            "Inspect": grpc.unary_unary_rpc_method_handler(self._inspect),
+            "Deliver": grpc.unary_unary_rpc_method_handler(_in_pool(self._deliver, self._pools[1])),
+            "Inspect": grpc.unary_unary_rpc_method_handler(_in_pool(self._inspect, self._pools[2])),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         where = bind_address(cfg.host, cfg.port)
@@ -451,6 +462,8 @@ class WorkerServer:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        for pool in self._pools[1:]:  # (gRPC shuts down the one it was given)
+            pool.shutdown(wait=False)
         with self._lock:
             channels = list(self._channels.values())
             self._channels.clear()
@@ -835,6 +848,21 @@ def _limit_arenas() -> None:
             ctypes.CDLL("libc.so.6").mallopt(-8, MALLOC_ARENAS)  # M_ARENA_MAX
         except (OSError, AttributeError):
             pass
+
+
+def _in_pool(
+    handler: Callable[[bytes, grpc.ServicerContext], bytes], pool: futures.ThreadPoolExecutor
+) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    """``handler`` run on ``pool`` instead of the server's pool (gRPC's per-method pool:
+    the ``experimental_thread_pool`` attribute of a method's behaviour, honoured by
+    grpcio's synchronous server; were it ignored, the method would share the server's
+    pool, as before)."""
+
+    def behaviour(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return handler(request, context)
+
+    behaviour.experimental_thread_pool = pool  # type: ignore[attr-defined]
+    return behaviour
 
 
 def _call_order(info: dict[str, Any]) -> tuple[str, int, bool] | None:
