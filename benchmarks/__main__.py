@@ -63,6 +63,7 @@ from benchmarks.workloads import (
     format_markdown,
     format_table,
     measure,
+    processes_cpu,
     worker_names,
 )
 
@@ -332,7 +333,10 @@ def _run(
             dealt = None
             if planned and args.preprocess:  # warm-up, the timed runs, profile and check
                 dealt = preprocess_plan(w, args.repeat + 3)
-            row = measure(w, repeat=args.repeat, progress=lambda: progress.update())
+            clock = processes_cpu(cluster.pids()) if cluster is not None else None
+            row = measure(
+                w, repeat=args.repeat, progress=lambda: progress.update(), cpu_clock=clock
+            )
             if offline is not None:
                 row.update(plan=True, plan_record_s=offline)
             if dealt is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 import threading
 import time
@@ -857,6 +858,7 @@ def measure(
     parties: int = 2,
     progress: Callable[[], Any] | None = None,
     factory: WorkerFactory | None = None,
+    cpu_clock: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Warm up once, time ``repeat`` runs (perf_counter; median/min/max), time the
     plaintext op, and record rounds, bytes, client messages and correctness of one run.
@@ -869,8 +871,8 @@ def measure(
 
     On network workers (any worker that is not a ``VirtualWorker``) each timed sample ends
     with :meth:`Workload.sync` inside the timer (commands are pipelined: without it the
-    timer would stop before the workers did the work), and there is no ``cpu`` column (the
-    work happens in other processes).
+    timer would stop before the workers did the work); their ``cpu`` column needs
+    ``cpu_clock``, CPU seconds of every process involved (see :func:`processes_cpu`).
     """
     torch.set_num_threads(1)
     tick = progress or (lambda: None)
@@ -887,14 +889,35 @@ def measure(
     tick()
     inner = _calibrate(w.run, 0.01, sync) if w.kind == "pointer" else 1
     times, cpu_times = [], []
+    clock = cpu_clock or time.process_time
     for _ in range(repeat):
-        c0 = time.process_time()
+        c0 = clock()
         times.append(_time_calls(w.run, inner, sync))
-        cpu_times.append((time.process_time() - c0) / inner)
+        cpu_times.append((clock() - c0) / inner)
         tick()
-    row = finish(profile(w, repeat), times, cpu_times if local else None)
+    row = finish(profile(w, repeat), times, cpu_times if local or cpu_clock else None)
     tick()
     return row
+
+
+def processes_cpu(pids: list[int]) -> Callable[[], float]:
+    """A clock of CPU seconds (user + system, every thread) of this process and of the
+    processes ``pids`` together (Linux: /proc/PID/stat; elsewhere this process only)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def other(pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    def clock() -> float:
+        own = os.times()
+        return own.user + own.system + sum(other(p) for p in pids)
+
+    return clock
 
 
 # Max abs error allowed vs plaintext (fixed point with 16 fractional bits: 2^-17 per
@@ -1018,8 +1041,9 @@ DEALER_NOTE = (
 )
 NETWORK_NOTE = (
     "network: every worker is its own process; each timed run ends with a sync of every "
-    "worker (commands are pipelined), inside the timer. cpu and dealer t are not measured "
-    "there (the work happens in the worker processes): '-'."
+    "worker (commands are pipelined), inside the timer. cpu: CPU time per run of all the "
+    "processes together (this client and every worker process, all threads; on C cores a "
+    "run takes at least cpu / C). dealer t is not measured there: '-'."
 )
 ELEMENTS_NOTE = (
     "elem/s: elements per second of the median (W2: output entries, W5: images, W8: the "

@@ -278,7 +278,8 @@ def test_cli_network_runs_on_served_workers(tmp_path: Path) -> None:
     for r in rows:
         assert r["workers"] == "network" and r["latency_ms"] == 1
         assert not wl.failures(r) and r["rounds"] > 0 and r["max_bytes_per_party"] > 0
-        assert "cpu_median_s" not in r and r["dealer_s"] is None  # not measured there
+        # cpu: this client and the worker processes together; no dealer time there
+        assert r["cpu_median_s"] > 0 and r["dealer_s"] is None
     # each run pays at least one added latency per round, and everything was stopped
     assert rows[1]["median_s"] >= rows[1]["rounds"] * 1e-3
     assert not list(tmp.glob("pointers-cluster-*"))
@@ -294,3 +295,27 @@ def test_cli_sizes_parsing() -> None:
     # a bare list sizes the element-count workloads; W5 keeps its batches
     assert ids == ["W1-mul-1e4", "W1-mul-1e5", "W2-matmul-32x32", "W5-lenet-b1", "W5-lenet-b64"]
     assert all(c.parties == 3 for c in select_cases(True, "W3", 3, None, {}))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_processes_cpu_counts_the_other_processes() -> None:
+    """The network rows' cpu clock adds the worker processes' CPU to this one's."""
+    code = (
+        "import sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.4: pass\n"
+        "print('done', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    busy = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        clock = wl.processes_cpu([busy.pid])
+        start = clock()
+        assert busy.stdout is not None and busy.stdout.readline().strip() == "done"
+        # this process waited on a pipe meanwhile: the time is the other process's
+        assert clock() - start >= 0.3
+    finally:
+        busy.kill()
+        busy.wait(10)

@@ -233,3 +233,25 @@ def test_inspections_are_answered_while_every_command_thread_waits(certs):
         client.close()
         channel.close()
         server.stop(grace=None)
+
+
+def test_a_sync_carries_the_deletes_of_dropped_pointers(served):
+    alice = served("alice")
+    kept = pt.send(torch.ones(2), alice)
+    dropped = pt.send(torch.zeros(2), alice)
+    alice.sync()
+    gone = dropped.id_at_location
+    del dropped
+    calls = alice._conn.calls
+    alice.sync()
+    assert alice._conn.calls == calls  # no call of their own: they rode in the sync
+    ids = set(alice.objects)
+    assert gone not in ids and kept.id_at_location in ids
+
+
+@pytest.mark.parametrize("deletes", ["1", [1.5], [1, "2"], list(range((1 << 14) + 1))])
+def test_malformed_deletes_in_a_sync_are_refused(served, deletes):
+    alice = served("alice")
+    with pytest.raises(pt.PointerError, match="deletes"):
+        alice._conn.inspect_direct({"what": "stats", "deletes": deletes}, timeout=10.0)
+    alice.sync()  # the session goes on

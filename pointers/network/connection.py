@@ -30,6 +30,7 @@ from pointers.wire.messages import Delete, ErrorReply, decode_message, encode_me
 
 _BATCH_FRAMES = 2048  # messages per call at most
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches (as in process)
+_SYNC_DELETES = 4096  # deletes that may ride in a sync (more: a call of their own first)
 
 
 class Future:
@@ -317,7 +318,19 @@ class Connection:
                     continue
                 while self._flight:  # an answer is awaited: everything before it lands first
                     self._land(wait=True)
-                if batch or (inspect is not None and inspect.flush):
+                if (
+                    not batch
+                    and inspect is not None
+                    and inspect.what == "stats"
+                    and not self.expects
+                    and len(self.deletes) <= _SYNC_DELETES
+                ):
+                    # a sync with no commands before it: the deletes ride in the
+                    # inspection (one call, not two; the worker runs them first)
+                    _, ids = self._take_pending(ready_deletes)
+                    if ids:
+                        inspect.info = {**(inspect.info or {}), "deletes": ids}
+                elif batch or (inspect is not None and inspect.flush):
                     # deletes travel as in process: before an answer is awaited, or in bulk
                     with_deletes = (
                         (inspect is not None and inspect.flush)

@@ -66,7 +66,14 @@ from pointers.network.transport import (
     split_address,
 )
 from pointers.wire import serde
-from pointers.wire.messages import ErrorReply, Reply, Store, decode_message, encode_message
+from pointers.wire.messages import (
+    Delete,
+    ErrorReply,
+    Reply,
+    Store,
+    decode_message,
+    encode_message,
+)
 from pointers.worker.base import Frames
 
 ENTRY_POINT_GROUP = "pointers.worker_functions"
@@ -794,6 +801,15 @@ class WorkerServer:
         try:
             if what == "stats":  # (a sync) what this client's commands sent is delivered
                 # first, and a delivery that did not arrive is its error
+                deletes = info_field(info, "deletes", list, None)
+                if deletes is not None:  # the deletes of dropped pointers ride in a sync
+                    if len(deletes) > MAX_SYNC_DELETES or not all(type(i) is int for i in deletes):
+                        raise FrameError(
+                            f"a sync's 'deletes' are at most {MAX_SYNC_DELETES} object ids"
+                        )
+                    # run as a command, uncounted like the inspection that carries them
+                    # (in process, deletes wait and travel in batches of 64)
+                    ns.run_locked(Delete(deletes))  # (unknown ids are ignored)
                 ns.flush_deliveries(ns.store.deadline)
                 lost = ns.take_lost()
                 if lost is not None:
@@ -833,6 +849,7 @@ def _trim_heap() -> None:
             pass
 
 
+MAX_SYNC_DELETES = 1 << 14  # object ids a sync may carry to delete
 MALLOC_ARENAS = 2  # glibc malloc arenas of a served worker (see _limit_arenas)
 
 
