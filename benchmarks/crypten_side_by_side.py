@@ -18,7 +18,9 @@ The script first times CrypTen's workloads (this file run by ``--crypten-python`
 ``--crypten-only``: 2 ranks, one torch thread each, gloo over loopback, CrypTen's default
 trusted-first-party provider; each op timed at rank 0, median of ``--repeat`` runs after
 one warm-up), then ours (``python -m benchmarks --network``: 3 worker processes, mutual
-TLS), and prints both with the ratio ours / CrypTen. Same workloads as WORKLOADS.md: W1 mul
+TLS), and prints both with the ratio ours / CrypTen, and the CPU time per run of each
+side (every process and thread: our client and 3 workers, CrypTen's 2 ranks; on a machine
+with C cores a run takes at least its CPU time / C). Same workloads as WORKLOADS.md: W1 mul
 1e5 and 1e6 (with truncation), W2 matmul 256, W3 compare 1e4 and 1e6 (revealing the 0/1
 result), W5 LeNet batch 1 (model and input private), W6 share + reconstruct 1e6.
 
@@ -72,7 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _crypten_worker(cases: list[list[Any]], repeat: int, rounds: bool = False) -> dict[str, float]:
     """Runs in each CrypTen rank; returns rank 0's medians by case id (and with ``rounds``
-    the communicator calls of one more run, untimed, as ``<case id>:rounds``)."""
+    the communicator calls of one more run, untimed, as ``<case id>:rounds``), and from
+    every rank its CPU seconds per timed run (all its threads: ``<case id>:cpu<rank>``)."""
     import crypten
     import crypten.communicator as comm
     import torch
@@ -84,18 +87,24 @@ def _crypten_worker(cases: list[list[Any]], repeat: int, rounds: bool = False) -
         run = _crypten_case(crypten, torch, wid, n)
         run()
         times = []
+        cpu = 0.0
         for _ in range(repeat):
             comm.get().barrier()
+            c = time.process_time()
             t = time.perf_counter()
             run()
             times.append(time.perf_counter() - t)
+            cpu += time.process_time() - c
         out[f"{wid}-{n}"] = statistics.median(times)
+        out[f"{wid}-{n}:cpu{comm.get().get_rank()}"] = cpu / repeat
         if rounds:
             with crypten.cfg.temp_override({"communicator.verbose": True}):
                 comm.get().reset_communication_stats()
                 run()
                 out[f"{wid}-{n}:rounds"] = comm.get().get_communication_stats()["rounds"]
-    return out if comm.get().get_rank() == 0 else {}
+    if comm.get().get_rank() == 0:
+        return out
+    return {k: v for k, v in out.items() if ":cpu" in k}
 
 
 def _crypten_case(crypten: Any, torch: Any, wid: str, n: int) -> Any:
@@ -306,6 +315,8 @@ def _functions_table(
 
 
 def _ours(repeat: int, latency: float) -> dict[str, float]:
+    """Our medians by case id, and our CPU per run (client and worker processes
+    together) as ``<case id>:cpu``."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "ours.json")
         cmd = [
@@ -327,6 +338,8 @@ def _ours(repeat: int, latency: float) -> dict[str, float]:
         n = r["elements"] if r["workload"] != "W2" else 256
         n = 1 if r["workload"] == "W5" else n
         out[f"{r['workload']}-{n}"] = r["median_s"]
+        if r.get("cpu_median_s") is not None:
+            out[f"{r['workload']}-{n}:cpu"] = r["cpu_median_s"]
     return out
 
 
@@ -363,16 +376,27 @@ def main(argv: list[str] | None = None) -> int:
         for line in notes:
             print(line)
         return 0
-    print("| workload | ours, network | CrypTen 0.4.1 | ratio |")
-    print("|---|---|---|---|")
+    print(
+        "| workload | ours, network | CrypTen 0.4.1 | ratio | CPU per run, ours "
+        "| CPU per run, CrypTen | CPU ratio |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for wid, n in CASES:
         key = f"{wid}-{n}"
         a, b = ours.get(key), theirs.get(key)
         ratio = f"{a / b:.2f}x" if a and b else "-"
-        fa = f"{a * 1e3:.1f} ms" if a else "-"
-        fb = f"{b * 1e3:.1f} ms" if b else "-"
+        ca = ours.get(f"{key}:cpu")
+        cpus = [theirs.get(f"{key}:cpu{rank}") for rank in (0, 1)]
+        cb = sum(c for c in cpus if c is not None) if all(c is not None for c in cpus) else None
+        cratio = f"{ca / cb:.2f}x" if ca and cb else "-"
         size = f"1e{len(str(n)) - 1}" if n >= 1000 and str(n).strip("0") == "1" else str(n)
-        print(f"| {wid} {size} | {fa} | {fb} | {ratio} |")
+        print(
+            f"| {wid} {size} | {_ms(a)} | {_ms(b)} | {ratio} | {_ms(ca)} | {_ms(cb)} | {cratio} |"
+        )
+    print(
+        "CPU per run: user + system seconds of every thread; ours: the client and the 3 worker "
+        "processes (the mean of the timed runs), CrypTen: its 2 processes (rank 0 and 1)."
+    )
     return 0
 
 

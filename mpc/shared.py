@@ -91,9 +91,10 @@ class SharedTensor(torch.Tensor):
         inputs) and are deleted when the last SharedTensor using them is dropped.
         """
         self.session.watch()
-        total = self.shares[0].get(delete=False)
-        for s in self.shares[1:]:
-            total += s.get(delete=False)
+        # every party's share is fetched side by side (one round trip, not one per party)
+        total, *rest = pt.get_all(self.shares, delete=False)
+        for v in rest:
+            total += v
         if self.frac_bits == 0 and not self.dtype.is_floating_point:
             return total.to(self.dtype)
         return decode(total, self.frac_bits, self.dtype)

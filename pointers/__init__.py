@@ -24,7 +24,7 @@ from pointers.errors import (
     ValueRequiresGetError,
 )
 from pointers.hook import TorchHook, hook
-from pointers.module import get, send, tag
+from pointers.module import get, get_all, send, tag
 from pointers.plans.graph import (
     PlanBuildError,
     PlanCallError,
@@ -95,6 +95,7 @@ __all__ = [
     "fedavg",
     "func2plan",
     "get",
+    "get_all",
     "hook",
     "is_pointer",
     "send",

@@ -7,6 +7,9 @@ working on the remote parameters, and ``get`` swaps the values back.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -14,6 +17,7 @@ from torch import nn
 
 from pointers.errors import PointerError
 from pointers.pointer_tensor import PointerTensor, send_tensor
+from pointers.wire.messages import Fetch
 
 if TYPE_CHECKING:
     from pointers.worker.client import WorkerClient
@@ -35,6 +39,50 @@ def get(obj: Any) -> Any:
     if isinstance(obj, PointerTensor):
         return obj.get()
     raise TypeError(f"get() expects a PointerTensor or a sent nn.Module, got {type(obj).__name__}")
+
+
+def get_all(pointers: Sequence[PointerTensor], delete: bool = True) -> list[torch.Tensor]:
+    """The values of ``pointers`` (as ``p.get(delete)`` each), fetched side by side: every
+    request to a network worker leaves before the first reply is awaited, so fetching
+    from n workers costs one round trip, not n. In-process workers answer one by one."""
+    waits: list[Callable[[], torch.Tensor]] = []
+    for p in pointers:
+        if not isinstance(p, PointerTensor):
+            raise TypeError(f"get_all() expects PointerTensors, got {type(p).__name__}")
+        ref = p._ref
+        start = getattr(ref.location, "request_async", None)
+        if start is None or ref.chain is not None or p.requires_grad:
+            waits.append(functools.partial(p.get, delete))  # (in order, when collected)
+            continue
+        ref.check()
+        waits.append(_Fetched(p, start(Fetch(ref.obj_id, delete)), delete))
+    values: list[Any] = []
+    failed: list[tuple[float, int, PointerError]] = []
+    for k, wait in enumerate(waits):
+        try:
+            values.append(wait())
+        except PointerError as e:  # every request is answered first
+            failed.append((getattr(wait, "origin", math.inf), k, e))
+    if failed:  # the earliest cause: a request's error may come from an earlier post
+        raise min(failed)[2]
+    return values
+
+
+class _Fetched:
+    """Waits for one fetch sent ahead (see :func:`get_all`)."""
+
+    def __init__(self, p: PointerTensor, pending: Any, delete: bool) -> None:
+        self.p, self.pending, self.delete = p, pending, delete
+
+    @property
+    def origin(self) -> float:
+        return float(getattr(self.pending, "origin", math.inf))
+
+    def __call__(self) -> torch.Tensor:
+        value = self.pending()
+        if self.delete:
+            self.p._ref.release()
+        return value
 
 
 def tag(obj: torch.Tensor, *tags: str, description: str = "") -> torch.Tensor:

@@ -19,7 +19,8 @@ from pointers.network import ServerConfig, WorkerServer, create_certs
 from pointers.network.certs import load_credentials
 from pointers.network.framing import decode_envelope, encode_envelope
 from pointers.network.transport import EXEC, SYNC, open_channel
-from pointers.wire.messages import Fetch, Store, decode_message, encode_message
+from pointers.wire.messages import ExecuteOp, Fetch, Store, decode_message, encode_message
+from pointers.wire.serde import Ref
 
 pytestmark = pytest.mark.network
 
@@ -244,7 +245,7 @@ def test_a_sync_carries_the_deletes_of_dropped_pointers(served):
     del dropped
     calls = alice._conn.calls
     alice.sync()
-    assert alice._conn.calls == calls  # no call of their own: they rode in the sync
+    assert alice._conn.calls == calls + 1  # no call of their own: they rode in the sync
     ids = set(alice.objects)
     assert gone not in ids and kept.id_at_location in ids
 
@@ -255,3 +256,44 @@ def test_malformed_deletes_in_a_sync_are_refused(served, deletes):
     with pytest.raises(pt.PointerError, match="deletes"):
         alice._conn.inspect_direct({"what": "stats", "deletes": deletes}, timeout=10.0)
     alice.sync()  # the session goes on
+
+
+def test_a_sync_costs_no_round_trip_after_the_commands(served):
+    """The sync leaves pipelined behind the commands (the worker answers it once they
+    ran): with a delay of L per call received, commands then a sync take about one L,
+    not two (command call, then sync call)."""
+    latency = 0.4
+    alice = served("alice", latency=latency)
+    p = pt.send(torch.ones(4), alice)
+    alice.sync()
+    start = time.monotonic()
+    q = p + 1
+    alice.sync()
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.6 * latency, elapsed
+    assert torch.equal(q.get(), torch.full((4,), 2.0))
+
+
+def test_a_sync_reports_a_failed_command_before_it(served):
+    alice = served("alice", latency=0.05)
+    p = pt.send(torch.ones(4), alice)
+    # posted commands: the failing one, then one more; the sync leaves pipelined after them
+    alice.post(ExecuteOp("aten::abs.default", [Ref(424242)], {}, [alice.new_id()], False))
+    q = p + 1
+    with pytest.raises(pt.RemoteError, match="no object with id 424242"):
+        alice.sync()
+    alice.sync()  # reported once
+    assert torch.equal(q.get(), torch.full((4,), 2.0))  # the command after it ran
+
+
+def test_get_all_fetches_side_by_side(served):
+    """Values at two workers that each delay every call by L come back in about one L."""
+    latency = 0.4
+    alice, bob = served("alice", latency=latency), served("bob", latency=latency)
+    p, q = pt.send(torch.arange(3.0), alice), pt.send(torch.ones(2), bob)
+    alice.sync()
+    bob.sync()
+    start = time.monotonic()
+    a, b = pt.get_all([p, q])
+    assert time.monotonic() - start < 1.6 * latency
+    assert torch.equal(a, torch.arange(3.0)) and torch.equal(b, torch.ones(2))

@@ -231,3 +231,16 @@ def test_pointer_cannot_be_pickled(alice):
 def test_send_rejects_non_tensors(alice):
     with pytest.raises(TypeError, match="tensor"):
         pt.send([1, 2], alice)
+
+
+def test_get_all_fetches_every_value(alice, bob):
+    p, q = pt.send(torch.arange(3.0), alice), pt.send(torch.ones(2), bob)
+    a, b = pt.get_all([p, q], delete=False)
+    assert torch.equal(a, torch.arange(3.0)) and torch.equal(b, torch.ones(2))
+    a.add_(1)  # the values are the caller's own copies
+    a, b = pt.get_all([p, q])  # delete=True, as get()
+    assert torch.equal(a, torch.arange(3.0)) and torch.equal(b, torch.ones(2))
+    with pytest.raises(pt.ObjectGoneError):
+        p.get()
+    with pytest.raises(TypeError, match="PointerTensors"):
+        pt.get_all([torch.ones(1)])

@@ -78,8 +78,8 @@ def test_part_6_federated_cnn_on_digits():
     bob, alice = pt.VirtualWorker(hook, id="bob"), pt.VirtualWorker(hook, id="alice")
     train = torch.utils.data.TensorDataset(images[:1500], target[:1500])
     federated_train_loader = pt.FederatedDataLoader(
-        train.federate((bob, alice)), batch_size=64, shuffle=True
-    )
+        train.federate((bob, alice)), batch_size=64, shuffle=True, seed=0
+    )  # (seeded: the held-out accuracy below depends on the batches' order)
     torch.manual_seed(0)
     model = Net()
     plain = copy.deepcopy(model)

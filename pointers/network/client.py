@@ -38,7 +38,7 @@ import grpc
 
 from pointers.errors import DecodeError, LimitExceeded, PointerError, RemoteError
 from pointers.network.certs import Credentials, check_identity, load_credentials
-from pointers.network.connection import Connection, Future, Item
+from pointers.network.connection import SYNC_ITEM, Connection, Future, Item
 from pointers.network.context import DEFAULT_CONTEXT, ClientContext
 from pointers.network.framing import buffer_bytes, encode_envelope
 from pointers.network.lease import SESSION_METADATA, renew_leases, session_of
@@ -195,10 +195,32 @@ class NetworkWorker:
                     dest[0]._conn.expects.append((self.id, msg.new_id))
             self._conn.submit(Item(frame, None))
             return None
+        return self._answer_of(self._submit_request(msg))
+
+    def request_async(self, msg: Message) -> PendingReply:
+        """Send ``msg`` now and return a :class:`PendingReply`: calling it waits for the
+        reply value (as :meth:`request`), so requests to several workers travel side by
+        side."""
+        if self.recorder is not None:
+            self.recorder.record_command(self.id, msg)
+        if self._held_deletes is not None:
+            self.flush_deletes()
+        return PendingReply(self, self._submit_request(msg))
+
+    def _submit_request(self, msg: Message) -> Item:
         item = Item(self._frame(msg), Future())
+        self._conn.submit(item)
+        return item
+
+    def _answer_of(self, item: Item) -> Any:
+        """The reply value of a submitted request (waits for it)."""
         try:
-            rh, rb = self._roundtrip(item)
-            if not rb and rh == _OK_NONE:
+            assert item.future is not None
+            answer = item.future.wait(self._conn)
+            if answer is None:  # (the connection fails a request left unanswered: never)
+                raise self._conn.malformed("no answer to a request")
+            rh, rb = answer
+            if reply_none(rh, rb):
                 return None
             try:
                 reply = decode_message(rh, rb)
@@ -366,8 +388,10 @@ class NetworkWorker:
         self._conn.expects.append((peer, obj_id))
 
     def sync(self) -> None:
-        """Wait until every queued message ran; raise the first error among them."""
-        self._inspect("stats", flush=True)
+        """Wait until every queued message ran; raise the first error among them. The
+        sync rides in the call that carries the last commands (or a call of its own),
+        pipelined like them: it costs no round trip after them."""
+        self._inspect(SYNC_ITEM, flush=True)
         held = self._conn.take_deferred()
         if held is not None:
             context = self._conn.context
@@ -439,6 +463,34 @@ class NetworkWorker:
 
 
 _OK_NONE, _ = encode_message(Reply(None))
+
+
+class PendingReply:
+    """The reply to a request sent with :meth:`NetworkWorker.request_async`: call it to
+    wait for the value (raising as :meth:`NetworkWorker.request` would). ``origin``: the
+    number of the message its error comes from, once answered (its own, or that of an
+    earlier post that failed), so that of several failed requests the earliest cause can
+    be raised."""
+
+    __slots__ = ("_worker", "_item")
+
+    def __init__(self, worker: NetworkWorker, item: Item) -> None:
+        self._worker, self._item = worker, item
+
+    def __call__(self) -> Any:
+        return self._worker._answer_of(self._item)
+
+    @property
+    def origin(self) -> int:
+        future = self._item.future
+        origin = future.origin if future is not None else None
+        return self._item.seq if origin is None else origin
+
+
+def reply_none(header: Any, buffers: list[Any]) -> bool:
+    return not buffers and header == _OK_NONE
+
+
 _WORKERS: weakref.WeakSet[NetworkWorker] = weakref.WeakSet()
 
 

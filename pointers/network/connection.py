@@ -25,12 +25,15 @@ from pointers.errors import DecodeError, LimitExceeded, PartyUnavailable, Pointe
 from pointers.network.context import ClientContext
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
 from pointers.network.served import is_error_header
-from pointers.network.transport import EXEC, INSPECT, STALE, SYNC, Call, rpc_error
+from pointers.network.transport import EXEC, INSPECT, STALE, SYNC, Call, not_sent, rpc_error
 from pointers.wire.messages import Delete, ErrorReply, decode_message, encode_message
 
 _BATCH_FRAMES = 2048  # messages per call at most
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches (as in process)
 _SYNC_DELETES = 4096  # deletes that may ride in a sync (more: a call of their own first)
+# a sync (NetworkWorker.sync): it rides in an Exec call, pipelined like commands, and the
+# worker answers it after the call's commands ran and their deliveries were answered
+SYNC_ITEM = "sync"
 
 
 class Future:
@@ -90,6 +93,28 @@ class Item:
         self.flush = flush
         self.seq = 0  # numbered by the connection's context when queued
         self.stale = False  # posted before an error the caller has seen: ignore its error
+
+
+class Flight:
+    """A call of commands that left before the answer of the call before it: its gRPC
+    future, its items, how many frames it carried, its announcements, the sync that rode
+    in it, and what it was made of (to send it again if it never reached the worker)."""
+
+    __slots__ = ("call", "sent", "nframes", "expects", "sync", "info", "frames", "first_seq")
+
+    def __init__(
+        self,
+        call: Any,
+        sent: list[Item],
+        nframes: int,
+        expects: list[list[Any]],
+        sync: Item | None,
+        info: dict[str, Any],
+        frames: list[Any],
+        first_seq: int,
+    ) -> None:
+        self.call, self.sent, self.nframes, self.expects = call, sent, nframes, expects
+        self.sync, self.info, self.frames, self.first_seq = sync, info, frames, first_seq
 
 
 class SendHold:
@@ -180,6 +205,9 @@ class Connection:
         self.timeout = timeout
         self.max_message_bytes = max_message_bytes
         self._exec = Call(channel, EXEC)
+        # calls that carry a sync have their own reconnection retry (a sync right after a
+        # worker restarted waits for the channel, even if commands failed a moment ago)
+        self._sync_exec = Call(channel, EXEC)
         self._inspect = Call(channel, INSPECT)
         self._queue: deque[Item] = deque()
         self._cond = threading.Condition()
@@ -198,7 +226,7 @@ class Connection:
         self.calls = 0  # Exec calls made (each carries a batch of commands)
         # calls of commands only that left before the answer of the one before (oldest
         # first): (gRPC future, its items, its frame count, its announcements)
-        self._flight: deque[tuple[Any, list[Item], int, list[list[Any]]]] = deque()
+        self._flight: deque[Flight] = deque()
         self._token = os.urandom(8).hex()  # names this connection's order of calls
         self._order = 0
         self._sent_at = 0.0  # when the last call left
@@ -269,7 +297,7 @@ class Connection:
                         break
                     self._cond.wait(self._gather() or None)
                 if self._landed():
-                    head_call = self._flight[0]
+                    head_call: Flight | None = self._flight[0]
                 else:
                     head_call = None
             if head_call is not None:  # answers are taken in the order the calls left
@@ -284,7 +312,7 @@ class Connection:
                 size = 0
                 while self._queue:
                     head = self._queue[0]
-                    if head.what is not None:
+                    if head.what is not None and head.what != SYNC_ITEM:
                         break
                     if batch and (
                         len(batch) >= _BATCH_FRAMES
@@ -295,6 +323,8 @@ class Connection:
                     size += head.size
                     if head.future is not None:
                         self._urgent -= 1
+                    if head.what == SYNC_ITEM:  # a sync ends its batch (it answers for it)
+                        break
                 inspect = None
                 if not batch and self._queue:
                     inspect = self._queue.popleft()
@@ -310,10 +340,16 @@ class Connection:
             self.progress = time.monotonic()
             # commands only (no answer awaited, nothing to inspect) leave without waiting for
             # the calls still in flight (at most PIPELINE); the worker runs them in order
-            pipelined = inspect is None and bool(batch) and all(it.future is None for it in batch)
+            # (and a sync: its answer is taken after the answers of the calls before it)
+            synced = bool(batch) and batch[-1].what == SYNC_ITEM
+            pipelined = (
+                inspect is None
+                and bool(batch)
+                and all(it.future is None or it.what == SYNC_ITEM for it in batch)
+            )
             try:
                 if pipelined and len(self._flight) < self.PIPELINE:
-                    bulk = ready_deletes if ready_deletes >= _DELETE_BATCH else 0
+                    bulk = ready_deletes if synced or ready_deletes >= _DELETE_BATCH else 0
                     self._send_batch(batch, bulk, pipelined=True)
                     continue
                 while self._flight:  # an answer is awaited: everything before it lands first
@@ -369,11 +405,18 @@ class Connection:
 
     def _landed(self) -> bool:
         """Whether the oldest call in flight has its answer (called with the lock held)."""
-        return bool(self._flight) and self._flight[0][0].done()
+        return bool(self._flight) and self._flight[0].call.done()
 
     def _land(self, wait: bool) -> None:
         """Take the answer of the oldest call in flight (waiting for it if ``wait``)."""
-        call, sent, nframes, expects = self._flight[0]
+        flight = self._flight[0]
+        call, sent, nframes, expects, sync = (
+            flight.call,
+            flight.sent,
+            flight.nframes,
+            flight.expects,
+            flight.sync,
+        )
         if not wait and not call.done():
             return
         try:
@@ -381,15 +424,32 @@ class Connection:
             error: grpc.RpcError | None = None
         except grpc.RpcError as e:
             resp, error = None, e
+            if sync is not None and not_sent(e):
+                # a sync that never reached the worker (down, or just restarted): sent once
+                # more, waiting for the channel (Call's retry), as the first of its order
+                # (the calls after it were not sent either, or wait for this one); calls
+                # of commands only fail at once, so the error reaches the client quickly
+                info = {**flight.info, "order": [*flight.info["order"][:2], 0]}
+                try:
+                    resp = self._sync_exec(
+                        encode_envelope(info, flight.frames),
+                        timeout=self.timeout,
+                        metadata=self.metadata,
+                    )
+                    error = None
+                except grpc.RpcError as again:
+                    error = again
         except Exception as e:  # (cancelled at close)
             resp, error = None, None
-            self._fail_all(sent, PartyUnavailable(f"a call to {self.worker_id!r}: {e}"))
+            lost = PartyUnavailable(f"a call to {self.worker_id!r}: {e}")
+            self._fail_all(sent, lost)
+            if sync is not None:
+                sync.future.fail(lost)  # type: ignore[union-attr]
         with self._cond:
             self._flight.popleft()
-            nxt = self._flight[0][1] if self._flight else None
-            self._running = nxt[0].seq if nxt else None
+            self._running = self._flight[0].first_seq if self._flight else None
         if resp is not None or error is not None:
-            self._answer(sent, nframes, expects, resp, error)
+            self._answer(sent, nframes, expects, resp, error, sync)
         self.progress = time.monotonic()
         self.context.settled()
 
@@ -423,8 +483,17 @@ class Connection:
         expects, deletes = self._take_pending(ndeletes)
         frames: list[Any] = []
         sent: list[Item] = []
+        sync: Item | None = None  # a sync: the worker's answer to it rides in the reply
         raised = self.context.raised
         for it in batch:
+            if it.what == SYNC_ITEM:
+                assert it.future is not None
+                held = self.take_deferred()
+                if held is not None:  # an earlier post failed: the sync reports it
+                    it.future.fail(*held)
+                else:
+                    sync = it
+                continue
             if it.future is not None:
                 held = self.take_deferred()
                 if held is not None:  # an earlier post failed: report it, do not run this
@@ -438,9 +507,11 @@ class Connection:
         if deletes:
             header, _ = encode_message(Delete(deletes))
             frames.append((STALE, header, []))
-        if not frames and not expects:
+        if not frames and not expects and sync is None:
             return
         info: dict[str, Any] = {"expect": expects} if expects else {}
+        if sync is not None:
+            info["sync"] = True
         if self.deadline is not None:
             info["deadline"] = self.deadline
         # the calls' order: one that leaves while others are in flight runs after them
@@ -452,16 +523,21 @@ class Connection:
         self._sent_at = time.monotonic()
         if pipelined:
             call = self._exec.future(data, timeout=self.timeout, metadata=self.metadata)
+            first = sent[0].seq if sent else (sync.seq if sync is not None else 0)
             with self._cond:
-                self._flight.append((call, sent, len(frames), expects))
+                self._flight.append(
+                    Flight(call, sent, len(frames), expects, sync, info, frames, first)
+                )
             call.add_done_callback(self._wake)
             return
         try:
-            resp: bytes | None = self._exec(data, timeout=self.timeout, metadata=self.metadata)
+            resp: bytes | None = (self._exec if sync is None else self._sync_exec)(
+                data, timeout=self.timeout, metadata=self.metadata
+            )
             error: grpc.RpcError | None = None
         except grpc.RpcError as e:
             resp, error = None, e
-        self._answer(sent, len(frames), expects, resp, error)
+        self._answer(sent, len(frames), expects, resp, error, sync)
 
     def _wake(self, _call: Any) -> None:
         with self._cond:
@@ -474,8 +550,43 @@ class Connection:
         expects: list[list[Any]],
         resp: bytes | None,
         rpc_failure: grpc.RpcError | None,
+        sync: Item | None = None,
     ) -> None:
-        """Resolve the items of one call from its answer (or its transport error)."""
+        """Resolve the items of one call from its answer (or its transport error); a
+        ``sync`` that rode in the call gets the worker's answer to it, after the items."""
+        self._answer_items(sent, nframes, expects, resp, rpc_failure)
+        if sync is None:
+            return
+        assert sync.future is not None
+        if resp is None:  # the items' transport error (or none: the call was cancelled)
+            sync.future.fail(
+                rpc_error(rpc_failure, self.worker_id, self.address, "a sync")
+                if rpc_failure is not None
+                else PartyUnavailable(f"a sync of {self.worker_id!r} got no answer")
+            )
+            return
+        try:
+            rinfo, _ = decode_envelope(resp)
+            error = info_field(rinfo, "error", list, None) or info_field(
+                rinfo, "sync_error", list, None
+            )
+            if error is not None:
+                sync.future.fail(self.info_error(error))
+            elif not isinstance(rinfo.get("stats"), dict):
+                sync.future.fail(self.malformed("it did not answer the sync"))
+            else:
+                sync.future.set(rinfo)
+        except FrameError as e:
+            sync.future.fail(self.malformed(e))
+
+    def _answer_items(
+        self,
+        sent: list[Item],
+        nframes: int,
+        expects: list[list[Any]],
+        resp: bytes | None,
+        rpc_failure: grpc.RpcError | None,
+    ) -> None:
         try:
             if rpc_failure is not None:
                 raise rpc_failure
@@ -533,7 +644,8 @@ class Connection:
         pending: int | None = None  # a post after the batch's last request (which reports it)
         for it in sent:
             if it.future is not None:
-                it.future.fail(error)
+                # (its origin: the first post before it that the same failure took down)
+                it.future.fail(error, pending)
                 pending = None
             elif not it.stale and pending is None:
                 pending = it.seq

@@ -681,6 +681,7 @@ class WorkerServer:
             lost = ns.take_lost(unreachable=False)  # earlier calls' refused deliveries
             if lost is not None:
                 raise DeliveryFailed(lost)
+            sync = info_field(info, "sync", bool, False)
             deadline = info_field(info, "deadline", (int, float), None)
             if deadline is not None and not 0 < deadline <= 3600:
                 raise FrameError(f"a deadline must lie in (0, 3600] seconds, got {deadline}")
@@ -712,8 +713,14 @@ class WorkerServer:
                 replies.append((k, rh, rb))
                 if not tag & STALE and is_error_header(rh):
                     failed = True
+        out: dict[str, Any] = {"epoch": self.epoch}
+        if sync:  # the client's sync rode in this call: answered once the commands ran
+            try:
+                out["stats"] = self._sync(ns)
+            except Exception as e:
+                out["sync_error"] = [type(e).__name__, str(e)]
         try:
-            return encode_envelope({"epoch": self.epoch}, replies)
+            return encode_envelope(out, replies)
         except Exception as e:
             return _error_envelope(e, self.epoch)
 
@@ -797,10 +804,21 @@ class WorkerServer:
         except Exception as e:
             return _error_envelope(e, self.epoch)
 
+    @staticmethod
+    def _sync(ns: ServedWorker) -> dict[str, Any]:
+        """A client's sync: what its commands sent is delivered first, and a delivery
+        that did not arrive is its error; then the namespace's counters."""
+        ns.flush_deliveries(ns.store.deadline)
+        lost = ns.take_lost()
+        if lost is not None:
+            if "PartyUnavailable" in lost:
+                raise PartyUnavailable(lost, None)
+            raise DeliveryFailed(lost)
+        return dict(vars(ns.stats))
+
     def _inspect_in(self, ns: ServedWorker, what: str | None, info: dict[str, Any]) -> bytes:
         try:
-            if what == "stats":  # (a sync) what this client's commands sent is delivered
-                # first, and a delivery that did not arrive is its error
+            if what == "stats":  # (w.stats) as a sync, then the counters
                 deletes = info_field(info, "deletes", list, None)
                 if deletes is not None:  # the deletes of dropped pointers ride in a sync
                     if len(deletes) > MAX_SYNC_DELETES or not all(type(i) is int for i in deletes):
@@ -810,14 +828,7 @@ class WorkerServer:
                     # run as a command, uncounted like the inspection that carries them
                     # (in process, deletes wait and travel in batches of 64)
                     ns.run_locked(Delete(deletes))  # (unknown ids are ignored)
-                ns.flush_deliveries(ns.store.deadline)
-                lost = ns.take_lost()
-                if lost is not None:
-                    if "PartyUnavailable" in lost:
-                        raise PartyUnavailable(lost, None)
-                    raise DeliveryFailed(lost)
-            if what == "stats":
-                out: dict[str, Any] = {"stats": dict(vars(ns.stats))}
+                out: dict[str, Any] = {"stats": self._sync(ns)}
             elif what == "ids":
                 out = {"ids": ns.store.ids()}
             elif what == "reset":
