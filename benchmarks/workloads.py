@@ -96,10 +96,10 @@ class Workload:
 
         def one(w: Any) -> None:
             try:
-                w.sync()
-                if self.programs:  # an mpc.plan call runs as programs at the workers
-                    w.wait_programs()
-                    w.sync()  # (and reports their errors)
+                if self.programs:  # an mpc.plan call runs as programs at the workers:
+                    w.sync(wait_programs=3600.0)  # waits for them too, in the same call
+                else:
+                    w.sync()
             except BaseException as e:  # raised below, in this thread
                 errors.append(e)
 

@@ -297,3 +297,29 @@ def test_get_all_fetches_side_by_side(served):
     a, b = pt.get_all([p, q])
     assert time.monotonic() - start < 1.6 * latency
     assert torch.equal(a, torch.arange(3.0)) and torch.equal(b, torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    "info",
+    [{"programs": 1}, {"sync": True, "programs": -1}, {"sync": True, "programs": "1"}],
+)
+def test_a_malformed_sync_is_refused(certs, info):
+    server = WorkerServer(ServerConfig("alice", certs=str(certs), threads=4), {})
+    server.start()
+    channel = open_channel(
+        server.address,
+        worker_id="alice",
+        credentials=load_credentials(certs, "client"),
+        max_message_bytes=1 << 20,
+    )
+    try:
+        call = channel.unary_unary(EXEC)
+        reply, _ = decode_envelope(call(encode_envelope(info, []), timeout=10))
+        assert reply["error"][0] == "FrameError"
+        reply, _ = decode_envelope(
+            call(encode_envelope({"sync": True, "programs": 0.5}, []), timeout=10)
+        )
+        assert isinstance(reply["stats"], dict) and "error" not in reply
+    finally:
+        channel.close()
+        server.stop(grace=None)

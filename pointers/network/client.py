@@ -387,11 +387,18 @@ class NetworkWorker:
         travels with the next call, and a delivery that comes first is held until then."""
         self._conn.expects.append((peer, obj_id))
 
-    def sync(self) -> None:
+    def sync(self, wait_programs: float | None = None) -> None:
         """Wait until every queued message ran; raise the first error among them. The
         sync rides in the call that carries the last commands (or a call of its own),
-        pipelined like them: it costs no round trip after them."""
-        self._inspect(SYNC_ITEM, flush=True)
+        pipelined like them: it costs no round trip after them. ``wait_programs=T``: first
+        wait (up to T seconds, at most a little less than the call timeout) for the
+        programs this client started there (``mpc.plan`` calls), as :meth:`wait_programs`
+        does, in the same call."""
+        info = None
+        if wait_programs is not None:
+            limit = max(self._conn.timeout - 5.0, 1.0)
+            info = {"programs": min(max(float(wait_programs), 0.0), limit)}
+        self._inspect(SYNC_ITEM, flush=True, info=info)
         held = self._conn.take_deferred()
         if held is not None:
             context = self._conn.context

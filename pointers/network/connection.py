@@ -512,6 +512,9 @@ class Connection:
         info: dict[str, Any] = {"expect": expects} if expects else {}
         if sync is not None:
             info["sync"] = True
+            programs = (sync.info or {}).get("programs")
+            if programs is not None:  # it first waits for the client's programs there
+                info["programs"] = programs
         if self.deadline is not None:
             info["deadline"] = self.deadline
         # the calls' order: one that leaves while others are in flight runs after them

@@ -682,6 +682,9 @@ class WorkerServer:
             if lost is not None:
                 raise DeliveryFailed(lost)
             sync = info_field(info, "sync", bool, False)
+            programs = info_field(info, "programs", (int, float), None)
+            if programs is not None and not (sync and 0 <= programs <= 3600):
+                raise FrameError("'programs' is a sync's wait in [0, 3600] seconds")
             deadline = info_field(info, "deadline", (int, float), None)
             if deadline is not None and not 0 < deadline <= 3600:
                 raise FrameError(f"a deadline must lie in (0, 3600] seconds, got {deadline}")
@@ -716,6 +719,9 @@ class WorkerServer:
         out: dict[str, Any] = {"epoch": self.epoch}
         if sync:  # the client's sync rode in this call: answered once the commands ran
             try:
+                if programs is not None:  # (bounded) and the programs the client started
+                    ns.wait_programs(float(programs))
+                    ns.flush_deliveries(float(programs))
                 out["stats"] = self._sync(ns)
             except Exception as e:
                 out["sync_error"] = [type(e).__name__, str(e)]
