@@ -323,3 +323,23 @@ def test_a_malformed_sync_is_refused(certs, info):
     finally:
         channel.close()
         server.stop(grace=None)
+
+
+def test_a_read_leaves_behind_the_commands_and_keeps_their_errors_first(served):
+    """A fetch that keeps the object (``get_all(..., delete=False)``, a shared value's
+    ``get``) leaves while the commands before it are in flight: one L after them, not
+    two; but if one of them failed, the read raises that error, as if it had waited."""
+    latency = 0.4
+    alice = served("alice", latency=latency)
+    p = pt.send(torch.ones(4), alice)
+    alice.sync()
+    start = time.monotonic()
+    q = p + 1
+    (value,) = pt.get_all([q], delete=False)
+    assert time.monotonic() - start < 1.6 * latency
+    assert torch.equal(value, torch.full((4,), 2.0))
+    alice.post(ExecuteOp("aten::abs.default", [Ref(424242)], {}, [alice.new_id()], False))
+    with pytest.raises(pt.RemoteError, match="no object with id 424242"):
+        pt.get_all([p], delete=False)  # p exists: only the earlier post failed
+    alice.sync()  # reported once
+    assert torch.equal(p.get(), torch.ones(4))

@@ -209,6 +209,9 @@ class NetworkWorker:
 
     def _submit_request(self, msg: Message) -> Item:
         item = Item(self._frame(msg), Future())
+        # a fetch that keeps the object only reads: it may leave while the commands before
+        # it are in flight (its value is dropped if one of them failed)
+        item.reads = type(msg) is Fetch and not msg.delete
         self._conn.submit(item)
         return item
 

@@ -75,7 +75,7 @@ class Item:
     """One queued unit: a message frame (``future`` set when a reply is awaited) or an
     inspection (``what``)."""
 
-    __slots__ = ("frame", "size", "future", "what", "info", "flush", "seq", "stale")
+    __slots__ = ("frame", "size", "future", "what", "info", "flush", "seq", "stale", "reads")
 
     def __init__(
         self,
@@ -91,6 +91,9 @@ class Item:
         self.what = what
         self.info = info  # more fields of an inspection
         self.flush = flush
+        # a request that only reads (a fetch that keeps the object): it may leave while
+        # calls before it are in flight; its value counts only if none of them failed
+        self.reads = False
         self.seq = 0  # numbered by the connection's context when queued
         self.stale = False  # posted before an error the caller has seen: ignore its error
 
@@ -319,6 +322,16 @@ class Connection:
                         or size + head.size > self.max_message_bytes // 2
                     ):
                         break
+                    if (
+                        head.future is not None
+                        and head.what != SYNC_ITEM
+                        and not head.reads
+                        and batch
+                        and self._flight
+                    ):
+                        # a request waits for the calls in flight (errors stay ordered):
+                        # the commands before it leave now, pipelined, not with it later
+                        break
                     batch.append(self._queue.popleft())
                     size += head.size
                     if head.future is not None:
@@ -345,7 +358,7 @@ class Connection:
             pipelined = (
                 inspect is None
                 and bool(batch)
-                and all(it.future is None or it.what == SYNC_ITEM for it in batch)
+                and all(it.future is None or it.what == SYNC_ITEM or it.reads for it in batch)
             )
             try:
                 if pipelined and len(self._flight) < self.PIPELINE:
@@ -620,7 +633,12 @@ class Connection:
                 continue
             if not is_error_header(reply[0]):
                 if it.future is not None:
-                    it.future.set(reply)
+                    held = pending or (self.take_deferred() if it.reads else None)
+                    if held is not None:  # a read that left before an earlier post failed:
+                        it.future.fail(*held)  # as if it had waited (it is not reported)
+                        pending = None
+                    else:
+                        it.future.set(reply)
                 continue
             try:
                 err = decode_message(reply[0], reply[1])
