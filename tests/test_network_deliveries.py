@@ -343,3 +343,21 @@ def test_a_read_leaves_behind_the_commands_and_keeps_their_errors_first(served):
         pt.get_all([p], delete=False)  # p exists: only the earlier post failed
     alice.sync()  # reported once
     assert torch.equal(p.get(), torch.ones(4))
+
+
+def test_calls_overlap_only_where_the_network_is_slow(served):
+    """The client measures each call's network time (round trip less the time the worker
+    reports) and pipelines only when it is at least PIPELINE_MIN_TRANSIT."""
+    slow = served("alice", latency=0.05)
+    p = pt.send(torch.ones(2), slow)
+    for _ in range(3):
+        p = p + 1
+        slow.sync()
+    conn = slow._conn
+    assert conn.transit >= 0.04 >= conn.PIPELINE_MIN_TRANSIT
+    calls = conn.calls
+    for _ in range(5):  # posted back to back: they leave while the first is in flight
+        p = p + 1
+    slow.sync()
+    assert conn.calls - calls <= 3  # one call per command would be 6
+    assert torch.equal(p.get(), torch.full((2,), 9.0))

@@ -651,17 +651,20 @@ class WorkerServer:
     def _exec(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         if self.config.latency:
             time.sleep(self.config.latency)
+        start = time.monotonic()  # (after the simulated latency: it stands for the network)
         try:
             info, frames = decode_envelope(request)
             ns = self._client(context, "run commands or fetch objects")
         except Exception as e:
             return _error_envelope(e, self.epoch)
         try:
-            return self._exec_in(ns, info, frames)
+            return self._exec_in(ns, info, frames, start)
         finally:
             self._leave(ns)
 
-    def _exec_in(self, ns: ServedWorker, info: dict[str, Any], frames: list[Any]) -> bytes:
+    def _exec_in(
+        self, ns: ServedWorker, info: dict[str, Any], frames: list[Any], start: float = 0.0
+    ) -> bytes:
         try:
             order = _call_order(info)
         except Exception as e:
@@ -669,14 +672,16 @@ class WorkerServer:
         try:
             if order is not None:
                 ns.wait_turn(*order)
-            return self._exec_turn(ns, info, frames)
+            return self._exec_turn(ns, info, frames, start)
         except Exception as e:
             return _error_envelope(e, self.epoch)
         finally:
             if order is not None:
                 ns.end_turn(order[0], order[1])
 
-    def _exec_turn(self, ns: ServedWorker, info: dict[str, Any], frames: list[Any]) -> bytes:
+    def _exec_turn(
+        self, ns: ServedWorker, info: dict[str, Any], frames: list[Any], start: float = 0.0
+    ) -> bytes:
         try:
             lost = ns.take_lost(unreachable=False)  # earlier calls' refused deliveries
             if lost is not None:
@@ -725,6 +730,8 @@ class WorkerServer:
                 out["stats"] = self._sync(ns)
             except Exception as e:
                 out["sync_error"] = [type(e).__name__, str(e)]
+        if start:  # how long the call took here: the client tells the network's share
+            out["took"] = round(time.monotonic() - start, 6)
         try:
             return encode_envelope(out, replies)
         except Exception as e:
