@@ -465,3 +465,11 @@ def test_ring_errors() -> None:
         ring_conv2d(x, w)
     with pytest.raises(TypeError, match="int64"):
         ring_conv2d(x.float(), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.int64])
+def test_encode_never_changes_its_input(dtype):
+    x = torch.tensor([1.0, -2.5, 3.25]).to(dtype)
+    before = x.clone()
+    encode(x, 8)
+    assert torch.equal(x, before)

@@ -174,7 +174,10 @@ def encode(
         raise EncodingError(f"cannot encode complex tensor of dtype {t.dtype}")
     t64 = t.detach().to(torch.float64)
     if t64.numel() > 0:
-        max_abs = float(t.detach().abs().max())  # NaN and inf propagate to the max
+        lo, hi = torch.aminmax(t.detach())  # (one pass; NaN propagates to both)
+        max_abs = max(-float(lo), float(hi))
+        if math.isnan(float(lo)):
+            max_abs = math.nan
         if not math.isfinite(max_abs):
             raise EncodingError("cannot encode a tensor containing NaN or infinity")
         bound = max_safe_value(frac_bits)
@@ -187,7 +190,10 @@ def encode(
         if check_range and max_abs >= product_safe_value(frac_bits):
             _range_warning("encoding a value: max |x|", max_abs, frac_bits, "a value of")
     # x * 2**f is exact in float64 (a power-of-two scale), so only the rounding is inexact
-    return (t64 * float(2**frac_bits)).round_().to(torch.int64)
+    # (in place only on a converted copy: a float64 input shares its memory with t64)
+    scale = float(2**frac_bits)
+    scaled = t64.mul_(scale) if t.dtype != torch.float64 else t64 * scale
+    return scaled.round_().to(torch.int64)
 
 
 def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -200,6 +206,10 @@ def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) 
     if not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
         found = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise EncodingError(f"decode expects an int64 tensor of ring elements, got {found}")
+    if dtype == torch.float32:
+        # (one rounding either way: float32(x) * 2^-f is exact scaling of the rounded x,
+        # the same value as float32(x / 2^f) for |x| < 2^53)
+        return x.to(torch.float32).mul_(2.0**-frac_bits)
     if dtype.is_floating_point or dtype.is_complex:
         return x.to(torch.float64, copy=True).div_(float(2**frac_bits)).to(dtype)
     if frac_bits != 0:
