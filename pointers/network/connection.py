@@ -101,7 +101,8 @@ class Item:
 class Flight:
     """A call of commands that left before the answer of the call before it: its gRPC
     future, its items, how many frames it carried, its announcements, the sync that rode
-    in it, and what it was made of (to send it again if it never reached the worker)."""
+    in it, and (with a sync) what it was made of, to send it again if it never reached the
+    worker."""
 
     __slots__ = (
         "call",
@@ -566,7 +567,15 @@ class Connection:
             with self._cond:
                 self._flight.append(
                     Flight(
-                        call, sent, len(frames), expects, sync, info, frames, first, self._sent_at
+                        call,
+                        sent,
+                        len(frames),
+                        expects,
+                        sync,
+                        info,
+                        frames if sync is not None else [],  # (kept only to resend a sync)
+                        first,
+                        self._sent_at,
                     )
                 )
             call.add_done_callback(self._wake)
