@@ -176,12 +176,12 @@ class NetworkWorker:
     def request(self, msg: Message) -> Any:
         """Send ``msg`` and wait for its reply value (raises the worker's error, or the
         root cause: the earliest error of a message posted before it)."""
-        return self._exchange(msg, True)
+        return self._exchange(msg, True)()
 
     def _exchange(self, msg: Message, wait: bool = True) -> Any:
         """Every command passes here (so that :class:`pointers.worker.program.Recording` can
         capture it): queued when no reply is awaited (``wait=False``), else sent and its
-        reply value returned."""
+        a :class:`PendingReply` returned."""
         if self.recorder is not None:
             self.recorder.record_command(self.id, msg)
         held = self._held_deletes
@@ -195,35 +195,25 @@ class NetworkWorker:
                     dest[0]._conn.expects.append((self.id, msg.new_id))
             self._conn.submit(Item(frame, None))
             return None
-        return self._answer_of(self._submit_request(msg))
-
-    def request_async(self, msg: Message) -> PendingReply:
-        """Send ``msg`` now and return a :class:`PendingReply`: calling it waits for the
-        reply value (as :meth:`request`), so requests to several workers travel side by
-        side."""
-        if self.recorder is not None:
-            self.recorder.record_command(self.id, msg)
-        if self._held_deletes is not None:
-            self.flush_deletes()
-        return PendingReply(self, self._submit_request(msg))
-
-    def _submit_request(self, msg: Message) -> Item:
         item = Item(self._frame(msg), Future())
         # a fetch that keeps the object only reads: it may leave while the commands before
         # it are in flight (its value is dropped if one of them failed)
         item.reads = type(msg) is Fetch and not msg.delete
         self._conn.submit(item)
-        return item
+        return PendingReply(self, item)
+
+    def request_async(self, msg: Message) -> PendingReply:
+        """Send ``msg`` now and return a :class:`PendingReply`: calling it waits for the
+        reply value (as :meth:`request`), so requests to several workers travel side by
+        side."""
+        pending: PendingReply = self._exchange(msg, True)
+        return pending
 
     def _answer_of(self, item: Item) -> Any:
         """The reply value of a submitted request (waits for it)."""
         try:
-            assert item.future is not None
-            answer = item.future.wait(self._conn)
-            if answer is None:  # (the connection fails a request left unanswered: never)
-                raise self._conn.malformed("no answer to a request")
-            rh, rb = answer
-            if reply_none(rh, rb):
+            rh, rb = self._wait_answer(item)
+            if not rb and rh == _OK_NONE:
                 return None
             try:
                 reply = decode_message(rh, rb)
@@ -437,8 +427,12 @@ class NetworkWorker:
         return frame
 
     def _roundtrip(self, item: Item) -> tuple[Any, list[Any]]:
-        assert item.future is not None
         self._conn.submit(item)
+        return self._wait_answer(item)
+
+    def _wait_answer(self, item: Item) -> tuple[Any, list[Any]]:
+        """The encoded answer to a submitted request (waits for it)."""
+        assert item.future is not None
         reply = item.future.wait(self._conn)
         if reply is None:  # (the connection fails a request left unanswered: never here)
             raise self._conn.malformed("no answer to a request")
@@ -495,10 +489,6 @@ class PendingReply:
         future = self._item.future
         origin = future.origin if future is not None else None
         return self._item.seq if origin is None else origin
-
-
-def reply_none(header: Any, buffers: list[Any]) -> bool:
-    return not buffers and header == _OK_NONE
 
 
 _WORKERS: weakref.WeakSet[NetworkWorker] = weakref.WeakSet()

@@ -611,30 +611,27 @@ class Connection:
         """Resolve the items of one call from its answer (or its transport error); a
         ``sync`` that rode in the call gets the worker's answer to it, after the items.
         ``sent_at``: when the call left (its network time is noted from the answer)."""
-        self._answer_items(sent, nframes, expects, resp, rpc_failure, sent_at)
+        rinfo, failure = self._answer_items(sent, nframes, expects, resp, rpc_failure, sent_at)
         if sync is None:
             return
         assert sync.future is not None
-        if resp is None:  # the items' transport error (or none: the call was cancelled)
-            sync.future.fail(
-                rpc_error(rpc_failure, self.worker_id, self.address, "a sync")
-                if rpc_failure is not None
-                else PartyUnavailable(f"a sync of {self.worker_id!r} got no answer")
-            )
+        if isinstance(failure, grpc.RpcError):  # the call's transport error
+            sync.future.fail(rpc_error(failure, self.worker_id, self.address, "a sync"))
+            return
+        if failure is not None:  # a malformed answer, or an error for the whole call
+            sync.future.fail(failure)
             return
         try:
-            rinfo, _ = decode_envelope(resp)
-            error = info_field(rinfo, "error", list, None) or info_field(
-                rinfo, "sync_error", list, None
-            )
-            if error is not None:
-                sync.future.fail(self.info_error(error))
-            elif not isinstance(rinfo.get("stats"), dict):
-                sync.future.fail(self.malformed("it did not answer the sync"))
-            else:
-                sync.future.set(rinfo)
+            error = info_field(rinfo, "sync_error", list, None)
         except FrameError as e:
             sync.future.fail(self.malformed(e))
+            return
+        if error is not None:
+            sync.future.fail(self.info_error(error))
+        elif not isinstance(rinfo.get("stats"), dict):
+            sync.future.fail(self.malformed("it did not answer the sync"))
+        else:
+            sync.future.set(rinfo)
 
     def _answer_items(
         self,
@@ -644,7 +641,9 @@ class Connection:
         resp: bytes | None,
         rpc_failure: grpc.RpcError | None,
         sent_at: float | None = None,
-    ) -> None:
+    ) -> tuple[dict[str, Any], BaseException | None]:
+        """Resolve the items; returns the answer's info and, if the whole call failed,
+        why (its transport error as gRPC raised it, or the error the items got)."""
         try:
             if rpc_failure is not None:
                 raise rpc_failure
@@ -662,13 +661,15 @@ class Connection:
             # (an id announced twice is harmless; one never announced is refused a delivery)
             self.expects[:0] = [(peer, i) for peer, ids in expects for i in ids]
             self._fail_all(sent, rpc_error(e, self.worker_id, self.address, "a command"))
-            return
+            return {}, e
         except FrameError as e:
-            self._fail_all(sent, self.malformed(e))
-            return
+            malformed = self.malformed(e)
+            self._fail_all(sent, malformed)
+            return {}, malformed
         if batch_error is not None:
-            self._fail_all(sent, self.info_error(batch_error))
-            return
+            failed = self.info_error(batch_error)
+            self._fail_all(sent, failed)
+            return {}, failed
         pending: tuple[BaseException, int] | None = None  # first failed post not reported
         for k, it in enumerate(sent):
             reply = answered.get(k)
@@ -705,6 +706,7 @@ class Connection:
                 pending = (error, it.seq)
         if pending is not None and self.deferred is None:
             self.deferred = pending
+        return rinfo, None
 
     def _fail_all(self, sent: list[Item], error: BaseException) -> None:
         pending: int | None = None  # a post after the batch's last request (which reports it)
