@@ -258,19 +258,27 @@ def test_malformed_deletes_in_a_sync_are_refused(served, deletes):
     alice.sync()  # the session goes on
 
 
+LATENCY = 0.4  # seconds a slow worker waits before it handles each call
+
+
+def _slow_alice(served):
+    """alice with a delay of LATENCY per call received, holding ones(4) (synced)."""
+    alice = served("alice", latency=LATENCY)
+    p = pt.send(torch.ones(4), alice)
+    alice.sync()
+    return alice, p
+
+
 def test_a_sync_costs_no_round_trip_after_the_commands(served):
     """The sync leaves pipelined behind the commands (the worker answers it once they
     ran): with a delay of L per call received, commands then a sync take about one L,
     not two (command call, then sync call)."""
-    latency = 0.4
-    alice = served("alice", latency=latency)
-    p = pt.send(torch.ones(4), alice)
-    alice.sync()
+    alice, p = _slow_alice(served)
     start = time.monotonic()
     q = p + 1
     alice.sync()
     elapsed = time.monotonic() - start
-    assert elapsed < 1.6 * latency, elapsed
+    assert elapsed < 1.6 * LATENCY, elapsed
     assert torch.equal(q.get(), torch.full((4,), 2.0))
 
 
@@ -288,14 +296,13 @@ def test_a_sync_reports_a_failed_command_before_it(served):
 
 def test_get_all_fetches_side_by_side(served):
     """Values at two workers that each delay every call by L come back in about one L."""
-    latency = 0.4
-    alice, bob = served("alice", latency=latency), served("bob", latency=latency)
+    alice, bob = served("alice", latency=LATENCY), served("bob", latency=LATENCY)
     p, q = pt.send(torch.arange(3.0), alice), pt.send(torch.ones(2), bob)
     alice.sync()
     bob.sync()
     start = time.monotonic()
     a, b = pt.get_all([p, q])
-    assert time.monotonic() - start < 1.6 * latency
+    assert time.monotonic() - start < 1.6 * LATENCY
     assert torch.equal(a, torch.arange(3.0)) and torch.equal(b, torch.ones(2))
 
 
@@ -329,14 +336,11 @@ def test_a_read_leaves_behind_the_commands_and_keeps_their_errors_first(served):
     """A fetch that keeps the object (``get_all(..., delete=False)``, a shared value's
     ``get``) leaves while the commands before it are in flight: one L after them, not
     two; but if one of them failed, the read raises that error, as if it had waited."""
-    latency = 0.4
-    alice = served("alice", latency=latency)
-    p = pt.send(torch.ones(4), alice)
-    alice.sync()
+    alice, p = _slow_alice(served)
     start = time.monotonic()
     q = p + 1
     (value,) = pt.get_all([q], delete=False)
-    assert time.monotonic() - start < 1.6 * latency
+    assert time.monotonic() - start < 1.6 * LATENCY
     assert torch.equal(value, torch.full((4,), 2.0))
     alice.post(ExecuteOp("aten::abs.default", [Ref(424242)], {}, [alice.new_id()], False))
     with pytest.raises(pt.RemoteError, match="no object with id 424242"):
