@@ -71,6 +71,11 @@ class Workload:
     fn: Callable[..., Any] | None = None
     inputs: tuple[Any, ...] = ()
     programs: bool = False  # runs start programs at the workers (mpc.plan): sync waits
+    # ``run`` ends by revealing its result to the client (``get()``: W3, W6, W8): the value
+    # in hand means every step it depends on ran, so on network workers the timer stops
+    # there and the sync (deletes of dropped pointers, deliveries acknowledged) follows
+    # outside it, as a reveal ends CrypTen's timing; its CPU still counts
+    revealed: bool = False
 
     @property
     def name(self) -> str:
@@ -321,6 +326,7 @@ def w3_lt(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Wor
         dealer=carol,
         elements=n,
         shape=(n,),
+        revealed=True,
     )
 
 
@@ -425,6 +431,7 @@ def w6_roundtrip(n: int, parties: int = 2, factory: WorkerFactory | None = None)
         dealer=carol,
         elements=n,
         shape=(n,),
+        revealed=True,
     )
 
 
@@ -501,6 +508,7 @@ def w8_secagg(n: int, parties: int = 2, factory: WorkerFactory | None = None) ->
         elements=SECAGG_CLIENTS * n,
         shape=(SECAGG_CLIENTS, n),
         clients=clients,
+        revealed=True,
     )
 
 
@@ -707,15 +715,23 @@ POINTER_CASES: list[Case] = [Case("P1", 10), Case("P2", 10)]
 # --------------------------------------------------------------------------- measuring
 
 
-def _time_calls(fn: Callable[[], Any], inner: int, sync: Callable[[], Any] | None = None) -> float:
+def _time_calls(
+    fn: Callable[[], Any],
+    inner: int,
+    sync: Callable[[], Any] | None = None,
+    after: Callable[[], Any] | None = None,
+) -> float:
     """Seconds per call of ``fn``, over ``inner`` back-to-back calls (then ``sync()``,
-    inside the timer: waiting until network workers ran them)."""
+    inside the timer: waiting until network workers ran them; ``after()`` outside it)."""
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()
     if sync is not None:
         sync()
-    return (time.perf_counter() - t0) / inner
+    elapsed = time.perf_counter() - t0
+    if after is not None:
+        after()
+    return elapsed / inner
 
 
 def _calibrate(fn: Callable[[], Any], target: float, sync: Callable[[], Any] | None = None) -> int:
@@ -871,7 +887,8 @@ def measure(
 
     On network workers (any worker that is not a ``VirtualWorker``) each timed sample ends
     with :meth:`Workload.sync` inside the timer (commands are pipelined: without it the
-    timer would stop before the workers did the work); their ``cpu`` column needs
+    timer would stop before the workers did the work), or, for a run that reveals its
+    result (``Workload.revealed``), right after the timer; their ``cpu`` column needs
     ``cpu_clock``, CPU seconds of every process involved (see :func:`processes_cpu`).
     """
     torch.set_num_threads(1)
@@ -884,6 +901,9 @@ def measure(
         w = workload
     local = w.in_process
     sync = None if local else w.sync
+    after = None
+    if sync is not None and w.revealed:  # the result in hand ends the run (see Workload)
+        sync, after = None, sync
     w.run()  # warm-up
     w.sync()
     tick()
@@ -893,7 +913,7 @@ def measure(
     start = clock()
     for _ in range(repeat):
         c0 = clock()
-        times.append(_time_calls(w.run, inner, sync))
+        times.append(_time_calls(w.run, inner, sync, after))
         cpu_times.append((clock() - c0) / inner)
         tick()
     if cpu_clock is not None:  # (other processes' CPU comes in ticks of 10 ms: the mean)
@@ -1043,7 +1063,9 @@ DEALER_NOTE = (
 )
 NETWORK_NOTE = (
     "network: every worker is its own process; each timed run ends with a sync of every "
-    "worker (commands are pipelined), inside the timer. cpu: CPU time per run of all the "
+    "worker (commands are pipelined), inside the timer, except a run that reveals its "
+    "result to the client (W3, W6, W8): its timer stops when the value is in hand, and the "
+    "sync follows outside it. cpu: CPU time per run of all the "
     "processes together (this client and every worker process, all threads; the mean of "
     "the timed runs; on C cores a run takes at least cpu / C). dealer t: not measured."
 )

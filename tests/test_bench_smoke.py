@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -319,3 +320,22 @@ def test_processes_cpu_counts_the_other_processes() -> None:
     finally:
         busy.kill()
         busy.wait(10)
+
+
+def test_a_run_that_reveals_its_result_is_synced_after_the_timer():
+    """W3, W6 and W8 end with get(): on network workers the timer stops with the value in
+    hand and the sync runs after it (still before the next run); the others sync inside."""
+    order: list[str] = []
+
+    def slow_sync() -> None:
+        time.sleep(0.05)
+        order.append("sync")
+
+    took = wl._time_calls(lambda: order.append("run"), 1, None, slow_sync)
+    assert order == ["run", "sync"] and took < 0.05
+    took = wl._time_calls(lambda: order.append("run"), 1, slow_sync)
+    assert order[2:] == ["run", "sync"] and took >= 0.05
+    revealed = {
+        w: wl.WORKLOADS[w](64 if w != "W8" else 16).revealed for w in ("W1", "W3", "W6", "W8")
+    }
+    assert revealed == {"W1": False, "W3": True, "W6": True, "W8": True}

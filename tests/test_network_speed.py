@@ -24,6 +24,8 @@ from mpc.material.party import MAX_SEEDED_BYTES
 from mpc.math.prg import PRG
 from mpc.session import install
 from mpc.shared import SEEDED_FROM
+from pointers.wire.messages import SendToPeer
+from pointers.wire.serde import ref_id
 
 KINDS = ["virtual", pytest.param("network", marks=pytest.mark.network)]
 
@@ -267,3 +269,87 @@ def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
         with pytest.raises(pt.PointerError, match=match):
             (bad,) = pt.call_function(alice, "mpc.open_unpack", args, out=[((6,), torch.int64)])
             bad.get()
+
+
+# ------------------------------------------------------------ the dealer off round 1
+
+
+def _refs(obj: object) -> list[int]:
+    """Object ids referenced anywhere in a message argument."""
+    found = ref_id(obj)  # (first: the wire form of a reference is a tuple too)
+    if found is not None:
+        return [found]
+    if isinstance(obj, list | tuple):
+        return [i for o in obj for i in _refs(o)]
+    if isinstance(obj, dict):
+        return [i for o in obj.values() for i in _refs(o)]
+    return []
+
+
+class CommandLog:
+    """The commands each worker receives, in order, as they leave the client."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, workers: list) -> None:
+        self.sent: dict[str, list] = {w.id: [] for w in workers}
+        for cls in {type(w) for w in workers}:
+            original = cls._exchange
+
+            def exchange(w, msg, *more, _orig=original):
+                if w.id in self.sent:
+                    self.sent[w.id].append(msg)
+                return _orig(w, msg, *more)
+
+            monkeypatch.setattr(cls, "_exchange", exchange)
+
+    def before_first_send(self, party: str, dealer: str) -> list:
+        """The commands the last party runs before its first delivery to a peer (round 1
+        of the comparison), each with whether it needs something the dealer delivered
+        (directly, or through an earlier command's output)."""
+        from_dealer = {m.new_id for m in self.sent[dealer] if isinstance(m, SendToPeer)}
+        out = []
+        for m in self.sent[party]:
+            if isinstance(m, SendToPeer):
+                return out
+            args = getattr(m, "args", [])
+            needs = any(i in from_dealer for i in _refs(args))
+            if needs:
+                from_dealer.update(i for i in getattr(m, "out_ids", []) if i is not None)
+            out.append((getattr(m, "name", getattr(m, "op", type(m).__name__)), needs))
+        raise AssertionError(f"{party} never delivered to a peer")
+
+
+CMP_OPS = {  # (before the comparison, the comparison): shared -> shared, plain alike
+    "lt": (lambda a, b: (a, b), lambda a, b: a < b),
+    "relu": (lambda a, b: (a, b), lambda a, b: torch.relu(a)),
+    # the product's truncation is pending, so ReLU fuses it into its first round
+    "relu of a product": (lambda a, b: (a * b, b), lambda p, b: torch.relu(p)),
+    "max over a dim": (lambda a, b: (a, b), lambda a, b: a.reshape(100, 3).max(dim=1).values),
+}
+
+
+@pytest.mark.parametrize("op", list(CMP_OPS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_one_of_a_comparison_needs_nothing_from_the_dealer(kind, op, request, monkeypatch):
+    """A worker runs its commands in order, so a command that waits for the dealer's
+    delivery holds up everything after it: the comparison's first round (c = x + r, the
+    products' e = v - a, a fused truncation's mask) must leave the last party before any
+    command that needs the dealer (which reaches it one hop later, client -> dealer ->
+    party). Also checks the result against plaintext."""
+    alice, bob, carol = _workers(kind, request)
+    x, y = torch.randn(300), torch.randn(300)
+    before, compare = CMP_OPS[op]
+    a, b = before(
+        mpc.share(x, alice, bob, crypto_provider=carol),
+        mpc.share(y, alice, bob, crypto_provider=carol),
+    )
+    log = CommandLog(monkeypatch, [alice, bob, carol])
+    out = compare(a, b)
+    first = log.before_first_send("bob", "carol")
+    assert first, "the last party ran nothing before round 1"
+    assert not [name for name, needs in first if needs], first
+    expected = compare(*before(x, y))
+    got = out.get()
+    if op == "lt":
+        assert torch.equal(got.to(torch.bool), expected)
+    else:
+        assert torch.allclose(got, expected, atol=2e-3)

@@ -29,6 +29,8 @@ from mpc.material.party import (
     cmp_init,
     cmp_mask,
     cmp_select_finish,
+    dabit_mask,
+    dabit_product,
     fourier_finish,
     open_unpack,
     pack,
@@ -43,6 +45,8 @@ from mpc.material.streams import TAG_T_ARITH, consume, derive
 FUNCTIONS = {
     "mpc.cmp_select_finish": cmp_select_finish,
     "mpc.cmp_mask": cmp_mask,
+    "mpc.dabit_mask": dabit_mask,
+    "mpc.dabit_product": dabit_product,
     "mpc.cmp_init": cmp_init,
     "mpc.carry_step": carry_step,
     "mpc.cmp_bit_mask": cmp_bit_mask,

@@ -103,9 +103,18 @@ def dealer_trunc(
     return [u, d.to(trunc_correction_dtype(bits))]
 
 
+# the most values one comparison selects (:func:`mpc.protocols.compare.select_by_msb`)
+MAX_SELECTED = 16
+
+
 @protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_compare(
-    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], level_nonces: list[int]
+    ctx: Any,
+    seeds: list[torch.Tensor],
+    nonce: int,
+    shape: list[int],
+    level_nonces: list[int],
+    product_nonces: list[int] | None = None,
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
@@ -113,13 +122,25 @@ def dealer_compare(
     that make the carry tree's first level local (:func:`mpc.math.bits.local_first_level`:
     half a word per element, over the padded element count), then its share c of each
     other level's binary triple c = a & b (``level_nonces``: one per level 1..5; a and b
-    are derived by every party)."""
+    are derived by every party), then per ``product_nonces`` entry its share of c = a t,
+    a derived by every party: the pair (a, c) turns a product [v t] into one opening of
+    e = v - a (see :func:`~mpc.material.party.dabit_product`)."""
     if not (
         isinstance(level_nonces, list)
         and len(level_nonces) == bits.LEVELS - 1
         and all(type(v) is int for v in level_nonces)
     ):
         raise ValueError(f"a comparison takes {bits.LEVELS - 1} level nonces, got {level_nonces!r}")
+    products = [] if product_nonces is None else product_nonces
+    if not (
+        isinstance(products, list)
+        and len(products) <= MAX_SELECTED
+        and all(type(v) is int for v in products)
+    ):
+        raise ValueError(
+            f"a comparison selects at most {MAX_SELECTED} values, one nonce each, "
+            f"got {product_nonces!r}"
+        )
     consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
     r = sum_derived(seeds, nonce, TAG_R, shape)
     r_bits = r.clone()
@@ -143,6 +164,12 @@ def dealer_compare(
         c &= xor_derived(seeds, level_nonce, TAG_B, and_shape)
         for s in seeds[:-1]:
             c ^= derive(s, level_nonce, TAG_C, and_shape)
+        parts.append(c.reshape(-1))
+    for product_nonce in products:
+        consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
+        c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
+        for s in seeds[:-1]:
+            c -= derive(s, product_nonce, TAG_C, shape)
         parts.append(c.reshape(-1))
     return torch.cat(parts)
 

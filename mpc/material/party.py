@@ -344,6 +344,36 @@ def cmp_bit_finish(
     return out
 
 
+@protocol_function(material=("seed",), either=("v",), sealed_outputs=True)
+def dabit_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> torch.Tensor:
+    """e_i = v_i - a_i: the party's share of v masked for a product with the daBit's t
+    (see :func:`dabit_product`)."""
+    consume(ctx, [seed], nonce, TAG_A)
+    return v - derive(seed, nonce, TAG_A, list(v.shape))
+
+
+@protocol_function(material=("seed", "c", "t", "e"), sealed_outputs=True)
+def dabit_product(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    c: torch.Tensor | None,
+    t: torch.Tensor,
+    e: torch.Tensor,
+) -> torch.Tensor:
+    """Party i's share of v t = c + e t, from the opened e = v - a: the dealer's c = a t
+    (its correction ``c`` at the last party, None elsewhere: derived), summed over the
+    parties a t + (v - a) t. t is the dealer's own random bit, so unlike a Beaver
+    product of two values only e is opened (one word an element, not two), and nothing
+    of the dealer's is needed before that opening."""
+    consume(ctx, [seed], nonce, TAG_C)
+    if e.shape != t.shape:
+        raise ValueError(f"an opened e of shape {list(e.shape)} for a t of {list(t.shape)}")
+    z = torch.mul(e, t)
+    z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
+    return z
+
+
 @protocol_function(material=("d", "vt"))
 def cmp_select_finish(
     ctx: Any,

@@ -31,7 +31,6 @@ from mpc.material import TAG_T_ARITH
 from mpc.math import bits
 from mpc.protocols.arith import (
     I64,
-    BeaverRun,
     Round,
     Shares,
     TruncRun,
@@ -109,44 +108,53 @@ class _MsbRun:
         seed = session.party_seeds
 
         # offline, in one dealer call and one delivery: r shared both ways (the last
-        # party's <r>), the daBit t both ways, the pair products of the local first level
-        # and the binary triples of the five AND levels (one nonce each), split at the last
-        # party by one unpack
+        # party's <r>), the daBit t both ways, the pair products of the local first level,
+        # the binary triples of the five AND levels (one nonce each) and the pairs
+        # (a, a t) of the products [v t] (one nonce each), split at the last party by one
+        # unpack once round 1 has left: nothing of the dealer's is needed before it
         n = _numel(shape)
         words = bits.padded(n)
         level_nonces = [session.next_nonce() for _ in range(bits.LEVELS - 1)]
         level_shapes = bits.and_shapes(words)
-        shapes = [shape] * 3 + [[words // 2]] + level_shapes
+        selected = len(values) + (trunc is not None)  # products [v t]
+        product_nonces = [session.next_nonce() for _ in range(selected)]
+        shapes = [shape] * 3 + [[words // 2]] + level_shapes + [shape] * selected
         (corr,) = deal(
             session,
             "comparison of secret values",
             "mpc.dealer_compare",
-            [nonce, shape, level_nonces],
+            [nonce, shape, level_nonces, product_nonces],
             out=[([_total(shapes)], I64)],
         )
-        last_party = session.parties[-1]
-        dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
-        r_bits_last, self.t_arith_last, t_bin_last, pairs_last, *and_last = dealt
-        selecting = bool(values) or trunc is not None
-        t = self._t_shares() if selecting else []
-        self.t, self.x = t, x
+        self.x = x
 
-        # round 1: open c = x + r, with the products [v t] and the truncation's mask
+        # round 1: open c = x + r, with e = v - a of the products [v t] and the
+        # truncation's mask (all derived from the parties' seeds)
         (masked,) = at_parties(
             session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
         )
-        products = [BeaverRun(session, v, t, "mul", {}, tuple(shape)) for v in values]
+        products = [_TProduct(session, pn, v) for pn, v in zip(product_nonces, values)]
         round1 = Round(session)
         c = round1.add(masked)
-        product_openings = [b.open_in(round1) for b in products]
+        product_openings = [round1.add(prod.e) for prod in products]
         trunc_opening = trunc.open_in(round1) if trunc is not None else None
         round1.open()
-        self.vt = [b.finish_opened(o) for b, o in zip(products, product_openings)]
-        late: list[BeaverRun] = []
+
+        last_party = session.parties[-1]
+        dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
+        r_bits_last, self.t_arith_last, t_bin_last, pairs_last, *rest = dealt
+        and_last, c_products = rest[: bits.LEVELS - 1], rest[bits.LEVELS - 1 :]
+        t = self._t_shares() if selected else []
+        self.t = t
+        self.vt = [
+            prod.finish(o.value, t, c_last)
+            for prod, o, c_last in zip(products, product_openings, c_products)
+        ]
+        late: list[_TProduct] = []
         if trunc is not None and trunc_opening is not None:  # its result is selected too
             truncated = trunc.finish(trunc_opening.value)
             self.values.append(truncated)
-            late.append(BeaverRun(session, truncated, t, "mul", {}, tuple(shape)))
+            late.append(_TProduct(session, product_nonces[-1], truncated))
 
         # generate / propagate words of c - r after the local first level of the carry
         # tree, masked for the second; then rounds 2-6: its other five levels, each step
@@ -162,10 +170,12 @@ class _MsbRun:
         for k, level in enumerate(range(1, bits.LEVELS)):
             last_level = level == bits.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
-            late_openings = [b.open_in(ride) for b in late] if level == 1 else []
+            late_openings = [ride.add(prod.e) for prod in late] if level == 1 else []
             ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
             ride.open(count=False)  # (the same round's arithmetic openings)
-            self.vt += [b.finish_opened(o) for b, o in zip(late, late_openings)]
+            self.vt += [
+                prod.finish(o.value, t, c_products[-1]) for prod, o in zip(late, late_openings)
+            ]
             corr_c = last_only(session, and_last[k])
             next_nonce = None if last_level else level_nonces[k + 1]
             if not last_level:
@@ -245,6 +255,33 @@ class _MsbRun:
             )
             out.append(selected)
         return out
+
+
+class _TProduct:
+    """[v t] for the daBit's arithmetic [t], with the dealer's pair (a, c = a t) of
+    ``nonce``: open e = v - a (one word an element, where a Beaver product of two values
+    opens two), then [v t] = [c] + e [t]. The mask a is derived from the parties' seeds,
+    so e can leave in the comparison's first round before any dealer material arrives."""
+
+    def __init__(self, session: Session, nonce: int, v: Shares) -> None:
+        self.session, self.nonce = session, nonce
+        self.shape = [int(d) for d in v[0].shape]
+        seed = session.party_seeds
+        (self.e,) = at_parties(
+            session, "mpc.dabit_mask", lambda i: [seed[i], nonce, v[i]], [(self.shape, I64)]
+        )
+
+    def finish(self, e: Shares, t: Shares, c_last: Any) -> Shares:
+        """[v t] from the opened e (per party) and the parties' shares of t."""
+        seed, nonce = self.session.party_seeds, self.nonce
+        c = last_only(self.session, c_last)
+        (vt,) = at_parties(
+            self.session,
+            "mpc.dabit_product",
+            lambda i: [seed[i], nonce, c(i), t[i], e[i]],
+            [(self.shape, I64)],
+        )
+        return vt
 
 
 def _masked(and_shape: list[int]) -> list[tuple[Any, torch.dtype]]:
