@@ -365,3 +365,33 @@ def test_calls_overlap_only_where_the_network_is_slow(served):
     slow.sync()
     assert conn.calls - calls <= 3  # one call per command would be 6
     assert torch.equal(p.get(), torch.full((2,), 9.0))
+
+
+def test_a_full_pipeline_waits_for_its_oldest_call_only(served, monkeypatch):
+    """With PIPELINE calls in flight, the next batch of commands leaves as soon as the
+    oldest call is answered, still overlapping the others; it used to wait until every
+    call in flight was answered, which left a worker idle for a round trip in the middle
+    of a long protocol (LeNet over 20 ms links lost a latency that way)."""
+    slow = served("alice", latency=0.2)
+    p = pt.send(torch.ones(2), slow)
+    for _ in range(2):  # the client measures the link: slow enough to overlap calls
+        p = p + 1
+        slow.sync()
+    conn = slow._conn
+    assert conn.transit >= conn.PIPELINE_MIN_TRANSIT
+    sent: list[tuple[bool, int]] = []
+    original = type(conn)._send_batch
+
+    def record(self, batch, ndeletes, pipelined=False):
+        sent.append((pipelined, len(self._flight)))
+        return original(self, batch, ndeletes, pipelined)
+
+    monkeypatch.setattr(type(conn), "_send_batch", record)
+    for _ in range(conn.PIPELINE + 2):  # one call each (spaced past the gathering time)
+        p = p + 1
+        time.sleep(2 * conn.PIPELINE_AFTER)
+    slow.sync()
+    assert len(sent) > conn.PIPELINE, sent  # (the last two may leave together)
+    assert all(pipelined for pipelined, _ in sent), sent
+    assert max(flying for _, flying in sent) == conn.PIPELINE - 1
+    assert torch.equal(p.get(), torch.full((2,), 3.0 + conn.PIPELINE + 2))

@@ -316,7 +316,14 @@ class Connection:
         while True:
             with self._cond:
                 while not self._landed():
-                    if self._closed or (self._queue and not self._held() and not self._gather()):
+                    if self._closed or (
+                        self._queue
+                        and not self._held()
+                        and not self._gather()
+                        # a full pipeline waits for its oldest call, not for all of them
+                        # (a batch formed now would wait until every call landed)
+                        and len(self._flight) < max(self.PIPELINE, 1)
+                    ):
                         break
                     self._cond.wait(self._gather() or None)
                 if self._landed():
