@@ -189,11 +189,22 @@ class Call:
         """The call without waiting for its answer (a gRPC future). Not retried here: a
         caller whose call was not sent (:func:`not_sent`) may send it again with
         ``wait_for_ready``, as :meth:`__call__` does."""
-        if self._rate:
-            time.sleep(len(data) / self._rate)
+        self.pace(len(data))
         return self._call.future(
             data, timeout=timeout, metadata=metadata, wait_for_ready=wait_for_ready
         )
+
+    def pace(self, size: int) -> None:
+        """Wait the time ``size`` bytes take on the simulated link (no wait without one)."""
+        if self._rate:
+            time.sleep(size / self._rate)
+
+    def blocking(
+        self, data: bytes, timeout: float, metadata: Any = None, wait_for_ready: bool = False
+    ) -> bytes:
+        """The call, waiting for its answer in this thread, once, without pacing (the
+        caller paced it): for a thread that sends on another's behalf."""
+        return self._call(data, timeout=timeout, metadata=metadata, wait_for_ready=wait_for_ready)
 
     def __call__(self, data: bytes, timeout: float, metadata: Any = None) -> bytes:
         if self._rate:
