@@ -173,7 +173,7 @@ class PeerLink:
 
     Deliveries do not wait for the peer's answer (:meth:`post_frames`): the envelope is
     encoded at once (a snapshot: later writes to the tensor do not travel) and the call
-    leaves at once as a gRPC future, whose answer a gRPC thread reads when it comes. The
+    leaves at once on a thread of the server's post pool, which waits for its answer. The
     peer stores deliveries by id, in whatever order they come, so deliveries posted back
     to back cost one latency together, not one each: a party that opens values in a
     round sends to every peer and goes on with its own work, and the crypto provider's
