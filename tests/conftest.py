@@ -106,3 +106,11 @@ def bob(make_worker):
 def _one_thread():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}parties")
+def group(request: pytest.FixtureRequest) -> tuple[list, pt.VirtualWorker]:
+    """In-process parties (2, then 3) and a crypto provider, shared by a module's tests
+    (test_mpc_functions, test_mpc_fourier; modules with a ``group`` of their own keep it)."""
+    names = ["alice", "bob", "dave"][: request.param]
+    return [pt.VirtualWorker(n) for n in names], pt.VirtualWorker("carol")

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from torch import nn
 
 import mpc
-import pointers as pt
 from mpc.protocols import approx
 
 U = 2.0**-16
@@ -34,12 +33,6 @@ PROPS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}parties")
-def group(request: pytest.FixtureRequest) -> tuple[list[Any], Any]:
-    names = ["alice", "bob", "dave"][: request.param]
-    return [pt.VirtualWorker(n) for n in names], pt.VirtualWorker("carol")
 
 
 def share(t: torch.Tensor, group: tuple[list[Any], Any]) -> mpc.SharedTensor:

@@ -353,3 +353,34 @@ def test_round_one_of_a_comparison_needs_nothing_from_the_dealer(kind, op, reque
         assert torch.equal(got.to(torch.bool), expected)
     else:
         assert torch.allclose(got, expected, atol=2e-3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_dealer_refuses_malformed_product_nonces(kind, request):
+    """A client calling the dealer's comparison step itself gets a clear refusal for
+    product nonces that are not a short list of ints, and nothing is dealt."""
+    alice, bob, carol = _workers(kind, request)
+    s = mpc.share(torch.randn(4), alice, bob, crypto_provider=carol)
+    session = s.session
+    levels = [session.next_nonce() for _ in range(5)]
+    for bad in ([1.5], list(range(17)), "12"):
+        with pytest.raises(pt.PointerError, match="at most 16 values"):
+            pt.call_function(
+                carol,
+                "mpc.dealer_compare",
+                [session.dealer_seeds, session.next_nonce(), [4], levels, bad],
+                out=[((64,), torch.int64)],
+            )
+            carol.sync() if kind == "network" else None
+    assert torch.equal((s < s.get() + 1).get().to(torch.bool), torch.ones(4, dtype=torch.bool))
+
+
+def test_a_selection_of_too_many_values_is_refused_before_anything_moves():
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    s = mpc.share(torch.randn(4), alice, bob, crypto_provider=carol)
+    from mpc.protocols.compare import select_by_msb
+
+    before = {w.id: len(w.objects) for w in (alice, bob, carol)}
+    with pytest.raises(ValueError, match="at most 16 values"):
+        select_by_msb(s.session, s.shares, [s.shares] * 17)
+    assert {w.id: len(w.objects) for w in (alice, bob, carol)} == before

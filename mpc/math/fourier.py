@@ -39,6 +39,13 @@ class Series:
         return len(self.sin)
 
 
+def chebyshev_nodes(lo: float, hi: float, n: int) -> torch.Tensor:
+    """The n Chebyshev nodes of [lo, hi] (float64): they crowd the ends, so that a
+    least-squares fit on them is near minimax (used by the series and polynomial fits)."""
+    j = torch.arange(n, dtype=torch.float64)
+    return (lo + hi) / 2 + (hi - lo) / 2 * torch.cos((2 * j + 1) / (2 * n) * math.pi)
+
+
 def fit_series(
     f: Callable[[torch.Tensor], torch.Tensor],
     half_width: float,
@@ -54,9 +61,7 @@ def fit_series(
     period = 2.0**period_bits
     if not 0 < 2 * half_width < period:
         raise ValueError(f"the fit interval [-{half_width}, {half_width}] must lie in a period")
-    n = 4096
-    j = torch.arange(n, dtype=torch.float64)
-    x = half_width * torch.cos((2 * j + 1) / (2 * n) * math.pi)
+    x = chebyshev_nodes(-half_width, half_width, 4096)
     k = torch.arange(1, terms + 1, dtype=torch.float64)
 
     def basis(t: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import cast
 
 import torch
 
-from mpc.math.fourier import Series, fit_series
+from mpc.math.fourier import Series, chebyshev_nodes, fit_series
 from mpc.protocols.arith import (
     I64,
     BeaverRun,
@@ -200,9 +200,7 @@ def fit(
 ) -> list[float]:
     """Least-squares polynomial fit of f on Chebyshev nodes of [lo, hi] (float64), near
     minimax; ``zero_at_zero``: no constant term (p(0) = 0 exactly)."""
-    n = 256
-    k = torch.arange(n, dtype=torch.float64)
-    x = (lo + hi) / 2 + (hi - lo) / 2 * torch.cos((2 * k + 1) / (2 * n) * math.pi)
+    x = chebyshev_nodes(lo, hi, 256)
     first = 1 if zero_at_zero else 0
     v = torch.stack([x**d for d in range(first, deg + 1)], 1)
     y = f(x)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from mpc.material import TAG_T_ARITH
+from mpc.material.dealer import MAX_SELECTED
 from mpc.math import bits
 from mpc.protocols.arith import (
     I64,
@@ -104,6 +105,11 @@ class _MsbRun:
         for v in values:
             if list(v[0].shape) != shape:
                 raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
+        if len(values) + (trunc is not None) > MAX_SELECTED:
+            raise ValueError(
+                f"select_by_msb selects at most {MAX_SELECTED} values in one comparison, "
+                f"got {len(values)}: split them over several calls"
+            )
         self.nonce = nonce = session.next_nonce()
         seed = session.party_seeds
 
