@@ -21,16 +21,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy pointers mpc
+	$(VENV)/bin/mypy pointers mpc benchmarks
 	$(PY) -m pytest -q -x -p no:cacheprovider tests $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy on both packages (also part of `test`, now that the run is at zero errors: issue 11)
+# mypy on both packages and the benchmarks (also part of `test`, at zero errors: issue 11)
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy pointers mpc
+	$(VENV)/bin/mypy pointers mpc benchmarks
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

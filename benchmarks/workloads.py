@@ -194,6 +194,17 @@ def _gen(seed: int = SEED) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _reveal(shared: Any) -> torch.Tensor:
+    """The plaintext of a shared result (``get()``; torch's stubs type ops on shared
+    tensors as plain Tensors)."""
+    return shared.get()
+
+
+def _session_of(model: nn.Module) -> Any:
+    """The session of a shared model (its parameters are SharedTensors)."""
+    return next(model.parameters()).session  # type: ignore[attr-defined]
+
+
 def _max_abs_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if out.numel() == 0:
         return 0.0
@@ -306,7 +317,7 @@ def w3_lt(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Wor
     ref = encode(a, FRAC_BITS) < encode(b, FRAC_BITS)
 
     def run() -> torch.Tensor:
-        return (x < y).get()
+        return _reveal(x < y)
 
     def check() -> dict[str, Any]:
         out = run()
@@ -339,7 +350,7 @@ def w4_relu(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> W
     positive = encode(a, FRAC_BITS) > 0
 
     def check() -> dict[str, Any]:
-        out = torch.relu(x).get()
+        out = _reveal(torch.relu(x))
         return {
             "max_abs_err": _max_abs_err(out, torch.relu(a)),
             "sign_mismatches": int(((out > 0) != positive).sum()),
@@ -366,7 +377,7 @@ def _shared_inference(
     shared model and input, and the encrypted and plaintext forward passes (no autograd)."""
     ws, carol = _parties(parties, factory)
     shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
-    x = mpc.share(inp, session=next(shared_model.parameters()).session)
+    x = mpc.share(inp, session=_session_of(shared_model))
 
     def run() -> Any:
         with torch.no_grad():
@@ -450,7 +461,7 @@ def w7_maxpool(n: int, parties: int = 2, factory: WorkerFactory | None = None) -
     ref = F.max_pool2d(encode(a, FRAC_BITS).double(), 2)
 
     def check() -> dict[str, Any]:
-        out = F.max_pool2d(x, 2).get()
+        out = _reveal(F.max_pool2d(x, 2))
         return {
             "max_abs_err": _max_abs_err(out, F.max_pool2d(a, 2)),
             # the max of encodings, decoded, must come back exactly
@@ -494,7 +505,7 @@ def w8_secagg(n: int, parties: int = 2, factory: WorkerFactory | None = None) ->
     aggregator = mpc.SecureAggregator(ws)
 
     def plain() -> torch.Tensor:
-        return sum(k * u for u, k in zip(updates, counts)) / sum(counts)
+        return torch.stack([k * u for u, k in zip(updates, counts)]).sum(0) / sum(counts)
 
     return Workload(
         "W8",
@@ -543,7 +554,7 @@ def w12_train(batch: int, parties: int = 2, factory: WorkerFactory | None = None
         return loss
 
     shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
-    session = next(shared_model.parameters()).session
+    session = _session_of(shared_model)
     x, y = mpc.share(images, session=session), mpc.share(onehot, session=session)
     plain_model = copy.deepcopy(model)
 
@@ -552,7 +563,7 @@ def w12_train(batch: int, parties: int = 2, factory: WorkerFactory | None = None
         ref = copy.deepcopy(model)
         loss_err = abs(float(step(enc, x, y).get()) - float(step(ref, images, onehot).detach()))
         errs = [
-            _max_abs_err(p.get(), q.detach()) for p, q in zip(enc.parameters(), ref.parameters())
+            _max_abs_err(_reveal(p), q.detach()) for p, q in zip(enc.parameters(), ref.parameters())
         ]
         return {"max_abs_err": max(errs), "loss_abs_err": loss_err}
 
@@ -666,7 +677,7 @@ SIZE_UNIT = {
     "P2": "elements",
 }
 # Workloads whose size is not an element count: a bare ``--sizes`` list leaves them alone.
-NOT_ELEMENTS = ("W2", "W5", "W12")
+NOT_ELEMENTS: tuple[str, ...] = ("W2", "W5", "W12")
 
 
 @dataclass(frozen=True)
@@ -777,7 +788,7 @@ class _DealerTimer:
             finally:
                 self.seconds += time.perf_counter() - t0
 
-        self.worker.handle_frames = timed
+        setattr(self.worker, "handle_frames", timed)  # noqa: B010 - (a method, patched on purpose)
         return self
 
     def __exit__(self, *exc: Any) -> None:
