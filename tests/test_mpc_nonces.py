@@ -255,7 +255,7 @@ def test_a_replayed_nonce_is_refused_by_the_worker(trio: Any) -> None:
     alice.request(Describe([]))  # both went through
     _refused_at(alice, "mpc.beaver_mask", [seed, nonce, share, share], out)
     dealer_seeds = session.dealer_seeds
-    trunc_out = [((3,), torch.int64)] * 2
+    trunc_out = [((4,), torch.int64)]  # U and the narrow s of D, packed: 3 + 1 words
     pt.call_function(carol, "mpc.dealer_trunc", [dealer_seeds, nonce, [3], 16], out=trunc_out)
     _refused_at(carol, "mpc.dealer_trunc", [dealer_seeds, nonce, [3], 16], trunc_out)
     assert torch.equal(x.get(), torch.ones(3))  # the workers stay usable

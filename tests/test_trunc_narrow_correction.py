@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.material.dealer import dealer_trunc, new_seed, trunc_correction_dtype
+from mpc.material.dealer import (
+    dealer_trunc,
+    new_seed,
+    trunc_correction_dtype,
+    unpack_trunc_correction,
+)
 from mpc.material.streams import TAG_D, TAG_R, TAG_U, derive
 from mpc.math.encoding import product_safe_value
 from mpc.protocols.arith import truncate
@@ -117,7 +122,12 @@ def test_the_dealers_correction_reconstructs_u_and_d_and_is_narrow(n: int, bits:
     correction has ``bits`` bits in the narrowest dtype (int16 at 16 bits)."""
     seeds = [new_seed(types.SimpleNamespace()) for _ in range(n)]
     shape, nonce = [4096], 7
-    u_last, s_last = dealer_trunc(_Ctx(), seeds, nonce, shape, bits)
+    packed = dealer_trunc(_Ctx(), seeds, nonce, shape, bits)
+    # U and s travel as one int64 tensor: 8 bytes an element for U, then s's bytes
+    narrow = trunc_correction_dtype(bits).itemsize
+    assert packed.dtype == torch.int64 and packed.dim() == 1
+    assert packed.numel() == 4096 + -(-4096 * narrow // 8)
+    u_last, s_last = unpack_trunc_correction(packed, shape, bits)
     assert s_last.dtype == trunc_correction_dtype(bits)
     assert trunc_correction_dtype(16) == torch.int16
     r = sum(derive(s, nonce, TAG_R, shape) for s in seeds)
@@ -168,3 +178,14 @@ def test_the_dealers_bytes_per_truncated_element(
         shared.session.watch()
         truncate(shared.session, shared.shares, bits)
     assert (8 + d_bytes) * count <= s.dealer_bytes <= (8 + d_bytes) * count + 256
+
+
+def test_a_packed_correction_of_the_wrong_size_or_dtype_is_refused() -> None:
+    """The last party unpacks U and s from one tensor: a client or dealer handing it
+    anything else gets a clear error, not a misread."""
+    good = torch.zeros(4096 + 4096 * 2 // 8, dtype=torch.int64)
+    u, s = unpack_trunc_correction(good, [64, 64], 16)
+    assert u.shape == (64, 64) and s.shape == (64, 64) and s.dtype == torch.int16
+    for bad in (good[:-1], good.to(torch.int32), good.view(2, -1)):
+        with pytest.raises(ValueError, match="truncation correction"):
+            unpack_trunc_correction(bad, [64, 64], 16)

@@ -71,10 +71,49 @@ def trunc_correction_dtype(bits: int) -> torch.dtype:
     return torch.int64
 
 
+def trunc_correction_words(numel: int, bits: int) -> int:
+    """int64 words of the last party's packed truncation correction for ``numel``
+    elements (see :func:`pack_trunc_correction`)."""
+    narrow = numel * trunc_correction_dtype(bits).itemsize
+    return numel + (narrow + 7) // 8
+
+
+def pack_trunc_correction(u: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """U (int64) and the narrow s of D in one flat int64 tensor, s's bytes padded to whole
+    words: the dealer's truncation correction travels as one delivery, not two."""
+    raw = s.reshape(-1).view(torch.uint8)
+    pad = (-raw.numel()) % 8
+    words = torch.cat([raw, raw.new_zeros(pad)]).view(torch.int64)
+    return torch.cat([u.reshape(-1), words])
+
+
+def unpack_trunc_correction(
+    packed: torch.Tensor, shape: list[int], bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U, s) from :func:`pack_trunc_correction`'s tensor, as views of it, in ``shape``."""
+    n = 1
+    for d in shape:
+        n *= d
+    if (
+        packed.dtype != torch.int64
+        or packed.dim() != 1
+        or packed.numel() != trunc_correction_words(n, bits)
+    ):
+        raise ValueError(
+            f"a truncation correction for {n} elements at {bits} bits is "
+            f"{trunc_correction_words(n, bits)} int64 words, got {packed.dtype} "
+            f"{list(packed.shape)}"
+        )
+    dtype = trunc_correction_dtype(bits)
+    u = packed[:n].view(shape)
+    s = packed[n:].view(torch.uint8)[: n * dtype.itemsize].view(dtype).view(shape)
+    return u, s
+
+
 @protocol_function(material=("seeds",), sealed_outputs=True)
 def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
-) -> list[torch.Tensor]:
+) -> torch.Tensor:
     """Truncation material for the mask r = sum of derived shares (see :func:`trunc_finish`):
     the last party's shares of U = -(r' >> f) - 2^(62-f) and D = 2^(64-f) (1 - msb(r')),
     where r' = r - 2^62 and f = ``bits``.
@@ -87,7 +126,8 @@ def dealer_trunc(
     8); it widens it and shifts it left by 64 - f where it uses it. Nothing leaks: s_0 is
     uniform in Z/2^f and independent of h and of the other s_i, so s_{n-1} is uniform in
     Z/2^f given everything the last party holds besides it (a one-time pad of 1 - h), and
-    any n - 1 of the s_i are independent and uniform, as the full-width shares were."""
+    any n - 1 of the s_i are independent and uniform, as the full-width shares were.
+    Both travel packed in one int64 tensor (:func:`pack_trunc_correction`): one delivery."""
     if type(bits) is not int or not 1 <= bits <= 62:
         raise ValueError(f"a truncation drops 1 to 62 bits, got {bits!r}")
     consume(ctx, seeds, nonce, TAG_R, TAG_U, TAG_D)
@@ -100,7 +140,7 @@ def dealer_trunc(
     # s_{n-1} mod 2^f as a signed f-bit value (sign-extended from bit f - 1): it fits the
     # narrow dtype exactly, and widened and shifted left by 64 - f it is D_{n-1} mod 2^64
     d = d.bitwise_left_shift_(64 - bits).bitwise_right_shift_(64 - bits)
-    return [u, d.to(trunc_correction_dtype(bits))]
+    return pack_trunc_correction(u, d.to(trunc_correction_dtype(bits)))
 
 
 # the most values one comparison selects (:func:`mpc.protocols.compare.select_by_msb`)

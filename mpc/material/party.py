@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from mpc.material.dealer import unpack_trunc_correction
 from mpc.material.streams import (
     TAG_A,
     TAG_B,
@@ -106,7 +107,7 @@ def trunc_finish(
     seed: torch.Tensor,
     nonce: int,
     first: bool,
-    corrections: list[torch.Tensor] | None,
+    corrections: torch.Tensor | None,
     c: torch.Tensor,
     bits: int,
 ) -> torch.Tensor:
@@ -123,14 +124,15 @@ def trunc_finish(
 
     D's shares are D_i = 2^(64-f) s_i (see :func:`~mpc.material.dealer.dealer_trunc`):
     s_i is the derived word (its low f bits count) here, the dealer's narrow correction
-    s_{n-1} (f bits, int16 at f = 16) at the last party; both are shifted left by 64 - f.
+    s_{n-1} (f bits, int16 at f = 16) at the last party, packed with its U in one tensor
+    (:func:`~mpc.material.dealer.pack_trunc_correction`); both are shifted left by 64 - f.
     """
     consume(ctx, [seed], nonce, TAG_U, TAG_D)
     if corrections is None:
         u = derive(seed, nonce, TAG_U, list(c.shape))
         s = derive(seed, nonce, TAG_D, list(c.shape))
     else:
-        u, s = corrections
+        u, s = unpack_trunc_correction(corrections, list(c.shape), bits)
         s = s.to(torch.int64)  # widen the dealer's f-bit s_{n-1}
     d = s.bitwise_left_shift_(64 - bits)  # D_i = 2^(64-f) s_i
     u += d.bitwise_and_(c >> 63)  # c >> 63: all ones where msb(c) = 1, else 0

@@ -13,7 +13,7 @@ import torch
 
 import pointers as pt
 from mpc import accounting
-from mpc.material.dealer import trunc_correction_dtype
+from mpc.material.dealer import trunc_correction_words
 from mpc.session import Session
 
 Shares = list[pt.PointerTensor]
@@ -247,12 +247,12 @@ class TruncRun:
         seed = session.party_seeds
         # offline: the last party's [U] (int64) and its share of s, [D] = 2^(64-bits) [s]
         # (``bits`` bits, in the narrowest dtype that holds them: int16 at 16 bits)
-        self.corr = deal(
+        (self.corr,) = deal(
             session,
             "truncation of a fixed-point product",
             "mpc.dealer_trunc",
             [nonce, shape, bits],
-            out=[(shape, I64), (shape, trunc_correction_dtype(bits))],
+            out=[([trunc_correction_words(math.prod(shape), bits)], I64)],
         )
         # [c] = [z] + [r]
         (self.masked,) = at_parties(
