@@ -154,7 +154,7 @@ def dealer_compare(
     nonce: int,
     shape: list[int],
     level_nonces: list[int],
-    product_nonces: list[int] | None = None,
+    product_nonces: list[int],
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
@@ -171,11 +171,10 @@ def dealer_compare(
         and all(type(v) is int for v in level_nonces)
     ):
         raise ValueError(f"a comparison takes {bits.LEVELS - 1} level nonces, got {level_nonces!r}")
-    products = [] if product_nonces is None else product_nonces
     if not (
-        isinstance(products, list)
-        and len(products) <= MAX_SELECTED
-        and all(type(v) is int for v in products)
+        isinstance(product_nonces, list)
+        and len(product_nonces) <= MAX_SELECTED
+        and all(type(v) is int for v in product_nonces)
     ):
         raise ValueError(
             f"a comparison selects at most {MAX_SELECTED} values, one nonce each, "
@@ -205,7 +204,7 @@ def dealer_compare(
         for s in seeds[:-1]:
             c ^= derive(s, level_nonce, TAG_C, and_shape)
         parts.append(c.reshape(-1))
-    for product_nonce in products:
+    for product_nonce in product_nonces:
         consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
         c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
         for s in seeds[:-1]:

@@ -105,7 +105,8 @@ class _MsbRun:
         for v in values:
             if list(v[0].shape) != shape:
                 raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
-        if len(values) + (trunc is not None) > MAX_SELECTED:
+        selected = len(values) + (trunc is not None)  # products [v t]
+        if selected > MAX_SELECTED:
             raise ValueError(
                 f"select_by_msb selects at most {MAX_SELECTED} values in one comparison, "
                 f"got {len(values)}: split them over several calls"
@@ -122,7 +123,6 @@ class _MsbRun:
         words = bits.padded(n)
         level_nonces = [session.next_nonce() for _ in range(bits.LEVELS - 1)]
         level_shapes = bits.and_shapes(words)
-        selected = len(values) + (trunc is not None)  # products [v t]
         product_nonces = [session.next_nonce() for _ in range(selected)]
         shapes = [shape] * 3 + [[words // 2]] + level_shapes + [shape] * selected
         (corr,) = deal(

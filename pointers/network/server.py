@@ -292,8 +292,7 @@ class PeerLink:
         that was never sent (the channel to a restarted peer not connected yet) is sent
         once more, waiting for the channel."""
         server = self.server
-        reply: bytes | None = None
-        error: BaseException | None = None
+        why: str | None = None
         try:
             try:
                 reply = call.blocking(
@@ -308,24 +307,7 @@ class PeerLink:
                     metadata=server.call_metadata,
                     wait_for_ready=True,
                 )
-        except BaseException as e:  # reported below, as a failed delivery
-            error = e
-        self._answered(reply, error, size, obj_id, on_failure)
-
-    def _answered(
-        self,
-        reply: bytes | None,
-        error: BaseException | None,
-        size: int,
-        obj_id: int | None,
-        on_failure: Callable[[str], None] | None,
-    ) -> None:
-        """A delivery's answer came: report a failure."""
-        why: str | None = None
-        try:
-            if error is not None:
-                raise error
-            _, out = decode_envelope(reply)  # type: ignore[arg-type]
+            _, out = decode_envelope(reply)
             if len(out) != 1:
                 raise FrameError("a delivery reply carries exactly one message")
             _, rh, rb = out[0]
@@ -345,10 +327,9 @@ class PeerLink:
                 if on_failure is not None:
                     on_failure(why)
                 if not why.startswith("PartyUnavailable"):  # a peer that answered: tell it
-                    data = self._encode({"failed": [obj_id, why[:2000]]}, [])
-                    server = self.server
+                    notice = self._encode({"failed": [obj_id, why[:2000]]}, [])
                     server.peer_call(self.peer, self.address).future(
-                        data, timeout=server.config.deadline, metadata=server.call_metadata
+                        notice, timeout=server.config.deadline, metadata=server.call_metadata
                     )
         except Exception:  # noqa: S110 - reporting is best effort; the sender goes on
             pass
