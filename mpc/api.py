@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, cast, overload
 
 import torch
@@ -26,6 +27,8 @@ def share(
     session: Session | None = ...,
     requires_grad: bool = ...,
     protocol: str | None = ...,
+    public_buffers: Iterable[str] = ...,
+    shared_buffers: Iterable[str] = ...,
 ) -> SharedTensor: ...
 @overload
 def share(
@@ -37,6 +40,8 @@ def share(
     session: Session | None = ...,
     requires_grad: bool = ...,
     protocol: str | None = ...,
+    public_buffers: Iterable[str] = ...,
+    shared_buffers: Iterable[str] = ...,
 ) -> nn.Module: ...
 
 
@@ -49,6 +54,8 @@ def share(
     session: Session | None = None,
     requires_grad: bool = False,
     protocol: str | None = None,
+    public_buffers: Iterable[str] = (),
+    shared_buffers: Iterable[str] = (),
 ) -> Any:
     """Secret-share ``x`` (a tensor, or a model's parameters and buffers) among ``parties``.
 
@@ -61,6 +68,14 @@ def share(
     A shared model's parameters keep their ``requires_grad``, and ``requires_grad=True``
     makes a shared tensor a leaf that autograd fills ``.grad`` of: ``loss.backward()`` and
     ``torch.optim`` then train on shared values (see docs/encrypted-training.md).
+
+    Which tensors of a model are secret (:func:`buffer_is_secret`): every parameter, and
+    every floating-point buffer the model saves (its ``state_dict``: e.g. a running mean).
+    Integer and bool buffers (position ids, token-type ids, causal masks) and buffers the
+    module does not save (``persistent=False`` floats computed from the config, such as
+    rotary ``inv_freq``) are structure, and stay plain public tensors. ``public_buffers``
+    and ``shared_buffers`` override the rule for buffers named as in
+    ``model.named_buffers()``; a name the model lacks is refused before anything is shared.
 
     PySyft-compatible (:mod:`mpc.compat`): ``protocol="fss"`` or ``"snn"`` (both run our
     comparison), and ``x.fix_precision()`` tensors or models (shared with their precision).
@@ -84,7 +99,9 @@ def share(
                 "(the group then gets a new session), or make a new mpc.Session"
             )
     if isinstance(x, nn.Module):
-        return _share_module(x, session)
+        return _share_module(x, session, set(public_buffers), set(shared_buffers))
+    if public_buffers or shared_buffers:
+        raise TypeError("public_buffers and shared_buffers name buffers of a model")
     if isinstance(x, PointerTensor):  # the worker holding it splits it (mpc.compat)
         return share_remote(x, session, frac_bits, requires_grad)
     shared = share_tensor(x, session, frac_bits)
@@ -106,16 +123,21 @@ def get(x: Any) -> Any:
         return x.get()
     if not isinstance(x, nn.Module):
         raise TypeError(f"mpc.get expects a SharedTensor or an nn.Module, got {type(x).__name__}")
+    done: dict[int, Any] = {}  # a tied parameter comes back once, still tied
     for m in x.modules():
         for name, p in list(m._parameters.items()):
             if isinstance(p, SharedTensor):
-                new = nn.Parameter(p.get(), requires_grad=p.requires_grad)
-                if isinstance(p.grad, SharedTensor):
-                    new.grad = p.grad.get()
-                m._parameters[name] = new
+                if id(p) not in done:
+                    new = nn.Parameter(p.get(), requires_grad=p.requires_grad)
+                    if isinstance(p.grad, SharedTensor):
+                        new.grad = p.grad.get()
+                    done[id(p)] = new
+                m._parameters[name] = done[id(p)]
         for name, b in list(m._buffers.items()):
             if isinstance(b, SharedTensor):
-                m._buffers[name] = b.get()
+                if id(b) not in done:
+                    done[id(b)] = b.get()
+                m._buffers[name] = done[id(b)]
     return x
 
 
@@ -124,23 +146,64 @@ def share_method(self: Any, *parties: Any, **kwargs: Any) -> Any:
     return share(self, *parties, **kwargs)
 
 
-def _share_module(model: nn.Module, session: Session) -> nn.Module:
-    """Replace every parameter and buffer by its sharing (in place); eval-mode batch norm
-    is folded into a per-channel scale and shift first (the model owner knows them)."""
+# eval-mode batch norm's statistics are folded into its weights; they stay public
+_FOLDED = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def buffer_is_secret(module: nn.Module, name: str, buffer: torch.Tensor) -> bool:
+    """The default rule for a buffer (``module._buffers[name]``) of a shared model: secret
+    if it is floating point and saved with the model (in its ``state_dict``); public if it
+    is an integer or bool tensor (an index or a mask: structure) or a non-persistent
+    buffer (computed from the config when the model is built, e.g. rotary ``inv_freq``)."""
+    if not buffer.is_floating_point():
+        return False
+    return name not in module._non_persistent_buffers_set
+
+
+def _share_module(
+    model: nn.Module,
+    session: Session,
+    public: set[str] | None = None,
+    secret: set[str] | None = None,
+) -> nn.Module:
+    """Replace every parameter and secret buffer by its sharing (in place; see
+    :func:`buffer_is_secret`, overridden by the qualified buffer names in ``public`` and
+    ``secret``); eval-mode batch norm is folded into a per-channel scale and shift first
+    (the model owner knows them). A parameter tied to several modules (a language model's
+    input and output embeddings) is shared once, and stays tied."""
+    public, secret = public or set(), secret or set()
+    names = {n for n, _ in model.named_buffers(remove_duplicate=False)}
+    unknown = sorted((public | secret) - names)
+    if unknown:
+        raise MPCError(f"the model has no buffer(s) {unknown} (see model.named_buffers())")
+    both = sorted(public & secret)
+    if both:
+        raise MPCError(f"buffer(s) {both} are named both public and shared")
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.training:
             _fold_batch_norm(m)
-    for m in model.modules():
+    done: dict[int, Any] = {}  # id of a plain tensor -> its sharing (tied weights)
+    for prefix, m in model.named_modules(remove_duplicate=False):
         for name, p in list(m._parameters.items()):
-            if p is not None:
-                m._parameters[name] = nn.Parameter(
+            if p is None or isinstance(p, SharedTensor):
+                continue
+            if id(p) not in done:
+                shared = nn.Parameter(
                     share_tensor(p.detach(), session), requires_grad=p.requires_grad
                 )
                 # (nn.Parameter of a tensor subclass is that subclass's own instance)
-                track_grad(cast(SharedTensor, m._parameters[name]))
+                done[id(p)] = track_grad(cast(SharedTensor, shared))
+            m._parameters[name] = done[id(p)]
         for name, b in list(m._buffers.items()):
-            if b is not None and name not in ("running_mean", "running_var", "num_batches_tracked"):
-                m._buffers[name] = share_tensor(b, session)
+            if b is None or isinstance(b, SharedTensor) or name in _FOLDED:
+                continue
+            qualified = f"{prefix}.{name}" if prefix else name
+            if qualified in public:
+                continue
+            if qualified in secret or buffer_is_secret(m, name, b):
+                if id(b) not in done:
+                    done[id(b)] = share_tensor(b, session)
+                m._buffers[name] = done[id(b)]
     return model
 
 

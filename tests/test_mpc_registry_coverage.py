@@ -345,6 +345,24 @@ SAMPLES: list[Sample] = [
         lambda q, k: F.scaled_dot_product_attention(q, k, k),
         [(1, 2, 3, 4)] * 2,
     ),
+    (
+        "embedding gather index_select (public indices)",
+        lambda a: (
+            F.embedding(torch.tensor([2, 0]), a)
+            + torch.gather(a, 0, torch.tensor([[1, 0, 2, 1], [0, 0, 1, 2]]))
+            + torch.index_select(a, 0, torch.tensor([1, 2]))
+        ),
+        [(3, 4)],
+    ),
+    (
+        "masked_fill baddbmm (public masks)",
+        lambda a, b: (
+            a.masked_fill(torch.tensor([True, False, False, True]), -1.5)
+            + a.masked_fill(torch.tensor([False, True, False, False]), torch.tensor(0.5))
+            + torch.baddbmm(a.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), beta=0.5).squeeze(0)
+        ),
+        [(3, 4), (4, 4)],
+    ),
 ]
 
 

@@ -1,3 +1,11 @@
 """Secure op implementations; importing this package fills :data:`mpc.registry.OPS`."""
 
-from mpc.ops import backward, bilinear, functions, inplace, local, nonlinear  # noqa: F401
+from mpc.ops import (  # noqa: F401
+    backward,
+    bilinear,
+    functions,
+    inplace,
+    local,
+    nonlinear,
+    transformer,
+)

@@ -89,11 +89,18 @@ def mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.addmm.default)
 def addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """beta bias + alpha (a @ b) (GPT-2's Conv1D: torch.addmm(bias, x, w)); public beta
+    and alpha other than 1 are products with a public number."""
     bias, a, b = args[0], args[1], args[2]
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-    if beta != 1 or alpha != 1:
-        raise UnsupportedOpError(str(func), "only beta=1 and alpha=1")
-    return _add(bilinear_op(a, b, "matmul", {}), bias, 1)
+    prod = bilinear_op(a, b, "matmul", {})
+    if alpha != 1:
+        prod = mul_public(prod, alpha)
+    if beta == 0:
+        return prod
+    if beta != 1:
+        bias = mul_public(bias, beta) if isinstance(bias, SharedTensor) else bias * beta
+    return _add(prod, bias, 1)
 
 
 def _pair(v: Any) -> list[int]:

@@ -20,6 +20,7 @@ from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public, encode_public, rescale
 from mpc.ops.local import _add, mul_public
+from mpc.ops.masking import keep_in_softmax, select_public
 from mpc.ops.nonlinear import _diff, _lt_gt, _reduce
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
@@ -183,8 +184,16 @@ def hardtanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.where.self)
 def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """where(c, a, b) = b + c (a - b). A shared condition: one Beaver product of a 0/1
-    integer (no truncation): 1 round. A public condition: local."""
+    integer (no truncation): 1 round. A public condition: a public selection, local; a
+    public branch may hold masks (finfo.min, -inf: see :mod:`mpc.ops.masking`)."""
     c, a, b = args[0], args[1], args[2]
+    if not isinstance(c, SharedTensor):
+        check_public(c, "where")
+        c = torch.as_tensor(c).to(torch.bool)
+        if isinstance(a, SharedTensor) and not isinstance(b, SharedTensor):
+            return select_public(c, a, b)
+        if isinstance(b, SharedTensor) and not isinstance(a, SharedTensor):
+            return select_public(~c, b, a)
     if not isinstance(a, SharedTensor) and not isinstance(b, SharedTensor):
         # shared condition, public branches: a - b is public
         d = (a - b) if isinstance(a, torch.Tensor) else torch.as_tensor(a - b)
@@ -200,8 +209,7 @@ def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if isinstance(c, SharedTensor):
             prod = c * d
         else:
-            check_public(c, "where")
-            prod = mul_public(d, c.to(torch.bool))
+            prod = mul_public(d, c)
     return _add(prod, b, 1)
 
 
@@ -377,6 +385,9 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
     mx, _ = _reduce(x, dim, True, False)
     d = _add(x, mx, -1)  # <= 0
     e = approx.exp_nonpositive(_fx(d), hi_scale(x))
+    factors = keep_in_softmax(x, dim)
+    if factors is not None:  # public masks weigh exactly 0 (mpc.ops.masking): local
+        e = e.with_shares([s * factors[0] for s in e.shares])
     total = e.with_shares([s.sum(dim, keepdim=True) for s in e.shares])
     jtop = 2 * math.ceil((math.log2(k) + 1) / 2)
     return d, e, total, jtop
@@ -392,7 +403,11 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     r = approx.reciprocal(total, hi_scale(x), jmin=-2, jtop=jtop, signed=False)
-    return _out(x, approx.mul(e, r, _f(x)))
+    out = _out(x, approx.mul(e, r, _f(x)))
+    factors = keep_in_softmax(x, dim)
+    if func is aten._safe_softmax.default and factors is not None and not factors[1].all():
+        out = out.with_shares([s * factors[1] for s in out.shares])  # rows all -inf: 0
+    return out
 
 
 @register(aten._log_softmax.default)
@@ -500,31 +515,63 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 # -- fused attention ------------------------------------------------------------------------
 
 
+def _repeat_heads(t: Any, heads: int) -> Any:
+    """Grouped-query attention: each of t's key/value heads (dim -3) serves heads / h query
+    heads (``repeat_interleave``; a view and a copy on every share)."""
+    h = t.shape[-3]
+    if h == heads:
+        return t
+    if heads % h:
+        raise UnsupportedOpError("scaled_dot_product_attention", f"{heads} heads over {h}")
+    lead = tuple(t.shape[:-3])
+    t = t.unsqueeze(-3).expand(*lead, h, heads // h, *t.shape[-2:])
+    return t.reshape(*lead, heads, *t.shape[-2:])
+
+
+def attention(
+    q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, scale: float | None = None
+) -> SharedTensor:
+    """softmax(q k^T scale + mask) v, as torch's scaled_dot_product_attention: two Beaver
+    matmuls (or local products with a public operand) and a softmax. A public mask is a
+    public selection (:mod:`mpc.ops.masking`): a bool mask's False positions, a float
+    mask's finfo.min / -inf entries, and the causal mask's upper triangle weigh exactly 0
+    in the softmax. Key/value heads fewer than the query's are repeated (grouped-query
+    attention)."""
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    if q.dim() >= 3:
+        k, v = _repeat_heads(k, heads), _repeat_heads(v, heads)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {})
+    if not isinstance(scores, SharedTensor):
+        raise UnsupportedOpError("scaled_dot_product_attention", "expects a shared operand")
+    scores = mul_public(scores, scale)
+    lq, lk = q.shape[-2], k.shape[-2]
+    if causal:  # torch's is_causal: the upper-left triangle (position i sees 0..i)
+        keep = torch.ones(lq, lk, dtype=torch.bool).tril()
+        scores = select_public(keep, scores, float("-inf"))
+    if mask is not None:
+        if isinstance(mask, SharedTensor):
+            raise UnsupportedOpError("scaled_dot_product_attention", "the mask must be public")
+        check_public(mask, "scaled_dot_product_attention")
+        if mask.dtype == torch.bool:
+            scores = select_public(mask, scores, float("-inf"))
+        else:
+            scores = _add(scores, mask, 1)
+    # (_safe_softmax: a row masked entirely by -inf or False weighs nothing, as in torch)
+    attn = softmax(aten._safe_softmax.default, (scores, -1), {})
+    return bilinear_op(attn, v, "matmul", {})
+
+
 @register(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def sdpa_flash_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The fused attention kernel torch picks on CPU, decomposed into secure ops:
-    softmax(q k^T scale + mask) v (two Beaver matmuls and a softmax). The logsumexp output
-    is a meta tensor (nothing in inference reads it)."""
+    """The fused attention kernel torch picks on CPU, decomposed into secure ops
+    (:func:`attention`). The logsumexp output is a meta tensor (nothing in inference
+    reads it)."""
     q, k, v = args[0], args[1], args[2]
     dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
     causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
-    mask = kwargs.get("attn_mask")
-    scale = kwargs.get("scale")
     if dropout:
         raise UnsupportedOpError(str(func), "dropout in attention (call model.eval())")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {}) * scale
-    lq, lk = q.shape[-2], k.shape[-2]
-    if causal:
-        keep = torch.ones(lq, lk, dtype=torch.bool).tril()
-        scores = scores + torch.zeros(lq, lk).masked_fill(~keep, -1e4)
-    if mask is not None:
-        if isinstance(mask, SharedTensor):
-            raise UnsupportedOpError(str(func), "the attention mask must be public")
-        if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape).masked_fill(~mask, -1e4)
-        scores = scores + mask
-    attn = softmax(aten._softmax.default, (scores, -1, False), {})
-    out = bilinear_op(attn, v, "matmul", {})
+    out = attention(q, k, v, kwargs.get("attn_mask"), bool(causal), kwargs.get("scale"))
     lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32, device="meta")
     return out, lse

@@ -24,6 +24,7 @@ from mpc.ops.common import (
     result_dtype,
     wrap,
 )
+from mpc.ops.masking import add_mask, mask_of
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -150,6 +151,9 @@ def _add(a: Any, b: Any, sign: int) -> SharedTensor:
         return SharedTensor(shares, a.session, f, result_dtype(a, b), pending=f - precision)
     if isinstance(a, SharedTensor):
         check_public(b, "add")
+        masked = mask_of(b)  # finfo.min / -inf entries: a public selection (mpc.ops.masking)
+        if masked is not None:
+            return add_mask(a, torch.as_tensor(b), masked, sign)
         f = a.frac_bits if a.frac_bits or is_integral(b) else a.session.config.frac_bits
         shares = rescale(a, f)
         enc = encode_public(b, f) * sign
