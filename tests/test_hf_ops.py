@@ -315,3 +315,11 @@ def test_tied_weights_are_shared_once_and_stay_tied(group: Any) -> None:
     mpc.get(model)
     assert model["emb"].weight is model["head"].weight
     assert not isinstance(model["emb"].weight, mpc.SharedTensor)
+
+
+def test_the_core_library_never_imports_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, mpc, mpc.ops, pointers; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
