@@ -15,6 +15,7 @@ from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.plan import SharedPlan, plan, preprocess
+from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session
 from mpc.shared import SharedTensor
@@ -27,8 +28,11 @@ __all__ = [
     "FixedPointRangeWarning",
     "MPCConfig",
     "MPCError",
+    "OwnedShared",
+    "OwnedSum",
     "PartyMismatchError",
     "Recorder",
+    "ReleaseRuleError",
     "SecureAggregator",
     "Session",
     "SharedPlan",

@@ -64,7 +64,10 @@ def share_remote(
     fixed point and splits it into one additive share per party with its own CSPRNG
     (:func:`mpc.secure_aggregation.share_update`), then delivers each share to its party,
     party to party. The client never holds the value nor a share; the worker keeps the
-    original (and a share only if it is a party)."""
+    original (and a share only if it is a party). The value is the worker's owner's, not
+    the client's: it opens only inside an aggregate of at least two owners' values
+    (``(a + b).get()``, its release rule, :mod:`mpc.release`)."""
+    from mpc.release import MIN_OWNERS, owned
     from mpc.secure_aggregation import SHARE_FUNCTION, _bound, install
 
     if not x.is_floating_point():
@@ -83,16 +86,16 @@ def share_remote(
     shares = pt_call_function(
         worker,
         SHARE_FUNCTION,
-        [x, f, session.n, _bound(f, 1)],
+        [x, f, session.n, _bound(f, 1), 1, MIN_OWNERS],
         out=[(shape, torch.int64)] * session.n,
     )
     moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]
-    shared = SharedTensor(moved, session, f, x.dtype)
     if requires_grad:
-        from mpc.ops.backward import track_grad
-
-        track_grad(shared.requires_grad_(True))
-    return shared
+        raise MPCError(
+            "a value shared by its owner at its worker opens only inside an aggregate of "
+            "owners' values (its release rule): it cannot be trained on"
+        )
+    return owned(moved, session, f, x.dtype, worker.id, MIN_OWNERS)
 
 
 class MaxResult(NamedTuple):

@@ -32,7 +32,7 @@ so only its weighted mean is revealed too.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -40,10 +40,12 @@ from torch import nn
 import pointers as pt
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
+from mpc.material.owned import MIN_OWNERS, share_rule
 from mpc.math.encoding import encode
 from mpc.math.prg import random_ring
+from mpc.release import OwnedShared, OwnedSum, owned
 from mpc.session import Session
-from mpc.shared import SharedTensor
+from pointers.worker.sealing import protocol_function
 
 if TYPE_CHECKING:  # (pointers loads its federated layer on first use)
     from pointers.federated.datasets import FederatedDataset
@@ -55,14 +57,27 @@ SHARE_FUNCTION = "mpc.secagg.share_update"
 _SAFE_BITS = 62  # encoded magnitudes stay below 2^62 (see mpc.math.encoding)
 
 
+@protocol_function(share_rule)
 def share_update(
-    ctx: Any, update: torch.Tensor, frac_bits: int, n_shares: int, bound: float
+    ctx: Any,
+    update: torch.Tensor,
+    frac_bits: int,
+    n_shares: int,
+    bound: float,
+    weight: int = 1,
+    min_owners: int = MIN_OWNERS,
 ) -> list[torch.Tensor]:
-    """Run at the data worker: encode ``update`` and split it into ``n_shares`` additive shares.
+    """Run at the data worker: encode ``weight * update`` and split it into ``n_shares``
+    additive shares, sealed with this worker as their owner and the release rule "an
+    aggregate of at least ``min_owners`` owners" (:mod:`mpc.release`): no client can open
+    one owner's value. Each value is shared once.
 
     ``bound`` is public: a value with ``|u| >= bound`` could overflow the weighted sum, so
     the worker refuses it (the only thing an error tells is that the bound was exceeded).
+    ``weight``: the owner's public example count, applied here (the parties only add).
     """
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 2**31:
+        raise ValueError(f"weight must be a positive int, got {weight!r}")
     if not isinstance(update, torch.Tensor) or not update.is_floating_point():
         raise TypeError("the update to share must be a floating tensor")
     if isinstance(n_shares, bool) or not isinstance(n_shares, int) or not 2 <= n_shares <= 5:
@@ -75,6 +90,8 @@ def share_update(
             f"{frac_bits} fractional bits); lower the learning rate or frac_bits"
         )
     rest = encode(update, frac_bits)
+    if weight != 1:
+        rest = rest * weight
     shares = []
     for _ in range(n_shares - 1):
         r = random_ring(tuple(rest.shape))
@@ -131,15 +148,18 @@ class SecureAggregator:
     def frac_bits(self) -> int:
         return self.session.config.frac_bits
 
-    def share_update(self, update: pt.PointerTensor) -> SharedTensor:
-        """Have ``update``'s worker share it among the parties (steps 1-2 above).
+    def share_update(self, update: pt.PointerTensor, weight: int = 1) -> OwnedShared:
+        """Have ``update``'s worker share ``weight * update`` among the parties (steps 1-2
+        above).
 
-        The returned :class:`SharedTensor` is encoded at ``frac_bits``; the worker keeps
-        no share (unless it is itself a party).
+        The returned :class:`~mpc.release.OwnedShared` is encoded at ``frac_bits``; the
+        worker keeps no share (unless it is itself a party). It opens only inside an
+        aggregate of at least two owners' updates (``(a + b).get()``): the parties refuse
+        anything else (:mod:`mpc.release`).
         """
-        return self._share(update, _bound(self.frac_bits, 1))
+        return self._share(update, _bound(self.frac_bits, weight), weight)
 
-    def _share(self, update: pt.PointerTensor, bound: float) -> SharedTensor:
+    def _share(self, update: pt.PointerTensor, bound: float, weight: int = 1) -> OwnedShared:
         if not isinstance(update, pt.PointerTensor):
             raise MPCError(
                 "secure aggregation shares an update from the worker that holds it: pass a "
@@ -150,10 +170,13 @@ class SecureAggregator:
         m, f = self.session.n, self.frac_bits
         shape = tuple(update.shape)
         shares = pt.call_function(
-            worker, SHARE_FUNCTION, [update, f, m, bound], out=[(shape, torch.int64)] * m
+            worker,
+            SHARE_FUNCTION,
+            [update, f, m, bound, weight, MIN_OWNERS],
+            out=[(shape, torch.int64)] * m,
         )
         moved = [s.move(p) for s, p in zip(shares, self.parties)]  # type: ignore[union-attr]
-        return SharedTensor(moved, self.session, f, torch.float64)
+        return owned(moved, self.session, f, torch.float64, worker.id, MIN_OWNERS)
 
     def aggregate(self, updates: Sequence[tuple[pt.PointerTensor, int]]) -> torch.Tensor:
         """``sum_k n_k u_k / sum_k n_k``, reconstructing only the weighted sum."""
@@ -161,13 +184,10 @@ class SecureAggregator:
 
         _, dtype, total = check_updates(updates)
         bound = _bound(self.frac_bits, total)
-        acc: SharedTensor | None = None
-        for update, n in updates:
-            # local at each party: shares times the public integer n, then share sums
-            term = cast(SharedTensor, self._share(update, bound) * n)
-            acc = term if acc is None else cast(SharedTensor, acc + term)
-        assert acc is not None
-        weighted_sum = acc.get()  # float64: the only value opened
+        # each owner weights its own update by its public count n_k; the parties add
+        # the shares (the release of an aggregate of at least two owners)
+        terms = [self._share(update, bound, n) for update, n in updates]
+        weighted_sum = OwnedSum(terms).get()  # float64: the only value opened
         return (weighted_sum / total).to(dtype)
 
     def __repr__(self) -> str:

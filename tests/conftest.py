@@ -20,6 +20,8 @@ BOTH_WORKER_KINDS = {
     "test_mpc_functions",
     "test_mpc_training",
     "test_sealing",
+    "test_sealing_attacks",
+    "test_release_rules",
     "test_federated",
     "test_pysyft_compat",
 }

@@ -623,7 +623,11 @@ def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision(new_w
     assert dealer.stats.peer_messages_sent == 2  # only the session's seeds: no material
     shared = agg.share_update(pt.send(values[0], data_workers[0]))
     assert isinstance(shared, mpc.SharedTensor) and shared.parties == parties
-    assert torch.allclose(shared.get(), values[0].double(), atol=2.0**-17)
+    # one owner's update never opens (its release rule: an aggregate of two owners)
+    with pytest.raises(mpc.ReleaseRuleError, match="at least 2 owners"):
+        shared.get()
+    other = agg.share_update(pt.send(values[1], data_workers[1]))
+    assert torch.allclose((shared + other).get(), (values[0] + values[1]).double(), atol=2.0**-15)
 
 
 def test_secure_aggregation_refuses_updates_too_large(new_workers):

@@ -307,7 +307,11 @@ def test_sharing_a_pointer_is_split_at_its_worker(workers: tuple[Any, ...]) -> N
     # issue 16: the worker holding it splits it (floats); integers are refused clearly
     alice, bob, carol, _ = workers
     ptr = pt.send(torch.ones(2), alice)
-    assert torch.equal(mpc.share(ptr, alice, bob, crypto_provider=carol).get(), torch.ones(2))
+    owned = mpc.share(ptr, alice, bob, crypto_provider=carol)
+    with pytest.raises(mpc.ReleaseRuleError, match="opens only a sum"):  # alice's value
+        owned.get()
+    other = mpc.share(pt.send(torch.ones(2), bob), alice, bob, crypto_provider=carol)
+    assert torch.equal((owned + other).get(), 2 * torch.ones(2))
     with pytest.raises(mpc.MPCError, match="remote tensor shares floats"):
         mpc.share(pt.send(torch.ones(2, dtype=torch.int64), alice), alice, bob)
 

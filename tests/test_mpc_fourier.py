@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.math.fourier import MAX_TERMS, Series, fit_series, harmonics, ring_angle
-from mpc.protocols import approx
+from mpc.protocols import approx, arith
 from pointers.wire.messages import Describe
 
 U = 2.0**-16
@@ -146,9 +146,19 @@ def test_a_worker_refuses_bad_series_steps(group: Any) -> None:
         )
         carol.request(Describe([]))
     share = x.shares[0]
-    (masked,) = pt.call_function(
-        alice, "mpc.cmp_mask", [seed, session.next_nonce(), share], out=[((3,), torch.int64)]
-    )
+
+    def opened() -> tuple[int, Any]:
+        """A masked x opened among the parties for a fresh instance (the step's input)."""
+        nonce = session.next_nonce()
+        (masked,) = arith.at_parties(
+            session,
+            "mpc.cmp_mask",
+            lambda i: [session.party_seeds[i], nonce, x.shares[i]],
+            [((3,), torch.int64)],
+        )
+        (c,) = arith.open_among(session, [masked])
+        return nonce, c[0]
+
     ok = [21, 0.5, [0.1] * 3, [0.2] * 3, 24, 30, False]
     bad_party = [
         ([21, 0.5, [0.1] * 2, [0.2] * 3, 24, 30, False], "as many cosine"),
@@ -157,14 +167,25 @@ def test_a_worker_refuses_bad_series_steps(group: Any) -> None:
         ([21, 0.5, [0.1] * 3, [0.2] * 3, 40, 30, False], "coefficient bits"),
     ]
     for params, what in bad_party:
+        nonce, c = opened()
         with pytest.raises(pt.RemoteError, match=what):
             pt.call_function(
                 alice,
                 "mpc.fourier_finish",
-                [seed, session.next_nonce(), True, None, masked, *params],
+                [seed, nonce, True, None, c, *params],
                 out=[((3,), torch.int64)],
             )
             alice.request(Describe([]))
+    # an opened value of another instance, or one not opened, is refused
+    nonce, c = opened()
+    with pytest.raises(pt.RemoteError, match="instance"):
+        pt.call_function(
+            alice,
+            "mpc.fourier_finish",
+            [seed, session.next_nonce(), True, None, c, *ok],
+            out=[((3,), torch.int64)],
+        )
+        alice.request(Describe([]))
     # the opened value must be material (sealed): a client's own tensor is refused
     with pytest.raises(pt.RemoteError, match="sealed|material"):
         pt.call_function(

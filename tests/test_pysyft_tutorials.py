@@ -314,11 +314,14 @@ def test_remote_share_never_shows_the_client_the_value():
     before = bob.stats.messages_sent
     shared = x.share(bob, alice, crypto_provider=james)
     assert bob.stats.messages_sent - before <= 3  # replies only: no value to the client
-    assert torch.equal(shared.get(), torch.tensor([1.5, -2.25, 1000.0]))
+    with pytest.raises(mpc.ReleaseRuleError):  # bob's value, not the client's to open
+        shared.get()
     assert torch.equal(x.get(), torch.tensor([1.5, -2.25, 1000.0]))  # bob keeps his tensor
-    y = torch.tensor([2.0]).send(pt.VirtualWorker("carol"))
-    twice = mpc.share(y, alice, bob, crypto_provider=james) * 2
-    assert torch.equal(twice.get(), torch.tensor([4.0]))
+    y = torch.tensor([2.0, 1.0, -1.0]).send(pt.VirtualWorker("carol"))
+    other = mpc.share(y, bob, alice, crypto_provider=james)
+    with pytest.raises(mpc.ReleaseRuleError):  # only sums of owners' values
+        (other * 2).get()
+    assert torch.equal((shared + other).get(), torch.tensor([3.5, -1.25, 999.0]))
     with pytest.raises(mpc.MPCError, match="floats in fixed point"):
         torch.tensor([1, 2]).send(bob).share(bob, alice, crypto_provider=james)
     with pytest.raises(mpc.MPCError, match="pointer chain"):
@@ -332,19 +335,21 @@ def test_remote_share_never_shows_the_client_the_value():
     st.sampled_from([None, 2, 4]),
 )
 def test_remote_share_matches_plaintext(values, scale, digits):
-    pytest.importorskip("mpc")
-    bob, alice, james = (pt.VirtualWorker(n) for n in ("bob", "alice", "james"))
+    """Two owners' remote values shared (PySyft's Part 10): only their sum opens."""
+    mpc = pytest.importorskip("mpc")
+    bob, alice, james, dan = (pt.VirtualWorker(n) for n in ("bob", "alice", "james", "dan"))
     t = torch.tensor(values, dtype=torch.float64)
-    x = t.send(bob)
-    remote = x if digits is None else x.fix_precision(precision_fractional=digits)
-    shared = remote.share(bob, alice, crypto_provider=james)
-    tol = 2.0**-shared.frac_bits
-    assert torch.allclose(shared.get(), t, atol=tol, rtol=0)
-    local = (t * 0.5).share(bob, alice, crypto_provider=james, frac_bits=shared.frac_bits)
-    assert torch.allclose((shared + local).get(), t * 1.5, atol=2 * tol, rtol=0)
-    # the public scale is encoded in fixed point too: its rounding error times |t|
-    bound = (abs(scale) + float(t.abs().max()) + 1) * tol
-    assert torch.allclose((shared * scale).get(), t * scale, atol=bound, rtol=0)
+    u = t * scale
+    x, y = t.send(bob), u.send(dan)
+    if digits is not None:
+        x, y = (p.fix_precision(precision_fractional=digits) for p in (x, y))
+    sx = x.share(bob, alice, crypto_provider=james)
+    sy = y.share(bob, alice, crypto_provider=james)
+    tol = 2.0**-sx.frac_bits
+    assert torch.allclose((sx + sy).get(), t + u, atol=2 * tol, rtol=0)
+    with pytest.raises(mpc.ReleaseRuleError):
+        local = (t * 0.5).share(bob, alice, crypto_provider=james, frac_bits=sx.frac_bits)
+        (sx + local).get()
 
 
 # -- Part 11: secure deep learning classification ------------------------------------------------

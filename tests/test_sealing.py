@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import mpc
 import pointers as pt
-from mpc.material import FUNCTIONS
+from mpc.material import MAKES_MATERIAL
 from mpc.protocols import arith, compare
 from pointers.pointer_tensor import search_worker
 from pointers.wire.messages import (
@@ -30,7 +30,6 @@ from pointers.wire.messages import (
     Tag,
 )
 from pointers.wire.serde import Slot, SlotRef
-from pointers.worker.sealing import sealing_of
 
 mpc_plan = importlib.import_module("mpc.plan")  # (mpc.plan is also the function)
 
@@ -75,7 +74,7 @@ class MaterialSpy:
 
         def call(worker: Any, name: str, args: list[Any], out: Any) -> Any:
             got = orig_call(worker, name, args, out)
-            if sealing_of(FUNCTIONS[name]).sealed_outputs:
+            if name in MAKES_MATERIAL:
                 self.material += [g for g in got if g is not None]
             return got
 
@@ -112,9 +111,12 @@ def test_seeds_are_sealed(trio: Any) -> None:
     x = mpc.share(torch.tensor([1.0, 2.0]), alice, bob, crypto_provider=carol)
     for seed in x.session.party_seeds + x.session.dealer_seeds:
         assert_sealed(seed)
-    # a copy delivered to another worker arrives sealed there too
-    moved = x.session.party_seeds[0].copy_to(bob)
-    assert_sealed(moved)
+    # a seed leaves its dealer once, to its party: no copy of it can be made again (the
+    # nonce rule: a seed's used nonces are recorded wherever a copy of it exists)
+    for seed in (x.session.party_seeds[0], x.session.dealer_seeds[0]):
+        with pytest.raises(pt.RemoteError, match="again"):
+            seed.copy_to(bob)
+            _sync(seed.location)
     # the shares themselves are the caller's to reconstruct
     assert torch.allclose(x.get(), torch.tensor([1.0, 2.0]))
 
@@ -147,7 +149,7 @@ def test_op_by_op_material_is_sealed_while_it_exists(
 def _material_slots(programs: dict[str, list[Any]]) -> dict[str, set[int]]:
     """Per worker, the slots of the objects a program creates there that are protocol
     material: sealing functions' outputs, ops on material, deliveries of material."""
-    sealed_outputs = {n for n, f in FUNCTIONS.items() if sealing_of(f).sealed_outputs}
+    sealed_outputs = MAKES_MATERIAL
     material: dict[str, set[int]] = {w: set() for w in programs}
 
     def refs(o: Any) -> set[int]:
@@ -250,7 +252,7 @@ def test_a_client_cannot_store_or_smuggle_material(trio: Any) -> None:
         _sync(alice)
     # writing material into a client's own tensor
     own = pt.send(torch.zeros(16, dtype=torch.uint8), alice)
-    with pytest.raises(pt.RemoteError, match="unsealed"):
+    with pytest.raises(pt.RemoteError, match="sealed"):
         own.add_(session.party_seeds[0])
         _sync(alice)
     assert torch.equal(x.get(), torch.ones(3))

@@ -19,6 +19,7 @@ from mpc.material.dealer import (
     dealer_trunc,
     new_seed,
 )
+from mpc.material.owned import release_sum
 from mpc.material.party import (
     beaver_combine,
     beaver_mask,
@@ -67,6 +68,30 @@ FUNCTIONS = {
     "mpc.pack": pack,
     "mpc.open_unpack": open_unpack,
     "mpc.unpack": unpack,
+    "mpc.release_sum": release_sum,
 }
 
-__all__ = ["FUNCTIONS", "TAG_T_ARITH", "consume", "derive"]
+# the steps whose outputs are protocol material (sealed at the workers; see rules.py)
+MAKES_MATERIAL = frozenset(
+    {
+        "mpc.new_seed",
+        "mpc.dealer_triple",
+        "mpc.dealer_trunc",
+        "mpc.dealer_compare",
+        "mpc.dealer_fourier",
+        "mpc.derive",
+        "mpc.beaver_mask",
+        "mpc.trunc_mask",
+        "mpc.cmp_mask",
+        "mpc.cmp_init",
+        "mpc.carry_step",
+        "mpc.cmp_bit_mask",
+        "mpc.dabit_mask",
+        "mpc.dabit_product",
+        "mpc.pack",
+        "mpc.unpack",
+        "mpc.open_unpack",
+    }
+)
+
+__all__ = ["FUNCTIONS", "MAKES_MATERIAL", "TAG_T_ARITH", "consume", "derive"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from mpc.material import rules
 from mpc.material.streams import (
     TAG_A,
     TAG_B,
@@ -33,13 +34,13 @@ from mpc.math.ring import ring_bilinear
 from pointers.worker.sealing import protocol_function
 
 
-@protocol_function(sealed_outputs=True)
+@protocol_function(rules.new_seed)
 def new_seed(ctx: Any) -> torch.Tensor:
     """A fresh 16-byte seed from the operating system (stored at the dealer)."""
     return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
 
 
-@protocol_function(material=("seeds",), sealed_outputs=True)
+@protocol_function(rules.dealer_triple)
 def dealer_triple(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -110,7 +111,7 @@ def unpack_trunc_correction(
     return u, s
 
 
-@protocol_function(material=("seeds",), sealed_outputs=True)
+@protocol_function(rules.dealer_trunc)
 def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
 ) -> torch.Tensor:
@@ -147,7 +148,7 @@ def dealer_trunc(
 MAX_SELECTED = 16
 
 
-@protocol_function(material=("seeds",), sealed_outputs=True)
+@protocol_function(rules.dealer_compare)
 def dealer_compare(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -213,7 +214,7 @@ def dealer_compare(
     return torch.cat(parts)
 
 
-@protocol_function(material=("seeds",), sealed_outputs=True)
+@protocol_function(rules.dealer_fourier)
 def dealer_fourier(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int, terms: int,
     scale: int, single: bool,

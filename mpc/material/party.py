@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from mpc.material import rules
 from mpc.material.dealer import unpack_trunc_correction
 from mpc.material.streams import (
     TAG_A,
@@ -33,14 +34,14 @@ from pointers.errors import LimitExceeded, NotAllowedError
 from pointers.worker.sealing import protocol_function
 
 
-@protocol_function(material=("seed",), sealed_outputs=True)
+@protocol_function(rules.party_derive)
 def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> Any:
     """The party's share of the dealer's material ``(nonce, tag)`` (e.g. a daBit's [t])."""
     consume(ctx, [seed], nonce, tag)
     return derive(seed, nonce, tag, shape)
 
 
-@protocol_function(material=("seed",), either=("x", "y"), sealed_outputs=True)
+@protocol_function(rules.beaver_mask)
 def beaver_mask(
     ctx: Any,
     seed: torch.Tensor,
@@ -60,7 +61,7 @@ def beaver_mask(
     return [ef, a]
 
 
-@protocol_function(material=("seed", "c", "a", "ef"), either=("y",))
+@protocol_function(rules.beaver_combine)
 def beaver_combine(
     ctx: Any,
     seed: torch.Tensor,
@@ -94,14 +95,14 @@ def beaver_combine(
     return z
 
 
-@protocol_function(material=("seed",), either=("z",), sealed_outputs=True)
+@protocol_function(rules.trunc_mask)
 def trunc_mask(ctx: Any, seed: torch.Tensor, nonce: int, z: torch.Tensor) -> torch.Tensor:
     """Party i: c_i = z_i + r_i."""
     consume(ctx, [seed], nonce, TAG_R)
     return derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
 
 
-@protocol_function(material=("seed", "corrections", "c"))
+@protocol_function(rules.trunc_finish)
 def trunc_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -158,7 +159,7 @@ def bilinear_public(
 # -- trigonometric series, party side -------------------------------------------------
 
 
-@protocol_function(material=("seed", "trig", "c"))
+@protocol_function(rules.fourier_finish)
 def fourier_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -210,14 +211,14 @@ def fourier_finish(
 # -- comparison (MSB extraction), party side ---------------------------------------------
 
 
-@protocol_function(material=("seed",), either=("x",), sealed_outputs=True)
+@protocol_function(rules.cmp_mask)
 def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
     """c_i = x_i + r_i: the party's share of x masked by the dealer's r."""
     consume(ctx, [seed], nonce, TAG_R)
     return x + derive(seed, nonce, TAG_R, list(x.shape))
 
 
-@protocol_function(material=("seed", "r_bits", "pairs", "c"), sealed_outputs=True)
+@protocol_function(rules.cmp_init)
 def cmp_init(
     ctx: Any,
     seed: torch.Tensor,
@@ -271,7 +272,7 @@ def _mask_level(
     return [torch.cat([(x ^ a).reshape(-1), (y ^ b).reshape(-1)]), a, b]
 
 
-@protocol_function(material=("seed", "c", "a", "b", "ef_pieces", "g", "p"), sealed_outputs=True)
+@protocol_function(rules.carry_step)
 def carry_step(
     ctx: Any,
     seed: torch.Tensor,
@@ -312,7 +313,7 @@ def carry_step(
     return [g_new, p_new, *_mask_level(ctx, seed, next_nonce, g_new, p_new, level + 1)]
 
 
-@protocol_function(material=("seed", "t_bin", "g", "top"), sealed_outputs=True)
+@protocol_function(rules.cmp_bit_mask)
 def cmp_bit_mask(
     ctx: Any,
     seed: torch.Tensor,
@@ -328,7 +329,7 @@ def cmp_bit_mask(
     return carry.bitwise_xor_(top).bitwise_xor_(t)
 
 
-@protocol_function(material=("seed", "t_arith", "d"))
+@protocol_function(rules.cmp_bit_finish)
 def cmp_bit_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -346,7 +347,7 @@ def cmp_bit_finish(
     return out
 
 
-@protocol_function(material=("seed",), either=("v",), sealed_outputs=True)
+@protocol_function(rules.dabit_mask)
 def dabit_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> torch.Tensor:
     """e_i = v_i - a_i: the party's share of v masked for a product with the daBit's t
     (see :func:`dabit_product`)."""
@@ -354,7 +355,7 @@ def dabit_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> tor
     return v - derive(seed, nonce, TAG_A, list(v.shape))
 
 
-@protocol_function(material=("seed", "c", "t", "e"), sealed_outputs=True)
+@protocol_function(rules.dabit_product)
 def dabit_product(
     ctx: Any,
     seed: torch.Tensor,
@@ -376,7 +377,7 @@ def dabit_product(
     return z
 
 
-@protocol_function(material=("d", "vt"))
+@protocol_function(rules.cmp_select_finish)
 def cmp_select_finish(
     ctx: Any,
     complement: bool,
@@ -427,7 +428,7 @@ def share_from_seed(ctx: Any, seed: bytes, shape: list[int]) -> torch.Tensor:
     return PRG(seed).int64(tuple(shape))
 
 
-@protocol_function(either=("parts",))
+@protocol_function(rules.pack)
 def pack(ctx: Any, parts: list[torch.Tensor]) -> torch.Tensor:
     """A party's shares of the values one round opens, as one flat tensor: they reach
     each peer in one delivery instead of one per value (see :func:`unpack`)."""
@@ -438,7 +439,7 @@ def pack(ctx: Any, parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.reshape(-1) for p in parts])
 
 
-@protocol_function(either=("packed",))
+@protocol_function(rules.unpack)
 def unpack(ctx: Any, packed: torch.Tensor, shapes: list[list[int]]) -> list[torch.Tensor]:
     """The values :func:`pack` put in ``packed``, with their ``shapes`` (views: no copy)."""
     if not isinstance(packed, torch.Tensor) or packed.dim() != 1:
@@ -458,17 +459,19 @@ def unpack(ctx: Any, packed: torch.Tensor, shapes: list[list[int]]) -> list[torc
     return [part.view(shape) for part, shape in zip(packed.split(sizes), shapes)]
 
 
-@protocol_function(either=("pieces",))
+@protocol_function(rules.open_unpack)
 def open_unpack(
     ctx: Any, pieces: list[torch.Tensor], shapes: list[list[int]], xor: bool
 ) -> list[torch.Tensor]:
-    """Open a round's packed values at this party: the sum (``xor``: the XOR) of its own
-    packed share and the ones its peers sent it (``pieces``; not modified: in process they
+    """Open a round's packed values (or one value) at this party: the sum (``xor``: the
+    XOR) of its own packed share and the ones its peers sent it (``pieces``; not modified: in process they
     are the senders' own tensors), split into the values with their ``shapes`` (views of
     one new tensor; see :func:`pack` and :func:`unpack`)."""
     if type(xor) is not bool:
         raise TypeError("open_unpack's xor flag is a bool")
-    total = _open_pieces(pieces, xor)
+    if not (isinstance(pieces, list) and all(isinstance(t, torch.Tensor) for t in pieces)):
+        raise ValueError("the pieces of an opening are tensors")
+    total = _open_pieces([t.reshape(-1) for t in pieces], xor)
     return unpack(ctx, total, shapes)
 
 

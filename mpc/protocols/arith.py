@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -119,29 +119,17 @@ def open_among(
         return [list(col) for col in zip(*per_party)]
     opened: list[Shares] = []
     for shares in values:
-        received: list[list[pt.PointerTensor]] = [[] for _ in parties]
-        for i, s in enumerate(shares):
-            for j, pj in enumerate(parties):
-                if i != j:
-                    # only read at both ends: in process, no copy (SendToPeer.lend)
-                    received[j].append(s.copy_to(pj, lend=True))
-        out: Shares = []
-        for j in range(len(parties)):
-            # the first sum is a fresh tensor (the received shares are the senders' own,
-            # in process); later terms accumulate into it
-            first, *rest = [*received[j], shares[j]]
-            # (ops on pointers give pointers; torch's stubs say Tensor)
-            acc = cast(
-                pt.PointerTensor,
-                torch.bitwise_xor(first, rest[0]) if xor else torch.add(first, rest[0]),
-            )
-            for r in rest[1:]:
-                if xor:
-                    acc.bitwise_xor_(r)
-                else:
-                    acc.add_(r)
-            out.append(acc)
-        opened.append(out)
+        # each party opens the value from its share and its peers' (one step: the
+        # workers check that these are the pieces of one value to open, used once)
+        pieces = exchange(session, shares, count=False)
+        meta: Out = [(tuple(shares[0].shape), shares[0].dtype)]
+        shape = [[int(d) for d in shares[0].shape]]
+        opened.append(
+            [
+                call(p, "mpc.open_unpack", [pieces[j], shape, xor], out=meta)[0]
+                for j, p in enumerate(parties)
+            ]
+        )
     return opened
 
 

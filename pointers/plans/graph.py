@@ -40,6 +40,13 @@ _INT_LIMIT = 1 << 63  # size arithmetic never leaves int64
 # ----------------------------------------------------------------------------------------
 
 
+def is_protocol_step(fn: Any) -> bool:
+    """Whether a registered function is a protocol step (it carries the rule that
+    :func:`pointers.worker.sealing.protocol_function` attached): those run only as
+    commands, where the worker checks their material, never as a plan's node."""
+    return getattr(fn, "__sealing__", None) is not None
+
+
 class PlanError(PointerError):
     """Base class of the errors of plans and protocols."""
 
@@ -364,7 +371,13 @@ class PlanGraph:
                             f"plan {self.name!r} calls the registered function {step.fn!r}; "
                             "run it at a worker that registers it"
                         )
-                    out = functions.get(step.fn)(ctx, *args, **kwargs)
+                    fn = functions.get(step.fn)
+                    if is_protocol_step(fn):
+                        raise PlanRunError(
+                            f"plan {self.name!r} calls the protocol step {step.fn!r}, which "
+                            "runs only as a command (its worker checks its material)"
+                        )
+                    out = fn(ctx, *args, **kwargs)
                 else:
                     out = step.fn(*args, **kwargs)
             except (PlanError, _NeedsWorker):

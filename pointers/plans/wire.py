@@ -33,7 +33,14 @@ import msgpack
 import torch
 
 from pointers.errors import DecodeError, NotAllowedError
-from pointers.plans.graph import SYM_OPS, InputSpec, Node, PlanDecodeError, PlanGraph
+from pointers.plans.graph import (
+    SYM_OPS,
+    InputSpec,
+    Node,
+    PlanDecodeError,
+    PlanGraph,
+    is_protocol_step,
+)
 from pointers.wire import serde
 from pointers.wire.ops import resolve_op
 from pointers.wire.serde import Ref
@@ -172,6 +179,11 @@ def check_target(target: Any, where: str, functions: Any = None) -> None:
             raise PlanDecodeError(f"{where}: malformed function name {target!r}")
         if functions is not None and rest not in functions:
             raise PlanDecodeError(f"{where}: no function {rest!r} is registered at this worker")
+        if functions is not None and is_protocol_step(functions.get(rest)):
+            raise PlanDecodeError(
+                f"{where}: {rest!r} is a protocol step, which runs only as a command (its "
+                "worker checks its material); a plan may not call it"
+            )
     elif target not in SYM_OPS:
         raise PlanDecodeError(
             f"{where}: unknown op {target[:MAX_NAME]!r}; a plan may use allow-listed aten ops "

@@ -25,15 +25,16 @@ class Message:
 class Store(Message):
     """Store ``value`` under ``obj_id`` with optional search tags and description.
 
-    ``sealed``: the value is protocol material (see :mod:`pointers.worker.sealing`); only a peer
-    delivering a sealed object may set it, a client's store with it set is refused."""
+    ``sealed``: the value is protocol material, and this its label (a list; see
+    :mod:`pointers.worker.sealing`); only a peer delivering a sealed object may set it, a
+    client's store with it set is refused."""
 
     KIND: ClassVar[str] = "store"
     obj_id: int
     value: torch.Tensor
     tags: list[str]
     description: str
-    sealed: bool = False
+    sealed: bool | list[Any] = False
 
 
 @dataclass(slots=True)
@@ -277,7 +278,7 @@ _SIMPLE_CHECKS: dict[str, type | tuple[type, ...]] = {
     "new_id": int,
     "delete": bool,
     "lend": bool,
-    "sealed": bool,
+    "sealed": (bool, list),
     "want_meta": bool,
     "op": str,
     "name": str,

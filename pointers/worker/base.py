@@ -54,7 +54,15 @@ from pointers.wire.ops import resolve_op
 from pointers.wire.serde import Ref
 from pointers.worker.functions import FunctionRegistry
 from pointers.worker.program import program_from_wire, start_program
-from pointers.worker.sealing import SEALED_OPS, refused, sealing_of
+from pointers.worker.sealing import (
+    Arg,
+    ProtocolCall,
+    after_delivery,
+    delivered_seal,
+    refused,
+    sealing_of,
+    spend,
+)
 from pointers.worker.store import ObjectStore
 
 Frames = tuple[bytes, list[Any]]
@@ -113,6 +121,18 @@ def _sole_owner(value: Any) -> bool:
         return False
     lone = _lone()
     return _refs_and_uses(value) == (lone[0] + 1, lone[1])  # + this function's parameter
+
+
+def _seal_of(seals: Any, k: int) -> Any:
+    """The seal of output ``k`` of a step (see :meth:`Worker._store_outputs`)."""
+    if seals is None or seals is False:
+        return False
+    if isinstance(seals, list) and seals and type(seals[0]) is str:
+        return seals  # one label for every output
+    if isinstance(seals, list | tuple):
+        s = seals[k] if k < len(seals) else None
+        return s if s else False
+    raise TypeError(f"a protocol rule returned {type(seals).__name__} as its seals")
 
 
 _DELETE_BATCH = 64  # deletes of dropped pointers travel in batches
@@ -356,7 +376,6 @@ class Worker:
     def _execute_op(self, msg: ExecuteOp) -> Any:
         op = resolve_op(msg.op)
         args = msg.args
-        first = args[0] if args else None
         entry = self.store.entry
         sealed = False
         for k, a in enumerate(args):  # one pass; nested lists take the general path
@@ -377,14 +396,10 @@ class Worker:
             sealed = sealed or marks[0] > 0
         else:
             kwargs = {}
-        if sealed:  # protocol material: only the sums and XORs of an opening
-            writes = SEALED_OPS.get(msg.op)
-            if writes is None:
-                raise refused(f"running {msg.op} on it")
-            if writes and not (type(first) is Ref and self.store.is_sealed(first.obj_id)):
-                raise refused(f"writing it into an unsealed object with {msg.op}")
+        if sealed:  # protocol material: only protocol steps take it (a registered rule)
+            raise refused(f"running {msg.op} on it")
         self.check_op(msg, op, args, kwargs)
-        return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta, sealed)
+        return self._store_outputs(op(*args, **kwargs), msg.out_ids, msg.want_meta)
 
     def check_op(self, msg: ExecuteOp, op: Any, args: list[Any], kwargs: dict[str, Any]) -> None:
         """Called before an op runs, with its resolved arguments: a worker with limits
@@ -393,30 +408,46 @@ class Worker:
     @handles(CallFunction)
     def _call_function(self, msg: CallFunction) -> Any:
         fn = self.functions.get(msg.name)
-        spec = sealing_of(fn)
+        rule = sealing_of(fn).rule
         params = self.functions.parameters(msg.name)
-        tainted = False
+        if rule is None:  # an ordinary function: no sealed input, no sealed output
+            marks = [0, 0, 0]
+            args = self._resolve_marked(msg.args, marks)
+            kwargs = self._resolve_marked(msg.kwargs, marks)
+            if marks[0]:
+                raise refused(f"passing it to {msg.name}, which is not a protocol step")
+            return self._store_outputs(fn(self, *args, **kwargs), msg.out_ids, msg.want_meta)
+        named: dict[str, Arg] = {}
+        args = []
+        for k, raw in enumerate(msg.args):
+            a = self._protocol_arg(raw)
+            args.append(a.value)
+            if k < len(params):
+                named[params[k]] = a
+        kwargs = {}
+        for key, raw in msg.kwargs.items():
+            a = self._protocol_arg(raw)
+            kwargs[key] = a.value
+            named[key] = a
+        call = ProtocolCall(msg.name, self.id, self.function_state, named)
+        seals = rule(call)
+        result = fn(self, *args, **kwargs)
+        spend(call.spend)
+        return self._store_outputs(result, msg.out_ids, msg.want_meta, seals)
 
-        def arg(name: str | None, raw: Any) -> Any:
-            nonlocal tainted
-            marks = [0, 0, 0]  # sealed refs, unsealed refs, other values (not None)
-            value = self._resolve_marked(raw, marks)
-            if name is not None and name in spec.material:
-                if marks[1] or marks[2]:
-                    raise refused(
-                        f"parameter {name!r} of {msg.name} takes protocol material only; "
-                        "passing it anything else"
-                    )
-            elif name is not None and name in spec.either:
-                tainted = tainted or marks[0] > 0
-            elif marks[0]:
-                raise refused(f"passing it as parameter {name!r} of {msg.name}")
-            return value
-
-        args = [arg(params[k] if k < len(params) else None, a) for k, a in enumerate(msg.args)]
-        kwargs = {k: arg(k, v) for k, v in msg.kwargs.items()}
-        sealed = spec.sealed_outputs or tainted
-        return self._store_outputs(fn(self, *args, **kwargs), msg.out_ids, msg.want_meta, sealed)
+    def _protocol_arg(self, raw: Any) -> Arg:
+        """An argument of a protocol step with the store entries it refers to."""
+        if type(raw) is Ref:
+            e = self.store.entry(raw.obj_id)
+            return Arg(e.value, entry=e)
+        if type(raw) is list and raw and all(type(r) is Ref for r in raw):
+            entries = [self.store.entry(r.obj_id) for r in raw]
+            return Arg([e.value for e in entries], entries=entries)
+        marks = [0, 0, 0]
+        value = self._resolve_marked(raw, marks)
+        if marks[0]:
+            raise refused("passing it to a protocol step inside a structure")
+        return Arg(value)
 
     def _resolve_marked(self, obj: Any, marks: list[int]) -> Any:
         """:meth:`_resolve`, counting in ``marks`` the sealed and unsealed references
@@ -448,12 +479,15 @@ class Worker:
         return obj
 
     def _store_outputs(
-        self, result: Any, out_ids: list[int | None], want_meta: bool, sealed: bool = False
+        self, result: Any, out_ids: list[int | None], want_meta: bool, seals: Any = None
     ) -> Any:
+        """Store an op's or a function's outputs. ``seals``: a protocol step's output
+        labels (see :mod:`pointers.worker.sealing`), one per output (None: an ordinary
+        object), or one label for every output."""
         put = self.store.put
         if type(result) is torch.Tensor and not want_meta and len(out_ids) == 1:
             if out_ids[0] is not None:
-                put(out_ids[0], result, None, "", sealed)
+                put(out_ids[0], result, None, "", _seal_of(seals, 0))
             return None
         leaves, spec = pytree.tree_flatten(result)
         if want_meta:
@@ -466,7 +500,7 @@ class Worker:
                 elif isinstance(leaf, torch.Tensor):
                     if base is None:
                         raise ValueError("want_meta needs a base output id")
-                    put(base + k, leaf, None, "", sealed)
+                    put(base + k, leaf, None, "", _seal_of(seals, k))
                     metas.append(tensor_meta(leaf))
                 else:
                     raise ValueRequiresGetError(
@@ -477,11 +511,11 @@ class Worker:
             raise ValueError(
                 f"the op returned {len(leaves)} outputs but {len(out_ids)} ids were sent"
             )
-        for leaf, obj_id in zip(leaves, out_ids):
+        for k, (leaf, obj_id) in enumerate(zip(leaves, out_ids)):
             if obj_id is not None:
                 if not isinstance(leaf, torch.Tensor):
                     raise TypeError(f"output for id {obj_id} is a {type(leaf).__name__}")
-                put(obj_id, leaf, None, "", sealed)
+                put(obj_id, leaf, None, "", _seal_of(seals, k))
         return None
 
     # -- peer delivery -----------------------------------------------------------------
@@ -492,7 +526,7 @@ class Worker:
         value: Any,
         donate: bool = False,
         lend: bool = False,
-        sealed: bool = False,
+        sealed: Any = False,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
         """Send ``value`` to peer worker ``peer``, stored there under ``obj_id``.
@@ -504,7 +538,8 @@ class Worker:
         ``donate``: nothing else refers to ``value`` (see :func:`_sole_owner`); ``lend``:
         both sides only read it (see :class:`~pointers.wire.messages.SendToPeer`). Either way
         an in-process peer keeps the tensor itself instead of a copy. ``sealed``: it is
-        protocol material, and stays sealed at the peer (:mod:`pointers.worker.sealing`)."""
+        protocol material, and stays sealed at the peer with this label (a list; see
+        :mod:`pointers.worker.sealing`)."""
         link = self.peer_link(peer)
         if link is None:
             raise UnknownObjectError(f"worker {self.id!r} has no link to peer {peer!r}")
@@ -536,6 +571,10 @@ class Worker:
             entry = self.store.entry(msg.obj_id)
             value, sealed = entry.value, entry.sealed
             tags, description = entry.tags, entry.description
+            sent: Any = False
+            if sealed:  # the copy records its sender; a seed leaves its dealer once
+                sent = delivered_seal(sealed, self.id)
+                entry.sealed = sealed = after_delivery(sealed)
             del entry  # (it refers to the value too)
             if msg.delete:
                 self.store.forget(msg.obj_id)
@@ -554,7 +593,7 @@ class Worker:
                 value,
                 donate=donate,
                 lend=msg.lend,
-                sealed=sealed,
+                sealed=sent,
                 on_lost=put_back if msg.delete else None,
             )
         except BaseException:

@@ -1,20 +1,27 @@
-"""Sealed objects: protocol material that no client may read.
+"""Sealed objects: protocol material that no client may read, and the protocol instances
+that alone may use it.
 
 A higher layer (``mpc``) creates objects at the workers that must never reach the client
-that orchestrates it: seeds, masks, opened values, dealer corrections, triples. They are
-*sealed* where they are created, and the worker enforces the rule, whatever the client
-sends:
+that orchestrates it: seeds, masks, opened values, dealer corrections, triples, and values
+shared by an owner other than the client. They are *sealed* where they are created, and
+the worker enforces the rules, whatever the client sends:
 
-* a client cannot fetch, describe, tag or find (search) a sealed object, nor run a plan on
-  one; stores from a client are never sealed;
-* a peer delivery (``copy_to``, ``move``) of a sealed object arrives sealed;
-* an aten op may take a sealed input only if it is one of :data:`SEALED_OPS` (the sums
-  and XORs that open a value among the parties); its outputs are sealed, and an in-place
-  one must write into a sealed object (no sealed value leaks into a client's tensor);
-* a registered function declares, with :func:`protocol_function`, which parameters take
-  protocol material (only sealed objects, or None), which take either material or a
-  share (a sealed one seals the outputs), and whether its outputs are material; any other
-  parameter refuses a sealed object, and an undeclared function takes none.
+* a client cannot fetch, describe, tag or find (search) a sealed object, nor run a plan or
+  any aten op on one; stores from a client are never sealed;
+* every sealed object carries a :class:`Label` that says what made it and for which
+  protocol instance (its nonce): the registered function that made it, not the client,
+  writes it. A peer delivery (``copy_to``, ``move``) keeps the label and records the
+  sender as its origin; an object whose label allows no more deliveries (a seed, once it
+  left the dealer) cannot be sent again;
+* a registered function that takes or makes sealed objects is a *protocol step*: it
+  declares a rule (:func:`protocol_function`) that the worker runs with the labels of the
+  arguments before the step runs. The rule checks that each sealed input is the output of
+  the previous step of the same instance, of the right kind, made here or delivered by a
+  peer as the protocol says; it marks what the step consumes (used once: a consumed
+  object no longer matches any rule) and it names the label of each output (None: an
+  ordinary object, the step's final result). An undeclared function takes no sealed
+  object and makes none, and so does a plan's ``fn::`` node: protocol steps run only as
+  commands, where these checks run.
 
 The values a protocol means to reveal (the shares of its outputs, which the caller
 reconstructs with ``get()``) are ordinary objects.
@@ -23,7 +30,7 @@ reconstructs with ``get()``) are ordinary objects.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pointers.errors import NotAllowedError
@@ -32,37 +39,223 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 RULE = "protocol material is sealed at the workers (docs/security.md)"
 
-# aten ops that may take sealed inputs, and whether they write into their first argument:
-# the sums and XORs that open a value among the parties.
-SEALED_OPS: dict[str, bool] = {
-    "aten::add.Tensor": False,
-    "aten::add_.Tensor": True,
-    "aten::sub.Tensor": False,
-    "aten::sub_.Tensor": True,
-    "aten::bitwise_xor.Tensor": False,
-    "aten::bitwise_xor_.Tensor": True,
-}
+# The wire and store form of a sealed object's label: a list
+#   [kind, nonce, index, origin, deliveries, extra]
+# kind: what made it (a protocol step's output name); nonce and index: the protocol instance
+# and its sub-step; origin: "" where it was made, else the worker that delivered it;
+# deliveries: how many more times it may be sent to a peer (-1: any); extra: the step's
+# own data (a list). A sealed entry of a store holds its label (a non-empty list).
+UNLIMITED = -1
+SPENT = "spent"
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """A sealed object's label (see the module comment above)."""
+
+    kind: str
+    nonce: int = 0
+    index: int = 0
+    origin: str = ""
+    deliveries: int = UNLIMITED
+    extra: tuple[Any, ...] = ()
+
+    def wire(self) -> list[Any]:
+        return [self.kind, self.nonce, self.index, self.origin, self.deliveries, list(self.extra)]
+
+    @staticmethod
+    def of(sealed: Any) -> Label | None:
+        """The label a store entry's ``sealed`` field holds (None: not sealed; an
+        unlabelled or malformed seal reads as a label that matches no rule)."""
+        if not sealed:
+            return None
+        if (
+            isinstance(sealed, list)
+            and len(sealed) == 6
+            and type(sealed[0]) is str
+            and type(sealed[1]) is int
+            and type(sealed[2]) is int
+            and type(sealed[3]) is str
+            and type(sealed[4]) is int
+            and isinstance(sealed[5], list)
+        ):
+            return Label(sealed[0], sealed[1], sealed[2], sealed[3], sealed[4], tuple(sealed[5]))
+        return Label("unlabelled")
+
+    @property
+    def local(self) -> bool:
+        return self.origin == ""
+
+
+def seal(kind: str, nonce: int = 0, index: int = 0, *, deliveries: int = UNLIMITED,
+         extra: tuple[Any, ...] = ()) -> list[Any]:  # fmt: skip
+    """The ``sealed`` value of an object made here (a label's wire form)."""
+    return Label(kind, nonce, index, "", deliveries, extra).wire()
+
+
+def delivered_seal(sealed: Any, sender: str) -> list[Any]:
+    """The seal a delivered copy of a sealed object carries (origin: the sender), or a
+    refusal if the label allows no more deliveries. The sender's entry is updated by the
+    caller with :func:`after_delivery`."""
+    label = Label.of(sealed)
+    assert label is not None
+    if label.deliveries == 0:
+        raise refused(f"sending a {label.kind} to a peer again")
+    left = 0 if label.deliveries != UNLIMITED else UNLIMITED
+    return Label(label.kind, label.nonce, label.index, sender, left, label.extra).wire()
+
+
+def after_delivery(sealed: Any) -> Any:
+    """The sender's seal once a copy left (one delivery fewer)."""
+    label = Label.of(sealed)
+    if label is None or label.deliveries == UNLIMITED:
+        return sealed
+    return Label(
+        label.kind, label.nonce, label.index, label.origin, label.deliveries - 1, label.extra
+    ).wire()
+
+
+@dataclass
+class Arg:
+    """One argument of a protocol step as its rule sees it: the resolved value, and for
+    a reference the store entry (or entries, for a list of references)."""
+
+    value: Any
+    entry: Any = None  # the store entry of a single reference
+    entries: list[Any] | None = None  # the entries of a list of references
+
+    @property
+    def label(self) -> Label | None:
+        return None if self.entry is None else Label.of(self.entry.sealed)
+
+
+@dataclass
+class ProtocolCall:
+    """What a protocol step's rule sees: the step, the worker, the arguments by name."""
+
+    name: str
+    worker_id: str
+    state: dict[str, Any]  # the worker's function state (per client namespace)
+    args: dict[str, Arg]
+    spend: list[Any] = field(default_factory=list)  # entries consumed if the step runs
+
+    def refuse(self, why: str) -> NotAllowedError:
+        return NotAllowedError(f"worker {self.worker_id!r}: {self.name}: {why}; {RULE}")
+
+    def value(self, name: str) -> Any:
+        a = self.args.get(name)
+        return None if a is None else a.value
+
+    def material(
+        self,
+        name: str,
+        kinds: str | tuple[str, ...],
+        nonce: int | None = None,
+        *,
+        local: bool | None = None,
+        optional: bool = False,
+        consume: bool = False,
+    ) -> Label | None:
+        """The label of sealed parameter ``name``, which must be of one of ``kinds``, for
+        instance ``nonce`` (None: any), made here (``local``) or delivered by a peer (not
+        ``local``; None: either); ``optional``: None is accepted (then None is
+        returned); ``consume``: used up if the step runs."""
+        a = self.args.get(name)
+        if a is None or (a.entry is None and a.value is None):
+            if optional:
+                return None
+            raise self.refuse(f"parameter {name!r} takes protocol material, got nothing")
+        label = a.label
+        if label is None or not a.entry.sealed:
+            raise self.refuse(f"parameter {name!r} takes protocol material only")
+        self._check(name, label, kinds, nonce, local)
+        if consume:
+            self.spend.append(a.entry)
+        return label
+
+    def pieces(self, name: str) -> list[Label]:
+        """Labels of a list parameter of sealed objects (each consumed if the step runs):
+        the first made here, the others delivered by distinct peers (an opening)."""
+        a = self.args.get(name)
+        if a is None or a.entries is None or len(a.entries) < 2:
+            raise self.refuse(f"parameter {name!r} takes this party's piece and its peers'")
+        labels = []
+        for e in a.entries:
+            label = Label.of(e.sealed) if e is not None else None
+            if label is None:
+                raise self.refuse(f"parameter {name!r} takes protocol material only")
+            labels.append(label)
+        first = labels[0]
+        if not first.local:
+            raise self.refuse(f"the first piece of {name!r} must be this party's own")
+        origins = [lb.origin for lb in labels[1:]]
+        if any(o == "" for o in origins) or len(set(origins)) != len(origins):
+            raise self.refuse(f"the other pieces of {name!r} must come from distinct peers")
+        for lb in labels:
+            if (lb.kind, lb.nonce, lb.index, lb.extra) != (
+                first.kind,
+                first.nonce,
+                first.index,
+                first.extra,
+            ):
+                raise self.refuse(f"the pieces of {name!r} are not pieces of one value")
+        self.spend.extend(a.entries)
+        return labels
+
+    def share(self, name: str, optional: bool = False) -> Any:
+        """The value of parameter ``name``, which must be an ordinary object (a share),
+        never protocol material."""
+        a = self.args.get(name)
+        if a is None or (a.entry is None and a.value is None and optional):
+            return None
+        if a.entry is None or a.entry.sealed:
+            raise self.refuse(f"parameter {name!r} takes a share (an ordinary stored object)")
+        return a.value
+
+    def _check(
+        self,
+        name: str,
+        label: Label,
+        kinds: str | tuple[str, ...],
+        nonce: int | None,
+        local: bool | None,
+    ) -> None:
+        wanted = (kinds,) if isinstance(kinds, str) else kinds
+        if label.kind not in wanted:
+            raise self.refuse(
+                f"parameter {name!r} takes a {' or '.join(wanted)}, not a {label.kind}"
+            )
+        if nonce is not None and label.nonce != nonce:
+            raise self.refuse(
+                f"parameter {name!r} belongs to protocol instance {label.nonce}, not {nonce}"
+            )
+        if local is True and not label.local:
+            raise self.refuse(f"parameter {name!r} must be this worker's own, not delivered")
+        if local is False and label.local:
+            raise self.refuse(f"parameter {name!r} must be delivered by a peer")
+
+
+# A rule: checks a call (raising NotAllowedError) and returns the seals of the outputs in
+# order (None: an ordinary object), or one seal for every output.
+Rule = Callable[[ProtocolCall], Any]
 
 
 @dataclass(frozen=True)
 class Sealing:
     """How a registered function treats sealed objects (see the module docstring)."""
 
-    material: frozenset[str] = frozenset()
-    either: frozenset[str] = frozenset()
-    sealed_outputs: bool = False
+    rule: Rule | None = None
 
 
 NO_SEALING = Sealing()
 
 
-def protocol_function(
-    *, material: tuple[str, ...] = (), either: tuple[str, ...] = (), sealed_outputs: bool = False
-) -> Callable[[F], F]:
-    """Declare how a registered function treats sealed objects (protocol material)."""
+def protocol_function(rule: Rule) -> Callable[[F], F]:
+    """Declare a registered function a protocol step, with the ``rule`` its worker checks
+    before it runs (see :class:`ProtocolCall`)."""
 
     def mark(fn: F) -> F:
-        fn.__sealing__ = Sealing(frozenset(material), frozenset(either), sealed_outputs)  # type: ignore[attr-defined]
+        fn.__sealing__ = Sealing(rule)  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -71,6 +264,14 @@ def protocol_function(
 def sealing_of(fn: Callable[..., Any]) -> Sealing:
     spec = getattr(fn, "__sealing__", None)
     return spec if isinstance(spec, Sealing) else NO_SEALING
+
+
+def spend(entries: list[Any]) -> None:
+    """Mark the entries a step consumed: their labels match no rule any more."""
+    for e in entries:
+        label = Label.of(e.sealed)
+        if label is not None:
+            e.sealed = Label(SPENT, label.nonce, label.index, label.origin, 0).wire()
 
 
 def refused(what: str, obj_id: int | None = None) -> NotAllowedError:

@@ -16,7 +16,9 @@ class Entry:
     value: Any
     tags: set[str] = field(default_factory=set)
     description: str = ""
-    sealed: bool = False  # protocol material: no client may fetch, describe or find it
+    # protocol material: no client may fetch, describe or find it; its label (a list, see
+    # pointers.worker.sealing) or False
+    sealed: Any = False
     nbytes: int = 0  # what it counts against a served client's limit (see pointers.network.served)
 
 
@@ -44,7 +46,7 @@ class ObjectStore:
         value: Any,
         tags: set[str] | None = None,
         description: str = "",
-        sealed: bool = False,
+        sealed: Any = False,
     ) -> None:
         self._entries[obj_id] = Entry(value, set(tags) if tags else set(), description, sealed)
         if self._promised and self._promised.pop(obj_id, 0) is None:

@@ -1,0 +1,359 @@
+"""The rules of the protocol steps: which sealed objects each step takes and makes.
+
+Every step that :mod:`mpc.material` registers with a worker is a *protocol step*
+(:func:`pointers.worker.sealing.protocol_function`): before it runs, the worker calls its
+rule here with the labels of the arguments. A rule checks that each piece of material is
+the output of the previous step of the same protocol instance (its nonce), of the right
+kind, made at this worker or delivered by a peer as the protocol says, and that each
+share operand is an ordinary object (never material: a step that a client could feed a
+sealed object of its choosing is an oracle). It names what the step consumes (used once)
+and the label of each output (None: the instance's final result, an ordinary share).
+
+Instances: a Beaver product, a truncation, a series and a comparison each run under one
+nonce (a comparison's carry-tree levels and products under nonces the dealer bound to it).
+Where a later step takes the share that an earlier step masked (the y of a Beaver
+product, the v of a selection), the earlier step records the tensor and its version, and
+the later step must be given that same, unmodified tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from mpc.math import bits
+from pointers.worker.sealing import ProtocolCall, seal
+
+SEED = "seed"
+LEVELS = bits.LEVELS
+
+# values opened among the parties: by a sum (arithmetic) or an XOR (binary)
+ADD_OPENED = frozenset({"beaver.ef", "trunc.c", "cmp.c", "dabit.e"})
+XOR_OPENED = frozenset({"cmp.d"})
+OPENED = "open:"
+
+
+def _instances(call: ProtocolCall) -> dict[tuple[str, int], Any]:
+    out: dict[tuple[str, int], Any] = call.state.setdefault("mpc.instances", {})
+    return out
+
+
+def _record(call: ProtocolCall, key: tuple[str, int], share: Any) -> None:
+    """Remember the share an instance's first step masked (see the module docstring)."""
+    _instances(call)[key] = (weakref.ref(share), share._version)
+
+
+def _same(call: ProtocolCall, key: tuple[str, int], name: str) -> None:
+    """The share parameter ``name`` must be the one the instance's first step masked."""
+    share = call.share(name)
+    rec = _instances(call).pop(key, None)
+    if rec is None:
+        raise call.refuse(f"no {key[0]} instance {key[1]} is waiting for its {name!r} here")
+    if rec[0]() is not share or rec[1] != share._version:
+        raise call.refuse(
+            f"parameter {name!r} must be the share that instance {key[1]}'s first step "
+            "masked, unmodified"
+        )
+
+
+def _nonce(call: ProtocolCall) -> int:
+    nonce = call.value("nonce")
+    if type(nonce) is not int:
+        raise call.refuse("a protocol step takes an int nonce")
+    return nonce
+
+
+def _party_seed(call: ProtocolCall) -> None:
+    """A party's step runs on the seed the dealer delivered to it."""
+    call.material("seed", SEED, local=False)
+
+
+def _dealer_seeds(call: ProtocolCall) -> None:
+    """A dealer's step runs on the seeds it made (each party's, in order)."""
+    a = call.args.get("seeds")
+    if a is None or not a.entries:
+        raise call.refuse("parameter 'seeds' takes the dealer's seeds")
+    for k in range(len(a.entries)):
+        call.args[f"seeds[{k}]"] = type(a)(a.value[k], entry=a.entries[k])
+        call.material(f"seeds[{k}]", SEED, local=True)
+
+
+# -- seeds and the dealer ----------------------------------------------------------------
+
+
+def new_seed(call: ProtocolCall) -> Any:
+    return [seal(SEED, deliveries=1)]  # it leaves the dealer once, to its party
+
+
+def dealer_triple(call: ProtocolCall) -> Any:
+    _dealer_seeds(call)
+    return [seal("dealer.triple", _nonce(call))]
+
+
+def dealer_trunc(call: ProtocolCall) -> Any:
+    _dealer_seeds(call)
+    return [seal("dealer.trunc", _nonce(call), _int(call, "bits"))]
+
+
+def dealer_fourier(call: ProtocolCall) -> Any:
+    _dealer_seeds(call)
+    return [seal("dealer.fourier", _nonce(call))]
+
+
+def dealer_compare(call: ProtocolCall) -> Any:
+    _dealer_seeds(call)
+    levels, products, shape = (call.value(k) for k in ("level_nonces", "product_nonces", "shape"))
+    return [seal("dealer.compare", _nonce(call), extra=(levels, products, shape))]
+
+
+def _int(call: ProtocolCall, name: str) -> int:
+    v = call.value(name)
+    if type(v) is not int:
+        raise call.refuse(f"parameter {name!r} is an int")
+    return v
+
+
+# -- Beaver products ---------------------------------------------------------------------
+
+
+def beaver_mask(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.share("x")
+    _record(call, ("beaver", nonce), call.share("y"))
+    return [seal("beaver.ef", nonce), seal("beaver.a", nonce)]
+
+
+def beaver_combine(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.material("c", "dealer.triple", nonce, local=False, optional=True, consume=True)
+    call.material("a", "beaver.a", nonce, local=True, consume=True)
+    call.material("ef", OPENED + "beaver.ef", nonce, local=True, consume=True)
+    _same(call, ("beaver", nonce), "y")
+    return None
+
+
+# -- truncation and series ---------------------------------------------------------------
+
+
+def trunc_mask(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.share("z")
+    return [seal("trunc.c", nonce)]
+
+
+def trunc_finish(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    corr = call.material(
+        "corrections", "dealer.trunc", nonce, local=False, optional=True, consume=True
+    )
+    if corr is not None and corr.index != call.value("bits"):
+        raise call.refuse(f"the dealer's correction is for {corr.index} bits")
+    call.material("c", OPENED + "trunc.c", nonce, local=True, consume=True)
+    return None
+
+
+def fourier_finish(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.material("trig", "dealer.fourier", nonce, local=False, optional=True, consume=True)
+    call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
+    return None
+
+
+# -- comparison --------------------------------------------------------------------------
+
+
+def cmp_mask(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.share("x")
+    return [seal("cmp.c", nonce)]
+
+
+def unpack(call: ProtocolCall) -> Any:
+    """The last party splits the dealer's comparison material (one delivery)."""
+    label = call.material("packed", "dealer.compare", local=False, consume=True)
+    assert label is not None
+    levels, products, shape = label.extra
+    n = 1
+    for d in shape:
+        n *= d
+    words = bits.padded(n)
+    want = [shape] * 3 + [[words // 2]] + bits.and_shapes(words) + [shape] * len(products)
+    if call.value("shapes") != want:
+        raise call.refuse("the shapes do not split the dealer's comparison material")
+    nonce = label.nonce
+    seals = [seal(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
+    seals.append(seal("dealer.cmp.pairs", nonce))
+    seals += [seal("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
+    seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+    return seals
+
+
+def _links(call: ProtocolCall) -> dict[int, int]:
+    out: dict[int, int] = call.state.setdefault("mpc.carry_links", {})
+    return out
+
+
+def _masked_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: int) -> list[Any]:
+    if type(level_nonce) is not int:
+        raise call.refuse("a carry-tree level's nonce is an int")
+    _links(call)[level_nonce] = comparison
+    return [seal(k, level_nonce, level) for k in ("carry.ef", "carry.a", "carry.b")]
+
+
+def cmp_init(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    rb = call.material("r_bits", "dealer.cmp.rbits", nonce, optional=True, consume=True)
+    pr = call.material("pairs", "dealer.cmp.pairs", nonce, optional=True, consume=True)
+    if (rb is None) != (pr is None):
+        raise call.refuse("the dealer's r bits and pair products go together")
+    call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
+    out = [seal("cmp.g", nonce, 1), seal("cmp.p", nonce, 1), seal("cmp.top", nonce)]
+    return out + _masked_level(call, nonce, call.value("next_nonce"), 1)
+
+
+def carry_step(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    level = _int(call, "level")
+    comparison = _links(call).pop(nonce, None)
+    if comparison is None:
+        raise call.refuse(f"no carry-tree level waits for nonce {nonce} here")
+    call.material("c", "dealer.cmp.and", nonce, optional=True, consume=True)
+    c = call.args.get("c")
+    if c is not None and c.label is not None and c.label.index != level:
+        raise call.refuse("the dealer's AND correction is for another level")
+    for name in ("a", "b"):
+        lb = call.material(name, f"carry.{name}", nonce, local=True, consume=True)
+        assert lb is not None
+        if lb.index != level:
+            raise call.refuse(f"parameter {name!r} belongs to another level")
+    pieces = call.pieces("ef_pieces")
+    if (pieces[0].kind, pieces[0].nonce, pieces[0].index) != ("carry.ef", nonce, level):
+        raise call.refuse("parameter 'ef_pieces' takes this level's masked operands")
+    for name in ("g", "p"):
+        lb = call.material(name, f"cmp.{name}", comparison, local=True, consume=True)
+        assert lb is not None
+        if lb.index != level:
+            raise call.refuse(f"parameter {name!r} belongs to another level")
+    if level == LEVELS - 1:
+        return [seal("cmp.g", comparison, LEVELS)]
+    out = [seal("cmp.g", comparison, level + 1), seal("cmp.p", comparison, level + 1)]
+    return out + _masked_level(call, comparison, call.value("next_nonce"), level + 1)
+
+
+def cmp_bit_mask(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.material("t_bin", "dealer.cmp.tbin", nonce, optional=True, consume=True)
+    g = call.material("g", "cmp.g", nonce, local=True, consume=True)
+    if g is not None and g.index != LEVELS:
+        raise call.refuse("parameter 'g' is not the carry tree's last level")
+    call.material("top", "cmp.top", nonce, local=True, consume=True)
+    return [seal("cmp.d", nonce)]
+
+
+def cmp_bit_finish(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    call.material("t_arith", "dealer.cmp.tarith", nonce, optional=True)
+    call.material("d", OPENED + "cmp.d", nonce, local=True)
+    return None
+
+
+def party_derive(call: ProtocolCall) -> Any:
+    """Only the daBit's arithmetic share t, for the products of a selection."""
+    from mpc.material.streams import TAG_T_ARITH
+
+    nonce = _nonce(call)
+    _party_seed(call)
+    if call.value("tag") != TAG_T_ARITH:
+        raise call.refuse("a party derives only the daBit's arithmetic share here")
+    return [seal("cmp.t", nonce)]
+
+
+def dabit_mask(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    _record(call, ("dabit", nonce), call.share("v"))
+    return [seal("dabit.e", nonce)]
+
+
+def dabit_product(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    t = call.material("t", ("cmp.t", "dealer.cmp.tarith"), local=True)
+    assert t is not None
+    c = call.material("c", "dealer.cmp.prod", nonce, optional=True, consume=True)
+    if c is not None and c.extra != (t.nonce,):
+        raise call.refuse("the dealer's product correction belongs to another comparison")
+    call.material("e", OPENED + "dabit.e", nonce, local=True, consume=True)
+    return [seal("cmp.vt", nonce, extra=(t.nonce,))]
+
+
+def cmp_select_finish(call: ProtocolCall) -> Any:
+    d = call.material("d", OPENED + "cmp.d", local=True)
+    assert d is not None
+    vt = call.args.get("vt")
+    label = vt.label if vt is not None else None
+    if label is not None and label.kind == "cmp.vt":
+        call.material("vt", "cmp.vt", local=True, consume=True)
+        if label.extra != (d.nonce,):
+            raise call.refuse("parameter 'vt' belongs to another comparison")
+        _same(call, ("dabit", label.nonce), "v")
+        return None
+    # the selection of 1 (ReLU's mask): [t] itself, once per comparison
+    call.material("vt", ("cmp.t", "dealer.cmp.tarith"), d.nonce, local=True)
+    done: set[int] = call.state.setdefault("mpc.t_selected", set())
+    if d.nonce in done:
+        raise call.refuse(f"comparison {d.nonce}'s mask was selected before")
+    done.add(d.nonce)
+    call.share("v")
+    return None
+
+
+# -- openings ----------------------------------------------------------------------------
+
+
+def pack(call: ProtocolCall) -> Any:
+    """A party's shares of the values one round opens, packed: each must be a value this
+    party masked to open (one kind of opening: sums or XORs), used up here."""
+    a = call.args.get("parts")
+    if a is None or not a.entries:
+        raise call.refuse("parameter 'parts' takes the values to open")
+    parts = []
+    for k, e in enumerate(a.entries):
+        name = f"parts[{k}]"
+        call.args[name] = type(a)(a.value[k], entry=e)
+        lb = call.material(name, tuple(ADD_OPENED | XOR_OPENED), local=True, consume=True)
+        assert lb is not None
+        parts.append([lb.kind, lb.nonce, lb.index, [int(d) for d in a.value[k].shape]])
+    if len({p[0] in XOR_OPENED for p in parts}) != 1:
+        raise call.refuse("a packed opening is all sums or all XORs")
+    return [seal("packed", extra=tuple(parts))]
+
+
+def open_unpack(call: ProtocolCall) -> Any:
+    """Open one value (or a packed round of them) from this party's piece and each peer's,
+    once; the opened values are sealed, for the instances' next steps."""
+    labels = call.pieces("pieces")
+    first = labels[0]
+    shapes = call.value("shapes")
+    if first.kind == "packed":
+        parts = [list(p) for p in first.extra]
+        if [p[3] for p in parts] != shapes:
+            raise call.refuse("the shapes do not split the packed values")
+    elif first.kind in ADD_OPENED or first.kind in XOR_OPENED:
+        parts = [[first.kind, first.nonce, first.index, None]]
+    else:
+        raise call.refuse(f"a {first.kind} is not a value to open")
+    xor = {p[0] in XOR_OPENED for p in parts} == {True}
+    if call.value("xor") is not xor:
+        raise call.refuse("the opening's sum or XOR does not fit its values")
+    return [seal(OPENED + p[0], p[1], p[2]) for p in parts]
