@@ -1,0 +1,84 @@
+"""Greedy decoding of GPT-2 on shared weights with the KV cache (issue 23, point 7): the
+client learns each next token and nothing else; the token is shared again before it goes
+back into the model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import mpc
+from mpc.hf import greedy_generate
+
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.set_verbosity_error()
+
+
+def gpt2(seed: int = 0) -> Any:
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        vocab_size=99,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
+    group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = gpt2()
+    prompt = torch.randint(0, 99, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    mpc.share(model, *group[0], crypto_provider=group[1])
+
+    revealed: list[tuple[int, ...]] = []
+    get = mpc.SharedTensor.get
+
+    def spy(self: mpc.SharedTensor) -> torch.Tensor:
+        revealed.append(tuple(self.shape))
+        return get(self)
+
+    shared_ids: list[bool] = []
+    forward = type(model).forward
+
+    def spy_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        shared_ids.append(isinstance(kwargs["input_ids"], mpc.SharedTensor))
+        cache = kwargs["past_key_values"]
+        out = forward(self, *args, **kwargs)
+        layer = cache.layers[0]
+        assert isinstance(layer.keys, mpc.SharedTensor) and isinstance(
+            layer.values, mpc.SharedTensor
+        )
+        return out
+
+    monkeypatch.setattr(mpc.SharedTensor, "get", spy)
+    monkeypatch.setattr(type(model), "forward", spy_forward)
+    tokens = greedy_generate(model, prompt, 4)
+    assert torch.equal(tokens, expected[:, 6:])
+    assert revealed == [(1, 1)] * 4  # the client opens each next token, nothing else
+    assert shared_ids == [True] * 4  # the prompt and every token go in shared
+
+
+def test_greedy_decoding_with_a_padded_batch_and_eos(group: Any) -> None:
+    model = gpt2(1)
+    prompt = torch.randint(1, 99, (2, 5), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, :2] = 0  # left padding
+    with torch.no_grad():
+        expected = model.generate(
+            prompt, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0
+        )
+    mpc.share(model, *group[0], crypto_provider=group[1])
+    tokens = greedy_generate(model, prompt, 3, attention_mask=mask, private_ids=False)
+    assert torch.equal(tokens, expected[:, 5:])
+    first = int(tokens[0, 0])
+    stopped = greedy_generate(model, prompt[:1], 3, eos_token_id=first)
+    assert stopped.shape == (1, 1)
