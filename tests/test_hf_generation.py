@@ -50,7 +50,8 @@ def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
     forward = type(model).forward
 
     def spy_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        shared_ids.append(isinstance(kwargs["input_ids"], mpc.SharedTensor))
+        given = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        shared_ids.append(isinstance(given, mpc.SharedTensor))
         cache = kwargs["past_key_values"]
         out = forward(self, *args, **kwargs)
         layer = cache.layers[0]
@@ -61,10 +62,13 @@ def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
 
     monkeypatch.setattr(mpc.SharedTensor, "get", spy)
     monkeypatch.setattr(type(model), "forward", spy_forward)
-    tokens = greedy_generate(model, prompt, 4)
-    assert torch.equal(tokens, expected[:, 6:])
-    assert revealed == [(1, 1)] * 4  # the client opens each next token, nothing else
-    assert shared_ids == [True] * 4  # the prompt and every token go in shared
+    for lookup in ("one_hot", "compare"):
+        revealed.clear()
+        shared_ids.clear()
+        tokens = greedy_generate(model, prompt, 4, lookup=lookup)
+        assert torch.equal(tokens, expected[:, 6:]), lookup
+        assert revealed == [(1, 1)] * 4  # the client opens each next token, nothing else
+        assert shared_ids == [True] * 4  # the prompt and every token go in shared
 
 
 def test_greedy_decoding_with_a_padded_batch_and_eos(group: Any) -> None:
@@ -77,7 +81,7 @@ def test_greedy_decoding_with_a_padded_batch_and_eos(group: Any) -> None:
             prompt, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0
         )
     mpc.share(model, *group[0], crypto_provider=group[1])
-    tokens = greedy_generate(model, prompt, 3, attention_mask=mask, private_ids=False)
+    tokens = greedy_generate(model, prompt, 3, attention_mask=mask, lookup="public")
     assert torch.equal(tokens, expected[:, 5:])
     first = int(tokens[0, 0])
     stopped = greedy_generate(model, prompt[:1], 3, eos_token_id=first)
