@@ -6,11 +6,16 @@
     DIR/<id>.pem  DIR/<id>.key        one certificate + private key per identity
 
 Each identity's certificate names it in the subject CN and as a DNS name in the
-subjectAltName, and is valid for ``localhost``/``127.0.0.1`` too; it serves both as a
-server certificate (a worker) and as a client certificate (a client, or a worker
-delivering to its peers). Its subjectAltName also carries its role, the URI
-``role:party`` (a worker: serves, and delivers to its peers) or ``role:client`` (runs
-commands): a served worker tells the two apart by the certificate, never by the name.
+subjectAltName, and is valid for ``localhost``/``127.0.0.1`` too. Its subjectAltName also
+carries its role, the URI ``role:party`` (a worker: serves, and delivers to its peers) or
+``role:client`` (runs commands): a served worker tells the two apart by the certificate,
+never by the name. The key usages follow the role: a party certificate serves and dials
+(extended key usages serverAuth and clientAuth), a client certificate only dials
+(clientAuth), so it cannot act as a TLS server. A party certificate also names
+``<id>.party.pointers.invalid`` (:func:`party_name`, a name under the reserved
+``.invalid`` domain that no host has): whoever dials a worker (a client, or a worker
+delivering to its peer) asks TLS for that name, so every connection, reconnections
+included, reaches only the party certificate of that identity.
 Running the command again with the same DIR reuses the CA, so
 identities can be added later. Keys are ECDSA P-256, written with mode 0600.
 """
@@ -34,6 +39,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 _IDENTITY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 PARTY, CLIENT = "party", "client"
 ROLE_URI = "role:"  # SAN URI prefix: role:party or role:client
+PARTY_NAME_SUFFIX = ".party.pointers.invalid"  # a party certificate's role-bound DNS name
 CA_NAME = "pointers development CA"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -112,6 +118,9 @@ def create_certs(
         ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
         written += [ca_cert_path, ca_key_path]
     host_list = list(hosts)
+    for h in host_list:  # a host name may not stand in for a party's role-bound name
+        if h.lower().rstrip(".").endswith(PARTY_NAME_SUFFIX):
+            raise ValueError(f"host {h!r} may not end with {PARTY_NAME_SUFFIX!r}")
     for identity, role in roles.items():
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _identity_certificate(identity, key, ca_cert, ca_key, days, host_list, role)
@@ -130,6 +139,36 @@ def certificate_identity(pem: bytes) -> str:
         raise ValueError("the certificate has no common name")
     value = names[0].value
     return value if isinstance(value, str) else value.decode()
+
+
+def party_name(identity: str) -> str:
+    """The DNS name only the party certificate of ``identity`` carries: a channel to a
+    worker asks TLS for it (``ssl_target_name_override``), so the TLS handshake fails
+    unless the worker presents the party certificate of that identity."""
+    return check_identity(identity) + PARTY_NAME_SUFFIX
+
+
+def check_party_certificate(pem: bytes, identity: str) -> None:
+    """Raise ValueError unless ``pem`` is the party certificate of ``identity``: role
+    ``role:party``, CN ``identity``, and the DNS name :func:`party_name` (a certificate
+    issued before roles were bound to names lacks it: issue it again)."""
+    who, role = certificate_role(pem)
+    if role != PARTY:
+        raise ValueError(f"it presented a {role} certificate (of {who!r}), not a party certificate")
+    if who != identity:
+        raise ValueError(f"it presented the party certificate of {who!r}, not of {identity!r}")
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = san.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        dns = []
+    if party_name(identity) not in dns:
+        raise ValueError(
+            f"the party certificate of {identity!r} predates role-bound certificates (it "
+            f"lacks the name {party_name(identity)!r}); issue it again with `python -m "
+            f"pointers certs DIR {identity}`"
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -208,6 +247,13 @@ def _identity_certificate(
         x509.DNSName(identity),
         x509.UniformResourceIdentifier(ROLE_URI + role),
     ]
+    if role == PARTY:  # the name a dialer asks TLS for (see party_name)
+        alt.append(x509.DNSName(party_name(identity)))
+    # the key usages of the role: only a party serves (a client certificate cannot act as
+    # a TLS server, so a client cannot stand in for a worker's peer)
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if role == PARTY:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
     for h in hosts:
         try:
             alt.append(x509.IPAddress(ipaddress.ip_address(h)))
@@ -224,9 +270,7 @@ def _identity_certificate(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
+            x509.ExtendedKeyUsage(usages),
             critical=False,
         )
         .add_extension(

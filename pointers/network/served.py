@@ -37,7 +37,7 @@ import math
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -72,6 +72,8 @@ from pointers.worker.store import Entry, ObjectStore
 
 _ERROR_PREFIX = encode_message(ErrorReply("", ""))[0][:7]  # fixarray(3) + fixstr "error"
 _MISSING: Any = object()
+_LOCKED_IDS = 4096  # ids announced or promised per hold of a store's lock
+MAX_PEER_LINKS = 64  # peers one session may deliver to (ConnectPeer)
 HOLD_SECONDS = 300.0  # how long a delivery that arrived before its announcement is kept aside
 
 
@@ -217,8 +219,15 @@ class WaitingStore(ObjectStore):
         # or promised by a program (None: any accepted peer), until they arrive
         self._announced: dict[int, str | None] = {}
         # deliveries that came before their announcement (the client's expect travels on
-        # another connection): (peer, id) -> (value or failure reason, sealed, failed, when)
-        self._held: dict[tuple[str, int], tuple[Any, bool, bool, float]] = {}
+        # another connection), by id then peer: (value or failure reason, sealed, failed,
+        # when); and in the order they came (to expire them), so that every operation on
+        # them costs O(1) per id, never a scan of all of them under the store's lock
+        self._held: dict[int, dict[str, tuple[Any, Any, bool, float]]] = {}
+        self._held_order: OrderedDict[tuple[str, int], float] = OrderedDict()
+        # deliveries refused since the client's last sync (reported then, see
+        # ServedWorker.take_lost): never dropped silently
+        self._refused: list[str] = []
+        self._refused_more = 0  # refusals beyond the ones kept
         self._dropped: dict[int, str | None] = {}  # announced ids deleted before they arrived
         self._unavailable: dict[str, str] = {}  # peer -> why a wait for it timed out
         self.on_wait_failed: Callable[[], None] | None = None  # a wait raised PartyUnavailable
@@ -260,7 +269,7 @@ class WaitingStore(ObjectStore):
     def _check_count(self, obj_id: int) -> None:
         """Refuse a new object over the count limit (with the store's lock held)."""
         limit = self.max_objects
-        if limit is not None and len(self._entries) + len(self._held) >= limit:
+        if limit is not None and len(self._entries) + len(self._held_order) >= limit:
             raise LimitExceeded(
                 f"storing object {obj_id} would take this client's objects at worker "
                 f"{self.owner!r} past its limit of {limit} objects (serve --max-objects); "
@@ -326,9 +335,10 @@ class WaitingStore(ObjectStore):
                 self._cond.notify_all()
                 raise
 
-    def _may_deliver(self, peer: str, obj_id: int) -> bool:
+    def _may_deliver(self, peer: str, obj_id: int, notice: bool = False) -> bool:
         """Whether ``peer`` may deliver ``obj_id`` now (False: not yet announced; raises
-        for an id that is not this peer's to write)."""
+        for an id that is not this peer's to write, and notes the refusal for the
+        client's next sync unless it is only a ``notice`` that the object will not come)."""
         who = self._announced.get(obj_id, _MISSING)
         if who is _MISSING:
             who = self._dropped.get(obj_id, _MISSING)
@@ -336,19 +346,50 @@ class WaitingStore(ObjectStore):
             return True
         if who is _MISSING and obj_id not in self._entries:
             return False
+        why = (
+            f"object {obj_id} was announced as a delivery from {who!r}"
+            if isinstance(who, str)
+            else f"object {obj_id} exists already"
+        )
+        if not notice:
+            self._refuse(peer, obj_id, why)
         raise NotAllowedError(
             f"worker {self.owner!r}: the client did not announce object {obj_id} as a "
             f"delivery from {peer!r}; the delivery is refused"
         )
 
+    def _refuse(self, peer: str, obj_id: int, why: str) -> None:
+        """Note a refused delivery for the client's next sync (with the lock held)."""
+        if len(self._refused) < 16:
+            self._refused.append(
+                f"worker {self.owner!r} refused a delivery of object {obj_id} from peer "
+                f"{peer!r} ({why})"
+            )
+        else:
+            self._refused_more += 1
+
+    def take_refused(self) -> str | None:
+        """The deliveries refused since the last call (one message), and forget them."""
+        with self._cond:
+            if not self._refused:
+                return None
+            more, self._refused_more = self._refused_more, 0
+            refused, self._refused = self._refused, []
+        tail = f"; and {more} more" if more else ""
+        return "; ".join(refused) + tail
+
     def _hold(self, peer: str, obj_id: int, value: Any, sealed: bool, failed: bool) -> None:
         now = time.monotonic()
-        for key in [k for k, h in self._held.items() if now - h[3] > HOLD_SECONDS]:
-            self._unhold(key)
+        order = self._held_order
+        while order:  # the oldest first: O(1) per expired delivery
+            key, when = next(iter(order.items()))
+            if now - when <= HOLD_SECONDS:
+                break
+            self._unhold(*key)
         if self.closed is not None:
             raise PartyUnavailable(self.closed, None)
         size = _size(value)
-        if (peer, obj_id) not in self._held:
+        if (peer, obj_id) not in order:
             self._check_count(obj_id)
         if self.max_bytes is not None and self.bytes + size > self.max_bytes and size:
             raise LimitExceeded(
@@ -356,35 +397,62 @@ class WaitingStore(ObjectStore):
                 f"announces it would take this client's storage at worker {self.owner!r} "
                 f"over its limit of {self.max_bytes} bytes (serve --max-stored-mb)"
             )
-        self._unhold((peer, obj_id))
-        self._held[(peer, obj_id)] = (value, sealed, failed, now)
+        self._unhold(peer, obj_id)
+        self._held.setdefault(obj_id, {})[peer] = (value, sealed, failed, now)
+        order[(peer, obj_id)] = now
         self.bytes += size
 
-    def _unhold(self, key: tuple[str, int]) -> tuple[Any, bool, bool, float] | None:
-        held = self._held.pop(key, None)
+    def _unhold(self, peer: str, obj_id: int) -> tuple[Any, Any, bool, float] | None:
+        by_peer = self._held.get(obj_id)
+        held = by_peer.pop(peer, None) if by_peer is not None else None
         if held is not None:
+            if not by_peer:
+                del self._held[obj_id]
+            self._held_order.pop((peer, obj_id), None)
             self.bytes -= _size(held[0])
         return held
 
+    def _unhold_all(self, obj_id: int) -> dict[str, tuple[Any, Any, bool, float]]:
+        by_peer = self._held.pop(obj_id, None)
+        if not by_peer:
+            return {}
+        for peer, held in by_peer.items():
+            self._held_order.pop((peer, obj_id), None)
+            self.bytes -= _size(held[0])
+        return by_peer
+
     def _adopt(self, peer: str | None, obj_id: int) -> None:
-        """Take in what was held for ``obj_id`` (from ``peer``; None: from any peer)."""
-        if not self._held:
+        """Take in what was held for ``obj_id`` from ``peer``, the peer the client named
+        for it; a delivery held from any other peer is refused (noted for the client's
+        next sync). ``None`` (an id a program promised, whose peer nobody named): only
+        when exactly one peer delivered it; deliveries from several are all refused."""
+        if obj_id not in self._held:
             return
-        keys = [k for k in self._held if k[1] == obj_id and (peer is None or k[0] == peer)]
-        for key in keys[:1]:
-            value, sealed, failed, _ = self._unhold(key)  # type: ignore[misc]
-            if failed:
-                self.delivery_failed(key[0], obj_id, value)
-            else:
-                try:
-                    self.receive(key[0], obj_id, value, sealed)
-                except LimitExceeded:
-                    pass  # (recorded as the id's failure)
+        by_peer = self._unhold_all(obj_id)
+        if peer is None and len(by_peer) > 1:
+            for other in by_peer:
+                self._refuse(other, obj_id, f"{len(by_peer)} peers delivered it")
+            return
+        chosen = peer if peer is not None else next(iter(by_peer))
+        for other, (_, _, failed, _) in by_peer.items():
+            if other != chosen and not failed:
+                self._refuse(other, obj_id, f"object {obj_id} was announced from {chosen!r}")
+        held = by_peer.get(chosen)
+        if held is None:
+            return
+        value, sealed, failed, _ = held
+        if failed:
+            self.delivery_failed(chosen, obj_id, value)
+        else:
+            try:
+                self.receive(chosen, obj_id, value, sealed)
+            except LimitExceeded:
+                pass  # (recorded as the id's failure)
 
     def delivery_failed(self, peer: str, obj_id: int, reason: str) -> None:
         """A peer could not deliver ``obj_id``: waiting commands fail with ``reason``."""
         with self._cond:
-            if not self._may_deliver(peer, obj_id):
+            if not self._may_deliver(peer, obj_id, notice=True):
                 self._hold(peer, obj_id, reason, False, True)
                 return
             self._expected.pop(obj_id, None)
@@ -396,25 +464,28 @@ class WaitingStore(ObjectStore):
             self._dropped.pop(obj_id, None)
 
     def expect(self, peer: str, obj_ids: list[int]) -> None:
-        with self._cond:
-            for i in obj_ids:
-                if i not in self._entries:
-                    self._expected[i] = peer
-                    self._announced[i] = peer
-                    self._adopt(peer, i)
+        """The client announced ``obj_ids`` as deliveries from ``peer``: only ``peer`` may
+        write them (a delivery held for one of them is adopted from ``peer`` only)."""
+        for k in range(0, len(obj_ids), _LOCKED_IDS):  # (the lock is let go in between)
+            with self._cond:
+                for i in obj_ids[k : k + _LOCKED_IDS]:
+                    if i not in self._entries:
+                        self._expected[i] = peer
+                        self._announced[i] = peer
+                        self._adopt(peer, i)
 
     def promise(self, ids: list[int], patient: bool = False) -> None:
         """Ids a program started here will produce, or its peers will deliver: lookups of
         them wait (see :mod:`pointers.worker.program`), and an accepted peer may deliver
         them (once). Every wait here is bounded by the deadline (``patient`` is for
         in-process lanes only, and ignored)."""
-        with self._cond:
-            for i in ids:
-                if i not in self._entries and i not in self._failed:
-                    self._promised[i] = None
-                    if self._announced.get(i, _MISSING) is _MISSING:
-                        self._announced[i] = None
-                    self._adopt(None, i)
+        for k in range(0, len(ids), _LOCKED_IDS):  # (the lock is let go in between)
+            with self._cond:
+                for i in ids[k : k + _LOCKED_IDS]:
+                    if i not in self._entries and i not in self._failed:
+                        self._promised[i] = None
+                        named = self._announced.setdefault(i, None)  # (a peer, if named)
+                        self._adopt(named, i)
 
     def release_promises(self, ids: list[int]) -> None:
         with self._cond:
@@ -445,8 +516,7 @@ class WaitingStore(ObjectStore):
                 self.bytes -= e.nbytes
             elif who is not _MISSING:  # a delivery may still come: drop it then
                 self._dropped[obj_id] = who
-            for key in [k for k in self._held if k[1] == obj_id]:
-                self._unhold(key)
+            self._unhold_all(obj_id)
             self._failed.pop(obj_id, None)
 
     def pop(self, obj_id: int) -> Any:
@@ -466,7 +536,7 @@ class WaitingStore(ObjectStore):
         """Free everything and refuse every later write with ``reason`` (the lease of this
         namespace expired); the objects and bytes it held."""
         with self._cond:
-            held = len(self._entries) + len(self._held), self.bytes
+            held = len(self._entries) + len(self._held_order), self.bytes
             self.closed = reason
         self.clear()
         return held
@@ -479,6 +549,9 @@ class WaitingStore(ObjectStore):
             self._dropped.clear()
             self._announced.clear()
             self._held.clear()
+            self._held_order.clear()
+            self._refused.clear()
+            self._refused_more = 0
             self._unavailable.clear()
             self._promised.clear()
             self.bytes = 0
@@ -936,6 +1009,10 @@ class ServedWorker(Worker):
             self._lost_deliveries = [
                 (u, m) for u, m in self._lost_deliveries if not (unreachable or not u)
             ]
+        # deliveries into this namespace that it refused: reported at the next sync
+        refused = self.store.take_refused() if unreachable else None
+        if refused is not None:
+            take.append(refused)
         return "; ".join(take) if take else None
 
     def flush_deliveries(self, timeout: float | None = None) -> bool:
@@ -971,8 +1048,16 @@ class ServedWorker(Worker):
         self._control = True
         if msg.peer == self.id:
             raise ValueError(f"worker {self.id!r} cannot be its own peer")
+        old = self.peer_link(msg.peer)
+        if old is None and len(self._peer_links) >= MAX_PEER_LINKS:
+            raise LimitExceeded(
+                f"worker {self.id!r}: this session may deliver to at most {MAX_PEER_LINKS} peers"
+            )
         link = self._link_factory(msg.peer, msg.address, self.client, self.session)
         self.add_peer_link(msg.peer, link)
+        close = getattr(old, "close", None)
+        if close is not None:  # (its channel is closed once no session's link uses it)
+            close()
 
     @handles(AcceptPeer)
     def _accept_peer(self, msg: AcceptPeer) -> None:

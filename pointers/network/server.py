@@ -13,6 +13,13 @@ identity; a certificate not signed by the CA is refused in the TLS handshake). R
 * a peer worker identity may only deliver objects, under its own identity and only into
   the namespace of a client that accepted deliveries from it; once it delivered here (and
   always for this worker's own identity) it may not run commands, fetch or inspect;
+* a worker delivers only to a peer that proves to be the party the client named: before
+  it opens a channel, a TLS handshake of its own must show the party certificate
+  (``role:party``, CN = the peer's name) of that peer, and the channel asks TLS for that
+  certificate's role-bound name at every connection (:meth:`WorkerServer.peer_call`);
+* a delivery into this worker is refused unless the client announced its id for that
+  peer (or a program promised it), and every refusal is reported at the client's next
+  sync;
 * ``--insecure`` (no TLS, identities taken on trust) binds loopback addresses only.
 
 Worker functions beyond aten ops come from the entry-point group
@@ -44,6 +51,7 @@ from pointers.network.certs import (
     Credentials,
     certificate_role,
     check_identity,
+    check_party_certificate,
     load_credentials,
 )
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
@@ -58,7 +66,10 @@ from pointers.network.transport import (
     STALE,
     SYNC,
     Call,
+    PeerRefused,
+    PeerUnreachable,
     bind_address,
+    check_party,
     is_loopback,
     not_sent,
     open_channel,
@@ -354,10 +365,14 @@ class PeerLink:
         return True
 
     def close(self) -> None:
-        """The session ended: later deliveries are refused (those in flight finish)."""
+        """The session ended: later deliveries are refused (those in flight finish), and
+        the channel to the peer is closed once no open session's link uses it."""
         with self._cond:
+            if self._closed:
+                return
             self._closed = True
             self._cond.notify_all()
+        self.server.release_link(self.peer, self.address)
 
 
 class WorkerServer:
@@ -386,6 +401,10 @@ class WorkerServer:
                     f"for {own[0]!r} with role {own[1]!r} (`python -m pointers certs DIR "
                     f"{self.id}`)"
                 )
+            try:  # (clients and peers reach it by its role-bound name)
+                check_party_certificate(self.credentials.cert, self.id)
+            except ValueError as e:
+                raise ValueError(f"the certificate of worker {self.id!r}: {e}") from None
         self.call_metadata = ((IDENTITY_METADATA, self.id),) if config.insecure else None
         # (client identity, session token) -> its namespace
         self._namespaces: dict[tuple[str, str], ServedWorker] = {}
@@ -399,6 +418,9 @@ class WorkerServer:
         # delivered here as a peer worker (a client can only ever add itself)
         self._peers: set[str] = {self.id}
         self._channels: dict[tuple[str, str], Any] = {}
+        self._checking: dict[tuple[str, str], threading.Lock] = {}  # peers being checked
+        self._check_failed: dict[tuple[str, str], tuple[float, str]] = {}  # when, why
+        self._link_count: dict[tuple[str, str], int] = {}  # open sessions' links per channel
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
         self._pools: list[futures.ThreadPoolExecutor] = []
@@ -491,19 +513,88 @@ class WorkerServer:
 
     # -- peers ---------------------------------------------------------------------------
     def peer_call(self, peer: str, address: str) -> Any:
+        """The delivery call to ``peer`` at ``address``. A channel is opened only once
+        the server there proved to be the party certificate of ``peer``
+        (:meth:`_check_peer`): a peer that did not, or could not be reached, gets nothing
+        (no channel, no session token, no object), and the next delivery checks again."""
         key = (peer, address)
         with self._lock:
             entry = self._channels.get(key)
+            if entry is not None:
+                return entry[1]
+            checking = self._checking.setdefault(key, threading.Lock())
+        with checking:  # one check per peer at a time; the others take its outcome
+            with self._lock:
+                entry = self._channels.get(key)
+                failed = self._check_failed.get(key)
+            if entry is None and failed is not None and time.monotonic() - failed[0] < 1.0:
+                raise PartyUnavailable(failed[1], peer)
             if entry is None:
+                try:
+                    self._check_peer(peer, address)
+                except PartyUnavailable as e:
+                    with self._lock:
+                        if len(self._check_failed) >= 1024:
+                            self._check_failed.clear()
+                        self._check_failed[key] = (time.monotonic(), str(e))
+                    raise
+                finally:
+                    with self._lock:
+                        self._checking.pop(key, None)
                 channel = open_channel(
                     address,
                     worker_id=peer,
                     credentials=self.credentials,
                     max_message_bytes=self.config.max_message_bytes,
                 )
-                entry = (channel, Call(channel, DELIVER))
-                self._channels[key] = entry
+                with self._lock:
+                    entry = self._channels.setdefault(key, (channel, Call(channel, DELIVER)))
+                if entry[0] is not channel:
+                    channel.close()
         return entry[1]
+
+    def _check_peer(self, peer: str, address: str) -> None:
+        """Before anything is sent to ``peer`` at ``address``: the server there must
+        present the party certificate of ``peer`` (role URI ``role:party``, CN ``peer``),
+        checked here after a TLS handshake of its own; the channel opened afterwards asks
+        TLS for the same certificate at every connection (``party_name``). Raises
+        :class:`PartyUnavailable` otherwise (with the reason when the deployment
+        configured its peers, ``serve --peer``; one uniform message for a client-given
+        address, whose network this worker does not describe)."""
+        if self.credentials is None:  # --insecure: identities on trust, loopback only
+            return
+        certs = Path(self.config.certs or "")
+        try:
+            check_party(
+                address,
+                peer,
+                ca=self.credentials.ca,
+                cert_file=certs / f"{self.id}.pem",
+                key_file=certs / f"{self.id}.key",
+                timeout=min(self.config.deadline, 5.0),
+            )
+        except (PeerRefused, PeerUnreachable) as e:
+            refused = isinstance(e, PeerRefused)
+            if refused:
+                print(
+                    f"pointers: worker {self.id!r} refused to deliver to {peer!r} at "
+                    f"{address}: {e}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if self.config.peers:
+                rule = "; a worker delivers only to the party certificate of its peer"
+                raise PartyUnavailable(
+                    f"worker {self.id!r} will not deliver to its peer {peer!r} at "
+                    f"{address}: {e}{rule if refused else ''}",
+                    peer,
+                ) from None
+            raise PartyUnavailable(
+                f"worker {self.id!r} could not deliver to its peer {peer!r} at {address} "
+                f"(unreachable, or not that worker: a worker delivers only to a server "
+                f"that presents the party certificate of {peer!r})",
+                peer,
+            ) from None
 
     def _link(self, peer: str, address: str, client: str, session: str = "") -> PeerLink:
         check_identity(peer)
@@ -517,7 +608,25 @@ class WorkerServer:
             address = configured
         else:
             split_address(address)
-        return PeerLink(self, peer, address, client, session)
+        link = PeerLink(self, peer, address, client, session)
+        with self._lock:
+            key = (peer, address)
+            self._link_count[key] = self._link_count.get(key, 0) + 1
+        return link
+
+    def release_link(self, peer: str, address: str) -> None:
+        """A session's link to ``peer`` at ``address`` closed: the channel goes with the
+        last one (a session that ended leaves no connection open behind it)."""
+        key = (peer, address)
+        with self._lock:
+            left = self._link_count.get(key, 0) - 1
+            if left > 0:
+                self._link_count[key] = left
+                return
+            self._link_count.pop(key, None)
+            entry = self._channels.pop(key, None)
+        if entry is not None:
+            entry[0].close()
 
     # -- namespaces and their leases -----------------------------------------------------
     def _enter(self, client: str, session: str) -> ServedWorker:
@@ -530,11 +639,12 @@ class WorkerServer:
                 cfg = self.config
                 open_now = sum(1 for c, _ in self._namespaces if c == client)
                 if open_now >= cfg.max_sessions:
+                    # (how many sessions of this identity are open is theirs: not told)
                     raise LimitExceeded(
-                        f"client {client!r} already has {open_now} sessions at worker "
-                        f"{self.id!r}, its limit (serve --max-sessions); the sessions of "
-                        f"clients that stopped are freed {cfg.lease:g} s after their last "
-                        "call (serve --lease)"
+                        f"client {client!r} reached its limit of open sessions at worker "
+                        f"{self.id!r} (serve --max-sessions); the sessions of clients that "
+                        f"stopped are freed {cfg.lease:g} s after their last call (serve "
+                        "--lease)"
                     )
                 ns = ServedWorker(
                     self.id,
@@ -647,7 +757,9 @@ class WorkerServer:
         if role == PARTY or who in self._peers:
             raise NotAllowedError(
                 f"identity {who!r} is a peer worker of {self.id!r} (a party certificate): it "
-                f"may deliver protocol messages but not {what}"
+                f"may deliver protocol messages but not {what}; a client connects with a "
+                f"client certificate (`python -m pointers certs DIR --client NAME`, then "
+                f"pointers.connect(..., identity=NAME))"
             )
         return who, self._session(context)
 

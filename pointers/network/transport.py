@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from pointers.errors import LimitExceeded, PartyUnavailable, PointerError
-from pointers.network.certs import Credentials
+from pointers.network.certs import Credentials, check_party_certificate, party_name
 
 SERVICE = "pointers.Worker"
 EXEC = f"/{SERVICE}/Exec"
@@ -132,9 +135,66 @@ def open_channel(
         private_key=credentials.key,
         certificate_chain=credentials.cert,
     )
+    # TLS checks, at every connection of the channel (reconnections included), that the
+    # worker presents the party certificate of worker_id: only that one names party_name
     return grpc.secure_channel(
-        address, creds, options=channel_options(max_message_bytes, target_name=worker_id)
+        address,
+        creds,
+        options=channel_options(max_message_bytes, target_name=party_name(worker_id)),
     )
+
+
+class PeerRefused(PointerError):
+    """A worker's peer did not prove that it is the party the client named (the TLS
+    handshake failed, or it presented another certificate): nothing was sent to it."""
+
+
+class PeerUnreachable(PointerError):
+    """A worker's peer could not be reached to check its certificate."""
+
+
+def check_party(
+    address: str,
+    peer: str,
+    *,
+    ca: bytes,
+    cert_file: str | os.PathLike[str],
+    key_file: str | os.PathLike[str],
+    timeout: float,
+) -> None:
+    """Connect to ``address`` with mutual TLS, read the certificate the server presents,
+    and close: raise :class:`PeerRefused` unless it is the party certificate of ``peer``
+    (CA-signed, extended key usage serverAuth, role URI ``role:party``, CN ``peer``, the
+    name :func:`~pointers.network.certs.party_name`), :class:`PeerUnreachable` when no
+    handshake could be made. Nothing but the TLS handshake is sent (no HTTP/2 preface,
+    no gRPC call): a worker runs this before it opens a channel to a peer the client
+    named, so nothing of a session reaches a server that is not that party."""
+    host, port = split_address(address)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False  # (the names are checked below, from the certificate)
+    ctx.verify_mode = ssl.CERT_REQUIRED  # the CA's signature and the serverAuth usage
+    ctx.load_verify_locations(cadata=ca.decode())
+    ctx.load_cert_chain(str(Path(cert_file)), str(Path(key_file)))
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            with ctx.wrap_socket(sock, server_hostname=party_name(peer)) as tls:
+                der = tls.getpeercert(binary_form=True)
+    except ssl.SSLCertVerificationError as e:
+        raise PeerRefused(
+            f"its certificate does not verify as a party's: {e.verify_message or e}"
+        ) from None
+    except ssl.SSLError as e:
+        raise PeerRefused(f"the TLS handshake failed: {e.reason or e}") from None
+    except OSError as e:
+        raise PeerUnreachable(f"unreachable: {e.strerror or e}") from None
+    if not der:
+        raise PeerRefused("it presented no certificate")
+    try:
+        check_party_certificate(ssl.DER_cert_to_PEM_cert(der).encode(), peer)
+    except ValueError as e:
+        raise PeerRefused(str(e)) from None
 
 
 def rpc_error(e: grpc.RpcError, worker: str, address: str, what: str) -> PointerError:
