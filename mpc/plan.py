@@ -77,6 +77,15 @@ class _Programs:
             for raw in programs[self.dealer_id]:
                 if raw and raw[0] == SendToPeer.KIND and isinstance(raw[3], Slot):
                     self.dealt.append((raw[2], raw[3].index))
+        # every party-to-party delivery of the programs, (sender, receiver, slot): each
+        # receiver is told its sender before the call, so it takes that id from no one else
+        self.deliveries: list[tuple[str, str, int]] = [
+            (wid, raw[2], raw[3].index)
+            for wid, cmds in programs.items()
+            if wid != self.dealer_id
+            for raw in cmds
+            if raw and raw[0] == SendToPeer.KIND and isinstance(raw[3], Slot)
+        ]
         self.program_ids: dict[str, int] = {}
         for w in workers:
             pid = w.new_id()
@@ -207,6 +216,17 @@ class SharedPlan:
             if flush is not None:  # (the announcements leave now, not with the next call)
                 flush()
 
+    def _announce(
+        self, dealer_id: str | None, deliveries: list[tuple[Any, str, int]], bindings: list[int]
+    ) -> None:
+        """Tell each receiving worker who delivers which of its ids (network workers then
+        take each from that peer only: a party cannot fill another's slot)."""
+        by_id = {w.id: w for w in self.workers}
+        for src, dest, slot in deliveries:
+            expect = getattr(by_id.get(dest), "expect_delivery", None)
+            if expect is not None and src is not None:
+                expect(src, bindings[slot])
+
     def prepared(self, *examples: SharedTensor) -> int:
         """How many calls (of the examples' signature; default the recorded one) have
         their material dealt ahead."""
@@ -230,6 +250,10 @@ class SharedPlan:
             workers = [w for w in workers if w.id != variant.dealer_id]
         else:
             bindings, promised = self._bindings(variant, input_ids)
+            self._announce(
+                variant.dealer_id, [(variant.dealer_id, p, k) for p, k in variant.dealt], bindings
+            )
+        self._announce(variant.dealer_id, variant.deliveries, bindings)
         run_programs(variant.program_ids, workers, bindings, promised)
         accounting.count_round(variant.rounds)
         shares = []

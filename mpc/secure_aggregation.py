@@ -40,7 +40,7 @@ from torch import nn
 import pointers as pt
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
-from mpc.material.owned import MIN_OWNERS, share_rule
+from mpc.material.owned import MIN_OWNERS, ReleaseRuleError, share_rule
 from mpc.math.encoding import encode
 from mpc.math.prg import random_ring
 from mpc.release import OwnedShared, OwnedSum, owned
@@ -183,6 +183,12 @@ class SecureAggregator:
         from pointers.federated.fedavg import check_updates
 
         _, dtype, total = check_updates(updates)
+        owners = {update.location.id for update, _ in updates}
+        if len(owners) < MIN_OWNERS:
+            raise ReleaseRuleError(
+                f"secure aggregation opens only an aggregate of at least {MIN_OWNERS} data "
+                f"workers' updates (their release rule), got updates from {sorted(owners)}"
+            )
         bound = _bound(self.frac_bits, total)
         # each owner weights its own update by its public count n_k; the parties add
         # the shares (the release of an aggregate of at least two owners)

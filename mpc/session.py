@@ -87,10 +87,13 @@ class Session:
         self.party_seeds: list[pt.PointerTensor] = []
         self.dealer_seeds: list[pt.PointerTensor] = []
         if crypto_provider is not None:
-            for p in parties:
+            for i, p in enumerate(parties):
                 crypto_provider.introduce(p)
                 (seed,) = pt.call_function(
-                    crypto_provider, "mpc.new_seed", [], out=[((16,), torch.uint8)]
+                    crypto_provider,
+                    "mpc.new_seed",
+                    [i, len(parties)],
+                    out=[((16,), torch.uint8)],
                 )
                 assert seed is not None  # (out= given: a pointer per output)
                 self.dealer_seeds.append(seed)

@@ -634,15 +634,21 @@ def test_secure_aggregation_refuses_updates_too_large(new_workers):
     """The data worker's own error reaches the caller. On network workers it is posted, so
     held on its connection, and the parties' get() fails first, with the follow-on error
     (the data worker could not deliver its shares): the root cause is raised instead."""
-    (w,) = new_workers("w1")
+    w, w2 = new_workers("w1", "w2")
     parties = new_workers("agg1", "agg2")
     agg = mpc.SecureAggregator(parties)
     with pytest.raises(pt.RemoteError, match="too large") as caught:
-        agg.aggregate([(pt.send(torch.tensor([1e11]), w), 1000)])  # 1e11 * 1000 * 2^16 > 2^62
+        agg.aggregate(  # 1e11 * 1000 * 2^16 > 2^62
+            [(pt.send(torch.tensor([1e11]), w), 1000), (pt.send(torch.tensor([1.0]), w2), 1)]
+        )
     assert caught.value.worker == w.id
     # reported once: the workers stay usable and raise nothing more
     assert torch.equal(pt.send(torch.ones(2), parties[0]).get(), torch.ones(2))
-    assert agg.aggregate([(pt.send(torch.tensor([2.0]), w), 1)]).item() == pytest.approx(2.0)
+    two = [(pt.send(torch.tensor([2.0]), w), 1), (pt.send(torch.tensor([4.0]), w2), 1)]
+    assert agg.aggregate(two).item() == pytest.approx(3.0)
+    # one worker's update alone is never opened: refused before anything is shared
+    with pytest.raises(mpc.ReleaseRuleError, match="at least 2"):
+        agg.aggregate([(pt.send(torch.tensor([2.0]), w), 1)])
 
 
 def test_secure_aggregation_errors(new_workers):

@@ -20,6 +20,7 @@ import mpc
 import pointers as pt
 from benchmarks.__main__ import main as bench_main
 from benchmarks.report import floor_table
+from mpc.material import party
 from mpc.material.party import MAX_SEEDED_BYTES
 from mpc.math.prg import PRG
 from mpc.session import install
@@ -222,53 +223,50 @@ def test_a_round_opens_its_values_in_one_delivery_per_peer(kind, request):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
+    # the step itself (a worker runs it only on the dealer's material: below)
+    u, v = party.unpack(None, torch.arange(6), [[2], [2, 2]])
+    assert torch.equal(u, torch.tensor([0, 1]))
+    assert torch.equal(v, torch.tensor([[2, 3], [4, 5]]))
+    for shapes, match in (([[2], [2]], "4 elements"), ([[-1]], "list of sizes"), ([], "non-empty")):
+        with pytest.raises(ValueError, match=match):
+            party.unpack(None, torch.arange(6), shapes)
+    with pytest.raises(TypeError, match="one dtype"):
+        party.pack(None, [torch.arange(6), torch.ones(2)])
+    # at a worker: a client's own tensors are not protocol material (issue 27)
     alice, _, _ = _workers(kind, request)
     flat = pt.send(torch.arange(6), alice)
-    (u, v) = pt.call_function(
-        alice, "mpc.unpack", [flat, [[2], [2, 2]]], out=[((2,), torch.int64), ((2, 2), torch.int64)]
-    )
-    assert torch.equal(u.get(), torch.tensor([0, 1]))
-    assert torch.equal(v.get(), torch.tensor([[2, 3], [4, 5]]))
-    for shapes, match in (([[2], [2]], "4 elements"), ([[-1]], "list of sizes"), ([], "non-empty")):
-        with pytest.raises(pt.PointerError, match=match):
-            (bad,) = pt.call_function(
-                alice, "mpc.unpack", [flat, shapes], out=[((1,), torch.int64)]
-            )
+    for name, args in (("mpc.unpack", [flat, [[2], [2, 2]]]), ("mpc.pack", [[flat]])):
+        with pytest.raises(pt.PointerError, match="protocol material"):
+            (bad,) = pt.call_function(alice, name, args, out=[((6,), torch.int64)])
             bad.get()
-    with pytest.raises(pt.PointerError, match="one dtype"):
-        (bad,) = pt.call_function(
-            alice,
-            "mpc.pack",
-            [[flat, pt.send(torch.ones(2), alice)]],
-            out=[((8,), torch.int64)],
-        )
-        bad.get()
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
-    alice, _, _ = _workers(kind, request)
-    one, two = pt.send(torch.arange(6), alice), pt.send(torch.arange(6) * 10, alice)
-    out = [((2,), torch.int64), ((2, 2), torch.int64)]
-    u, v = pt.call_function(alice, "mpc.open_unpack", [[one, two], [[2], [2, 2]], False], out=out)
-    assert torch.equal(u.get(), torch.tensor([0, 11]))
-    assert torch.equal(v.get(), torch.tensor([[22, 33], [44, 55]]))
-    (w,) = pt.call_function(
-        alice, "mpc.open_unpack", [[one, two], [[6]], True], out=[((6,), torch.int64)]
-    )
-    assert torch.equal(w.get(), torch.arange(6) ^ (torch.arange(6) * 10))
-    assert torch.equal(one.get(), torch.arange(6))  # the pieces are not modified
-    one = pt.send(torch.arange(6), alice)
-    short = pt.send(torch.arange(4), alice)
+    one, two = torch.arange(6), torch.arange(6) * 10
+    u, v = party.open_unpack(None, [one, two], [[2], [2, 2]], False)
+    assert torch.equal(u, torch.tensor([0, 11]))
+    assert torch.equal(v, torch.tensor([[22, 33], [44, 55]]))
+    (w,) = party.open_unpack(None, [one, two], [[6]], True)
+    assert torch.equal(w, torch.arange(6) ^ (torch.arange(6) * 10))
+    assert torch.equal(one, torch.arange(6))  # the pieces are not modified
+    short = torch.arange(4)
     for args, match in (
         ([[one], [[6]], False], "two or more"),
         ([[one, short], [[6]], False], "one shape"),
         ([[one, two], [[6]], 1], "bool"),
         ([[one, two], [[5]], False], "6 elements|5 elements"),
     ):
-        with pytest.raises(pt.PointerError, match=match):
-            (bad,) = pt.call_function(alice, "mpc.open_unpack", args, out=[((6,), torch.int64)])
-            bad.get()
+        with pytest.raises((ValueError, TypeError), match=match):
+            party.open_unpack(None, *args)
+    # at a worker: an opening takes its own piece and its peers', never a client's values
+    alice, _, _ = _workers(kind, request)
+    p1, p2 = pt.send(one, alice), pt.send(two, alice)
+    with pytest.raises(pt.PointerError, match="protocol material"):
+        (bad,) = pt.call_function(
+            alice, "mpc.open_unpack", [[p1, p2], [[6]], False], out=[((6,), torch.int64)]
+        )
+        bad.get()
 
 
 # ------------------------------------------------------------ the dealer off round 1

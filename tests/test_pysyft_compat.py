@@ -385,11 +385,17 @@ def test_protocol_sent_searched_and_fetched(make_worker):
 
 
 def test_share_a_remote_tensor(make_worker):
-    pytest.importorskip("mpc")
+    mpc = pytest.importorskip("mpc")
     bob, alice, james = (make_worker(n) for n in ("bob", "alice", "carol"))
     x = torch.tensor([1.5, -2.0, 0.25]).send(bob)
     shared = x.fix_precision(precision_fractional=3).share(bob, alice, crypto_provider=james)
     assert shared.frac_bits == 10
     y = torch.tensor([2.0, 2.0, 2.0]).share(bob, alice, crypto_provider=james)
-    assert torch.allclose((shared * y).get(), torch.tensor([3.0, -4.0, 0.5]), atol=1e-2)
+    # bob's value is bob's: not the client's to compute on or open (its release rule)
+    with pytest.raises(mpc.ReleaseRuleError):
+        (shared * y).get()
+    dan = make_worker("dan")
+    z = torch.tensor([0.5, 0.5, 0.5]).send(dan).fix_precision(precision_fractional=3)
+    other = z.share(bob, alice, crypto_provider=james)
+    assert torch.allclose((shared + other).get(), torch.tensor([2.0, -1.5, 0.75]), atol=1e-2)
     assert torch.equal(x.get(), torch.tensor([1.5, -2.0, 0.25]))

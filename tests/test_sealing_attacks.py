@@ -229,3 +229,41 @@ def test_a_plan_cannot_call_a_protocol_step(trio: Any) -> None:
         wire[6] = [node]
         wire[7] = [pt.wire.serde.Ref(1)]
         _refused(alice, lambda: alice.request(StorePlan(alice.new_id(), wire)), "protocol step")
+
+
+def test_the_seed_tells_a_party_its_place(trio: Any) -> None:
+    """Which party adds the public term (``first``) and which takes the dealer's
+    corrections is the seed's, not the client's word: two parties or none made first
+    turned a truncation's result into a function of its mask."""
+    alice, bob, carol = trio
+    x = mpc.share(torch.ones(3), alice, bob, crypto_provider=carol)
+    s = x.session
+    out = [((3,), I64)]
+    n = s.next_nonce()
+    _refused(
+        bob,
+        lambda: step(
+            bob, "mpc.trunc_finish", [s.party_seeds[1], n, True, None, x.shares[1], 16], out
+        ),
+        "'first' must be False",
+    )
+    _refused(
+        bob,
+        lambda: step(
+            bob,
+            "mpc.beaver_combine",
+            [s.party_seeds[1], n, None, x.shares[1], x.shares[1], x.shares[1], "mul", {}],
+            out,
+        ),
+        "the last party takes",
+    )
+    # a seed for a place that does not exist, and the dealer's seeds out of order
+    _refused(
+        carol, lambda: step(carol, "mpc.new_seed", [2, 2], [((16,), torch.uint8)]), "party 0 to 1"
+    )
+    _refused(
+        carol,
+        lambda: step(carol, "mpc.dealer_trunc", [s.dealer_seeds[::-1], n, [3], 16], [((5,), I64)]),
+        "in their order",
+    )
+    assert torch.equal(x.get(), torch.ones(3))

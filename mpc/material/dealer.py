@@ -35,8 +35,9 @@ from pointers.worker.sealing import protocol_function
 
 
 @protocol_function(rules.new_seed)
-def new_seed(ctx: Any) -> torch.Tensor:
-    """A fresh 16-byte seed from the operating system (stored at the dealer)."""
+def new_seed(ctx: Any, index: int, parties: int) -> torch.Tensor:
+    """A fresh 16-byte seed from the operating system (stored at the dealer) for party
+    ``index`` of ``parties`` (its label records the party's place)."""
     return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
 
 

@@ -22,7 +22,7 @@ import weakref
 from typing import Any
 
 from mpc.math import bits
-from pointers.worker.sealing import ProtocolCall, seal
+from pointers.worker.sealing import Label, ProtocolCall, seal
 
 SEED = "seed"
 LEVELS = bits.LEVELS
@@ -63,47 +63,73 @@ def _nonce(call: ProtocolCall) -> int:
     return nonce
 
 
-def _party_seed(call: ProtocolCall) -> None:
-    """A party's step runs on the seed the dealer delivered to it."""
-    call.material("seed", SEED, local=False)
+def _party_seed(call: ProtocolCall, *last_only: str) -> Label:
+    """A party's step runs on the seed the dealer delivered to it. The seed tells the
+    party's place (its index among the session's parties), so the client cannot make two
+    parties, or none, the first (``first``), nor leave out or add the dealer's corrections
+    (``last_only``: given at the last party, None elsewhere)."""
+    seed = call.material("seed", SEED, local=False)
+    assert seed is not None
+    parties = seed.extra[0] if len(seed.extra) == 1 and type(seed.extra[0]) is int else 0
+    if "first" in call.args and call.value("first") is not (seed.index == 0):
+        raise call.refuse(f"'first' must be {seed.index == 0} at party {seed.index}")
+    last = seed.index == parties - 1
+    for name in last_only:
+        a = call.args.get(name)
+        given = a is not None and not (a.entry is None and a.entries is None and a.value is None)
+        if given != last:
+            where = "the last party takes" if last else "only the last party takes"
+            raise call.refuse(f"{where} the dealer's {name!r}")
+    return seed
 
 
 def _dealer_seeds(call: ProtocolCall) -> None:
-    """A dealer's step runs on the seeds it made (each party's, in order)."""
+    """A dealer's step runs on the seeds it made, each party's in its place."""
     a = call.args.get("seeds")
     if a is None or not a.entries:
         raise call.refuse("parameter 'seeds' takes the dealer's seeds")
-    for k in range(len(a.entries)):
+    n = len(a.entries)
+    for k in range(n):
         call.args[f"seeds[{k}]"] = type(a)(a.value[k], entry=a.entries[k])
-        call.material(f"seeds[{k}]", SEED, local=True)
+        seed = call.material(f"seeds[{k}]", SEED, local=True)
+        assert seed is not None
+        if seed.index != k or seed.extra != (n,):
+            raise call.refuse(f"the seeds must be the {n} parties' seeds, in their order")
 
 
 # -- seeds and the dealer ----------------------------------------------------------------
 
 
 def new_seed(call: ProtocolCall) -> Any:
-    return [seal(SEED, deliveries=1)]  # it leaves the dealer once, to its party
+    """Party ``index``'s seed of a group of ``parties``: it leaves the dealer once, to its
+    party, and tells that party its place."""
+    index, parties = call.value("index"), call.value("parties")
+    if type(parties) is not int or not 2 <= parties <= 5:
+        raise call.refuse("a seed is for a group of 2 to 5 parties")
+    if type(index) is not int or not 0 <= index < parties:
+        raise call.refuse(f"a seed is for party 0 to {parties - 1}")
+    return [seal(SEED, 0, index, deliveries=1, extra=(parties,))]
 
 
 def dealer_triple(call: ProtocolCall) -> Any:
     _dealer_seeds(call)
-    return [seal("dealer.triple", _nonce(call))]
+    return [seal("dealer.triple", _nonce(call), deliveries=1)]
 
 
 def dealer_trunc(call: ProtocolCall) -> Any:
     _dealer_seeds(call)
-    return [seal("dealer.trunc", _nonce(call), _int(call, "bits"))]
+    return [seal("dealer.trunc", _nonce(call), _int(call, "bits"), deliveries=1)]
 
 
 def dealer_fourier(call: ProtocolCall) -> Any:
     _dealer_seeds(call)
-    return [seal("dealer.fourier", _nonce(call))]
+    return [seal("dealer.fourier", _nonce(call), deliveries=1)]
 
 
 def dealer_compare(call: ProtocolCall) -> Any:
     _dealer_seeds(call)
     levels, products, shape = (call.value(k) for k in ("level_nonces", "product_nonces", "shape"))
-    return [seal("dealer.compare", _nonce(call), extra=(levels, products, shape))]
+    return [seal("dealer.compare", _nonce(call), deliveries=1, extra=(levels, products, shape))]
 
 
 def _int(call: ProtocolCall, name: str) -> int:
@@ -126,7 +152,7 @@ def beaver_mask(call: ProtocolCall) -> Any:
 
 def beaver_combine(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "c")
     call.material("c", "dealer.triple", nonce, local=False, optional=True, consume=True)
     call.material("a", "beaver.a", nonce, local=True, consume=True)
     call.material("ef", OPENED + "beaver.ef", nonce, local=True, consume=True)
@@ -146,7 +172,7 @@ def trunc_mask(call: ProtocolCall) -> Any:
 
 def trunc_finish(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "corrections")
     corr = call.material(
         "corrections", "dealer.trunc", nonce, local=False, optional=True, consume=True
     )
@@ -158,7 +184,7 @@ def trunc_finish(call: ProtocolCall) -> Any:
 
 def fourier_finish(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "trig")
     call.material("trig", "dealer.fourier", nonce, local=False, optional=True, consume=True)
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
     return None
@@ -208,7 +234,7 @@ def _masked_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: 
 
 def cmp_init(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "r_bits", "pairs")
     rb = call.material("r_bits", "dealer.cmp.rbits", nonce, optional=True, consume=True)
     pr = call.material("pairs", "dealer.cmp.pairs", nonce, optional=True, consume=True)
     if (rb is None) != (pr is None):
@@ -220,7 +246,7 @@ def cmp_init(call: ProtocolCall) -> Any:
 
 def carry_step(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "c")
     level = _int(call, "level")
     comparison = _links(call).pop(nonce, None)
     if comparison is None:
@@ -250,7 +276,7 @@ def carry_step(call: ProtocolCall) -> Any:
 
 def cmp_bit_mask(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "t_bin")
     call.material("t_bin", "dealer.cmp.tbin", nonce, optional=True, consume=True)
     g = call.material("g", "cmp.g", nonce, local=True, consume=True)
     if g is not None and g.index != LEVELS:
@@ -261,7 +287,7 @@ def cmp_bit_mask(call: ProtocolCall) -> Any:
 
 def cmp_bit_finish(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "t_arith")
     call.material("t_arith", "dealer.cmp.tarith", nonce, optional=True)
     call.material("d", OPENED + "cmp.d", nonce, local=True)
     return None
@@ -272,7 +298,9 @@ def party_derive(call: ProtocolCall) -> Any:
     from mpc.material.streams import TAG_T_ARITH
 
     nonce = _nonce(call)
-    _party_seed(call)
+    seed = _party_seed(call)
+    if seed.extra == (seed.index + 1,):
+        raise call.refuse("the last party's daBit share is the dealer's, not derived")
     if call.value("tag") != TAG_T_ARITH:
         raise call.refuse("a party derives only the daBit's arithmetic share here")
     return [seal("cmp.t", nonce)]
@@ -287,7 +315,7 @@ def dabit_mask(call: ProtocolCall) -> Any:
 
 def dabit_product(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call)
+    _party_seed(call, "c")
     t = call.material("t", ("cmp.t", "dealer.cmp.tarith"), local=True)
     assert t is not None
     c = call.material("c", "dealer.cmp.prod", nonce, optional=True, consume=True)

@@ -240,7 +240,7 @@ class WaitingStore(ObjectStore):
         value: Any,
         tags: set[str] | None = None,
         description: str = "",
-        sealed: bool = False,
+        sealed: Any = False,
     ) -> None:
         size = footprint(value) + (_tag_bytes(tags, description) if tags or description else 0)
         with self._cond:
@@ -311,7 +311,7 @@ class WaitingStore(ObjectStore):
             e.nbytes += extra
             self.bytes += extra
 
-    def receive(self, peer: str, obj_id: int, value: Any, sealed: bool = False) -> None:
+    def receive(self, peer: str, obj_id: int, value: Any, sealed: Any = False) -> None:
         """A peer delivered ``value`` for ``obj_id`` (``sealed``: protocol material).
 
         Only an id the client announced for ``peer`` (or a program promised) is written;
@@ -378,7 +378,7 @@ class WaitingStore(ObjectStore):
         tail = f"; and {more} more" if more else ""
         return "; ".join(refused) + tail
 
-    def _hold(self, peer: str, obj_id: int, value: Any, sealed: bool, failed: bool) -> None:
+    def _hold(self, peer: str, obj_id: int, value: Any, sealed: Any, failed: bool) -> None:
         now = time.monotonic()
         order = self._held_order
         while order:  # the oldest first: O(1) per expired delivery
@@ -903,7 +903,7 @@ class ServedWorker(Worker):
         value: Any,
         donate: bool = False,
         lend: bool = False,
-        sealed: bool = False,
+        sealed: Any = False,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
         """Send ``value`` without waiting for the peer (see
