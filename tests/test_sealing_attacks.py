@@ -267,3 +267,20 @@ def test_the_seed_tells_a_party_its_place(trio: Any) -> None:
         "in their order",
     )
     assert torch.equal(x.get(), torch.ones(3))
+
+
+def test_in_process_objects_and_shares_reveal_no_material(trio: Any) -> None:
+    """``worker.objects`` listed seeds in process, and an integer product's share kept a
+    view of the opened [e | f] (its storage read f)."""
+    alice, bob, carol = trio
+    x = mpc.share(torch.tensor([3, -4, 5]), alice, bob, crypto_provider=carol)
+    y = mpc.share(torch.tensor([2, 2, -1]), alice, bob, crypto_provider=carol)
+    z = x * y
+    assert torch.equal(z.get(), torch.tensor([6, -8, -5]))
+    seed = x.session.party_seeds[0]
+    assert seed.id_at_location in alice.objects  # listed, as a network worker lists it
+    with pytest.raises((pt.RemoteError, pt.NotAllowedError), match="sealed"):
+        alice.objects[seed.id_at_location]  # but not readable
+    if isinstance(alice, pt.VirtualWorker):
+        share = alice.store.get(z.shares[0].id_at_location)
+        assert share.untyped_storage().nbytes() == share.numel() * share.element_size()

@@ -123,6 +123,11 @@ def _sole_owner(value: Any) -> bool:
     return _refs_and_uses(value) == (lone[0] + 1, lone[1])  # + this function's parameter
 
 
+def _owns_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` is all of its storage (not a view into a larger buffer)."""
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
 def _seal_of(seals: Any, k: int) -> Any:
     """The seal of output ``k`` of a step (see :meth:`Worker._store_outputs`)."""
     if seals is None or seals is False:
@@ -433,6 +438,8 @@ class Worker:
         seals = rule(call)
         result = fn(self, *args, **kwargs)
         spend(call.spend)
+        if seals is None and type(result) is torch.Tensor and not _owns_storage(result):
+            result = result.clone()  # a final share keeps no view of material (e.g. [e | f])
         return self._store_outputs(result, msg.out_ids, msg.want_meta, seals)
 
     def _protocol_arg(self, raw: Any) -> Arg:
@@ -725,9 +732,10 @@ class VirtualWorker(Worker):
 
     @property
     def objects(self) -> Mapping[int, Any]:
-        """A read-only view of the objects this worker stores."""
+        """A read-only view of the objects this worker stores, protocol material (sealed)
+        left out: a client reads no seed or mask here either."""
         self.flush_deletes()
-        return self.store.view()
+        return self.store.view(sealed=False)
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to the stored tensors carrying every tag in ``query``."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pointers.errors import PartyUnavailable, UnknownObjectError
+from pointers.worker.sealing import refused
 
 
 @dataclass(slots=True)
@@ -133,8 +134,10 @@ class ObjectStore:
         wanted = set(query)
         return [i for i, e in self._entries.items() if wanted <= e.tags and not e.sealed]
 
-    def view(self) -> Mapping[int, Any]:
-        return _ReadOnlyView(self._entries)
+    def view(self, sealed: bool = True) -> Mapping[int, Any]:
+        """A read-only view of the stored objects (``sealed=False``: the ids of protocol
+        material are listed, but reading one is refused, as a network worker does)."""
+        return _ReadOnlyView(self._entries, sealed)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -146,14 +149,21 @@ class ObjectStore:
 class _ReadOnlyView(Mapping[int, Any]):
     """A read-only mapping of object id -> stored value."""
 
-    def __init__(self, entries: dict[int, Entry]) -> None:
+    def __init__(self, entries: dict[int, Entry], sealed: bool = True) -> None:
         self._entries = entries
+        self._sealed = sealed
 
     def __getitem__(self, key: int) -> Any:
-        return self._entries[key].value
+        e = self._entries[key]
+        if e.sealed and not self._sealed:
+            raise refused("reading it", key)
+        return e.value
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._entries))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
 
     def __len__(self) -> int:
         return len(self._entries)
