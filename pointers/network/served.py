@@ -643,8 +643,8 @@ class WaitingStore(ObjectStore):
         with self._cond:
             return list(self._entries)
 
-    def view(self) -> Mapping[int, Any]:
-        return _Snapshot(self)
+    def view(self, sealed: bool = True) -> Mapping[int, Any]:
+        return _Snapshot(self)  # (the worker's own view: it is never sent to a client)
 
 
 class _Snapshot(Mapping[int, Any]):
