@@ -251,12 +251,26 @@ def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
     return mul_public(rb, a)
 
 
-@register(aten.rsqrt.default)
+@register(aten.rsqrt.default, lazy=True)
 def rsqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """1/sqrt(x) by normalisation and Newton-Raphson (see
-    :func:`mpc.protocols.approx.rsqrt`): 22 rounds, domain [2^-14, 2^16)."""
+    :func:`mpc.protocols.approx.rsqrt`): 22 rounds, domain [2^-14, 2^16). An operand
+    with a truncation pending is read with up to 24 fractional bits instead of 16 (the
+    truncation it pays anyway stops there): a small variance such as RMSNorm's mean of
+    squares keeps its relative precision."""
     x = _shared(func, args[0])
-    return _out(x, approx.rsqrt(_fx(x), _f(x) + 4))
+    return _out(x, approx.rsqrt(_fx_wide(x), _f(x) + 4))
+
+
+def _fx_wide(x: SharedTensor) -> Fx:
+    """x as an Fx, a pending truncation applied only down to approx.WORK bits."""
+    if not x.pending or not x.dtype.is_floating_point:
+        return _fx(x)
+    v = Fx(x.session, list(x.shares), x.frac_bits)
+    if x.frac_bits <= approx.WORK:
+        return v
+    (v,) = approx.truncate_many([v], [max(approx.WORK, x.frac_bits - x.pending)])
+    return v
 
 
 @register(aten.sqrt.default)
