@@ -507,13 +507,18 @@ def w8_secagg(n: int, parties: int = 2, factory: WorkerFactory | None = None) ->
     def plain() -> torch.Tensor:
         return torch.stack([k * u for u, k in zip(updates, counts)]).sum(0) / sum(counts)
 
+    def fresh() -> list[tuple[Any, int]]:
+        # a round's updates: an owner shares each value once (its release rule), so every
+        # run aggregates new tensors (copies made at the data workers: one command each)
+        return [(p.clone(), k) for p, k in sent]
+
     return Workload(
         "W8",
         "secagg",
         size_label(n),
-        run=lambda: aggregator.aggregate(sent),
+        run=lambda: aggregator.aggregate(fresh()),
         plain=plain,
-        check=lambda: {"max_abs_err": _max_abs_err(aggregator.aggregate(sent), plain())},
+        check=lambda: {"max_abs_err": _max_abs_err(aggregator.aggregate(fresh()), plain())},
         workers=ws,
         dealer=None,
         elements=SECAGG_CLIENTS * n,

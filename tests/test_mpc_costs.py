@@ -2,7 +2,7 @@
 
 A protocol change that costs a round, or sends more, fails here, not only in a benchmark.
 The byte figures are the payload each party sends (8-byte ring words; the comparison's
-carry tree packs bits, see mpc/math/bits.py) as measured when this test was written, with a
+carry tree packs bits, see mpc/math/carry4.py) as measured when this test was written, with a
 small allowance for message headers. With n parties every opening goes to n - 1 peers,
 so a party's bytes scale with n - 1; the dealer ships one correction to the last party
 whatever n is.
@@ -30,12 +30,12 @@ N = 4096
 
 # name: (fn, operand shapes, rounds, payload bytes per party with 2 parties; the values a
 # round opens travel packed in one message per peer, so their headers count once). A
-# comparison is 7 rounds: its carry tree's first level is local (the dealer's pair
-# products, mpc/math/bits.py local_first_level); it was 8 rounds and 321,808 bytes for lt.
-# A selection's product [v t] with the daBit opens only e = v - a (the dealer deals
-# c = a t), one word an element where a Beaver product opened two: relu was 256,238,
-# relu of a product 354,610, max over 8 282,055, max pool 192,477 (8 bytes less per
-# selected element).
+# comparison is 4 rounds (issue 25): c, the two rounds of the radix-4 carry tree's
+# multi-input ANDs (its level 0 is local: mpc/math/carry4.py), and d. Each party sends c
+# (8 bytes an element), the masked operands of levels 1 and 2 (4 and 1 bytes) and d (8): 21
+# bytes an element. It was 7 rounds and 190,702 bytes with the radix-2 tree (8 rounds and
+# 321,808 before its first level went local); relu 7 rounds and 223,470 bytes, relu of a
+# product 8 and 321,842, max over 8 21 and 224,711, max pool 14 and 167,901.
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # Beaver: open e and f (2 words), then truncation: open c (1 word)
     "mul": (lambda a, b: a * b, [(N,), (N,)], 2, 3 * 8 * N),
@@ -47,13 +47,13 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
         2,
         8 * (32 * 32 + 4 * 9 + 4 * 30 * 30),
     ),
-    "lt": (lambda a, b: a < b, [(N,), (N,)], 7, 190_702),
-    "relu": (F.relu, [(N,)], 7, 223_470),
-    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 8, 321_842),
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 21, 224_711),
-    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 14, 167_901),
+    "lt": (lambda a, b: a < b, [(N,), (N,)], 4, 21 * N),
+    "relu": (F.relu, [(N,)], 4, 29 * N),
+    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 5, 53 * N),
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 12, 132_610),
+    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 8, 89_089),
 }
-HEADER_ALLOWANCE = 64  # bytes of message headers per round
+HEADER_ALLOWANCE = 80  # bytes of message headers per round
 
 # name: payload bytes the dealer ships (to the last party), whatever the number of parties
 # (lt's were 226,614 with headers before the first level went local):
@@ -64,9 +64,11 @@ DEALER_CASES: dict[str, int] = {
     "mul": (8 + TRUNC_DEALER_BYTES) * N,
     "matmul": (8 + TRUNC_DEALER_BYTES) * 64 * 64,
     "conv2d": (8 + TRUNC_DEALER_BYTES) * 4 * 30 * 30,
-    # r's bits, the daBit both ways (8 bytes each), the pair products of the local first
-    # level (half a word), the c of the five AND levels (2, 1, 1/2, 1/4 words and 1/32)
-    "lt": (24 + 4 + 8 + 4 + 2 + 1) * N + N // 4,
+    # r's bits, the daBit both ways (8 bytes each), the products of ~r's bits in each group
+    # of four that make level 0 local (11 bits per group, packed: 3 words), the products of
+    # the masks of levels 1 and 2 (22 per combination, packed: 1.5 and 3/8 words); it was
+    # 43.25 bytes an element with the radix-2 tree (177,152)
+    "lt": (24 + 24 + 12 + 3) * N,
 }
 DEALER_HEADER_ALLOWANCE = 512  # bytes of message headers of the dealer's few messages
 

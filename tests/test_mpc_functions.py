@@ -332,7 +332,7 @@ def test_transformer_encoder_layer_as_plan(make_worker: Any) -> None:
     mpc.share(layer, alice, bob, crypto_provider=carol)
     example = mpc.share(torch.randn(1, 4, 16), alice, bob, crypto_provider=carol)
     layer_plan = mpc.plan(layer, example)
-    assert layer_plan.rounds > 100
+    assert layer_plan.rounds > 80  # (94 since the comparison takes 4 rounds, issue 25)
     gen = torch.Generator().manual_seed(2)
     outs = []
     for _ in range(3):

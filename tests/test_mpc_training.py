@@ -115,9 +115,9 @@ def test_mlp_step_rounds(group: Any) -> None:
         loss = (d * d).sum() / 8
         loss.backward()
         opt.step()
-    # forward 9 (two products, one 7-round ReLU with its truncation fused), loss 3,
+    # forward 6 (two products, one 4-round ReLU with its truncation fused), loss 3,
     # backward 10 (no comparison), SGD 4 (one truncation per parameter)
-    assert s.rounds == 26
+    assert s.rounds == 23
 
 
 def test_shared_leaf_input_gets_its_grad(group: Any) -> None:

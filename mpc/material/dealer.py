@@ -25,9 +25,8 @@ from mpc.material.streams import (
     consume,
     derive,
     sum_derived,
-    xor_derived,
 )
-from mpc.math import bits
+from mpc.math import carry4
 from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG
 from mpc.math.ring import ring_bilinear
@@ -160,19 +159,21 @@ def dealer_compare(
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
-    random bit t (a "daBit"), its XOR share of the packed products of adjacent bits of ~r
-    that make the carry tree's first level local (:func:`mpc.math.bits.local_first_level`:
-    half a word per element, over the padded element count), then its share c of each
-    other level's binary triple c = a & b (``level_nonces``: one per level 1..5; a and b
-    are derived by every party), then per ``product_nonces`` entry its share of c = a t,
-    a derived by every party: the pair (a, c) turns a product [v t] into one opening of
+    random bit t (a "daBit"), its XOR share of the products of ~r's bits within each group
+    of four that make the radix-4 carry tree's level 0 local (packed, over the padded
+    element count; :mod:`mpc.math.carry4`), then per other level (``level_nonces``: one
+    each, levels 1 and 2) its share of the products of the level's masks (the masks a are
+    derived by every party), then per ``product_nonces`` entry its share of c = a t, a
+    derived by every party: the pair (a, c) turns a product [v t] into one opening of
     e = v - a (see :func:`~mpc.material.party.dabit_product`)."""
     if not (
         isinstance(level_nonces, list)
-        and len(level_nonces) == bits.LEVELS - 1
+        and len(level_nonces) == carry4.LEVELS - 1
         and all(type(v) is int for v in level_nonces)
     ):
-        raise ValueError(f"a comparison takes {bits.LEVELS - 1} level nonces, got {level_nonces!r}")
+        raise ValueError(
+            f"a comparison takes {carry4.LEVELS - 1} level nonces, got {level_nonces!r}"
+        )
     if not (
         isinstance(product_nonces, list)
         and len(product_nonces) <= MAX_SELECTED
@@ -193,19 +194,22 @@ def dealer_compare(
     for s in seeds[:-1]:
         t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
         t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
-    q = bits.pair_products(~r.reshape(-1))
-    words = bits.padded(q.numel())
-    pairs = bits.pack_pairs(torch.cat([q, q.new_zeros(words - q.numel())]))
-    for s in seeds[:-1]:
-        pairs ^= derive(s, nonce, TAG_PAIRS, list(pairs.shape))
-    parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1), pairs]
-    for level_nonce, and_shape in zip(level_nonces, bits.and_shapes(words)):
-        consume(ctx, seeds, level_nonce, TAG_A, TAG_B, TAG_C)
-        c = xor_derived(seeds, level_nonce, TAG_A, and_shape)
-        c &= xor_derived(seeds, level_nonce, TAG_B, and_shape)
-        for s in seeds[:-1]:
-            c ^= derive(s, level_nonce, TAG_C, and_shape)
-        parts.append(c.reshape(-1))
+    y = ~r.reshape(-1)
+    words = carry4.padded(y.numel())
+    y = torch.cat([y, y.new_zeros(words - y.numel())])
+    parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1)]
+    parts.append(_last_share(seeds, nonce, TAG_PAIRS, carry4.bit_monomials(y), 0))
+    count = len(carry4.VARS)
+    for level, level_nonce in enumerate(level_nonces, start=1):
+        consume(ctx, seeds, level_nonce, TAG_A, TAG_C)
+        w = carry4.words(words, level)
+        masks = [torch.zeros(w, dtype=torch.int64) for _ in range(count)]
+        for s in seeds:  # every party's masks (the last party's too: it derives its own)
+            packed = derive(s, level_nonce, TAG_A, [carry4.packed_words(count), w])
+            for k, m in enumerate(carry4.unpack(packed, count, level)):
+                masks[k] ^= m
+        mono = carry4.mask_monomials(masks)
+        parts.append(_last_share(seeds, level_nonce, TAG_C, mono, level))
     for product_nonce in product_nonces:
         consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
         c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
@@ -213,6 +217,19 @@ def dealer_compare(
             c -= derive(s, product_nonce, TAG_C, shape)
         parts.append(c.reshape(-1))
     return torch.cat(parts)
+
+
+def _last_share(
+    seeds: list[torch.Tensor], nonce: int, tag: int, values: list[torch.Tensor], level: int
+) -> torch.Tensor:
+    """The last party's XOR share of aligned ``values``, packed flat: the others derive
+    theirs as packed random words (:func:`mpc.math.carry4.unpack` aligns them)."""
+    shape = [carry4.packed_words(len(values)), values[0].shape[0]]
+    out = list(values)
+    for s in seeds[:-1]:
+        for k, m in enumerate(carry4.unpack(derive(s, nonce, tag, shape), len(values), level)):
+            out[k] = out[k] ^ m
+    return carry4.pack(out, level).reshape(-1)
 
 
 @protocol_function(rules.dealer_fourier)

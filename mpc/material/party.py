@@ -26,7 +26,7 @@ from mpc.material.streams import (
     consume,
     derive,
 )
-from mpc.math import bits
+from mpc.math import carry4
 from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG, SEED_BYTES
 from mpc.math.ring import ring_bilinear
@@ -225,17 +225,17 @@ def cmp_init(
     nonce: int,
     first: bool,
     r_bits: torch.Tensor | None,
-    pairs: torch.Tensor | None,
+    monomials: torch.Tensor | None,
     c: torch.Tensor,
     next_nonce: int,
 ) -> list[torch.Tensor]:
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
-    carry-in folded into bit 0 and bit 63 set to propagate, flattened and padded, after
-    the carry tree's first level, which is local here given the dealer's pair products
-    (``pairs``: the last party's, derived elsewhere; see
-    :func:`mpc.math.bits.local_first_level`); the party's XOR share of
-    msb(c) ^ msb(~r); and the second level's AND operands masked with the binary triple
-    of ``next_nonce`` (see :func:`_mask_level`)."""
+    carry-in folded into bit 0 and bit 63 set to propagate, after the radix-4 carry tree's
+    level 0, which is local here given the dealer's products of ~r's bits within each
+    group of four (``monomials``: the last party's, packed; derived elsewhere; see
+    :mod:`mpc.math.carry4`); the party's XOR share of msb(c) ^ msb(~r); and level 1's
+    operands masked for its multi-input ANDs with the masks of ``next_nonce``
+    (:func:`_mask_level`)."""
     consume(ctx, [seed], nonce, TAG_RBITS, TAG_PAIRS)
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
     if first:
@@ -244,32 +244,34 @@ def cmp_init(
     if first:
         top ^= (c >> 63) & 1
     n = c.numel()
-    words = bits.padded(n)
-    if pairs is None:
-        pairs = derive(seed, nonce, TAG_PAIRS, [words // 2])
-    if list(pairs.shape) != [words // 2]:
-        raise ValueError(f"pair products of shape {list(pairs.shape)} for {n} elements")
+    words = carry4.padded(n)
+    want = [carry4.packed_words(len(carry4.BIT_MONOMIALS)), words]
+    if monomials is None:
+        monomials = derive(seed, nonce, TAG_PAIRS, want)
+    if monomials.numel() != want[0] * want[1]:
+        raise ValueError(f"bit products of {monomials.numel()} words for {n} elements")
     cw, yw = c.reshape(-1), y.reshape(-1)
     if words > n:
         cw = torch.cat([cw, cw.new_zeros(words - n)])
         yw = torch.cat([yw, yw.new_zeros(words - n)])
-    g, p = bits.local_first_level(cw, yw, bits.unpack_pairs(pairs), first)
+    mono = carry4.unpack(monomials.view(want), len(carry4.BIT_MONOMIALS), 0)
+    g, p = carry4.level0(cw, yw, mono, first)
     return [g, p, top, *_mask_level(ctx, seed, next_nonce, g, p, 1)]
 
 
 def _mask_level(
     ctx: Any, seed: torch.Tensor, nonce: int, g: torch.Tensor, p: torch.Tensor, level: int
 ) -> list[torch.Tensor]:
-    """A carry-tree level's AND operands (see :mod:`mpc.math.bits`) masked with the binary
-    triple of ``nonce``: [e | f] flat (opened as one value: e_i = x_i ^ a_i, f_i = y_i ^
-    b_i), a_i and b_i."""
-    if type(level) is not int or not 1 <= level < bits.LEVELS:
-        raise ValueError(f"a carry-tree level is 1 to {bits.LEVELS - 1}, got {level!r}")
-    consume(ctx, [seed], nonce, TAG_A, TAG_B)
-    x, y = bits.level_operands(g, p, level)
-    a = derive(seed, nonce, TAG_A, list(x.shape))
-    b = derive(seed, nonce, TAG_B, list(y.shape))
-    return [torch.cat([(x ^ a).reshape(-1), (y ^ b).reshape(-1)]), a, b]
+    """A carry-tree level's operands (:data:`mpc.math.carry4.VARS`) masked with the random
+    bits a of ``nonce``: e = x ^ a packed flat (opened as one value), and a packed."""
+    if type(level) is not int or not 1 <= level < carry4.LEVELS:
+        raise ValueError(f"a carry-tree level is 1 to {carry4.LEVELS - 1}, got {level!r}")
+    consume(ctx, [seed], nonce, TAG_A)
+    count = len(carry4.VARS)
+    a = derive(seed, nonce, TAG_A, [carry4.packed_words(count), g.shape[0]])
+    masks = carry4.unpack(a, count, level)
+    e = carry4.pack([x ^ m for x, m in zip(carry4.operands(g, p, level), masks)], level)
+    return [e.reshape(-1), a.reshape(-1)]
 
 
 @protocol_function(rules.carry_step)
@@ -280,35 +282,44 @@ def carry_step(
     first: bool,
     c: torch.Tensor | None,
     a: torch.Tensor,
-    b: torch.Tensor,
     ef_pieces: list[torch.Tensor],
     g: torch.Tensor,
     p: torch.Tensor,
     level: int,
     next_nonce: int | None,
 ) -> list[torch.Tensor]:
-    """Finish one carry-tree level's ANDs from [e | f], opened here as the XOR of
-    ``ef_pieces`` (this party's share and the ones the others sent it: no separate
-    opening step), z = c ^ e&b ^ f&a ^ e&f at party 0 (``c``: the dealer's correction at
-    the last party, derived elsewhere); the next (G, P); and, but after the last level,
-    the next level's masked operands (:func:`_mask_level` with ``next_nonce``)."""
+    """Finish one carry-tree level's multi-input ANDs from the masked operands e, opened
+    here as the XOR of ``ef_pieces`` (this party's share and the ones the others sent it: no
+    separate opening step), with this party's masks ``a`` and its shares of the masks'
+    products (``c``: the dealer's, packed, at the last party; derived elsewhere): the next
+    (G, P) (:func:`mpc.math.carry4.combine`); and, but after the last level, the next
+    level's masked operands (:func:`_mask_level` with ``next_nonce``)."""
     ef = _open_pieces(ef_pieces, xor=True)
-    if type(level) is not int or not 1 <= level < bits.LEVELS:
-        raise ValueError(f"a carry-tree level is 1 to {bits.LEVELS - 1}, got {level!r}")
-    last = level == bits.LEVELS - 1
+    if type(level) is not int or not 1 <= level < carry4.LEVELS:
+        raise ValueError(f"a carry-tree level is 1 to {carry4.LEVELS - 1}, got {level!r}")
+    last = level == carry4.LEVELS - 1
     if (next_nonce is None) != last:
         raise ValueError("a next nonce is given for every carry-tree level but the last")
-    if ef.dim() != 1 or ef.numel() != 2 * a.numel() or a.shape != b.shape:
-        raise ValueError("the opened [e | f] must be twice the size of the triple's a and b")
+    w = g.shape[0]
+    count, n_mono = len(carry4.VARS), len(carry4.MONOMIALS)
+    shape_e = [carry4.packed_words(count), w]
+    if ef.numel() != shape_e[0] * w or a.numel() != shape_e[0] * w:
+        raise ValueError("the opened operands and the masks must be two packed words per word")
     consume(ctx, [seed], nonce, TAG_C)
-    e, f = ef.view(2, *a.shape).unbind(0)
-    z = b.bitwise_and(e)
-    z ^= a.bitwise_and(f)
-    if first:
-        z ^= e & f
-    z ^= derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
-    g_new, p_new = bits.level_update(g, z, level)
-    if p_new is None or next_nonce is None:
+    shape_m = [carry4.packed_words(n_mono), w]
+    if c is None:
+        c = derive(seed, nonce, TAG_C, shape_m)
+    if c.numel() != shape_m[0] * w:
+        raise ValueError(f"mask products of {c.numel()} words for {w} words")
+    g_new, p_new = carry4.combine(
+        g,
+        carry4.unpack(a.view(shape_e), count, level),
+        carry4.unpack(ef.view(shape_e), count, level),
+        carry4.unpack(c.view(shape_m), n_mono, level),
+        level,
+        first,
+    )
+    if last or next_nonce is None:
         return [g_new]
     return [g_new, p_new, *_mask_level(ctx, seed, next_nonce, g_new, p_new, level + 1)]
 
@@ -324,7 +335,7 @@ def cmp_bit_mask(
 ) -> torch.Tensor:
     """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i."""
     consume(ctx, [seed], nonce, TAG_T_BIN)
-    carry = bits.unpack_carries(g, top.numel()).view(top.shape)
+    carry = carry4.unpack_carries(g, top.numel()).view(top.shape)
     t = derive(seed, nonce, TAG_T_BIN, list(top.shape)) & 1 if t_bin is None else t_bin
     return carry.bitwise_xor_(top).bitwise_xor_(t)
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from mpc.math import bits
+from mpc.math import carry4
 from pointers.worker.sealing import Label, ProtocolCall, seal
 
 SEED = "seed"
-LEVELS = bits.LEVELS
+LEVELS = carry4.LEVELS
 
 # values opened among the parties: by a sum (arithmetic) or an XOR (binary)
 ADD_OPENED = frozenset({"beaver.ef", "trunc.c", "cmp.c", "dabit.e"})
@@ -208,13 +208,17 @@ def unpack(call: ProtocolCall) -> Any:
     n = 1
     for d in shape:
         n *= d
-    words = bits.padded(n)
-    want = [shape] * 3 + [[words // 2]] + bits.and_shapes(words) + [shape] * len(products)
+    words = carry4.padded(n)
+    tree = [[carry4.packed_words(len(carry4.BIT_MONOMIALS)) * words]] + [
+        [carry4.packed_words(len(carry4.MONOMIALS)) * carry4.words(words, level)]
+        for level in range(1, carry4.LEVELS)
+    ]
+    want = [shape] * 3 + tree + [shape] * len(products)
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's comparison material")
     nonce = label.nonce
     seals = [seal(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
-    seals.append(seal("dealer.cmp.pairs", nonce))
+    seals.append(seal("dealer.cmp.monomials", nonce))
     seals += [seal("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
     seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
     return seals
@@ -229,16 +233,16 @@ def _masked_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: 
     if type(level_nonce) is not int:
         raise call.refuse("a carry-tree level's nonce is an int")
     _links(call)[level_nonce] = comparison
-    return [seal(k, level_nonce, level) for k in ("carry.ef", "carry.a", "carry.b")]
+    return [seal(k, level_nonce, level) for k in ("carry.ef", "carry.a")]
 
 
 def cmp_init(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
-    _party_seed(call, "r_bits", "pairs")
+    _party_seed(call, "r_bits", "monomials")
     rb = call.material("r_bits", "dealer.cmp.rbits", nonce, optional=True, consume=True)
-    pr = call.material("pairs", "dealer.cmp.pairs", nonce, optional=True, consume=True)
-    if (rb is None) != (pr is None):
-        raise call.refuse("the dealer's r bits and pair products go together")
+    mo = call.material("monomials", "dealer.cmp.monomials", nonce, optional=True, consume=True)
+    if (rb is None) != (mo is None):
+        raise call.refuse("the dealer's r bits and bit products go together")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
     out = [seal("cmp.g", nonce, 1), seal("cmp.p", nonce, 1), seal("cmp.top", nonce)]
     return out + _masked_level(call, nonce, call.value("next_nonce"), 1)
@@ -255,11 +259,10 @@ def carry_step(call: ProtocolCall) -> Any:
     c = call.args.get("c")
     if c is not None and c.label is not None and c.label.index != level:
         raise call.refuse("the dealer's AND correction is for another level")
-    for name in ("a", "b"):
-        lb = call.material(name, f"carry.{name}", nonce, local=True, consume=True)
-        assert lb is not None
-        if lb.index != level:
-            raise call.refuse(f"parameter {name!r} belongs to another level")
+    lb = call.material("a", "carry.a", nonce, local=True, consume=True)
+    assert lb is not None
+    if lb.index != level:
+        raise call.refuse("parameter 'a' belongs to another level")
     pieces = call.pieces("ef_pieces")
     if (pieces[0].kind, pieces[0].nonce, pieces[0].index) != ("carry.ef", nonce, level):
         raise call.refuse("parameter 'ef_pieces' takes this level's masked operands")

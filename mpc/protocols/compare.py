@@ -1,21 +1,18 @@
 """Comparison: the most significant bit of a shared ring element, for any number of parties.
 
-msb([x]) with a dealer (7 rounds):
+msb([x]) with a dealer (4 rounds):
 1. Dealer: r uniform, shared additively [r] and bitwise <r> (XOR shares of the 64-bit
    word), and a random bit t shared both ways (a daBit).
 2. Open c = x + r (round 1). Then x = c - r = c + ~r + 1 over 64 bits, so
    msb(x) = msb(c) ^ msb(~r) ^ carry_63, where carry_63 is the carry into bit 63.
-3. Generate g = c & ~r and propagate p = c ^ ~r are local XOR shares (c is public);
-   a binary tree of (G, P) group combinations gives the carry into bit 63 in
-   log2(64) = 6 levels. The first is local: the dealer also deals the products of
-   adjacent bits of ~r, which make its ANDs linear in the shares
-   (:func:`mpc.math.bits.local_first_level`); each other level is one round of binary
-   Beaver ANDs (rounds 2-6). After each
-   level the surviving bits are compacted and two words packed into one
-   (:mod:`mpc.math.bits`), so the levels AND n, n/2, n/4, ... words: about 4 words per
-   element in all.
+3. Generate g = c & ~r and propagate p = c ^ ~r are affine in the XOR-shared bits of ~r
+   (c is public); a radix-4 tree of (G, P) group combinations gives the carry into bit 63
+   in 3 levels (:mod:`mpc.math.carry4`). Level 0 is local: the dealer also deals the
+   products of ~r's bits within each group of four. Levels 1 and 2 are one round each of
+   multi-input ANDs (rounds 2-3): the parties open their operands masked with random bits,
+   and the dealer deals the products of the masks the combination needs.
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
-   (round 7), [msb(x)] = d + (1 - 2d)[t].
+   (round 4), [msb(x)] = d + (1 - 2d)[t].
 Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
 Cf. CrypTen's A2B + carry-lookahead comparison. daBits: Rotaru and Wood, INDOCRYPT 2019;
 opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 2020 (edaBits).
@@ -29,7 +26,7 @@ import torch
 
 from mpc.material import TAG_T_ARITH
 from mpc.material.dealer import MAX_SELECTED
-from mpc.math import bits
+from mpc.math import carry4
 from mpc.protocols.arith import (
     I64,
     Round,
@@ -45,7 +42,7 @@ from mpc.session import Session
 
 
 def msb(session: Session, x: Shares) -> Shares:
-    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 7 rounds."""
+    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds."""
     run = _MsbRun(session, x, [])
     return run.finish_bit()
 
@@ -53,7 +50,7 @@ def msb(session: Session, x: Shares) -> Shares:
 def select_by_msb(
     session: Session, x: Shares, values: list[Shares], complement: bool = False
 ) -> list[Shares]:
-    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 7 rounds.
+    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 4 rounds.
 
     The products ride on the daBit: with d = msb(x) ^ t opened in the last round,
     msb(x) = d + (1 - 2d) t, so v * msb(x) = d v + (1 - 2d) [v t]; the Beaver product
@@ -65,7 +62,7 @@ def select_by_msb(
 
 
 def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
-    """[relu(z >> bits)] in 7 rounds, for a product z not yet truncated.
+    """[relu(z >> bits)] in 4 rounds, for a product z not yet truncated.
 
     The comparison runs on z itself (same sign as z >> bits, up to the one-unit rounding
     of the truncation); the truncation's opening shares the comparison's first round and
@@ -120,11 +117,11 @@ class _MsbRun:
         # (a, a t) of the products [v t] (one nonce each), split at the last party by one
         # unpack once round 1 has left: nothing of the dealer's is needed before it
         n = _numel(shape)
-        words = bits.padded(n)
-        level_nonces = [session.next_nonce() for _ in range(bits.LEVELS - 1)]
-        level_shapes = bits.and_shapes(words)
+        words = carry4.padded(n)
+        level_nonces = [session.next_nonce() for _ in range(carry4.LEVELS - 1)]
         product_nonces = [session.next_nonce() for _ in range(selected)]
-        shapes = [shape] * 3 + [[words // 2]] + level_shapes + [shape] * selected
+        packed = _packed_shapes(words)
+        shapes = [shape] * 3 + packed + [shape] * selected
         (corr,) = deal(
             session,
             "comparison of secret values",
@@ -148,8 +145,8 @@ class _MsbRun:
 
         last_party = session.parties[-1]
         dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
-        r_bits_last, self.t_arith_last, t_bin_last, pairs_last, *rest = dealt
-        and_last, c_products = rest[: bits.LEVELS - 1], rest[bits.LEVELS - 1 :]
+        r_bits_last, self.t_arith_last, t_bin_last, mono_last, *rest = dealt
+        and_last, c_products = rest[: carry4.LEVELS - 1], rest[carry4.LEVELS - 1 :]
         t = self._t_shares() if selected else []
         self.t = t
         self.vt = [
@@ -162,19 +159,19 @@ class _MsbRun:
             self.values.append(truncated)
             late.append(_TProduct(session, product_nonces[-1], truncated))
 
-        # generate / propagate words of c - r after the local first level of the carry
-        # tree, masked for the second; then rounds 2-6: its other five levels, each step
-        # finishing one level's ANDs and masking the next's (one call per party and level)
-        r_bits, pairs = last_only(session, r_bits_last), last_only(session, pairs_last)
-        words //= 2
-        g, p, top, ef, a, b = at_parties(
+        # generate / propagate words of c - r after the radix-4 tree's local level 0,
+        # masked for level 1; then rounds 2-3: levels 1 and 2, each step finishing one
+        # level's multi-input ANDs and masking the next's (one call per party and level)
+        r_bits, mono = last_only(session, r_bits_last), last_only(session, mono_last)
+        words //= 4
+        g, p, top, ef, a = at_parties(
             session,
             "mpc.cmp_init",
-            lambda i: [seed[i], nonce, i == 0, r_bits(i), pairs(i), c.value[i], level_nonces[0]],
-            [([words], I64), ([words], I64), (shape, I64)] + _masked(level_shapes[0]),
+            lambda i: [seed[i], nonce, i == 0, r_bits(i), mono(i), c.value[i], level_nonces[0]],
+            [([words], I64), ([words], I64), (shape, I64)] + _masked(words),
         )
-        for k, level in enumerate(range(1, bits.LEVELS)):
-            last_level = level == bits.LEVELS - 1
+        for k, level in enumerate(range(1, carry4.LEVELS)):
+            last_level = level == carry4.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
             late_openings = [ride.add(prod.e) for prod in late] if level == 1 else []
             ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
@@ -185,12 +182,12 @@ class _MsbRun:
             corr_c = last_only(session, and_last[k])
             next_nonce = None if last_level else level_nonces[k + 1]
             if not last_level:
-                words //= 2
+                words //= 4
             out = [([words], I64)] if last_level else [([words], I64)] * 2
-            out += [] if last_level else _masked(level_shapes[k + 1])
+            out += [] if last_level else _masked(words)
 
             step_args = [
-                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], b[i], ef_pieces[i]]
+                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], ef_pieces[i]]
                 + [g[i], p[i], level, next_nonce]
                 for i in range(session.n)
             ]
@@ -198,9 +195,9 @@ class _MsbRun:
             if last_level:
                 (g,) = outs
             else:
-                g, p, ef, a, b = outs
+                g, p, ef, a = outs
 
-        # round 7: open d = msb(x) ^ t
+        # round 4: open d = msb(x) ^ t
         t_bin = last_only(session, t_bin_last)
         (d,) = at_parties(
             session,
@@ -208,9 +205,9 @@ class _MsbRun:
             lambda i: [seed[i], nonce, t_bin(i), g[i], top[i]],
             [(shape, I64)],
         )
-        round8 = Round(session, xor=True)
-        opened_d = round8.add(d)
-        round8.open()
+        last_round = Round(session, xor=True)
+        opened_d = last_round.add(d)
+        last_round.open()
         self.d = opened_d.value
 
     def _t_shares(self) -> Shares:
@@ -290,10 +287,20 @@ class _TProduct:
         return vt
 
 
-def _masked(and_shape: list[int]) -> list[tuple[Any, torch.dtype]]:
-    """Output metadata of a masking step: e and f packed flat (opened as one value),
-    then the triple's a and b."""
-    return [([2 * _total([and_shape])], I64), (and_shape, I64), (and_shape, I64)]
+def _masked(words: int) -> list[tuple[Any, torch.dtype]]:
+    """Output metadata of a masking step: the masked operands e packed flat (opened as one
+    value), then the masks a, packed likewise."""
+    packed = carry4.packed_words(len(carry4.VARS)) * words
+    return [([packed], I64), ([packed], I64)]
+
+
+def _packed_shapes(words: int) -> list[list[int]]:
+    """The dealer's carry-tree material at the last party: level 0's bit products, then
+    each other level's mask products (packed words, flat)."""
+    out = [[carry4.packed_words(len(carry4.BIT_MONOMIALS)) * words]]
+    for level in range(1, carry4.LEVELS):
+        out.append([carry4.packed_words(len(carry4.MONOMIALS)) * carry4.words(words, level)])
+    return out
 
 
 def _total(shapes: list[list[int]]) -> int:

@@ -1,0 +1,306 @@
+"""The comparison's carry tree in radix 4, on packed int64 words (no I/O).
+
+msb(x) for x = c - r needs the carry into bit 63 of c + ~r + 1, the generate bit G of the
+group [0, 63] (bit 63 set to "propagate", the carry-in 1 folded into bit 0). With c public
+and y = ~r XOR-shared, every bit's generate and propagate are affine in one secret bit:
+g_i = alpha_i ^ beta_i y_i, p_i = c_i ^ y_i. Groups combine four at a time:
+
+    G = G3 ^ P3 G2 ^ P3 P2 G1 ^ P3 P2 P1 G0,    P = P3 P2 P1 P0.
+
+A product of affine factors in distinct secret bits expands into monomials of those bits
+with public coefficients (:func:`expand`), so given XOR shares of the monomials a radix-4
+combination is *local*:
+
+* level 0 (64 bits -> 16 groups): the dealer deals the monomials of y's bits within each
+  group of four (11 of them: every subset of two or more bits), so the level needs no round;
+* levels 1 and 2 (16 -> 4 -> 1): each is one round of a multi-input AND: the parties open
+  their operands masked with random bits a (e = x ^ a), and x = e ^ a is affine in a with the
+  public e, so the products expand into monomials of the masks, which the dealer deals (22
+  of them per combination). Cf. the preprocessed mask products of ABY2.0's multi-input AND
+  gates (Patra et al., USENIX Security 2021).
+
+So the carry costs two rounds after c is opened (six with radix 2). Between levels four
+words are interleaved into one (their used bit positions are disjoint), so level 1 works on
+a quarter of the words and level 2 on a sixteenth.
+
+Layout. Level 0 works on one word per element, groups at bit positions 4k. Level L >= 1
+works on ``words(n, L)`` words whose used positions are ``MASKS[L]`` and whose groups sit
+``SPACING[L]`` bits apart (4, then 16); after level 2 bit ``s`` of word ``w`` holds the carry
+of element :func:`element_of`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+import torch
+
+LEVELS = 3  # level 0 (local), then two rounds
+PAD = 32  # element count multiple (a multiple of 16 keeps the interleaving even)
+ONES = -1
+
+_LOW63 = (1 << 63) - 1
+_TOP = -(1 << 63)
+
+
+def _mask(keep: int, period: int) -> int:
+    m = 0
+    for pos in range(64):
+        if pos % period < keep:
+            m |= 1 << pos
+    return m - (1 << 64) if m >= 1 << 63 else m
+
+
+# level 0: group bases at multiples of 4; level 1: offsets 0-3 of each 16-bit block (four
+# interleaved slots); level 2: bits 0-15 (sixteen slots)
+MASKS = (_mask(1, 4), _mask(4, 16), _mask(16, 64))
+SPACING = (1, 4, 16)  # bits between the four groups a level combines
+
+# the combination's variables (levels 1 and 2): G3 enters linearly, the others in products
+VARS = ("G0", "G1", "G2", "P0", "P1", "P2", "P3")
+PRODUCTS = (("P3", "G2"), ("P3", "P2", "G1"), ("P3", "P2", "P1", "G0"))
+P_PRODUCT = ("P3", "P2", "P1", "P0")
+
+
+def _subsets(factors: tuple[str, ...]) -> list[frozenset[str]]:
+    return [frozenset(t) for k in range(2, len(factors) + 1) for t in combinations(factors, k)]
+
+
+def _monomials() -> tuple[frozenset[str], ...]:
+    seen: list[frozenset[str]] = []
+    for prod in (*PRODUCTS, P_PRODUCT):
+        for t in _subsets(prod):
+            if t not in seen:
+                seen.append(t)
+    return tuple(seen)
+
+
+MONOMIALS = _monomials()  # the 22 mask products a level's combination needs
+BIT_MONOMIALS = tuple(_subsets(("y0", "y1", "y2", "y3")))  # level 0: 11 products of y bits
+
+
+def padded(n: int) -> int:
+    return -(-max(n, 1) // PAD) * PAD
+
+
+def words(n_pad: int, level: int) -> int:
+    """Words per level-``level`` operand for ``n_pad`` padded elements."""
+    return n_pad >> (2 * level)
+
+
+def packed_words(count: int) -> int:
+    """Words that hold ``count`` aligned values packed four to a word."""
+    return -(-count // 4)
+
+
+def pack(aligned: list[torch.Tensor], level: int) -> torch.Tensor:
+    """Values aligned on ``MASKS[level]`` packed four to a word (the free offsets of the
+    positions each uses), stacked: shape [packed_words(len), words]. Linear over XOR."""
+    shift = 1 if level == 0 else SPACING[level]
+    out = []
+    for k in range(0, len(aligned), 4):
+        w = aligned[k]
+        for j, v in enumerate(aligned[k + 1 : k + 4], start=1):
+            w = w ^ (v << (j * shift))
+        out.append(w)
+    return torch.stack(out)
+
+
+def unpack(packed: torch.Tensor, count: int, level: int) -> list[torch.Tensor]:
+    """The ``count`` aligned values :func:`pack` packed (any words: e.g. random ones)."""
+    shift = 1 if level == 0 else SPACING[level]
+    mask = MASKS[level]
+    return [(packed[k // 4] >> ((k % 4) * shift)) & mask for k in range(count)]
+
+
+# -- polynomials in secret bits with public word coefficients ----------------------------
+
+Poly = dict[frozenset[str], "torch.Tensor | int"]
+
+
+def expand(factors: list[tuple[torch.Tensor | int, torch.Tensor | int | None, str]]) -> Poly:
+    """The product of affine factors k ^ m v (public words k and m, m None for all ones, v a
+    secret bit named by the string), each in its own variable, as monomial -> coefficient."""
+    poly: Poly = {frozenset(): ONES}
+    for k, m, v in factors:
+        out: Poly = {}
+        for t, coef in poly.items():
+            _xor_into(out, t, coef & k)
+            _xor_into(out, t | {v}, coef if m is None else coef & m)
+        poly = out
+    return poly
+
+
+def _xor_into(poly: Poly, t: frozenset[str], value: torch.Tensor | int) -> None:
+    old = poly.get(t)
+    poly[t] = value if old is None else old ^ value
+
+
+def add(*polys: Poly) -> Poly:
+    out: Poly = {}
+    for p in polys:
+        for t, coef in p.items():
+            _xor_into(out, t, coef)
+    return out
+
+
+def evaluate(poly: Poly, shares: dict[frozenset[str], torch.Tensor], first: bool) -> torch.Tensor:
+    """This party's XOR share of the polynomial from its shares of the monomials (the
+    constant term at the first party)."""
+    out: torch.Tensor | None = None
+    for t, coef in poly.items():
+        if not t:
+            if not first:
+                continue
+            term = coef if isinstance(coef, torch.Tensor) else None
+            if term is None:
+                continue  # (a constant coefficient is never produced: c is a word)
+        else:
+            term = shares[t] & coef
+        out = term if out is None else out ^ term
+    assert out is not None
+    return out
+
+
+# -- level 0: local, from the public c and the dealer's monomials of y's bits --------------
+
+
+def bit_factors(
+    c: torch.Tensor, j: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor, str], tuple[torch.Tensor, None, str]]:
+    """(g, p) of relative bit j of every group of four, as affine factors in y_j, aligned on
+    the groups' bases: g = alpha ^ beta y (alpha = beta = 0 but at bit 0, where the carry-in
+    1 is folded in: g_0 = c_0 | y_0 = c_0 ^ ~c_0 y_0; at bit 63 g = 0), p = c ^ y (bit 63:
+    c read as 1, y as 0)."""
+    m0 = MASKS[0]
+    alpha = c & 1
+    beta = (c ^ 1) & _LOW63
+    cp = c | _TOP
+    v = f"y{j}"
+    return ((alpha >> j) & m0, (beta >> j) & m0, v), ((cp >> j) & m0, None, v)
+
+
+def level0_polys(c: torch.Tensor) -> tuple[Poly, Poly]:
+    """G and P of every group of four bits as polynomials in y's bits (public coefficients)."""
+    f = [bit_factors(c, j) for j in range(4)]
+    g = [x[0] for x in f]
+    p = [x[1] for x in f]
+    big_g = add(
+        expand([g[3]]), expand([p[3], g[2]]), expand([p[3], p[2], g[1]]),
+        expand([p[3], p[2], p[1], g[0]]),
+    )  # fmt: skip
+    big_p = expand([p[3], p[2], p[1], p[0]])
+    return big_g, big_p
+
+
+def level0(
+    c: torch.Tensor, y: torch.Tensor, monomials: list[torch.Tensor], first: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This party's XOR shares of (G, P) after level 0, interleaved for level 1, from the
+    public c, its share y of ~r (bit 63 ignored) and its shares of :data:`BIT_MONOMIALS`
+    (aligned on the groups' bases). All flat, one word per padded element."""
+    yp = y & _LOW63
+    shares = {frozenset({f"y{j}"}): (yp >> j) & MASKS[0] for j in range(4)}
+    shares.update(zip(BIT_MONOMIALS, monomials))
+    big_g, big_p = level0_polys(c)
+    return interleave(evaluate(big_g, shares, first), 0), interleave(
+        evaluate(big_p, shares, first), 0
+    )
+
+
+def bit_monomials(y: torch.Tensor) -> list[torch.Tensor]:
+    """The dealer's :data:`BIT_MONOMIALS` of y = ~r (bit 63 read as 0), aligned."""
+    yp = y & _LOW63
+    bits = {f"y{j}": (yp >> j) & MASKS[0] for j in range(4)}
+    out = []
+    for t in BIT_MONOMIALS:
+        it = iter(sorted(t))
+        m = bits[next(it)]
+        for v in it:
+            m = m & bits[v]
+        out.append(m)
+    return out
+
+
+# -- levels 1 and 2: a round of multi-input ANDs each ---------------------------------------
+
+
+def operands(g: torch.Tensor, p: torch.Tensor, level: int) -> list[torch.Tensor]:
+    """The combination's variables (:data:`VARS` order) aligned on its output positions."""
+    shift, mask = SPACING[level], MASKS[level]
+    out = []
+    for name in VARS:
+        src = g if name[0] == "G" else p
+        out.append((src >> (int(name[1]) * shift)) & mask)
+    return out
+
+
+def combine(
+    g: torch.Tensor,
+    masks: list[torch.Tensor],
+    opened: list[torch.Tensor],
+    monomials: list[torch.Tensor],
+    level: int,
+    first: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This party's shares of the combined (G, P) of ``level`` from its share of G (for the
+    linear G3), its shares of the masks a of :data:`VARS`, the opened e = x ^ a, and its
+    shares of the masks' :data:`MONOMIALS`; interleaved for the next level (not after the
+    last)."""
+    e = dict(zip(VARS, opened))
+    shares = {frozenset({v}): a for v, a in zip(VARS, masks)}
+    shares.update(zip(MONOMIALS, monomials))
+
+    def prod(names: tuple[str, ...]) -> Poly:
+        return expand([(e[v], None, v) for v in names])
+
+    big_g = evaluate(add(*(prod(x) for x in PRODUCTS)), shares, first)
+    big_g ^= (g >> (3 * SPACING[level])) & MASKS[level]  # G3
+    big_p = evaluate(prod(P_PRODUCT), shares, first)
+    if level == LEVELS - 1:
+        return big_g, big_p
+    return interleave(big_g, level), interleave(big_p, level)
+
+
+def mask_monomials(masks: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The dealer's :data:`MONOMIALS` of the full masks (aligned)."""
+    a = dict(zip(VARS, masks))
+    out = []
+    for t in MONOMIALS:
+        it = iter(sorted(t))
+        m = a[next(it)]
+        for v in it:
+            m = m & a[v]
+        out.append(m)
+    return out
+
+
+def interleave(x: torch.Tensor, level: int) -> torch.Tensor:
+    """(4m,) -> (m,): the four quarters in one word, quarter q shifted by q times the
+    level's free offset (XOR, so linear on shares)."""
+    m = x.shape[0] // 4
+    shift = 1 if level == 0 else SPACING[level]
+    out = x[:m].clone()
+    for q in range(1, 4):
+        out ^= x[q * m : (q + 1) * m] << (q * shift)
+    return out
+
+
+@lru_cache(maxsize=64)
+def element_of(n_pad: int) -> torch.Tensor:
+    """After level 2, bit s (0-15) of word w holds the carry of element element_of[w, s]."""
+    w = n_pad // 16
+    word = torch.arange(w, dtype=torch.int64).view(w, 1)
+    s = torch.arange(16, dtype=torch.int64).view(1, 16)
+    # bit 4q + r: level-1 word w + q (n_pad / 16), slot r of it: element + r (n_pad / 4)
+    return word + (s // 4) * w + (s % 4) * (n_pad // 4)
+
+
+def unpack_carries(g: torch.Tensor, n: int) -> torch.Tensor:
+    """The per-element carry bits (0/1 int64, shape (n,)) from the final words."""
+    n_pad = g.shape[0] * 16
+    bits = (g.view(-1, 1) >> torch.arange(16, dtype=torch.int64)) & 1
+    out = torch.empty(n_pad, dtype=torch.int64)
+    out[element_of(n_pad).reshape(-1)] = bits.reshape(-1)
+    return out[:n]
