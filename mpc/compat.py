@@ -8,8 +8,9 @@
 * ``x_ptr.share(...)`` / ``x_ptr.fix_precision().share(...)``: :func:`share_remote`, the
   worker holding the value splits it (the client never sees it).
 * ``shared.copy()``: a new sharing of the same value (the parties copy their shares).
-* ``shared.max(dim=0)``: values and indices, with ``.get()`` on the pair (PySyft users call
-  ``.get()`` on the result).
+* ``shared.max(dim=0)``: torch's (values, indices) pair of shared tensors; its ``.get()``
+  gives the values, as PySyft's ``shared.max(dim=0).get()`` did (``.indices.get()`` the
+  indices).
 """
 
 from __future__ import annotations
@@ -99,13 +100,16 @@ def share_remote(
 
 
 class MaxResult(NamedTuple):
-    """``shared.max(dim)``: shared values and indices; ``.get()`` reconstructs both."""
+    """``shared.max(dim)``: shared values and indices, as torch's pair (``values, indices =
+    x.max(dim=0)``). ``.get()`` reconstructs the values, as PySyft's
+    ``x.max(dim=0).get()`` did (PySyft's max over a dimension gave the values only);
+    ``.indices.get()`` gives the indices."""
 
     values: Any
     indices: Any
 
     def get(self) -> Any:
-        return torch.return_types.max((self.values.get(), self.indices.get()))
+        return self.values.get()
 
 
 def _shared_max(self: SharedTensor, *args: Any, **kwargs: Any) -> Any:

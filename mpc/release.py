@@ -12,9 +12,12 @@ ordinary share of the sum, which the client may open. Each party checks this on 
 so whatever the client sends to whom, what it can open are sums over groups of at least
 k owners (a party's share of one owner's value is uniformly random on its own).
 
-On the client, an :class:`OwnedShared` refuses ``get()`` and every op but ``+`` with
-other owned values; ``a + b + c`` is an :class:`OwnedSum`, whose ``get()`` runs the
-release at every party and opens the sum.
+On the client, an :class:`OwnedShared` refuses every op but ``+`` with other owned
+values; ``a + b + c`` is an :class:`OwnedSum`, whose ``get()`` runs the release at every
+party and opens the sum. ``a.get()`` is PySyft's fetch of the shared tensor (Part 10's
+``encrypted_param.get()``): it returns the value *still shared*, an :class:`OwnedShared`
+marked fetched, and moves and reveals nothing; ``get()`` on that, which would open the one
+owner's value, raises :class:`ReleaseRuleError`, as does ``float_precision()``.
 
 What this does not cover: a client that drives the data owner's worker can still fetch
 the owner's *own* objects there (a data owner's policy for its raw data is not there
@@ -43,12 +46,44 @@ class OwnedShared(SharedTensor):
 
     owner: str
     min_owners: int
+    #: ``get()`` was called: this is the value fetched still shared (PySyft's semantics)
+    fetched: bool
 
-    def get(self) -> torch.Tensor:
+    def get(self) -> OwnedShared:  # type: ignore[override]
+        """PySyft's ``encrypted.get()`` on a value its owner shared: the value, still
+        shared (the pointers to its shares, which the client holds already): nothing moves
+        and nothing opens. Opening it, ``get()`` again, raises :class:`ReleaseRuleError`:
+        add it to other owners' values and open the sum, ``(a + b).get()``."""
+        if self.fetched:
+            raise ReleaseRuleError(
+                f"this value was shared by its owner at worker {self.owner!r}, and get() "
+                "brought it here still shared (as PySyft's did): opening it would reveal that "
+                f"one owner's value. Its release rule opens only a sum of at least "
+                f"{self.min_owners} owners' values: (a + b).get() for values of two owners "
+                "(docs/security.md, release rules)"
+            )
+        return owned(
+            self.shares,
+            self.session,
+            self.frac_bits,
+            self.dtype,
+            self.owner,
+            self.min_owners,
+            fetched=True,
+        )
+
+    def float_precision(self) -> torch.Tensor:
         raise ReleaseRuleError(
-            f"this value was shared by its owner at worker {self.owner!r}: its release rule "
-            f"opens only a sum of at least {self.min_owners} owners' values, e.g. "
-            "(a + b).get() for values of two owners (docs/security.md, release rules)"
+            f"this value, shared by its owner at worker {self.owner!r}, is still shared: "
+            "decode the opened sum of owners' values instead, (a + b).get().float_precision()"
+        )
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        state = ", fetched" if self.fetched else ""
+        return (
+            f"OwnedShared(shape={tuple(self.shape)}, owner={self.owner!r}, parties="
+            f"{[p.id for p in self.session.parties]}, frac_bits={self.frac_bits}{state}: "
+            f"opens only in a sum of at least {self.min_owners} owners' values)"
         )
 
     def __add__(self, other: Any) -> OwnedSum:  # type: ignore[override]
@@ -126,6 +161,7 @@ def owned(
     dtype: torch.dtype,
     owner: str,
     min_owners: int,
+    fetched: bool = False,
 ) -> OwnedShared:
     s0 = shares[0]
     t = torch.Tensor._make_wrapper_subclass(
@@ -138,7 +174,7 @@ def owned(
     )
     t.shares, t.session, t.frac_bits, t.pending = shares, session, frac_bits, 0
     t.views_of_pending, t.keep_alive = False, None
-    t.owner, t.min_owners = owner, min_owners
+    t.owner, t.min_owners, t.fetched = owner, min_owners, fetched
     return t  # type: ignore[no-any-return]
 
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # the lazily loaded names (_LAZY, __getattr__), for type chec
         fedavg,
     )
     from pointers.network import NetworkWorker, connect
-    from pointers.pysyft_sandbox import create_sandbox, sandbox
+    from pointers.pysyft_sandbox import PrivateGridNetwork, create_sandbox, sandbox
 
     local_worker: Any  # pointers.compat.local_worker(), made on each access
 
@@ -106,6 +106,7 @@ __all__ = [
     "connect",
     "BaseDataset",
     "create_sandbox",
+    "PrivateGridNetwork",
     "local_worker",
     "sandbox",
 ]
@@ -124,6 +125,7 @@ _LAZY = {
     "WorkerDataset": "pointers.federated.datasets",
     "connect": "pointers.network",
     "create_sandbox": "pointers.pysyft_sandbox",
+    "PrivateGridNetwork": "pointers.pysyft_sandbox",
     "sandbox": "pointers.pysyft_sandbox",
     "NetworkWorker": "pointers.network",
 }

@@ -9,6 +9,10 @@ PySyft-compatible and maps onto our own vocabulary (docs/coming-from-pysyft.md):
 * ``model.copy()``, ``model.move(worker)``: a copy of a (possibly sent) model; a move.
 * ``VirtualWorker(hook, id="bob")``: PySyft's signature (the hook is dropped);
   :class:`Optims`, one optimizer per worker.
+* ``worker.search(["#a", "#b"])`` (a list, as well as ``search("#a", "#b")``), the found
+  pointers carrying ``.tags`` and ``.description``; ``x.describe(text)``;
+  ``worker._tensors`` (the tensors it stores, protocol material listed but not readable);
+  ``me.request_search(tags, location=worker)`` (tensors and protocols found there).
 * ``x.fix_precision()`` / ``x.float_precision()``: :class:`FixedPrecisionTensor`, an
   explicit fixed-point encoding that ``share(...)`` accepts (on a pointer: a pointer marked
   with the precision, so that its worker encodes and shares it); ``model.fix_precision()``
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import copy as _copy
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -57,6 +62,91 @@ def local_worker() -> Any:
 def objects_view(worker: Any) -> Any:
     """PySyft's ``worker._objects``: the read-only view ``worker.objects``."""
     return worker.objects
+
+
+def tensors_view(worker: Any) -> Mapping[int, Any]:
+    """PySyft's ``worker._tensors``: the tensors ``worker`` stores (id -> tensor), read-only.
+    Protocol material (sealed) is listed, as ``worker.objects`` lists it, but reading one is
+    refused; stored objects that are not tensors are left out."""
+    return _TensorsView(worker.objects)
+
+
+class _TensorsView(Mapping[int, Any]):
+    def __init__(self, objects: Mapping[int, Any]) -> None:
+        self._objects = objects
+
+    def _listed(self, key: int) -> bool:
+        try:
+            return isinstance(self._objects[key], torch.Tensor)
+        except KeyError:
+            return False
+        except Exception:  # sealed: listed, its value refused (as in worker.objects)
+            return True
+
+    def __getitem__(self, key: int) -> Any:
+        value = self._objects[key]  # (a sealed object: refused here)
+        if not isinstance(value, torch.Tensor):
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([k for k in self._objects if self._listed(k)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"TensorsView({len(self)} tensors: {list(self)[:10]})"
+
+
+def _search_query(query: tuple[Any, ...]) -> tuple[str, ...]:
+    if len(query) == 1 and isinstance(query[0], list | tuple):  # PySyft: search(["#a", "#b"])
+        query = tuple(query[0])
+    if not query or not all(isinstance(q, str) for q in query):
+        raise TypeError("search() takes one or more tag strings, or a list of them")
+    return query
+
+
+def worker_search(worker: Any, *query: Any) -> list[PointerTensor]:
+    """``worker.search("#a", "#b")`` or PySyft's ``worker.search(["#a", "#b"])``: pointers
+    to the stored tensors carrying every tag, each with its ``.tags`` and ``.description``
+    (PySyft's ``results[0].description``). The pointers do not own the objects."""
+    from pointers.wire.messages import Search
+    from pointers.wire.serde import dtype_from_name
+
+    found = worker.request(Search(list(_search_query(query))))
+    out = []
+    for i, shape, stride, dt, tags, description in found:
+        p = PointerTensor.from_meta(worker, i, shape, stride, dtype_from_name(dt), owned=False)
+        p.tags, p.description = set(tags), description  # type: ignore[attr-defined]
+        out.append(p)
+    return out
+
+
+def request_search(me: Any, query: Any, location: Any) -> list[Any]:
+    """PySyft's ``me.request_search(["tag"], location=james)``: pointers to what ``location``
+    stores under every tag in ``query``: a protocol as a pointer to the protocol (its
+    ``.get()`` gives the :class:`~pointers.Protocol`), a tensor as a pointer to it."""
+    from pointers.plans.protocol import PROTOCOL_TAG, PointerProtocol
+
+    if isinstance(query, str):
+        query = [query]
+    out: list[Any] = []
+    for p in worker_search(location, *_search_query(tuple(query))):
+        is_protocol = PROTOCOL_TAG in p.tags  # type: ignore[attr-defined]
+        out.append(PointerProtocol(p) if is_protocol else p)
+    return out
+
+
+def describe(x: Any, description: str) -> Any:
+    """PySyft's ``x.describe(text)``: a description that ``worker.search`` results carry;
+    returns ``x``."""
+    if not isinstance(description, str):
+        raise TypeError("describe() takes a string")
+    if isinstance(x, PointerTensor):
+        return x.tag(description=description)
+    x.description = description
+    return x
 
 
 def pointer_owner(ptr: PointerTensor) -> Any:
@@ -248,6 +338,8 @@ def _accepting_pysyft_signature(init: Any) -> Any:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if args and _is_hook(args[0]):
             args = args[1:]
+        if "hook" in kwargs and _is_hook(kwargs["hook"]):  # VirtualWorker(id=..., hook=hook)
+            del kwargs["hook"]
         elif args and not isinstance(args[0], str) and "id" in kwargs:
             raise TypeError(
                 "VirtualWorker(hook, id=...) expects the object pointers.hook(torch) returns "
@@ -305,6 +397,10 @@ def install() -> None:
     from pointers.worker.base import VirtualWorker, Worker
 
     Worker._objects = property(objects_view)  # type: ignore[attr-defined]
+    Worker._tensors = property(tensors_view)  # type: ignore[attr-defined]
+    Worker.request_search = request_search  # type: ignore[attr-defined]
+    if VirtualWorker.search is not worker_search:
+        VirtualWorker.search = worker_search  # type: ignore[method-assign, assignment]
     PointerTensor.owner = property(pointer_owner)  # type: ignore[attr-defined]
     if not hasattr(Worker, "is_client_worker"):
         Worker.is_client_worker = False  # type: ignore[attr-defined]

@@ -74,7 +74,7 @@ class Hooked(list):  # type: ignore[type-arg]
         return local_worker()
 
 
-def hook(torch_module: ModuleType) -> Hooked:
+def _hook(torch_module: ModuleType) -> Hooked:
     """Add the seed-style methods to ``torch.Tensor`` and ``nn.Module``; returns what was added."""
     if getattr(torch_module, "Tensor", None) is None:
         raise TypeError("hook() expects the torch module: pointers.hook(torch)")
@@ -93,6 +93,29 @@ def hook(torch_module: ModuleType) -> Hooked:
         target = torch_module.nn.Module if ep.name.startswith("module.") else tensor_cls
         _add(target, ep.name.removeprefix("module."), _plain(fn), added)
     return added
+
+
+class _HookFunction:
+    """``pointers.hook(torch)`` (see :func:`_hook`). As PySyft's ``sy.hook`` (the hook the
+    last ``sy.TorchHook(torch)`` made), it also has ``local_worker``, the client."""
+
+    def __call__(self, torch_module: ModuleType) -> Hooked:
+        """Add the seed-style methods to ``torch.Tensor`` and ``nn.Module``; returns what
+        was added."""
+        return _hook(torch_module)
+
+    @property
+    def local_worker(self) -> Any:
+        from pointers.compat import local_worker
+
+        return local_worker()
+
+    def __repr__(self) -> str:
+        return "<function pointers.hook(torch)>"
+
+
+hook = _HookFunction()
+hook.__doc__ = _hook.__doc__
 
 
 def TorchHook(torch_module: ModuleType) -> Hooked:  # noqa: N802 - PySyft's name
@@ -116,6 +139,10 @@ def _add_pysyft_names(torch_module: ModuleType, added: list[str]) -> None:
     def float_precision(self: Any) -> Any:
         return compat.float_precision(self)
 
+    def describe(self: Any, description: str) -> Any:
+        return compat.describe(self, description)
+
+    _add(torch_module.Tensor, "describe", describe, added)
     module_cls, tensor_cls = torch_module.nn.Module, torch_module.Tensor
     _add(module_cls, "copy", module_copy, added)
     _add(module_cls, "move", module_move, added)

@@ -224,11 +224,11 @@ def test_part_8bis_protocols():
     ptr = protocol.run(torch.tensor([1.0]))
     assert ptr.location is charlie
     assert torch.equal(ptr.get(), torch.tensor([7.0]))
-    # a protocol run on data at james: james gets the result
+    # a protocol run on data at james: james holds a pointer to the result (PySyft's chain)
     x = torch.tensor([1.0, 10.0]).send(james)
     ptr = protocol.run(x)
     assert ptr.location is james
-    assert torch.equal(ptr.get(), torch.tensor([7.0, 16.0]))
+    assert torch.equal(ptr.get().get(), torch.tensor([7.0, 16.0]))
     assert torch.equal(x.get(), torch.tensor([1.0, 10.0]))  # james keeps his input
     for w in (alice, bob, charlie):  # only the plans (and their variants) stay
         assert not any(isinstance(v, torch.Tensor) for v in w._objects.values())
@@ -284,8 +284,7 @@ def test_part_10_secure_aggregation_of_remote_models():
                 ((pm(data[sl]) - target[sl]) ** 2).mean().backward()
                 po.step()
         # encrypted aggregation: each worker splits its own parameters, the client sees
-        # only the average (PySyft called .get() on each shared parameter first: here the
-        # client holds the shared tensor already, and get() would reconstruct it)
+        # only the average (get() brings the shared parameter over, still shared)
         params = [list(bobs_model.parameters()), list(alices_model.parameters())]
         new_params = []
         for param_i in range(len(params[0])):
@@ -294,7 +293,7 @@ def test_part_10_secure_aggregation_of_remote_models():
                 copy_of_parameter = params[remote_index][param_i].copy()
                 fixed_precision_param = copy_of_parameter.fix_precision()
                 encrypted_param = fixed_precision_param.share(bob, alice, crypto_provider=james)
-                spdz_params.append(encrypted_param)
+                spdz_params.append(encrypted_param.get())
             new_param = (spdz_params[0] + spdz_params[1]).get().float_precision() / 2
             new_params.append(new_param)
         with torch.no_grad():
@@ -314,8 +313,10 @@ def test_remote_share_never_shows_the_client_the_value():
     before = bob.stats.messages_sent
     shared = x.share(bob, alice, crypto_provider=james)
     assert bob.stats.messages_sent - before <= 3  # replies only: no value to the client
+    fetched = shared.get()  # PySyft's fetch of the shared tensor: still shared
+    assert isinstance(fetched, mpc.OwnedShared) and bob.stats.messages_sent - before <= 3
     with pytest.raises(mpc.ReleaseRuleError):  # bob's value, not the client's to open
-        shared.get()
+        fetched.get()
     assert torch.equal(x.get(), torch.tensor([1.5, -2.25, 1000.0]))  # bob keeps his tensor
     y = torch.tensor([2.0, 1.0, -1.0]).send(pt.VirtualWorker("carol"))
     other = mpc.share(y, bob, alice, crypto_provider=james)

@@ -1,7 +1,9 @@
 """Release rules (issue 27, finding 6): a value shared by its owner at the owner's worker
 (secure aggregation, PySyft's ``x_ptr.share(...)``) opens only as an aggregate of at
 least two owners' values. Before, ``SecureAggregator.share_update(ptr).get()`` and
-``x_ptr.fix_precision().share(...).get()`` reconstructed one owner's value at the client.
+``x_ptr.fix_precision().share(...).get()`` reconstructed one owner's value at the client;
+now (issue 26) that ``get()`` gives the value still shared, as PySyft's did, and opening
+it (``get()`` again) is refused.
 Each attack is tried as the client would send it, through the API and as raw steps, and
 checked by what reaches the client. Runs on both worker kinds (conftest.py).
 """
@@ -36,8 +38,10 @@ def test_one_owners_update_never_opens(five: tuple[Any, ...]) -> None:
     a = agg.share_update(pt.send(u1, w1))
     b = agg.share_update(pt.send(u2, w2))
     assert isinstance(a, OwnedShared)
+    fetched = a.get()  # PySyft's fetch: the value still shared, nothing opens
+    assert isinstance(fetched, OwnedShared) and fetched.shares == a.shares
     with pytest.raises(ReleaseRuleError, match="at least 2 owners"):
-        a.get()
+        fetched.get()  # opening one owner's value
     # no op opens it either: not a product, not a sum with a value of the client's
     mine = mpc.share(torch.zeros(3), alice, bob, crypto_provider=carol)
     for attempt in (lambda: a * 1, lambda: a + mine, lambda: a - b, lambda: a + a):
@@ -98,6 +102,9 @@ def test_pysyft_remote_share_opens_only_the_aggregate(five: tuple[Any, ...]) -> 
     y = torch.tensor([0.5, 4.0]).send(w2)
     ex = x.fix_precision().share(alice, bob, crypto_provider=carol)
     ey = y.fix_precision().share(alice, bob, crypto_provider=carol)
+    ex, ey = ex.get(), ey.get()  # Part 10: brought over still shared
     with pytest.raises(ReleaseRuleError, match="opens only a sum"):
         ex.get()
+    with pytest.raises(ReleaseRuleError, match="float_precision"):
+        ex.float_precision()
     assert torch.allclose((ex + ey).get(), torch.tensor([2.0, 2.0]), atol=1e-3)
