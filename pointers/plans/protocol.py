@@ -123,7 +123,11 @@ class Protocol:
 
     def run(self, *args: torch.Tensor) -> Any:
         """Run the chain on ``args`` (local tensors, or pointers, which are copied to the
-        first role's worker); returns pointers at the last role's worker."""
+        first role's worker); returns pointers at the last role's worker. Run on data held
+        at a worker (pointers, all at one worker), the result is that worker's: as in
+        PySyft, a pointer to it at that worker, holding a pointer to the result at the last
+        role's worker (a chain: ``.get().get()``). Network workers hold no pointers to
+        one another: there the result moves to the data's worker (one ``.get()``)."""
         if self._deployed is None:
             raise ProtocolError("deploy the protocol to its workers before running it")
         first = self._deployed[0][0]
@@ -146,8 +150,8 @@ class Protocol:
                 nxt = self._deployed[k + 1][0]
                 current = [p.move(nxt) for p in current]
         last = self._deployed[-1][0]
-        if owner is not None and owner is not last:  # the data owner gets the result
-            moved = [p.move(owner) for p in current]
+        if owner is not None and owner is not last:  # the data owner's result
+            moved = [_owners_result(p, owner, last) for p in current]
             out = tuple(moved) if isinstance(out, tuple) else moved[0]
         return out
 
@@ -237,6 +241,17 @@ class Protocol:
             where = f" @ {self._deployed[k][0].id}" if self._deployed else ""
             parts.append(f"{role}: {plan.name}{where}")
         return f"Protocol([{', '.join(parts)}])"
+
+
+def _owners_result(p: PointerTensor, owner: WorkerClient, last: WorkerClient) -> PointerTensor:
+    """The result of a run on ``owner``'s data: the client's pointer to ``owner``'s pointer
+    to the result at ``last`` (PySyft's chain), in process; moved to ``owner`` otherwise."""
+    from pointers.worker.base import VirtualWorker
+
+    moved = p.move(owner)
+    if isinstance(owner, VirtualWorker) and isinstance(last, VirtualWorker):
+        return moved.send(last)  # the value goes back to last; owner keeps a pointer to it
+    return moved
 
 
 _MAGIC = "pointers.protocol/1"
