@@ -41,6 +41,7 @@ import pointers as pt
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.material.owned import MIN_OWNERS, ReleaseRuleError, share_rule
+from mpc.material.sizes import declare
 from mpc.math.encoding import encode
 from mpc.math.prg import random_ring
 from mpc.release import OwnedShared, OwnedSum, owned
@@ -102,6 +103,7 @@ def share_update(
 
 
 FUNCTIONS = {SHARE_FUNCTION: share_update}
+declare(FUNCTIONS)  # what it allocates (mpc.material.sizes)
 
 
 def install(worker: Any) -> None:

@@ -41,6 +41,7 @@ from mpc.material.party import (
     trunc_mask,
     unpack,
 )
+from mpc.material.sizes import declare
 from mpc.material.streams import TAG_T_ARITH, consume, derive
 
 FUNCTIONS = {
@@ -70,6 +71,8 @@ FUNCTIONS = {
     "mpc.unpack": unpack,
     "mpc.release_sum": release_sum,
 }
+
+declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.sizes)
 
 # the steps whose outputs are protocol material (sealed at the workers; see rules.py)
 MAKES_MATERIAL = frozenset(

@@ -37,6 +37,7 @@ import math
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -66,6 +67,7 @@ from pointers.wire.messages import (
     encode_message,
 )
 from pointers.worker.base import Frames, Worker, WorkerStats, handles
+from pointers.worker.functions import bind_arguments, function_size
 from pointers.worker.program import Program
 from pointers.worker.program import _run_program as run_program_steps
 from pointers.worker.store import Entry, ObjectStore
@@ -81,10 +83,28 @@ def is_error_header(header: bytes | memoryview) -> bool:
     return bytes(header[:7]) == _ERROR_PREFIX
 
 
+# What the bookkeeping of one id costs a namespace (an announced, expected, promised,
+# dropped or failed id: a dict entry and its int), counted against its byte limit; and
+# the longest reason a failed delivery keeps (longer ones are cut).
+BOOK_BYTES = 96
+MAX_REASON = 2000
+
+
 def _size(value: Any) -> int:
+    """What a held delivery counts: a tensor's storage, or a failure's reason."""
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        return value.untyped_storage().nbytes()
+    if isinstance(value, str):
+        return len(value) + BOOK_BYTES
     return 0
+
+
+def _storage(value: Any) -> tuple[int, int]:
+    """(data pointer, bytes) of the storage a plain tensor keeps alive; (0, 0) otherwise."""
+    if type(value) is torch.Tensor:
+        st = value.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    return 0, 0
 
 
 TAG_BYTES = 64  # what one tag counts beyond its characters (a set slot and a str object)
@@ -92,11 +112,12 @@ _ATOMS = (int, float, complex, str, bytes, bool, type(None))
 
 
 def footprint(value: Any) -> int:
-    """The bytes a stored object holds: a tensor's data, or for anything else (a program,
-    a plan) its Python containers and values walked once (tensors by their data; functions
-    and op handles, shared by every plan, count nothing)."""
+    """The bytes a stored object holds: a tensor's storage (all of it: a view keeps its
+    base's storage alive), or for anything else (a program, a plan) its Python containers
+    and values walked once (tensors by their data; functions and op handles, shared by
+    every plan, count nothing)."""
     if type(value) is torch.Tensor:
-        return value.numel() * value.element_size()
+        return value.untyped_storage().nbytes()
     total = 0
     seen: set[int] = set()
     stack = [value]
@@ -208,7 +229,10 @@ class WaitingStore(ObjectStore):
         self.deadline = deadline
         self.max_bytes = max_bytes
         self.max_objects = max_objects
+        # stored objects (a storage once however many views share it), held deliveries
         self.bytes = 0
+        self.kept = 0  # what registered functions keep in function_state (see used())
+        self._storages: dict[int, list[int]] = {}  # data pointer -> [bytes, stored tensors]
         self.closed: str | None = None  # why this namespace is gone (its lease expired)
         self.note = ""  # added to "no object" errors (an earlier session's lease expired)
         self.lock = lock
@@ -242,12 +266,22 @@ class WaitingStore(ObjectStore):
         description: str = "",
         sealed: Any = False,
     ) -> None:
-        size = footprint(value) + (_tag_bytes(tags, description) if tags or description else 0)
+        key, storage = _storage(value)
+        own = 0 if type(value) is torch.Tensor else footprint(value)
+        own += _tag_bytes(tags, description) if tags or description else 0
         with self._cond:
             if self.closed is not None:
                 raise PartyUnavailable(self.closed, None)
             old = self._entries.get(obj_id)
-            total = self.bytes + size - (old.nbytes if old is not None else 0)
+            # a storage that another stored tensor (a view) keeps counts once
+            size = own + (storage if key and key not in self._storages else 0)
+            freed = 0
+            if old is not None:
+                freed = old.nbytes
+                rec = self._storages.get(old.storage) if old.storage != key else None
+                if rec is not None and rec[1] == 1:
+                    freed += rec[0]
+            total = self.used() + size - freed
             if self.max_bytes is not None and total > self.max_bytes and size:
                 raise LimitExceeded(
                     f"storing object {obj_id} ({size} bytes) would take this client's "
@@ -257,14 +291,79 @@ class WaitingStore(ObjectStore):
             if old is None:
                 self._check_count(obj_id)
             self._entries[obj_id] = Entry(
-                value, set(tags) if tags else set(), description, sealed, size
+                value, set(tags) if tags else set(), description, sealed, own, key
             )
-            self.bytes = total
+            self.bytes += own + self._ref(key, storage)
+            if old is not None:
+                self.bytes -= old.nbytes + self._unref(old.storage)
             self._announced.pop(obj_id, None)
             if self._promised:
                 self._promised.pop(obj_id, None)
             if self._waiters:
                 self._cond.notify_all()
+
+    def _ref(self, key: int, nbytes: int) -> int:
+        """One more stored tensor keeps storage ``key`` alive; the bytes newly counted."""
+        if not key:
+            return 0
+        rec = self._storages.get(key)
+        if rec is not None:
+            rec[1] += 1
+            return 0
+        self._storages[key] = [nbytes, 1]
+        return nbytes
+
+    def _unref(self, key: int) -> int:
+        """One stored tensor fewer keeps storage ``key`` alive; the bytes no longer counted."""
+        rec = self._storages.get(key) if key else None
+        if rec is None:
+            return 0
+        rec[1] -= 1
+        if rec[1] > 0:
+            return 0
+        del self._storages[key]
+        return rec[0]
+
+    def used(self) -> int:
+        """What this namespace counts against its byte limit: its stored objects and held
+        deliveries (:attr:`bytes`), what its functions keep (:attr:`kept`: nonce records,
+        input seeds) and the bookkeeping of its announced, promised and failed ids."""
+        ids = len(self._announced) + len(self._expected) + len(self._promised)
+        ids += len(self._dropped)
+        return (
+            self.bytes
+            + self.kept
+            + BOOK_BYTES * ids
+            + (BOOK_BYTES + MAX_REASON) * len(self._failed)
+        )
+
+    def keep(self, nbytes: int, what: str) -> None:
+        """Count ``nbytes`` that a registered function keeps (in ``function_state``, for as
+        long as the namespace lives) against the limit, or refuse them."""
+        if not nbytes:
+            return
+        with self._cond:
+            total = self.used() + nbytes
+            if self.max_bytes is not None and total > self.max_bytes:
+                raise LimitExceeded(
+                    f"{what} would keep {nbytes} more bytes of records at worker "
+                    f"{self.owner!r}, taking this client's storage there to {total} bytes, "
+                    f"over its limit of {self.max_bytes} bytes (serve --max-stored-mb); "
+                    "records of used nonces last as long as the session: start a new one"
+                )
+            self.kept += nbytes
+
+    def _check_ids(self, n: int, what: str) -> None:
+        """Refuse the bookkeeping of ``n`` more ids past the limit (lock held)."""
+        if self.max_bytes is None or not n:
+            return
+        total = self.used() + 2 * BOOK_BYTES * n
+        if total > self.max_bytes:
+            raise LimitExceeded(
+                f"{what} {n} object ids would take this client's storage at worker "
+                f"{self.owner!r} to {total} bytes ({2 * BOOK_BYTES} bytes an id), over its "
+                f"limit of {self.max_bytes} bytes (serve --max-stored-mb)"
+            )
 
     def _check_count(self, obj_id: int) -> None:
         """Refuse a new object over the count limit (with the store's lock held)."""
@@ -283,7 +382,7 @@ class WaitingStore(ObjectStore):
             return
         with self._cond:
             old = self._entries.get(obj_id) if obj_id is not None else None
-            total = self.bytes + size - (old.nbytes if old is not None else 0)
+            total = self.used() + size - (old.nbytes if old is not None else 0)
         if total > self.max_bytes:
             raise LimitExceeded(
                 f"{what} would allocate {size} bytes, taking this client's storage at worker "
@@ -301,7 +400,7 @@ class WaitingStore(ObjectStore):
             new_tags = e.tags | set(tags)
             new_desc = description or e.description
             extra = _tag_bytes(new_tags, new_desc) - _tag_bytes(e.tags, e.description)
-            if self.max_bytes is not None and extra > 0 and self.bytes + extra > self.max_bytes:
+            if self.max_bytes is not None and extra > 0 and self.used() + extra > self.max_bytes:
                 raise LimitExceeded(
                     f"tagging object {obj_id} ({extra} bytes of tags and description) would "
                     f"take this client's storage at worker {self.owner!r} over its limit of "
@@ -391,7 +490,7 @@ class WaitingStore(ObjectStore):
         size = _size(value)
         if (peer, obj_id) not in order:
             self._check_count(obj_id)
-        if self.max_bytes is not None and self.bytes + size > self.max_bytes and size:
+        if self.max_bytes is not None and self.used() + size > self.max_bytes and size:
             raise LimitExceeded(
                 f"holding object {obj_id} ({size} bytes) from {peer!r} until the client "
                 f"announces it would take this client's storage at worker {self.owner!r} "
@@ -450,7 +549,10 @@ class WaitingStore(ObjectStore):
                 pass  # (recorded as the id's failure)
 
     def delivery_failed(self, peer: str, obj_id: int, reason: str) -> None:
-        """A peer could not deliver ``obj_id``: waiting commands fail with ``reason``."""
+        """A peer could not deliver ``obj_id``: waiting commands fail with ``reason`` (cut
+        to :data:`MAX_REASON` characters; a notice held before its announcement counts
+        against the limit like a delivery)."""
+        reason = reason[:MAX_REASON]
         with self._cond:
             if not self._may_deliver(peer, obj_id, notice=True):
                 self._hold(peer, obj_id, reason, False, True)
@@ -468,7 +570,9 @@ class WaitingStore(ObjectStore):
         write them (a delivery held for one of them is adopted from ``peer`` only)."""
         for k in range(0, len(obj_ids), _LOCKED_IDS):  # (the lock is let go in between)
             with self._cond:
-                for i in obj_ids[k : k + _LOCKED_IDS]:
+                chunk = obj_ids[k : k + _LOCKED_IDS]
+                self._check_ids(len(chunk), f"announcing deliveries from {peer!r} of")
+                for i in chunk:
                     if i not in self._entries:
                         self._expected[i] = peer
                         self._announced[i] = peer
@@ -481,7 +585,9 @@ class WaitingStore(ObjectStore):
         in-process lanes only, and ignored)."""
         for k in range(0, len(ids), _LOCKED_IDS):  # (the lock is let go in between)
             with self._cond:
-                for i in ids[k : k + _LOCKED_IDS]:
+                chunk = ids[k : k + _LOCKED_IDS]
+                self._check_ids(len(chunk), "a program's promise of")
+                for i in chunk:
                     if i not in self._entries and i not in self._failed:
                         self._promised[i] = None
                         named = self._announced.setdefault(i, None)  # (a peer, if named)
@@ -513,7 +619,7 @@ class WaitingStore(ObjectStore):
             self._expected.pop(obj_id, None)
             self._promised.pop(obj_id, None)
             if e is not None:
-                self.bytes -= e.nbytes
+                self.bytes -= e.nbytes + self._unref(e.storage)
             elif who is not _MISSING:  # a delivery may still come: drop it then
                 self._dropped[obj_id] = who
             self._unhold_all(obj_id)
@@ -529,7 +635,7 @@ class WaitingStore(ObjectStore):
         caller holds the value). Its bytes no longer count."""
         with self._cond:
             e = self._entries.pop(obj_id)
-            self.bytes -= e.nbytes
+            self.bytes -= e.nbytes + self._unref(e.storage)
             return e
 
     def close(self, reason: str) -> tuple[int, int]:
@@ -554,7 +660,9 @@ class WaitingStore(ObjectStore):
             self._refused_more = 0
             self._unavailable.clear()
             self._promised.clear()
+            self._storages.clear()
             self.bytes = 0
+            self.kept = 0
             self._cond.notify_all()
 
     # -- reads -------------------------------------------------------------------------
@@ -782,17 +890,41 @@ def warm_meta() -> None:
     op_bytes("aten::ones.default", torch.ops.aten.ones.default, [[1]], {})
 
 
-def op_bytes(name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> int | None:
+def op_bytes(name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> int:
     """The bytes the outputs of ``op(*args, **kwargs)`` take, found by running it on the
-    ``meta`` device (no data: shapes only), or None when that cannot tell (an op whose
-    output shape depends on the data). Cached by op, input shapes and other arguments."""
+    ``meta`` device (no data: shapes only), cached by op, input shapes and other arguments.
+
+    An op whose output's size depends on the values (a boolean mask's ``index``,
+    ``where(cond)``) is bounded by its inputs (:func:`_data_dependent_bytes`: as if every
+    element of the mask were set); any other op that the ``meta`` device cannot run is
+    refused (``NotAllowedError``), and an op that fails there raises that error: nothing
+    runs unsized."""
     try:
         key: Any = (name, _meta_key(args), _meta_key(kwargs))
         hit = _OP_BYTES.get(key, _MISSING)
     except TypeError:
         key, hit = None, _MISSING
-    if hit is not _MISSING:
-        return hit  # type: ignore[no-any-return]
+    if hit is _MISSING:
+        hit = _op_bytes(name, op, args, kwargs)
+        if key is not None:
+            if len(_OP_BYTES) >= _OP_BYTES_MAX:
+                _OP_BYTES.clear()
+            _OP_BYTES[key] = hit
+    if isinstance(hit, BaseException):
+        raise hit.with_traceback(None)
+    return hit  # type: ignore[no-any-return]
+
+
+def _leaf_bytes(result: Any) -> int:
+    return sum(
+        t.numel() * t.element_size()
+        for t in torch.utils._pytree.tree_leaves(result)
+        if isinstance(t, torch.Tensor)
+    )
+
+
+def _op_bytes(name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """:func:`op_bytes` uncached: the bytes, or the exception to raise."""
     margs, mkwargs = _to_meta(args), _to_meta(kwargs)
     if "device" in mkwargs:
         mkwargs["device"] = "meta"
@@ -800,21 +932,64 @@ def op_bytes(name: str, op: Any, args: list[Any], kwargs: dict[str, Any]) -> int
         schema = getattr(op, "_schema", None)
         if schema is not None and any(a.name == "device" for a in schema.arguments):
             mkwargs["device"] = "meta"
-    out: int | None
     try:
-        result = op(*margs, **mkwargs)
-        out = sum(
-            t.numel() * t.element_size()
-            for t in torch.utils._pytree.tree_leaves(result)
-            if isinstance(t, torch.Tensor)
+        return _leaf_bytes(op(*margs, **mkwargs)) + _mask_bytes(name, margs)
+    except NotImplementedError:
+        bound = _data_dependent_bytes(name, op, margs, mkwargs)
+        if bound is not None:
+            return bound
+        return NotAllowedError(
+            f"op {name!r} cannot be sized before it runs (the size of its output depends "
+            "on the values), so a worker with a storage limit refuses it (serve "
+            "--max-stored-mb)"
         )
-    except Exception:
-        out = None
-    if key is not None:
-        if len(_OP_BYTES) >= _OP_BYTES_MAX:
-            _OP_BYTES.clear()
-        _OP_BYTES[key] = out
-    return out
+    except Exception as e:  # the op itself would fail the same way: it does not run
+        return e
+
+
+def _masks(name: str, margs: list[Any]) -> list[torch.Tensor]:
+    """The boolean index tensors of an ``index``/``index_put`` op (empty for other ops)."""
+    base = name.partition("::")[2].partition(".")[0]
+    if base not in ("index", "index_put", "index_put_") or len(margs) < 2:
+        return []
+    indices = margs[1]
+    if not isinstance(indices, list | tuple):
+        return []
+    return [
+        i for i in indices if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+    ]
+
+
+def _mask_bytes(name: str, margs: list[Any]) -> int:
+    """What torch allocates for the boolean masks of an index op besides its output: the
+    indices of the set elements (``nonzero``), as if every element were set."""
+    return sum(m.numel() * max(m.dim(), 1) * 8 for m in _masks(name, margs))
+
+
+def _data_dependent_bytes(name: str, op: Any, margs: list[Any], mkwargs: dict[str, Any]) -> Any:
+    """An upper bound of the bytes of an op whose output size depends on the values:
+    ``index`` with boolean masks sized as if every element of each mask were set (each
+    mask of k dims is k index tensors of its element count), ``where(cond)`` likewise;
+    None for any other op."""
+    base = name.partition("::")[2].partition(".")[0]
+    masks = _masks(name, margs)
+    if base == "index" and masks:
+        indices = []
+        for i in margs[1]:
+            if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+                full = torch.empty((i.numel(),), dtype=torch.int64, device="meta")
+                indices.extend([full] * max(i.dim(), 1))
+            else:
+                indices.append(i)
+        try:
+            out = op(margs[0], indices, *margs[2:], **mkwargs)
+        except Exception as e:
+            return e
+        return _leaf_bytes(out) + _mask_bytes(name, margs)
+    if base == "where" and len(margs) == 1 and isinstance(margs[0], torch.Tensor):
+        cond = margs[0]
+        return 2 * cond.numel() * max(cond.dim(), 1) * 8  # nonzero, then its columns
+    return None
 
 
 class ServedWorker(Worker):
@@ -848,6 +1023,14 @@ class ServedWorker(Worker):
         self.accepted: set[str] = set()
         self._link_factory = link_factory
         self._pop_after_reply: int | None = None
+        # fetch replies built and not yet sent (released when their tensors are freed),
+        # bounded by the message limit and the storage limit; the reservation of the
+        # fetch running now (handed to its reply's buffers by handle_frames)
+        server_config = getattr(getattr(link_factory, "__self__", None), "config", None)
+        self.max_reply_bytes: int | None = getattr(server_config, "max_message_bytes", None)
+        self._replying = 0
+        self._reply_lock = threading.Lock()
+        self._reserved = 0
         self._control = False
         self._lost_lock = threading.Lock()
         # set while a client's SendToPeer runs (a program's deliveries are not reported
@@ -869,7 +1052,16 @@ class ServedWorker(Worker):
     ) -> Frames:
         with self._lock:
             self._control = False
+            self._reserved = 0
             out = super().handle_frames(header, buffers, donated, from_peer)
+            reserved, self._reserved = self._reserved, 0
+            if reserved:  # a fetch's reply: its bytes count until its buffers are freed
+                if out[1]:
+                    alias = out[1][0].detach()
+                    weakref.finalize(alias, self._replied, reserved)
+                    out = (out[0], [alias, *out[1][1:]])
+                else:
+                    self._replied(reserved)
             # (reset after reading: a command that waited let other commands run meanwhile)
             control, self._control = self._control, False
             if control:  # introductions are control traffic: uncounted, as in process
@@ -888,12 +1080,37 @@ class ServedWorker(Worker):
     @handles(Fetch)
     def _fetch(self, msg: Fetch) -> Any:
         if not msg.delete:
-            return super()._fetch(msg)
-        value = self._readable(msg.obj_id, "fetching it").value
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"object {msg.obj_id} is not a tensor")
-        self._pop_after_reply = msg.obj_id
+            value = super()._fetch(msg)
+        else:
+            value = self._readable(msg.obj_id, "fetching it").value
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"object {msg.obj_id} is not a tensor")
+        self._reserve_reply(msg.obj_id, value.numel() * value.element_size())
+        if msg.delete:
+            self._pop_after_reply = msg.obj_id
         return value
+
+    def _reserve_reply(self, obj_id: int, size: int) -> None:
+        """Count a fetch's reply (``size`` bytes of tensor data) before it is built: the
+        replies built and not yet sent to this client may take at most the message
+        limit (``serve --max-message-mb``, what one reply can carry) and the storage
+        limit (``--max-stored-mb``), whichever is smaller."""
+        limits = [x for x in (self.max_reply_bytes, self.store.max_bytes) if x]
+        with self._reply_lock:
+            total = self._replying + size
+            if limits and size and total > min(limits):
+                raise LimitExceeded(
+                    f"worker {self.id!r}: the reply to a fetch of object {obj_id} ({size} "
+                    f"bytes) would take the replies being built for this client to {total} "
+                    f"bytes, over {min(limits)} bytes (the smaller of serve --max-message-mb "
+                    "and --max-stored-mb); fetch fewer objects per call"
+                )
+            self._replying = total
+        self._reserved += size
+
+    def _replied(self, size: int) -> None:
+        with self._reply_lock:
+            self._replying -= size
 
     # -- deliveries that do not wait for the peer ----------------------------------------
     def deliver(
@@ -915,6 +1132,7 @@ class ServedWorker(Worker):
         post = getattr(link, "post_frames", None)
         if post is None:
             return super().deliver(peer, obj_id, value, donate, lend, sealed)
+        self._room_in_flight(peer, obj_id, _size(value) + 1024)
         header, buffers = encode_message(Store(obj_id, value, [], "", sealed))
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
@@ -927,6 +1145,39 @@ class ServedWorker(Worker):
                 on_lost(why)
 
         post(header, buffers, obj_id, failed if report or on_lost is not None else None)
+
+    def in_flight(self) -> int:
+        """Bytes of this session's deliveries posted to its peers and not yet answered."""
+        return sum(
+            getattr(link, "queued_bytes", getattr(link, "_queued_bytes", 0))
+            for link in list(self._peer_links.values())
+        )
+
+    def _room_in_flight(self, peer: str, obj_id: int, size: int) -> None:
+        """Wait (up to the deadline) until a delivery of ``size`` bytes fits: what the
+        session stores plus its deliveries in flight (encoded copies, all its peers
+        together) may take its byte limit at most; then ``LimitExceeded``."""
+        store = self.store
+        if store.max_bytes is None:
+            return
+        end = time.monotonic() + store.deadline
+        while True:
+            flying = self.in_flight()
+            total = store.used() + flying + size
+            if total <= store.max_bytes:
+                return
+            left = end - time.monotonic()
+            if not flying or left <= 0:
+                raise LimitExceeded(
+                    f"worker {self.id!r}: delivering object {obj_id} ({size} bytes) to "
+                    f"{peer!r} would take this client's stored bytes and its deliveries in "
+                    f"flight ({flying} bytes) to {total} bytes, over its limit of "
+                    f"{store.max_bytes} bytes (serve --max-stored-mb)"
+                )
+            for link in list(self._peer_links.values()):
+                flush = getattr(link, "flush", None)
+                if flush is not None:
+                    flush(min(left, 0.5))
 
     def _lost(self, peer: str, obj_id: int, why: str) -> None:
         """A delivery did not arrive (called on a gRPC thread): reported to
@@ -1124,6 +1375,65 @@ class ServedWorker(Worker):
         if size:
             ids = msg.out_ids
             store.charge_check(ids[0] if len(ids) == 1 else None, size, f"{msg.op}")
+
+    def check_function(
+        self, name: str, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """Refuse a registered function whose declared size (its peak and what it keeps,
+        :func:`pointers.worker.functions.sized`) would take the client past its byte
+        limit, before it runs, and count what it keeps. With a limit, a function that
+        declares no size is refused."""
+        self._check_function(name, fn, args, kwargs, 0, name)
+
+    def _check_function(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: list[Any],
+        kwargs: dict[str, Any],
+        live: int,
+        what: str,
+    ) -> None:
+        store = self.store
+        if store.max_bytes is None:
+            return
+        spec = function_size(fn)
+        if spec is None:
+            raise NotAllowedError(
+                f"worker {self.id!r}: function {name!r} declares no size "
+                "(pointers.worker.functions.sized), and a worker with a storage limit runs "
+                "only functions it can size before they run (serve --max-stored-mb)"
+            )
+        try:
+            params = bind_arguments(fn, args, kwargs)
+        except TypeError as e:
+            raise TypeError(f"{name}: {e}") from None
+        peak, kept = spec.bytes(params)
+        store.charge_check(None, live + peak + kept, what)
+        store.keep(kept, what)
+
+    def check_node(
+        self,
+        kind: str,
+        target: str,
+        fn: Any,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        live: int,
+        where: str,
+    ) -> None:
+        """Refuse a plan's node (an aten op, or a registered function: ``kind``) whose
+        outputs, with the intermediates the plan holds now (``live`` bytes), would take
+        the client past its byte limit, before it runs (called by
+        :meth:`pointers.plans.graph.PlanGraph.run`)."""
+        store = self.store
+        if store.max_bytes is None:
+            return
+        if kind == "fn":
+            self._check_function(target, fn, args, kwargs, live, where)
+            return
+        size = op_bytes(target, fn, args, kwargs)
+        store.charge_check(None, live + size, where)
 
     def close(self, reason: str) -> tuple[int, int]:
         """End this namespace (its lease expired): free its objects and queued programs;

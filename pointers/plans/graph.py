@@ -321,6 +321,13 @@ class PlanGraph:
 
         ``state`` replaces the stored state tensors (a module plan passes its current
         parameters); ``functions``/``ctx`` are the registry and context for ``fn::`` nodes.
+
+        A ``ctx`` with a ``check_node`` method (a served worker's namespace, see
+        :meth:`pointers.network.served.ServedWorker.check_node`) sizes every node before it
+        runs: it is called with the node's kind (``"aten"`` or ``"fn"``), target, callable
+        and arguments, the bytes of the intermediate values the plan holds at that moment
+        (each storage once; the arguments and stored tensors not counted) and where the
+        node is, and raises to refuse it.
         """
         self.check_args(args)
         stored = self.tensors
@@ -358,10 +365,24 @@ class PlanGraph:
         return result
 
     def _interpret(self, values: list[Any], functions: Any, ctx: Any, meta: bool) -> list[Any]:
+        check = None if meta or ctx is None else getattr(ctx, "check_node", None)
+        live = 0  # bytes of the intermediates held now (with a check)
+        held: dict[int, list[int]] = {}  # their storages: data pointer -> [bytes, uses]
+        given = {k for k, _ in map(_storage_of, _tensor_leaves(values))} if check else set()
         for i, step in enumerate(self._steps):
             node = step.node
             args = [_load(a, values, meta) for a in node.args]
             kwargs = {k: _load(v, values, meta) for k, v in node.kwargs.items()}
+            if meta and step.kind == "aten":
+                kwargs = _meta_factory(step.fn, args, kwargs)
+            if check is not None and step.kind != "sym":
+                fn = step.fn if step.kind == "aten" else None
+                if step.kind == "fn" and functions is not None and step.fn in functions:
+                    fn = functions.get(step.fn)
+                if fn is not None and not (step.kind == "fn" and is_protocol_step(fn)):
+                    where = f"plan {self.name!r}, node {i} ({node.target})"
+                    check(step.kind, node.target[4:] if step.kind == "fn" else node.target,
+                          fn, args, kwargs, live, where)  # fmt: skip
             try:
                 if step.kind == "fn":
                     if meta:
@@ -389,7 +410,11 @@ class PlanGraph:
             except Exception as e:
                 raise self._node_error(i, e) from e
             values.append(out)
+            if check is not None:
+                live += _track(out, held, given)
             for s in step.free:
+                if check is not None:
+                    live -= _untrack(values[s], held)
                 values[s] = None
         return [values[s] for s in self.outputs]
 
@@ -411,6 +436,67 @@ def _to_meta(t: torch.Tensor) -> torch.Tensor:
 
 
 _META = torch.device("meta")
+
+
+def _meta_factory(op: Any, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of an aten node for the meta dry run: a ``device`` given in any form
+    becomes ``meta``, and a factory op given none (``ones``, ``arange``: no tensor
+    argument, a ``device`` parameter) gets ``device=meta``, so that shape inference
+    never allocates."""
+    if "device" in kwargs:
+        return {**kwargs, "device": _META}
+    if any(isinstance(a, torch.Tensor) for a in args):
+        return kwargs
+    schema = getattr(op, "_schema", None)
+    if schema is not None and any(a.name == "device" for a in schema.arguments):
+        return {**kwargs, "device": _META}
+    return kwargs
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    if type(value) is torch.Tensor:
+        return [value]
+    if isinstance(value, list | tuple):
+        out: list[torch.Tensor] = []
+        for v in value:
+            out.extend(_tensor_leaves(v))
+        return out
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def _storage_of(t: torch.Tensor) -> tuple[int, int]:
+    st = t.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def _track(value: Any, held: dict[int, list[int]], given: set[int]) -> int:
+    """Count the storages of a node's output (once each, not the plan's own tensors)."""
+    added = 0
+    for t in _tensor_leaves(value):
+        key, nbytes = _storage_of(t)
+        if key in given:
+            continue
+        rec = held.get(key)
+        if rec is None:
+            held[key] = [nbytes, 1]
+            added += nbytes
+        else:
+            rec[1] += 1
+    return added
+
+
+def _untrack(value: Any, held: dict[int, list[int]]) -> int:
+    """Release what :func:`_track` counted for a freed value; the bytes released."""
+    freed = 0
+    for t in _tensor_leaves(value):
+        key = _storage_of(t)[0]
+        rec = held.get(key)
+        if rec is not None:
+            rec[1] -= 1
+            if not rec[1]:
+                del held[key]
+                freed += rec[0]
+    return freed
 
 
 def _load(a: Any, values: list[Any], meta: bool) -> Any:

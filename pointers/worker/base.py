@@ -410,6 +410,14 @@ class Worker:
         """Called before an op runs, with its resolved arguments: a worker with limits
         refuses here what would take it past them (a served worker's namespace)."""
 
+    def check_function(
+        self, name: str, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """Called before a registered function runs, with its resolved arguments: a worker
+        with limits refuses here a call whose declared size
+        (:func:`pointers.worker.functions.sized`) would take it past them, and charges
+        what the call keeps (a served worker's namespace)."""
+
     @handles(CallFunction)
     def _call_function(self, msg: CallFunction) -> Any:
         fn = self.functions.get(msg.name)
@@ -421,6 +429,7 @@ class Worker:
             kwargs = self._resolve_marked(msg.kwargs, marks)
             if marks[0]:
                 raise refused(f"passing it to {msg.name}, which is not a protocol step")
+            self.check_function(msg.name, fn, args, kwargs)
             return self._store_outputs(fn(self, *args, **kwargs), msg.out_ids, msg.want_meta)
         named: dict[str, Arg] = {}
         args = []
@@ -434,6 +443,7 @@ class Worker:
             a = self._protocol_arg(raw)
             kwargs[key] = a.value
             named[key] = a
+        self.check_function(msg.name, fn, args, kwargs)  # (before the rule: it has effects)
         call = ProtocolCall(msg.name, self.id, self.function_state, named)
         seals = rule(call)
         result = fn(self, *args, **kwargs)

@@ -21,6 +21,9 @@ class Entry:
     # pointers.worker.sealing) or False
     sealed: Any = False
     nbytes: int = 0  # what it counts against a served client's limit (see pointers.network.served)
+    # the storage a tensor keeps alive (its data pointer; 0: none), counted once however
+    # many stored tensors (views) share it (see pointers.network.served.WaitingStore)
+    storage: int = 0
 
 
 class ObjectStore:
