@@ -65,10 +65,10 @@ DEALER_CASES: dict[str, int] = {
     "matmul": (8 + TRUNC_DEALER_BYTES) * 64 * 64,
     "conv2d": (8 + TRUNC_DEALER_BYTES) * 4 * 30 * 30,
     # r's bits, the daBit both ways (8 bytes each), the products of ~r's bits in each group
-    # of four that make level 0 local (11 bits per group, packed: 3 words), the products of
-    # the masks of levels 1 and 2 (22 per combination, packed: 1.5 and 3/8 words); it was
-    # 43.25 bytes an element with the radix-2 tree (177,152)
-    "lt": (24 + 24 + 12 + 3) * N,
+    # of four that make level 0 local (11 bits per group: 11 bit planes of a quarter word),
+    # the products of the masks of levels 1 and 2 (22 per combination, packed: 1.5 and 3/8
+    # words); it was 43.25 bytes an element with the radix-2 tree (177,152)
+    "lt": (24 + 22 + 12 + 3) * N,
 }
 DEALER_HEADER_ALLOWANCE = 512  # bytes of message headers of the dealer's few messages
 

@@ -198,18 +198,19 @@ def dealer_compare(
     words = carry4.padded(y.numel())
     y = torch.cat([y, y.new_zeros(words - y.numel())])
     parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1)]
-    parts.append(_last_share(seeds, nonce, TAG_PAIRS, carry4.bit_monomials(y), 0))
+    mono = torch.stack(carry4.bit_monomials(y))  # bit planes: every bit is used
+    for s in seeds[:-1]:
+        mono ^= derive(s, nonce, TAG_PAIRS, list(mono.shape))
+    parts.append(mono.reshape(-1))
     count = len(carry4.VARS)
     for level, level_nonce in enumerate(level_nonces, start=1):
         consume(ctx, seeds, level_nonce, TAG_A, TAG_C)
         w = carry4.words(words, level)
-        masks = [torch.zeros(w, dtype=torch.int64) for _ in range(count)]
-        for s in seeds:  # every party's masks (the last party's too: it derives its own)
-            packed = derive(s, level_nonce, TAG_A, [carry4.packed_words(count), w])
-            for k, m in enumerate(carry4.unpack(packed, count, level)):
-                masks[k] ^= m
-        mono = carry4.mask_monomials(masks)
-        parts.append(_last_share(seeds, level_nonce, TAG_C, mono, level))
+        packed = derive(seeds[0], level_nonce, TAG_A, [carry4.packed_words(count), w])
+        for s in seeds[1:]:  # every party's masks (the last party's too: it derives its own)
+            packed ^= derive(s, level_nonce, TAG_A, list(packed.shape))
+        products = carry4.mask_monomials(carry4.unpack(packed, count, level))
+        parts.append(_last_share(seeds, level_nonce, TAG_C, products, level))
     for product_nonce in product_nonces:
         consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
         c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
@@ -224,12 +225,11 @@ def _last_share(
 ) -> torch.Tensor:
     """The last party's XOR share of aligned ``values``, packed flat: the others derive
     theirs as packed random words (:func:`mpc.math.carry4.unpack` aligns them)."""
-    shape = [carry4.packed_words(len(values)), values[0].shape[0]]
-    out = list(values)
+    out = carry4.pack(values, level)  # (packing is linear: the others' shares are packed)
     for s in seeds[:-1]:
-        for k, m in enumerate(carry4.unpack(derive(s, nonce, tag, shape), len(values), level)):
-            out[k] = out[k] ^ m
-    return carry4.pack(out, level).reshape(-1)
+        share = derive(s, nonce, tag, list(out.shape))
+        out ^= carry4.pack(carry4.unpack(share, len(values), level), level)
+    return out.reshape(-1)
 
 
 @protocol_function(rules.dealer_fourier)

@@ -232,7 +232,7 @@ def cmp_init(
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
     carry-in folded into bit 0 and bit 63 set to propagate, after the radix-4 carry tree's
     level 0, which is local here given the dealer's products of ~r's bits within each
-    group of four (``monomials``: the last party's, packed; derived elsewhere; see
+    group of four (``monomials``: the last party's, as bit planes; derived elsewhere; see
     :mod:`mpc.math.carry4`); the party's XOR share of msb(c) ^ msb(~r); and level 1's
     operands masked for its multi-input ANDs with the masks of ``next_nonce``
     (:func:`_mask_level`)."""
@@ -245,7 +245,7 @@ def cmp_init(
         top ^= (c >> 63) & 1
     n = c.numel()
     words = carry4.padded(n)
-    want = [carry4.packed_words(len(carry4.BIT_MONOMIALS)), words]
+    want = [len(carry4.BIT_MONOMIALS), words // 4]
     if monomials is None:
         monomials = derive(seed, nonce, TAG_PAIRS, want)
     if monomials.numel() != want[0] * want[1]:
@@ -254,8 +254,7 @@ def cmp_init(
     if words > n:
         cw = torch.cat([cw, cw.new_zeros(words - n)])
         yw = torch.cat([yw, yw.new_zeros(words - n)])
-    mono = carry4.unpack(monomials.view(want), len(carry4.BIT_MONOMIALS), 0)
-    g, p = carry4.level0(cw, yw, mono, first)
+    g, p = carry4.level0(cw, yw, list(monomials.view(want).unbind(0)), first)
     return [g, p, top, *_mask_level(ctx, seed, next_nonce, g, p, 1)]
 
 

@@ -209,7 +209,7 @@ def unpack(call: ProtocolCall) -> Any:
     for d in shape:
         n *= d
     words = carry4.padded(n)
-    tree = [[carry4.packed_words(len(carry4.BIT_MONOMIALS)) * words]] + [
+    tree = [[len(carry4.BIT_MONOMIALS) * words // 4]] + [
         [carry4.packed_words(len(carry4.MONOMIALS)) * carry4.words(words, level)]
         for level in range(1, carry4.LEVELS)
     ]

@@ -119,17 +119,36 @@ def unpack(packed: torch.Tensor, count: int, level: int) -> list[torch.Tensor]:
 Poly = dict[frozenset[str], "torch.Tensor | int"]
 
 
-def expand(factors: list[tuple[torch.Tensor | int, torch.Tensor | int | None, str]]) -> Poly:
+Factor = tuple["torch.Tensor | int", "torch.Tensor | int | None", str]
+
+
+def expand(factors: list[Factor], poly: Poly | None = None) -> Poly:
     """The product of affine factors k ^ m v (public words k and m, m None for all ones, v a
-    secret bit named by the string), each in its own variable, as monomial -> coefficient."""
-    poly: Poly = {frozenset(): ONES}
+    secret bit named by the string), each in its own variable, as monomial -> coefficient
+    (times ``poly``, a product of other variables, if given)."""
+    if poly is None:
+        poly = {frozenset(): ONES}
     for k, m, v in factors:
         out: Poly = {}
         for t, coef in poly.items():
-            _xor_into(out, t, coef & k)
-            _xor_into(out, t | {v}, coef if m is None else coef & m)
+            if not (isinstance(k, int) and k == 0):  # (a zero term vanishes)
+                out[t] = coef & k  # (t and t | {v} are distinct keys: no merging needed)
+            out[t | {v}] = coef if m is None else coef & m
         poly = out
     return poly
+
+
+def _chain(first: Factor, props: list[Factor], gens: list[Factor]) -> tuple[Poly, Poly]:
+    """G = g_top ^ p_top g_(top-1) ^ p_top p_(top-1) g_(top-2) ^ ..., sharing the prefixes
+    of the propagates' product: ``first`` is g_top, ``props`` the propagates from the top
+    down, ``gens`` the generates below g_top; and that product of the propagates."""
+    big_g = expand([first])
+    prefix: Poly | None = None
+    for p, g in zip(props, gens):
+        prefix = expand([p], prefix)
+        big_g = add(big_g, expand([g], prefix))
+    assert prefix is not None
+    return big_g, prefix
 
 
 def _xor_into(poly: Poly, t: frozenset[str], value: torch.Tensor | int) -> None:
@@ -166,53 +185,52 @@ def evaluate(poly: Poly, shares: dict[frozenset[str], torch.Tensor], first: bool
 # -- level 0: local, from the public c and the dealer's monomials of y's bits --------------
 
 
-def bit_factors(
-    c: torch.Tensor, j: int
-) -> tuple[tuple[torch.Tensor, torch.Tensor, str], tuple[torch.Tensor, None, str]]:
-    """(g, p) of relative bit j of every group of four, as affine factors in y_j, aligned on
-    the groups' bases: g = alpha ^ beta y (alpha = beta = 0 but at bit 0, where the carry-in
-    1 is folded in: g_0 = c_0 | y_0 = c_0 ^ ~c_0 y_0; at bit 63 g = 0), p = c ^ y (bit 63:
-    c read as 1, y as 0)."""
-    m0 = MASKS[0]
-    alpha = c & 1
-    beta = (c ^ 1) & _LOW63
-    cp = c | _TOP
-    v = f"y{j}"
-    return ((alpha >> j) & m0, (beta >> j) & m0, v), ((cp >> j) & m0, None, v)
+def planes(x: torch.Tensor) -> list[torch.Tensor]:
+    """Bit planes of one word per padded element, interleaved as level 1 takes its input:
+    plane j holds, at bit 4k + s of word i, bit 4k + j of element i + s (n_pad / 4). Level
+    0 then works on a quarter of the words, and its outputs need no interleaving."""
+    q = x.view(4, -1)
+    out = []
+    for j in range(4):
+        w = (q[0] >> j) & MASKS[0]
+        for s in range(1, 4):
+            w ^= ((q[s] >> j) & MASKS[0]) << s
+        out.append(w)
+    return out
 
 
 def level0_polys(c: torch.Tensor) -> tuple[Poly, Poly]:
-    """G and P of every group of four bits as polynomials in y's bits (public coefficients)."""
-    f = [bit_factors(c, j) for j in range(4)]
-    g = [x[0] for x in f]
-    p = [x[1] for x in f]
-    big_g = add(
-        expand([g[3]]), expand([p[3], g[2]]), expand([p[3], p[2], g[1]]),
-        expand([p[3], p[2], p[1], g[0]]),
-    )  # fmt: skip
-    big_p = expand([p[3], p[2], p[1], p[0]])
-    return big_g, big_p
+    """G and P of every group of four bits as polynomials in y's bit planes, with public
+    coefficients (planes of c): g_j = alpha_j ^ beta_j y_j (alpha = beta = 0 but at bit 0,
+    where the carry-in 1 is folded in: g_0 = c_0 | y_0 = c_0 ^ ~c_0 y_0; at bit 63 g = 0) and
+    p_j = c_j ^ y_j (bit 63: c read as 1, y as 0)."""
+    cpl = planes(c)
+    top = -(1 << 60)  # bits 60-63 of a plane: bit 63 of the four elements (plane 3)
+    slot0 = 0xF  # bits 0-3: bit 0 of the four elements (plane 0)
+    alpha: list[torch.Tensor | int] = [cpl[0] & slot0, 0, 0, 0]  # c & 1 (0: the term vanishes)
+    beta = [cpl[0] ^ slot0, cpl[1], cpl[2], cpl[3] & ~top]  # (c ^ 1) & LOW63
+    cp = [cpl[0], cpl[1], cpl[2], cpl[3] | top]  # c | TOP
+    g: list[Factor] = [(alpha[j], beta[j], f"y{j}") for j in range(4)]
+    p: list[Factor] = [(cp[j], None, f"y{j}") for j in range(4)]
+    big_g, p321 = _chain(g[3], [p[3], p[2], p[1]], [g[2], g[1], g[0]])
+    return big_g, expand([p[0]], p321)
 
 
 def level0(
     c: torch.Tensor, y: torch.Tensor, monomials: list[torch.Tensor], first: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This party's XOR shares of (G, P) after level 0, interleaved for level 1, from the
-    public c, its share y of ~r (bit 63 ignored) and its shares of :data:`BIT_MONOMIALS`
-    (aligned on the groups' bases). All flat, one word per padded element."""
-    yp = y & _LOW63
-    shares = {frozenset({f"y{j}"}): (yp >> j) & MASKS[0] for j in range(4)}
+    """This party's XOR shares of (G, P) after level 0, laid out for level 1, from the
+    public c, its share y of ~r (bit 63 ignored; both one word per padded element) and its
+    shares of :data:`BIT_MONOMIALS` (bit planes, as :func:`bit_monomials` lays them out)."""
+    shares = {frozenset({f"y{j}"}): v for j, v in enumerate(planes(y & _LOW63))}
     shares.update(zip(BIT_MONOMIALS, monomials))
     big_g, big_p = level0_polys(c)
-    return interleave(evaluate(big_g, shares, first), 0), interleave(
-        evaluate(big_p, shares, first), 0
-    )
+    return evaluate(big_g, shares, first), evaluate(big_p, shares, first)
 
 
 def bit_monomials(y: torch.Tensor) -> list[torch.Tensor]:
-    """The dealer's :data:`BIT_MONOMIALS` of y = ~r (bit 63 read as 0), aligned."""
-    yp = y & _LOW63
-    bits = {f"y{j}": (yp >> j) & MASKS[0] for j in range(4)}
+    """The dealer's :data:`BIT_MONOMIALS` of y = ~r (bit 63 read as 0), as bit planes."""
+    bits = {f"y{j}": v for j, v in enumerate(planes(y & _LOW63))}
     out = []
     for t in BIT_MONOMIALS:
         it = iter(sorted(t))
@@ -252,12 +270,16 @@ def combine(
     shares = {frozenset({v}): a for v, a in zip(VARS, masks)}
     shares.update(zip(MONOMIALS, monomials))
 
-    def prod(names: tuple[str, ...]) -> Poly:
-        return expand([(e[v], None, v) for v in names])
+    def f(v: str) -> Factor:
+        return (e[v], None, v)
 
-    big_g = evaluate(add(*(prod(x) for x in PRODUCTS)), shares, first)
+    # G = G3 ^ P3 G2 ^ P3 P2 G1 ^ P3 P2 P1 G0 (G3 linear), P = P3 P2 P1 P0
+    g3: Factor = (0, None, "G3")  # (linear: added below from this party's share)
+    g_poly, p321 = _chain(g3, [f("P3"), f("P2"), f("P1")], [f("G2"), f("G1"), f("G0")])
+    g_poly.pop(frozenset({"G3"}))
+    big_g = evaluate(g_poly, shares, first)
     big_g ^= (g >> (3 * SPACING[level])) & MASKS[level]  # G3
-    big_p = evaluate(prod(P_PRODUCT), shares, first)
+    big_p = evaluate(expand([f("P0")], p321), shares, first)
     if level == LEVELS - 1:
         return big_g, big_p
     return interleave(big_g, level), interleave(big_p, level)

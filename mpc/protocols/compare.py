@@ -297,7 +297,7 @@ def _masked(words: int) -> list[tuple[Any, torch.dtype]]:
 def _packed_shapes(words: int) -> list[list[int]]:
     """The dealer's carry-tree material at the last party: level 0's bit products, then
     each other level's mask products (packed words, flat)."""
-    out = [[carry4.packed_words(len(carry4.BIT_MONOMIALS)) * words]]
+    out = [[len(carry4.BIT_MONOMIALS) * words // 4]]
     for level in range(1, carry4.LEVELS):
         out.append([carry4.packed_words(len(carry4.MONOMIALS)) * carry4.words(words, level)])
     return out
