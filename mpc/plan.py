@@ -203,14 +203,38 @@ class SharedPlan:
             raise MPCError("the crypto provider's program reads the plan's inputs")
         self.session.watch()
         by_id = {w.id: w for w in self.workers}
-        for _ in range(calls):
-            bindings, promised = self._bindings(variant, None)
-            for party, slot in variant.dealt:  # the parties accept these before their call
-                expect = getattr(by_id[party], "expect_delivery", None)
-                if expect is not None:
-                    expect(dealer.id, bindings[slot])
-            run_programs(variant.program_ids, [dealer], bindings, promised)
-            variant.prepared.append(bindings)
+        # a network dealer queues a bounded number of programs per session (serve
+        # --max-queued-programs, told in its hello): the sets are dealt in batches of at
+        # most half of that, each run there before the next leaves, and a set counts as
+        # prepared only once the dealer took its program
+        batch = PREPROCESS_BATCH
+        queued = getattr(dealer, "max_queued_programs", None)
+        if type(queued) is int and queued > 0:
+            batch = max(1, min(batch, queued // 2))
+        sync = getattr(dealer, "sync", None)
+        done = 0
+        while done < calls:
+            chunk: list[list[int]] = []
+            for _ in range(min(batch, calls - done)):
+                bindings, promised = self._bindings(variant, None)
+                for party, slot in variant.dealt:  # the parties accept these before their call
+                    expect = getattr(by_id[party], "expect_delivery", None)
+                    if expect is not None:
+                        expect(dealer.id, bindings[slot])
+                run_programs(variant.program_ids, [dealer], bindings, promised)
+                chunk.append(bindings)
+            if sync is not None:
+                last = done + len(chunk) >= calls
+                try:  # (a refused program raises here; the next batch waits for this one)
+                    sync() if last else sync(wait_programs=PREPROCESS_WAIT)
+                except Exception as e:
+                    raise MPCError(
+                        f"preprocess: the crypto provider {dealer.id!r} took {done} of the "
+                        f"{calls} calls' material (prepared now: {len(variant.prepared)}); "
+                        f"the next batch of {len(chunk)} failed: {e}"
+                    ) from e
+            variant.prepared.extend(chunk)
+            done += len(chunk)
         for party in {p for p, _ in variant.dealt}:
             flush = getattr(by_id[party], "sync", None)
             if flush is not None:  # (the announcements leave now, not with the next call)
@@ -275,6 +299,10 @@ class SharedPlan:
             f"commands={self.commands}, rounds={self.rounds}, "
             f"signatures={len(self._variants)})"
         )
+
+
+PREPROCESS_BATCH = 128  # calls' material a network dealer is sent at once, at most
+PREPROCESS_WAIT = 60.0  # seconds preprocess waits for a dealer to run one batch
 
 
 def _slots_of(raw: Any) -> set[int]:

@@ -40,27 +40,32 @@ from pointers.errors import DecodeError, LimitExceeded, PointerError, RemoteErro
 from pointers.network.certs import Credentials, check_identity, load_credentials
 from pointers.network.connection import SYNC_ITEM, Connection, Future, Item
 from pointers.network.context import DEFAULT_CONTEXT, ClientContext
-from pointers.network.framing import buffer_bytes, encode_envelope
+from pointers.network.framing import buffer_bytes
 from pointers.network.lease import SESSION_METADATA, renew_leases, session_of
 from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     IDENTITY_METADATA,
-    INSPECT,
     open_channel,
-    rpc_error,
 )
 from pointers.wire.messages import (
     AcceptPeer,
+    CallFunction,
     ConnectPeer,
     Delete,
+    Describe,
     ErrorReply,
+    ExecuteOp,
     Fetch,
     Message,
     Reply,
+    RunPlan,
+    Search,
     SendToPeer,
+    StoreRunPlan,
     decode_message,
     encode_message,
 )
+from pointers.wire.serde import MAX_TENSOR_DIMS, dtype_from_name
 from pointers.worker.base import Frames, Recorder, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
@@ -142,6 +147,8 @@ class NetworkWorker:
         self._held_deletes: list[int] | None = None  # while a program is recorded
         self.recorder: Recorder | None = None  # a program recording this client, if any
         self._finalizer = weakref.finalize(self, connection.close)
+        # programs one session may queue there (serve --max-queued-programs; its hello)
+        self.max_queued_programs: int | None = None
 
     # -- the client interface of a worker ------------------------------------------------
     def new_id(self) -> int:
@@ -200,7 +207,7 @@ class NetworkWorker:
         # it are in flight (its value is dropped if one of them failed)
         item.reads = type(msg) is Fetch and not msg.delete
         self._conn.submit(item)
-        return PendingReply(self, item)
+        return PendingReply(self, item, _reply_check(msg))
 
     def request_async(self, msg: Message) -> PendingReply:
         """Send ``msg`` now and return a :class:`PendingReply`: calling it waits for the
@@ -209,12 +216,20 @@ class NetworkWorker:
         pending: PendingReply = self._exchange(msg, True)
         return pending
 
-    def _answer_of(self, item: Item) -> Any:
-        """The reply value of a submitted request (waits for it)."""
+    def _answer_of(self, item: Item, check: Any = None) -> Any:
+        """The reply value of a submitted request (waits for it); ``check(value)`` names
+        what is wrong with a malformed value (None: nothing)."""
         try:
             rh, rb = self._wait_answer(item)
             if not rb and rh == _OK_NONE:
+                if check is not None and (why := check(None)) is not None:
+                    raise self._conn.malformed(why)
                 return None
+            if len(rh) > MAX_REPLY_HEADER and check is not _search_reply:
+                raise self._conn.malformed(
+                    f"a reply header of {len(rh)} bytes (a client takes at most "
+                    f"{MAX_REPLY_HEADER} bytes but for a search's)"
+                )
             try:
                 reply = decode_message(rh, rb)
             except DecodeError as e:
@@ -223,6 +238,8 @@ class NetworkWorker:
                 raise self._conn.remote_error(reply.kind, reply.message)
             if not isinstance(reply, Reply):
                 raise self._conn.malformed(f"a {reply.KIND!r} message answers a request")
+            if check is not None and (why := check(reply.value)) is not None:
+                raise self._conn.malformed(why)
         except BaseException as e:
             root = _explain(self._failed(e, item))
             if root is e:
@@ -307,10 +324,12 @@ class NetworkWorker:
         """The worker's counters for this client (fetched after the queued messages ran)."""
         info = self._inspect("stats", flush=False)
         raw = info.get("stats")
-        if not isinstance(raw, dict):
-            raise PointerError(f"worker {self.id!r} sent malformed counters")
+        if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and type(v) is int and 0 <= v < 1 << 63 for k, v in raw.items()
+        ):
+            raise self._conn.malformed("its counters are not a map of names to counts")
         fields = WorkerStats.__dataclass_fields__
-        return WorkerStats(**{k: int(v) for k, v in raw.items() if k in fields})
+        return WorkerStats(**{k: v for k, v in raw.items() if k in fields})
 
     # -- extras --------------------------------------------------------------------------
     def reset(self) -> None:
@@ -345,17 +364,10 @@ class NetworkWorker:
         """Ask the worker for its epoch, waiting (bounded) for the channel to reconnect:
         right after a restart it may still be backing off from a failed attempt."""
         conn = self._conn
-        call = conn.channel.unary_unary(INSPECT)
-        try:
-            resp = call(
-                encode_envelope({"what": "hello"}, []),
-                timeout=min(conn.timeout, _REHELLO_TIMEOUT),
-                metadata=conn.metadata,
-                wait_for_ready=True,
-            )
-        except grpc.RpcError as e:
-            raise rpc_error(e, self.id, self.address, "a hello") from None
-        conn._inspect_reply(resp)  # notes the epoch; raises a reported error
+        # (notes the epoch; raises a reported error)
+        conn.inspect_direct(
+            {"what": "hello"}, timeout=min(conn.timeout, _REHELLO_TIMEOUT), wait_for_ready=True
+        )
 
     def _note_incarnation(self) -> None:
         """Mark the ids made so far as dead if the worker's epoch changed (a restart)."""
@@ -476,13 +488,13 @@ class PendingReply:
     earlier post that failed), so that of several failed requests the earliest cause can
     be raised."""
 
-    __slots__ = ("_worker", "_item")
+    __slots__ = ("_worker", "_item", "_check")
 
-    def __init__(self, worker: NetworkWorker, item: Item) -> None:
-        self._worker, self._item = worker, item
+    def __init__(self, worker: NetworkWorker, item: Item, check: Any = None) -> None:
+        self._worker, self._item, self._check = worker, item, check
 
     def __call__(self) -> Any:
-        return self._worker._answer_of(self._item)
+        return self._worker._answer_of(self._item, self._check)
 
     @property
     def origin(self) -> int:
@@ -492,6 +504,87 @@ class PendingReply:
 
 
 _WORKERS: weakref.WeakSet[NetworkWorker] = weakref.WeakSet()
+
+# the largest reply header a client decodes (decoding takes up to ~40x a header's size in
+# memory): a reply holds a value's description or a fetched value's metadata; a search's
+# reply, which lists every match, may take the worker's own limit (serde.MAX_HEADER_BYTES)
+MAX_REPLY_HEADER = 1 << 20
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and 0 <= v < 1 << 62
+
+
+def _tensor_meta_error(m: Any) -> str | None:
+    """What is wrong with a tensor's description ``[shape, stride, dtype name]``."""
+    if not (isinstance(m, list) and len(m) == 3):
+        return "a tensor description is not [shape, stride, dtype]"
+    shape, stride, dtype = m
+    if not (
+        isinstance(shape, list) and len(shape) <= MAX_TENSOR_DIMS and all(map(_is_count, shape))
+    ):
+        return f"a tensor shape is not a list of sizes: {str(shape)[:80]}"
+    if not (
+        isinstance(stride, list)
+        and len(stride) == len(shape)
+        and all(type(k) is int and abs(k) < 1 << 62 for k in stride)
+    ):
+        return f"a tensor stride does not match its shape: {str(stride)[:80]}"
+    try:
+        dtype_from_name(dtype) if isinstance(dtype, str) else dtype_from_name("")
+    except DecodeError as e:
+        return str(e)
+    return None
+
+
+def _search_reply(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return "a search's answer is not a list"
+    for entry in value:
+        if not (isinstance(entry, list) and len(entry) == 6 and _is_count(entry[0])):
+            return "a search's match is not [id, shape, stride, dtype, tags, description]"
+        why = _tensor_meta_error(entry[1:4])
+        if why is not None:
+            return why
+        if not (isinstance(entry[4], list) and all(isinstance(t, str) for t in entry[4])):
+            return "a search's match has tags that are not strings"
+        if not isinstance(entry[5], str):
+            return "a search's match has a description that is not a string"
+    return None
+
+
+def _described_reply(value: Any) -> str | None:
+    """An op's, function's or plan's outputs described: ``[is_sequence, metas]``."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)):
+        return "an output description is not [sequence, [descriptions]]"
+    for m in value[1]:
+        why = None if m is None else _tensor_meta_error(m)
+        if why is not None:
+            return why
+    return None
+
+
+def _reply_check(msg: Message) -> Any:
+    """The check of the reply value ``msg`` expects (None: any value)."""
+    if type(msg) is Search:
+        return _search_reply
+    if type(msg) in (ExecuteOp, CallFunction, RunPlan, StoreRunPlan) and getattr(
+        msg, "want_meta", False
+    ):
+        return _described_reply
+    if type(msg) is Describe:
+        return _described_list
+    return None
+
+
+def _described_list(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return "a description of objects is not a list"
+    for m in value:
+        why = _tensor_meta_error(m)
+        if why is not None:
+            return why
+    return None
 
 
 def _explain(error: BaseException) -> BaseException:
@@ -519,8 +612,8 @@ class _RemoteObjects(Mapping[int, Any]):
 
     def _ids(self) -> list[int]:
         ids = self._worker._inspect("ids", flush=True).get("ids")
-        if not isinstance(ids, list):
-            raise PointerError(f"worker {self._worker.id!r} sent a malformed id list")
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise self._worker._conn.malformed("its object ids are not a list of integers")
         return ids
 
     def __getitem__(self, key: int) -> Any:
@@ -610,4 +703,8 @@ def connect(
         conn.close()
         raise PointerError(f"{address} serves worker {served!r}, not {id!r}")
     renew_leases(conn, hello)  # the worker frees a session's objects a lease after its calls
-    return NetworkWorker(id, address, conn, identity, peer_address)
+    worker = NetworkWorker(id, address, conn, identity, peer_address)
+    queued = hello.get("max_queued_programs")
+    if type(queued) is int and 0 < queued < 1 << 31:
+        worker.max_queued_programs = queued
+    return worker

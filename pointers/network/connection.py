@@ -24,6 +24,7 @@ import grpc
 from pointers.errors import DecodeError, LimitExceeded, PartyUnavailable, PointerError, RemoteError
 from pointers.network.context import ClientContext
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
+from pointers.network.lease import LEASE
 from pointers.network.served import is_error_header
 from pointers.network.transport import EXEC, INSPECT, STALE, SYNC, Call, not_sent, rpc_error
 from pointers.wire.messages import Delete, ErrorReply, decode_message, encode_message
@@ -230,6 +231,11 @@ class Connection:
         # worker restarted waits for the channel, even if commands failed a moment ago)
         self._sync_exec = Call(channel, EXEC)
         self._inspect = Call(channel, INSPECT)
+        # hellos and lease renewals: a method of their own (a served worker answers it on a
+        # pool of its own); Inspect for a worker without it
+        self._control = channel.unary_unary(LEASE)
+        self._plain_inspect = channel.unary_unary(INSPECT)
+        self._control_missing = False
         self._queue: deque[Item] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -293,13 +299,55 @@ class Connection:
                 return True
             return bool(self._queue) and self._queue[0].seq < seq
 
-    def inspect_direct(self, info: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """An inspection outside the queue (connect's hello)."""
+    def inspect_direct(
+        self, info: dict[str, Any], timeout: float, wait_for_ready: bool = False
+    ) -> dict[str, Any]:
+        """A hello or a lease renewal, outside the queue (the ``Lease`` method)."""
+        data = encode_envelope(info, [])
         try:
-            resp = self._inspect(encode_envelope(info, []), timeout=timeout, metadata=self.metadata)
+            try:
+                resp = self._control_call()(
+                    data, timeout=timeout, metadata=self.metadata, wait_for_ready=wait_for_ready
+                )
+            except grpc.RpcError as e:
+                if not self._unimplemented(e):
+                    raise
+                resp = self._plain_inspect(
+                    data, timeout=timeout, metadata=self.metadata, wait_for_ready=wait_for_ready
+                )
         except grpc.RpcError as e:
             raise rpc_error(e, self.worker_id, self.address, "a hello") from None
         return self._inspect_reply(resp)
+
+    def renew_lease(self, timeout: float) -> Any:
+        """Renew this session's lease at the worker without waiting for the answer: a gRPC
+        future that ends within ``timeout`` seconds (see :mod:`pointers.network.lease`)."""
+        future = self._control_call().future(
+            encode_envelope({"what": "lease"}, []), timeout=timeout, metadata=self.metadata
+        )
+
+        def done(f: Any) -> None:
+            try:
+                f.result()
+            except grpc.RpcError as e:
+                self._unimplemented(e)
+            except Exception:  # noqa: S110 - the next call reports an unreachable worker
+                pass
+
+        future.add_done_callback(done)
+        return future
+
+    def _control_call(self) -> Any:
+        return self._plain_inspect if self._control_missing else self._control
+
+    def _unimplemented(self, e: grpc.RpcError) -> bool:
+        """Whether the worker has no ``Lease`` method (then hellos and renewals go by
+        ``Inspect`` from now on)."""
+        code = e.code() if hasattr(e, "code") else None
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            self._control_missing = True
+            return True
+        return False
 
     def close(self, timeout: float = 5.0) -> None:
         with self._cond:

@@ -10,10 +10,11 @@ at each other).
 
 Each namespace lives under a lease (``serve --lease``, default 60 s): a worker frees every
 object of a session that made no call for that long. While a client runs, a daemon thread
-here renews its leases (an ``Inspect`` ``lease`` call on each open connection every quarter
+here renews its leases (a ``Lease`` call on each open connection every quarter
 of the lease the worker announced in its hello), so an idle but living client keeps its
 objects, and a client that dies, or closes without dropping its pointers, loses them
-within a lease.
+within a lease. Each connection is renewed on its own, with a timeout the client chooses
+(:data:`RENEW_TIMEOUT`): a slow or hostile worker never delays the renewals of the others.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from pointers.network.transport import SERVICE
+
 if TYPE_CHECKING:
     from pointers.network.connection import Connection
     from pointers.network.context import ClientContext
@@ -33,6 +36,11 @@ if TYPE_CHECKING:
 SESSION_METADATA = "pointers-session"
 SESSION_RE = re.compile(r"[0-9a-f]{32}")
 MIN_HEARTBEAT = 0.25  # seconds between two renewals of one connection's lease, at least
+MAX_HEARTBEAT = 60.0  # ... and at most (whatever lease a worker announces)
+RENEW_TIMEOUT = 5.0  # seconds a renewal may take (the client's choice, not the worker's)
+# hellos and renewals travel on a method of their own, which a served worker answers on a
+# pool of its own: they never queue behind another session's calls
+LEASE = f"/{SERVICE}/Lease"
 
 
 def session_of(context: ClientContext) -> str:
@@ -53,22 +61,39 @@ def check_session(token: str) -> str:
     return token
 
 
+class _Renewal:
+    """One connection's renewals: its pace, when the last one left, the one in flight."""
+
+    __slots__ = ("conn", "interval", "last", "future")
+
+    def __init__(self, conn: Connection, interval: float) -> None:
+        self.conn = weakref.ref(conn)
+        self.interval = interval
+        self.last = time.monotonic()
+        self.future: Any = None
+
+
 class _Heartbeat:
-    """One daemon thread that renews the leases of every open connection of this process."""
+    """One daemon thread that renews the leases of every open connection of this process.
+
+    Each renewal leaves as a gRPC future with a timeout this client chooses
+    (:data:`RENEW_TIMEOUT`, whatever the worker announced), and the thread never waits for
+    its answer: a slow or hostile worker holds only its own renewal (the next one of that
+    connection leaves once it was answered or timed out), never another connection's."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._watched: dict[int, tuple[weakref.ref[Connection], float, list[float]]] = {}
+        self._watched: dict[int, _Renewal] = {}
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._stop = threading.Event()
         self._hooked = False
 
     def watch(self, conn: Connection, lease: float) -> None:
-        interval = max(lease / 4, MIN_HEARTBEAT)
+        interval = min(max(lease / 4, MIN_HEARTBEAT), MAX_HEARTBEAT)
         key = id(conn)
         with self._lock:
-            self._watched[key] = (weakref.ref(conn), interval, [time.monotonic()])
+            self._watched[key] = _Renewal(conn, interval)
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._pid = os.getpid()
                 self._thread = threading.Thread(
@@ -85,26 +110,29 @@ class _Heartbeat:
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
 
-    def _due(self) -> list[tuple[Connection, float]]:
+    def _due(self) -> list[tuple[Connection, _Renewal]]:
         now = time.monotonic()
-        out: list[tuple[Connection, float]] = []
+        out: list[tuple[Connection, _Renewal]] = []
         with self._lock:
-            for key, (ref, interval, last) in list(self._watched.items()):
-                conn = ref()
+            for key, renewal in list(self._watched.items()):
+                conn = renewal.conn()
                 if conn is None or getattr(conn, "_closed", False):
                     del self._watched[key]
-                elif now - last[0] >= interval:
-                    last[0] = now
-                    out.append((conn, interval))
+                elif now - renewal.last >= renewal.interval:
+                    pending = renewal.future
+                    if pending is not None and not pending.done():
+                        continue  # (its worker has not answered yet: it holds only this)
+                    renewal.last = now
+                    out.append((conn, renewal))
         return out
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for conn, interval in self._due():
+            for conn, renewal in self._due():
                 try:
-                    conn.inspect_direct({"what": "lease"}, timeout=max(interval, 1.0))
+                    renewal.future = conn.renew_lease(RENEW_TIMEOUT)
                 except Exception:  # noqa: S110 - the next call reports an unreachable worker
-                    pass
+                    renewal.future = None
                 del conn
             self._stop.wait(MIN_HEARTBEAT)
 
@@ -120,4 +148,4 @@ def renew_leases(conn: Connection, hello: dict[str, Any]) -> None:
         _HEARTBEAT.watch(conn, float(lease))
 
 
-__all__ = ["SESSION_METADATA", "check_session", "renew_leases", "session_of"]
+__all__ = ["LEASE", "SESSION_METADATA", "check_session", "renew_leases", "session_of"]

@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
@@ -56,7 +57,13 @@ from pointers.network.certs import (
 )
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
 from pointers.network.lease import SESSION_METADATA, check_session
-from pointers.network.served import ProgramPool, ServedWorker, is_error_header, warm_meta
+from pointers.network.served import (
+    ProgramPool,
+    ProgramQueue,
+    ServedWorker,
+    is_error_header,
+    warm_meta,
+)
 from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     DELIVER,
@@ -375,6 +382,142 @@ class PeerLink:
         self.server.release_link(self.peer, self.address)
 
 
+CONTROL_THREADS = 4  # threads of the Lease method's pool (hellos and lease renewals)
+
+
+class CallShares:
+    """The threads of one handler pool (commands, or inspections), shared fairly among
+    client identities.
+
+    gRPC runs a call on a pool thread until it returns, and some calls wait (for a peer's
+    delivery, for the calls of the connection before them, for the session's programs:
+    up to an hour). So that one identity's waiting calls never hold the threads another
+    client's calls need, a call is taken only while its identity holds fewer than its
+    *share* (a quarter of the pool), or while fewer than half the pool's threads run
+    calls at all; any other call is refused at once with
+    :class:`~pointers.errors.LimitExceeded`, holding a thread for no more than that. One
+    identity (all its sessions together) thus holds at most half of a pool, and every
+    other identity always finds its share free."""
+
+    def __init__(self, worker: str, pool: str, size: int) -> None:
+        self.worker, self.pool, self.size = worker, pool, size
+        self.share = max(1, size // 4)
+        self.open = max(1, size // 2)
+        self._lock = threading.Lock()
+        self.running = 0
+        self._held: dict[str, int] = {}
+
+    def enter(self, who: str, what: str) -> None:
+        with self._lock:
+            mine = self._held.get(who, 0)
+            if mine >= self.share and self.running >= self.open:
+                raise LimitExceeded(
+                    f"worker {self.worker!r} is busy: client {who!r} already has {mine} "
+                    f"calls running or waiting here, its share of the {self.size} "
+                    f"{self.pool} threads (serve --threads: a client identity holds at "
+                    f"most {self.share} of them once {self.open} are in use); this call "
+                    f"({what}) was not run: wait for the earlier ones (their programs, "
+                    "their peers), then call again"
+                )
+            self._held[who] = mine + 1
+            self.running += 1
+
+    def leave(self, who: str) -> None:
+        with self._lock:
+            left = self._held.get(who, 1) - 1
+            if left > 0:
+                self._held[who] = left
+            else:
+                self._held.pop(who, None)
+            self.running -= 1
+
+
+class FairProgramPool(ProgramPool):
+    """The worker's program slots (``--programs-per-worker``), shared fairly: a client
+    identity holds at most half of them (all its sessions together; at least
+    ``--programs-per-client``), and a program
+    thread that finishes a program gives its slot to a session waiting for one before it
+    runs the next program of its own (sessions take turns, one program each, instead of
+    one session's queue keeping its slots for as long as it has programs)."""
+
+    def __init__(self, per_worker: int, per_client: int, max_queued: int) -> None:
+        super().__init__(per_worker, per_client, max_queued)
+        self.per_owner = max(per_client, per_worker // 2)
+        self._owner_of: weakref.WeakKeyDictionary[ProgramQueue, str] = weakref.WeakKeyDictionary()
+        self._owned: dict[str, int] = {}  # program slots held per identity
+
+    def own(self, q: ProgramQueue, owner: str) -> None:
+        """``q`` is a session of client identity ``owner``."""
+        with self.cond:
+            self._owner_of[q] = owner
+
+    def _schedule(self, q: ProgramQueue) -> None:
+        owner = self._owner_of.get(q, "")
+        while (
+            q.jobs
+            and q.running < self.per_client
+            and self.running < self.per_worker
+            and self._owned.get(owner, 0) < self.per_owner
+        ):
+            q.running += 1
+            self.running += 1
+            self._owned[owner] = self._owned.get(owner, 0) + 1
+            threading.Thread(
+                target=self._drain, args=(q,), name=f"program-{q.name}", daemon=True
+            ).start()
+        if q.jobs and q.running < self.per_client and q not in self._ready:
+            self._ready.append(q)
+
+    def _release(self, q: ProgramQueue) -> None:
+        """A thread of ``q`` gives its slot back (with :attr:`cond` held); the sessions
+        waiting for a slot are tried in turn."""
+        owner = self._owner_of.get(q, "")
+        q.running -= 1
+        self.running -= 1
+        left = self._owned.get(owner, 1) - 1
+        if left > 0:
+            self._owned[owner] = left
+        else:
+            self._owned.pop(owner, None)
+        for _ in range(len(self._ready)):
+            if self.running >= self.per_worker:
+                break
+            self._schedule(self._ready.popleft())
+        self.cond.notify_all()
+
+    def _another_waits(self, q: ProgramQueue) -> bool:
+        """Whether a session other than ``q`` waits for a slot that ``q``'s would give it
+        (with :attr:`cond` held)."""
+        mine = self._owner_of.get(q, "")
+        for r in self._ready:
+            if r is q or not r.jobs or r.running >= self.per_client:
+                continue
+            owner = self._owner_of.get(r, "")
+            if owner == mine or self._owned.get(owner, 0) < self.per_owner:
+                return True
+        return False
+
+    def _drain(self, q: ProgramQueue) -> None:
+        ran = False  # (a thread runs one program at least before it gives its slot away)
+        while True:
+            with self.cond:
+                if not q.jobs:
+                    self._release(q)
+                    return
+                if ran and self._ready and self._another_waits(q):
+                    # another session waits for a slot: it goes first, this one queues
+                    if q not in self._ready:
+                        self._ready.append(q)
+                    self._release(q)
+                    return
+                job = q.jobs.popleft()
+            ran = True
+            try:
+                job()
+            except Exception:  # noqa: S110 - a program reports its own failures
+                pass
+
+
 class WorkerServer:
     """A :class:`ServedWorker` per client session behind one gRPC server."""
 
@@ -409,9 +552,11 @@ class WorkerServer:
         # (client identity, session token) -> its namespace
         self._namespaces: dict[tuple[str, str], ServedWorker] = {}
         self._expired: dict[tuple[str, str], float] = {}  # recently expired sessions: when
-        self.programs = ProgramPool(
+        self.programs = FairProgramPool(
             config.programs_per_worker, config.programs_per_client, config.max_queued_programs
         )
+        # the threads of the command and inspection pools, shared among client identities
+        self.shares = {k: CallShares(self.id, k, config.threads) for k in ("exec", "inspect")}
         self._reaper: threading.Thread | None = None
         self._stopping = threading.Event()
         # identities that may only deliver: this worker's own, and every identity that
@@ -438,9 +583,18 @@ class WorkerServer:
         # inspections (lease renewals, syncs). With one pool, commands waiting for
         # deliveries held every thread, the deliveries and renewals queued behind them,
         # and the leases of live sessions ran out (8 pipelining clients, 16 threads).
+        # A fourth, small pool answers hellos and lease renewals (the Lease method): they
+        # never wait, and must never queue behind calls that do. Commands and inspections
+        # are shared fairly among client identities (CallShares): calls that wait (for
+        # peers, for programs) never hold more than half of a pool while others need it.
         self._pools = [
-            futures.ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix=f"pointers-{k}")
-            for k in ("exec", "deliver", "inspect")
+            futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"pointers-{k}")
+            for k, n in (
+                ("exec", cfg.threads),
+                ("deliver", cfg.threads),
+                ("inspect", cfg.threads),
+                ("lease", CONTROL_THREADS),
+            )
         ]
         self.post_pool = self._post_pool()  # (a stopped server's was shut down)
         server = grpc.server(
@@ -456,6 +610,7 @@ class WorkerServer:
             "Exec": grpc.unary_unary_rpc_method_handler(self._exec),
             "Deliver": grpc.unary_unary_rpc_method_handler(_in_pool(self._deliver, self._pools[1])),
             "Inspect": grpc.unary_unary_rpc_method_handler(_in_pool(self._inspect, self._pools[2])),
+            "Lease": grpc.unary_unary_rpc_method_handler(_in_pool(self._control, self._pools[3])),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         where = bind_address(cfg.host, cfg.port)
@@ -662,6 +817,7 @@ class WorkerServer:
                         f" (this client's earlier objects here were freed when its session's "
                         f"lease expired: no call for {cfg.lease:g} s, serve --lease)"
                     )
+                self.programs.own(ns.programs, client)  # (slots are shared per identity)
                 self._namespaces[key] = ns
             ns.calls += 1
             ns.seen = time.monotonic()
@@ -772,15 +928,24 @@ class WorkerServer:
         if self.config.latency:
             time.sleep(self.config.latency)
         start = time.monotonic()  # (after the simulated latency: it stands for the network)
+        shares = self.shares["exec"]
         try:
             info, frames = decode_envelope(request)
-            ns = self._client(context, "run commands or fetch objects")
+            key = self._client_key(context, "run commands or fetch objects")
+            shares.enter(key[0], "commands")
         except Exception as e:
             return _error_envelope(e, self.epoch)
         try:
-            return self._exec_in(ns, info, frames, start)
+            try:
+                ns = self._enter(*key)
+            except Exception as e:
+                return _error_envelope(e, self.epoch)
+            try:
+                return self._exec_in(ns, info, frames, start)
+            finally:
+                self._leave(ns)
         finally:
-            self._leave(ns)
+            shares.leave(key[0])
 
     def _exec_in(
         self, ns: ServedWorker, info: dict[str, Any], frames: list[Any], start: float = 0.0
@@ -910,32 +1075,55 @@ class WorkerServer:
         try:
             info, _ = decode_envelope(request)
             what = info_field(info, "what", str, None)
-            if what == "hello":
-                return encode_envelope(
-                    {
-                        "worker": self.id,
-                        "epoch": self.epoch,
-                        "identity": self._identity(context),
-                        "deadline": self.config.deadline,
-                        "max_message_bytes": self.config.max_message_bytes,
-                        "lease": self.config.lease,
-                    },
-                    [],
-                )
-            if what == "lease":  # a living client renews its session (pointers.network.lease)
-                key = self._client_key(context, "renew a session")
-                with self._lock:
-                    known = self._namespaces.get(key)
-                    if known is not None:
-                        known.seen = max(known.seen, time.monotonic())
-                return encode_envelope({"epoch": self.epoch, "lease": self.config.lease}, [])
-            ns = self._client(context, "inspect a namespace")
+            if what in ("hello", "lease"):  # (older clients; see _control)
+                return self._hello_or_lease(what, context)
+            key = self._client_key(context, "inspect a namespace")
+            shares = self.shares["inspect"]
+            shares.enter(key[0], what or "")
             try:
-                return self._inspect_in(ns, what, info)
+                ns = self._enter(*key)
+                try:
+                    return self._inspect_in(ns, what, info)
+                finally:
+                    self._leave(ns)
             finally:
-                self._leave(ns)
+                shares.leave(key[0])
         except Exception as e:
             return _error_envelope(e, self.epoch)
+
+    def _control(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """The ``Lease`` method: hellos and lease renewals only, on a pool of their own,
+        so that they never queue behind another session's calls (which may wait)."""
+        try:
+            info, _ = decode_envelope(request)
+            what = info_field(info, "what", str, None)
+            if what not in ("hello", "lease"):
+                raise FrameError(f"the Lease method answers hellos and renewals, not {what!r}")
+            return self._hello_or_lease(what, context)
+        except Exception as e:
+            return _error_envelope(e, self.epoch)
+
+    def _hello_or_lease(self, what: str, context: grpc.ServicerContext) -> bytes:
+        if what == "hello":
+            return encode_envelope(
+                {
+                    "worker": self.id,
+                    "epoch": self.epoch,
+                    "identity": self._identity(context),
+                    "deadline": self.config.deadline,
+                    "max_message_bytes": self.config.max_message_bytes,
+                    "lease": self.config.lease,
+                    "max_queued_programs": self.config.max_queued_programs,
+                },
+                [],
+            )
+        # a living client renews its session (pointers.network.lease)
+        key = self._client_key(context, "renew a session")
+        with self._lock:
+            known = self._namespaces.get(key)
+            if known is not None:
+                known.seen = max(known.seen, time.monotonic())
+        return encode_envelope({"epoch": self.epoch, "lease": self.config.lease}, [])
 
     @staticmethod
     def _sync(ns: ServedWorker) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from pointers.errors import LocationMismatchError
 from pointers.plans.graph import (
     PlanBuildError,
     PlanCallError,
+    PlanDecodeError,
     PlanGraph,
     PlanNotBuiltError,
     PlanRunError,
@@ -51,6 +52,7 @@ from pointers.plans.graph import (
 from pointers.plans.trace import TRACE_SIZE, trace_plan
 from pointers.plans.wire import plan_from_bytes, plan_to_bytes, plan_to_wire, variant_to_wire
 from pointers.pointer_tensor import PointerTensor, RemoteRef
+from pointers.wire import serde
 from pointers.wire.messages import RunPlan, StorePlan, StoreRunPlan
 from pointers.wire.serde import dtype_from_name
 
@@ -436,7 +438,16 @@ class Plan(nn.Module):
     @staticmethod
     def from_bytes(data: bytes) -> Plan:
         """A built plan from :meth:`to_bytes` output; every field is validated, and an op
-        outside the allow-list is refused (:class:`~pointers.PlanDecodeError`)."""
+        outside the allow-list is refused (:class:`~pointers.PlanDecodeError`). Decoded
+        within a worker's limits: the outer layout is checked before anything is built
+        (:func:`check_plan_bytes`), and the plan's header is held to a message header's
+        (``serde.MAX_HEADER_BYTES``)."""
+        try:
+            check_plan_bytes(data)
+        except PlanDecodeError:
+            if len(data) <= PRECISE_BELOW:  # the structural scan names what is wrong
+                plan_from_bytes(data)
+            raise
         graph = plan_from_bytes(data)
         plan = Plan(name=graph.name)
         plan._graph = graph
@@ -451,6 +462,109 @@ class Plan(nn.Module):
         if type(self) is Plan:
             return f"Plan({self.name!r}, built={self.is_built})"
         return super().__repr__()
+
+
+class OuterReader:
+    """Reads the few msgpack values of a serialised plan's or protocol's outer layout
+    (arrays, strings, binaries) one at a time, checking each declared length against a
+    bound and the bytes present, before anything is decoded: a hostile document that
+    holds anything else fails in microseconds, instead of decoding into millions of
+    objects (a 64 MiB document could take 2.5 GiB and 20 s)."""
+
+    def __init__(self, data: Any, what: str) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise PlanDecodeError(f"{what} decodes from bytes, not {type(data).__name__}")
+        self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        self.pos = 0
+        self.what = what
+
+    def _fail(self, why: str) -> PlanDecodeError:
+        return PlanDecodeError(f"not {self.what}: {why} (at byte {self.pos})")
+
+    def _length(self, size: int) -> int:
+        end = self.pos + size
+        if end > len(self.data):
+            raise self._fail("it ends in the middle of a value")
+        n = int.from_bytes(self.data[self.pos : end], "big")
+        self.pos = end
+        return n
+
+    def _first(self) -> int:
+        if self.pos >= len(self.data):
+            raise self._fail("it ends in the middle of a value")
+        b = self.data[self.pos]
+        self.pos += 1
+        return int(b)
+
+    def array(self, most: int, what: str) -> int:
+        b = self._first()
+        if 0x90 <= b <= 0x9F:
+            n = b & 0x0F
+        elif b in (0xDC, 0xDD):
+            n = self._length(2 if b == 0xDC else 4)
+        else:
+            raise self._fail(f"{what} is not a list")
+        if n > most:
+            raise self._fail(f"{what} holds {n} values, more than {most}")
+        return n
+
+    def string(self, most: int, what: str) -> str:
+        b = self._first()
+        if 0xA0 <= b <= 0xBF:
+            n = b & 0x1F
+        elif b in (0xD9, 0xDA, 0xDB):
+            n = self._length({0xD9: 1, 0xDA: 2, 0xDB: 4}[b])
+        else:
+            raise self._fail(f"{what} is not a string")
+        if n > most:
+            raise self._fail(f"{what} of {n} bytes is longer than {most} bytes")
+        end = self.pos + n
+        if end > len(self.data):
+            raise self._fail(f"{what} runs past the end")
+        raw = bytes(self.data[self.pos : end])
+        self.pos = end
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self._fail(f"{what} is not UTF-8") from None
+
+    def binary(self, most: int, what: str) -> int:
+        """Skip a byte string; returns its length."""
+        b = self._first()
+        if b not in (0xC4, 0xC5, 0xC6):
+            raise self._fail(f"{what} is not a byte string")
+        n = self._length({0xC4: 1, 0xC5: 2, 0xC6: 4}[b])
+        if n > most or self.pos + n > len(self.data):
+            raise self._fail(f"{what} of {n} bytes is longer than {most} bytes or the document")
+        self.pos += n
+        return n
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise self._fail(f"{len(self.data) - self.pos} unexpected bytes after its value")
+
+
+PLAN_BUFFERS = serde.MAX_BUFFERS  # tensor buffers of a serialised plan, at most
+# a document this small that the outer check refuses is decoded anyway (at most ~40 MiB),
+# so that the wire's structural scan names what is wrong (nesting, lengths, objects)
+PRECISE_BELOW = 1 << 20
+
+
+def check_plan_bytes(data: Any, what: str = "a serialised plan") -> int:
+    """Check the outer layout of :meth:`Plan.to_bytes` output, ``[magic, header,
+    [buffers]]``, without decoding it: the header at most ``serde.MAX_HEADER_BYTES`` (a
+    worker's limit for a message header, which :meth:`Plan.from_bytes` then decodes
+    within the same limits as a worker does), at most :data:`PLAN_BUFFERS` buffers.
+    Returns the header's length; raises :class:`PlanDecodeError`."""
+    r = OuterReader(data, what)
+    if r.array(3, "its outer value") != 3:
+        raise r._fail("its outer value is not [magic, header, buffers]")
+    r.string(64, "its magic")
+    n = r.binary(serde.MAX_HEADER_BYTES, "its header")
+    for _ in range(r.array(PLAN_BUFFERS, "its buffers")):
+        r.binary(len(r.data), "a buffer")
+    r.end()
+    return n
 
 
 def func2plan(

@@ -37,7 +37,7 @@ import torch
 
 from pointers.errors import DecodeError
 from pointers.plans.graph import PlanDecodeError, PlanError, PlanNotBuiltError
-from pointers.plans.plan import Plan, PointerPlan
+from pointers.plans.plan import PRECISE_BELOW, OuterReader, Plan, PointerPlan, check_plan_bytes
 from pointers.pointer_tensor import PointerTensor
 from pointers.wire import serde
 
@@ -186,6 +186,14 @@ class Protocol:
         :meth:`Plan.from_bytes` validates it (:class:`ProtocolError` on anything else)."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ProtocolError(f"a protocol decodes from bytes, not {type(data).__name__}")
+        try:  # the outer layout first, within a worker's limits, without decoding it
+            _check_protocol_bytes(data)
+        except PlanDecodeError as e:
+            if len(data) > PRECISE_BELOW:
+                raise ProtocolError(str(e)) from None
+            precise: ProtocolError | None = ProtocolError(str(e))
+        else:
+            precise = None
         try:  # within the wire's structural limits (nesting, declared lengths, objects)
             outer = serde.unpack_document(data)
         except DecodeError as e:
@@ -214,6 +222,8 @@ class Protocol:
                 roles.append((role, Plan.from_bytes(blob)))
             except PlanDecodeError as e:  # the protocol's error, naming the role
                 raise ProtocolError(f"role {role!r}: {e}") from e
+        if precise is not None:  # (a small document that decodes, yet broke a limit)
+            raise precise
         protocol = Protocol(roles)
         protocol.tags = set(outer[2])
         protocol.description = outer[3]
@@ -256,6 +266,42 @@ def _owners_result(p: PointerTensor, owner: WorkerClient, last: WorkerClient) ->
 
 _MAGIC = "pointers.protocol/1"
 _MAX_ROLES = 64
+_MAX_TAGS = 4096  # tags of a serialised protocol
+
+
+def _check_protocol_bytes(data: Any) -> None:
+    """The outer layout of :meth:`Protocol.to_bytes` output, ``[magic, [[role, plan]...],
+    [tags], description]``, checked before anything is decoded: at most
+    :data:`_MAX_ROLES` roles and :data:`_MAX_TAGS` tags, each plan as
+    :func:`~pointers.plans.plan.check_plan_bytes` checks it, and the plans' headers
+    together within one message header's limit (``serde.MAX_HEADER_BYTES``, what a worker
+    decodes from one message): decoding a hostile protocol then costs what one message
+    costs a worker, not ~40x the protocol's size. Raises :class:`PlanDecodeError`."""
+    what = "a serialised protocol"
+    r = OuterReader(data, what)
+    if r.array(4, "its outer value") != 4:
+        raise r._fail("its outer value is not [magic, roles, tags, description]")
+    r.string(64, "its magic")
+    headers = 0
+    for _ in range(r.array(_MAX_ROLES, "its roles")):
+        if r.array(2, "a role") != 2:
+            raise r._fail("a role is not [name, plan]")
+        role = r.string(1024, "a role's name")
+        size = r.binary(len(r.data), "a role's plan")
+        try:
+            headers += check_plan_bytes(r.data[r.pos - size : r.pos])
+        except PlanDecodeError as e:  # the protocol's error, naming the role
+            raise ProtocolError(f"role {role!r}: {e}") from e
+        if headers > serde.MAX_HEADER_BYTES:
+            raise r._fail(
+                f"its plans' headers take more than {serde.MAX_HEADER_BYTES} bytes together"
+            )
+    for _ in range(r.array(_MAX_TAGS, "its tags")):
+        r.string(len(r.data), "a tag")
+    r.string(len(r.data), "its description")
+    r.end()
+
+
 #: the tag every protocol sent to a worker carries
 PROTOCOL_TAG = "#protocol"
 
