@@ -82,7 +82,7 @@ def test_maxpool_workload_shape_and_three_parties() -> None:
     assert not wl.failures(row)
     assert row["shape"] == [1, 1, 8, 8] and row["elements"] == 64 and row["parties"] == 3
     assert set(row["bytes_per_party"]) == {"alice", "bob", "dan"}
-    assert row["rounds"] == 8  # two levels of the pairwise max tree, 4 rounds each
+    assert row["rounds"] == 4  # a 2x2 window: one group of four, one comparison run
 
 
 def test_comparison_is_revealed_and_exact() -> None:

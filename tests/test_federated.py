@@ -624,8 +624,10 @@ def test_secure_aggregator_matches_the_plain_mean_to_fixed_point_precision(new_w
     shared = agg.share_update(pt.send(values[0], data_workers[0]))
     assert isinstance(shared, mpc.SharedTensor) and shared.parties == parties
     # one owner's update never opens (its release rule: an aggregate of two owners)
+    fetched = shared.get()  # PySyft's fetch of the shared tensor: it stays shared
+    assert isinstance(fetched, mpc.OwnedShared)
     with pytest.raises(mpc.ReleaseRuleError, match="at least 2 owners"):
-        shared.get()
+        fetched.get()
     other = agg.share_update(pt.send(values[1], data_workers[1]))
     assert torch.allclose((shared + other).get(), (values[0] + values[1]).double(), atol=2.0**-15)
 

@@ -33,6 +33,8 @@ from mpc.material.party import (
     dabit_mask,
     dabit_product,
     fourier_finish,
+    group_mask,
+    group_select,
     open_unpack,
     pack,
     party_derive,
@@ -70,6 +72,8 @@ FUNCTIONS = {
     "mpc.open_unpack": open_unpack,
     "mpc.unpack": unpack,
     "mpc.release_sum": release_sum,
+    "mpc.group_mask": group_mask,
+    "mpc.group_select": group_select,
 }
 
 declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.sizes)
@@ -94,6 +98,7 @@ MAKES_MATERIAL = frozenset(
         "mpc.pack",
         "mpc.unpack",
         "mpc.open_unpack",
+        "mpc.group_mask",
     }
 )
 

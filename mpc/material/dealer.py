@@ -26,7 +26,7 @@ from mpc.material.streams import (
     derive,
     sum_derived,
 )
-from mpc.math import carry4
+from mpc.math import carry4, group4
 from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG
 from mpc.math.ring import ring_bilinear
@@ -156,6 +156,7 @@ def dealer_compare(
     shape: list[int],
     level_nonces: list[int],
     product_nonces: list[int],
+    group_nonce: int | None = None,
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
@@ -165,7 +166,14 @@ def dealer_compare(
     each, levels 1 and 2) its share of the products of the level's masks (the masks a are
     derived by every party), then per ``product_nonces`` entry its share of c = a t, a
     derived by every party: the pair (a, c) turns a product [v t] into one opening of
-    e = v - a (see :func:`~mpc.material.party.dabit_product`)."""
+    e = v - a (see :func:`~mpc.material.party.dabit_product`). With ``group_nonce`` the
+    comparison is the six pairs of groups of four (``shape`` [G, 6]) and last come its
+    shares of the daBits' products and of their products with the groups' masks
+    (:mod:`mpc.math.group4`; see :func:`~mpc.material.party.group_select`)."""
+    if group_nonce is not None and (
+        type(group_nonce) is not int or len(shape) != 2 or shape[-1] != len(group4.PAIRS)
+    ):
+        raise ValueError("a comparison of groups of four takes an int nonce and a [G, 6] shape")
     if not (
         isinstance(level_nonces, list)
         and len(level_nonces) == carry4.LEVELS - 1
@@ -217,6 +225,15 @@ def dealer_compare(
         for s in seeds[:-1]:
             c -= derive(s, product_nonce, TAG_C, shape)
         parts.append(c.reshape(-1))
+    if group_nonce is not None:
+        consume(ctx, seeds, group_nonce, TAG_A, TAG_C, TAG_U)
+        groups = shape[0]
+        alpha = sum_derived(seeds, group_nonce, TAG_A, [groups, 4])
+        tt, at = group4.dealer_monomials(t.view(groups, len(group4.PAIRS)), alpha)
+        for s in seeds[:-1]:
+            tt -= derive(s, group_nonce, TAG_C, list(tt.shape))
+            at -= derive(s, group_nonce, TAG_U, list(at.shape))
+        parts += [tt.reshape(-1), at.reshape(-1)]
     return torch.cat(parts)
 
 

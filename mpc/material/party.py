@@ -26,7 +26,7 @@ from mpc.material.streams import (
     consume,
     derive,
 )
-from mpc.math import carry4
+from mpc.math import carry4, group4
 from mpc.math.fourier import check_series_params, harmonics, ring_angle
 from mpc.math.prg import PRG, SEED_BYTES
 from mpc.math.ring import ring_bilinear
@@ -402,6 +402,58 @@ def cmp_select_finish(
     if complement:
         return (1 - d) * v - coef * vt
     return d * v + coef * vt
+
+
+@protocol_function(rules.group_mask)
+def group_mask(ctx: Any, seed: torch.Tensor, nonce: int, a: torch.Tensor) -> torch.Tensor:
+    """e_i = a_i - alpha_i: the party's share of the groups of four (``a``: [G, 4]) masked
+    for their selection (see :func:`group_select`)."""
+    if a.dim() != 2 or a.shape[1] != 4:
+        raise ValueError(f"the values of groups of four are [G, 4], got {list(a.shape)}")
+    consume(ctx, [seed], nonce, TAG_A)
+    return a - derive(seed, nonce, TAG_A, list(a.shape))
+
+
+@protocol_function(rules.group_select)
+def group_select(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    material: torch.Tensor | None,
+    d: torch.Tensor,
+    t: torch.Tensor,
+    e: torch.Tensor,
+    a: torch.Tensor,
+    onehot: bool,
+) -> list[torch.Tensor]:
+    """The party's share of the max of each group of four (first index on ties) and, with
+    ``onehot``, of its one-hot argmax, from the comparison of the six pairs (the opened d
+    and its daBits' shares t, [G, 6]), the opened e = a - alpha ([G, 4]) and the products of
+    the daBits (and of the masks with them): the dealer's ``material`` at the last party,
+    derived elsewhere (:func:`mpc.math.group4.select`). Local."""
+    groups = a.shape[0] if a.dim() == 2 else -1
+    pairs = len(group4.PAIRS)
+    if not (
+        a.dim() == 2
+        and a.shape[1] == 4
+        and list(e.shape) == [groups, 4]
+        and list(d.shape) == list(t.shape) == [groups, pairs]
+        and type(onehot) is bool
+    ):
+        raise ValueError("a selection of groups of four takes [G, 4] values and [G, 6] bits")
+    consume(ctx, [seed], nonce, TAG_C, TAG_U)
+    n_t, n_at = len(group4.T_MONOMIALS), len(group4.AT_MONOMIALS)
+    if material is None:
+        tt = derive(seed, nonce, TAG_C, [groups, n_t])
+        at = derive(seed, nonce, TAG_U, [groups, n_at])
+    elif material.numel() == groups * (n_t + n_at):
+        tt = material[: groups * n_t].view(groups, n_t)
+        at = material[groups * n_t :].view(groups, n_at)
+    else:
+        raise ValueError(f"the dealer's selection material has {material.numel()} words")
+    out, w = group4.select(d, t, tt, at, e, a, first, onehot)
+    return [out] if w is None else [out, w]
 
 
 # An input share drawn from a seed: at most this many bytes (1 GiB), checked before the

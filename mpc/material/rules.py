@@ -21,14 +21,14 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from mpc.math import carry4
+from mpc.math import carry4, group4
 from pointers.worker.sealing import Label, ProtocolCall, seal
 
 SEED = "seed"
 LEVELS = carry4.LEVELS
 
 # values opened among the parties: by a sum (arithmetic) or an XOR (binary)
-ADD_OPENED = frozenset({"beaver.ef", "trunc.c", "cmp.c", "dabit.e"})
+ADD_OPENED = frozenset({"beaver.ef", "trunc.c", "cmp.c", "dabit.e", "group.e"})
 XOR_OPENED = frozenset({"cmp.d"})
 OPENED = "open:"
 
@@ -128,8 +128,11 @@ def dealer_fourier(call: ProtocolCall) -> Any:
 
 def dealer_compare(call: ProtocolCall) -> Any:
     _dealer_seeds(call)
-    levels, products, shape = (call.value(k) for k in ("level_nonces", "product_nonces", "shape"))
-    return [seal("dealer.compare", _nonce(call), deliveries=1, extra=(levels, products, shape))]
+    levels, products, shape, group = (
+        call.value(k) for k in ("level_nonces", "product_nonces", "shape", "group_nonce")
+    )
+    extra = (levels, products, shape, group)
+    return [seal("dealer.compare", _nonce(call), deliveries=1, extra=extra)]
 
 
 def _int(call: ProtocolCall, name: str) -> int:
@@ -204,7 +207,7 @@ def unpack(call: ProtocolCall) -> Any:
     """The last party splits the dealer's comparison material (one delivery)."""
     label = call.material("packed", "dealer.compare", local=False, consume=True)
     assert label is not None
-    levels, products, shape = label.extra
+    levels, products, shape, group = label.extra
     n = 1
     for d in shape:
         n *= d
@@ -214,6 +217,8 @@ def unpack(call: ProtocolCall) -> Any:
         for level in range(1, carry4.LEVELS)
     ]
     want = [shape] * 3 + tree + [shape] * len(products)
+    if group is not None:
+        want += [[(len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)) * shape[0]]]
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's comparison material")
     nonce = label.nonce
@@ -221,6 +226,8 @@ def unpack(call: ProtocolCall) -> Any:
     seals.append(seal("dealer.cmp.monomials", nonce))
     seals += [seal("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
     seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+    if group is not None:  # the selection's products (see group_select)
+        seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
     return seals
 
 
@@ -346,6 +353,39 @@ def cmp_select_finish(call: ProtocolCall) -> Any:
         raise call.refuse(f"comparison {d.nonce}'s mask was selected before")
     done.add(d.nonce)
     call.share("v")
+    return None
+
+
+def group_mask(call: ProtocolCall) -> Any:
+    nonce = _nonce(call)
+    _party_seed(call)
+    _record(call, ("group", nonce), call.share("a"))
+    return [seal("group.e", nonce)]
+
+
+def group_select(call: ProtocolCall) -> Any:
+    """The selection of groups of four: the comparison's opened d and its daBits t (used
+    for this selection once), the opened e of the groups' instance, and the very values
+    its mask step masked."""
+    nonce = _nonce(call)
+    _party_seed(call, "material")
+    d = call.material("d", OPENED + "cmp.d", local=True)
+    assert d is not None
+    mat = call.args.get("material")
+    if mat is not None and mat.entries is not None:
+        raise call.refuse("parameter 'material' takes the dealer's selection material")
+    if mat is not None and mat.entry is not None:
+        label = call.material("material", "dealer.cmp.group", nonce, consume=True)
+        assert label is not None
+        if label.extra != (d.nonce,):
+            raise call.refuse("the dealer's selection material belongs to another comparison")
+    call.material("t", ("cmp.t", "dealer.cmp.tarith"), d.nonce, local=True)
+    done: set[int] = call.state.setdefault("mpc.t_selected", set())
+    if d.nonce in done:
+        raise call.refuse(f"comparison {d.nonce}'s daBits were used for a selection before")
+    done.add(d.nonce)
+    call.material("e", OPENED + "group.e", nonce, local=True, consume=True)
+    _same(call, ("group", nonce), "a")
     return None
 
 

@@ -180,7 +180,8 @@ def _selected(p: dict[str, Any]) -> int:
 
 
 def dealer_compare(p: dict[str, Any]) -> int:
-    return (2 * _selected(p) + 64) * WORD * numel(p.get("shape")) + SLACK
+    group = 30 if p.get("group_nonce") is not None else 0  # (groups of four: group4.py)
+    return (2 * _selected(p) + 64 + group) * WORD * numel(p.get("shape")) + SLACK
 
 
 def dealer_compare_keeps(p: dict[str, Any]) -> int:
@@ -270,6 +271,13 @@ def share_update(p: dict[str, Any]) -> int:
     return (n + 5) * WORD * elems(update) + 2 * nbytes(update) + SLACK
 
 
+def group_select(p: dict[str, Any]) -> int:
+    """The max of groups of four: the daBits' products ([G, 44] derived or viewed), the
+    expansion's coefficients and terms (a few [G] words per product)."""
+    groups = elems(p.get("a")) // 4 + 1
+    return 160 * WORD * groups + SLACK
+
+
 def _fixed(p: dict[str, Any]) -> int:
     return SLACK
 
@@ -301,6 +309,8 @@ DECLARED: dict[str, tuple[SizeFunction, SizeFunction | int]] = {
     "mpc.unpack": (_fixed, 0),  # views of the packed tensor
     "mpc.open_unpack": (open_unpack, 0),
     "mpc.release_sum": (release_sum, 0),
+    "mpc.group_mask": (_elementwise(3, "a"), _keeps(1)),
+    "mpc.group_select": (group_select, _keeps(2)),
     "mpc.secagg.share_update": (share_update, 0),
 }
 

@@ -46,6 +46,10 @@ def consume(ctx: Any, seeds: list[torch.Tensor], nonce: int, *tags: int) -> None
     client namespace on a served worker) in ``ctx.function_state``."""
     if not isinstance(nonce, int) or isinstance(nonce, bool):
         raise TypeError(f"a nonce must be an int, got {type(nonce).__name__}")
+    if not 0 <= nonce < 1 << 96:
+        raise ValueError(f"parameter 'nonce' is an int in [0, 2^96), got {nonce}")
+    if not seeds:
+        raise ValueError("parameter 'seeds' takes at least one seed")
     used: dict[bytes, set[tuple[int, int]]] = ctx.function_state.setdefault("mpc.streams", {})
     keys = [_seed_bytes(s) for s in seeds]
     for key in keys:

@@ -110,6 +110,9 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
     keep b's index.
     """
     k = x.shape[-1]
+    if not with_index:
+        x = _radix4_max(x)  # groups of four in one comparison each (issue 25)
+        k = x.shape[-1]
     idx: SharedTensor | None = None
     if with_index:
         ar = torch.arange(k, dtype=torch.int64).expand(x.shape).contiguous()
@@ -135,6 +138,28 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
                 new_idx = cast(SharedTensor, torch.cat([new_idx, idx[..., 2 * h :]], dim=-1))
         vals, idx, k = new_vals, new_idx, h + (k % 2)
     return vals, idx
+
+
+def _radix4_max(x: SharedTensor) -> SharedTensor:
+    """Reduce the last dim by groups of four while it has four or more entries: the i-th
+    entries of its four quarters form a group, whose max one comparison run gives
+    (:func:`mpc.protocols.compare.max_of_four`: 4 rounds where two pairwise levels take 8);
+    a remainder of one to three entries joins the next level. Values only (the argmax keeps
+    the pairwise tree)."""
+    from mpc.protocols.compare import max_of_four
+
+    while x.shape[-1] >= 4:
+        k = x.shape[-1]
+        h = k // 4
+        quarters = torch.stack([x[..., q * h : (q + 1) * h] for q in range(4)], dim=-1)
+        flat = cast(SharedTensor, quarters.reshape(-1, 4))
+        flat.materialize()
+        best, _ = max_of_four(x.session, flat.shares)
+        out = flat.with_shares(best).reshape(*x.shape[:-1], h)
+        if k % 4:
+            out = cast(SharedTensor, torch.cat([out, x[..., 4 * h :]], dim=-1))
+        x = out
+    return x
 
 
 def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:

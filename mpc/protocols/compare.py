@@ -26,7 +26,7 @@ import torch
 
 from mpc.material import TAG_T_ARITH
 from mpc.material.dealer import MAX_SELECTED
-from mpc.math import carry4
+from mpc.math import carry4, group4
 from mpc.protocols.arith import (
     I64,
     Round,
@@ -73,6 +73,19 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     return run.finish_select(complement=True)[0]
 
 
+def max_of_four(session: Session, groups: Shares, onehot: bool = False) -> Any:
+    """[max] of each group of four values (``groups``: [G, 4] shares), and with
+    ``onehot`` its one-hot argmax ([G, 4] shared 0/1 integers, first index on ties), in one
+    comparison's 4 rounds: the six pairwise comparisons at once, the selection riding on
+    their daBits (:mod:`mpc.math.group4`). A pairwise tree takes two comparisons' rounds."""
+    pairs = []
+    for i, j in group4.PAIRS:  # x_c = a_i - a_j: msb(x_c) = [a_i < a_j]
+        pairs.append([g[:, i] - g[:, j] for g in groups])
+    x = [torch.stack([p[k] for p in pairs], dim=-1) for k in range(session.n)]
+    run = _MsbRun(session, x, [], group=groups)  # type: ignore[arg-type]
+    return run.finish_group(onehot)
+
+
 def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Shares, Shares]:
     """[relu(x)] (``pending``: of x >> pending, as :func:`relu_truncating`) and the
     arithmetic bit [x >= 0] that ReLU's backward multiplies the gradient by, from one
@@ -95,9 +108,11 @@ class _MsbRun:
         x: Shares,
         values: list[Shares],
         trunc: TruncRun | None = None,
+        group: Shares | None = None,
     ) -> None:
         self.session = session
         self.shape = shape = list(x[0].shape)
+        self.group, self.group_nonce = group, None
         self.values = list(values)
         for v in values:
             if list(v[0].shape) != shape:
@@ -122,11 +137,15 @@ class _MsbRun:
         product_nonces = [session.next_nonce() for _ in range(selected)]
         packed = _packed_shapes(words)
         shapes = [shape] * 3 + packed + [shape] * selected
+        if group is not None:  # the max of groups of four (mpc.math.group4)
+            self.group_nonce = session.next_nonce()
+            terms = len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)
+            shapes.append([terms * shape[0]])
         (corr,) = deal(
             session,
             "comparison of secret values",
             "mpc.dealer_compare",
-            [nonce, shape, level_nonces, product_nonces],
+            [nonce, shape, level_nonces, product_nonces, self.group_nonce],
             out=[([_total(shapes)], I64)],
         )
         self.x = x
@@ -141,13 +160,25 @@ class _MsbRun:
         c = round1.add(masked)
         product_openings = [round1.add(prod.e) for prod in products]
         trunc_opening = trunc.open_in(round1) if trunc is not None else None
+        group_opening = None
+        if group is not None:
+            gn = self.group_nonce
+            (masked_group,) = at_parties(
+                session,
+                "mpc.group_mask",
+                lambda i: [seed[i], gn, group[i]],
+                [(list(group[0].shape), I64)],
+            )
+            group_opening = round1.add(masked_group)
         round1.open()
+        self.group_e = group_opening.value if group_opening is not None else None
 
         last_party = session.parties[-1]
         dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
         r_bits_last, self.t_arith_last, t_bin_last, mono_last, *rest = dealt
+        self.group_last = rest.pop() if group is not None else None
         and_last, c_products = rest[: carry4.LEVELS - 1], rest[carry4.LEVELS - 1 :]
-        t = self._t_shares() if selected else []
+        t = self._t_shares() if selected or group is not None else []
         self.t = t
         self.vt = [
             prod.finish(o.value, t, c_last)
@@ -220,6 +251,23 @@ class _MsbRun:
             else self.t_arith_last
             for i, p in enumerate(session.parties)
         ]
+
+    def finish_group(self, onehot: bool) -> tuple[Shares, Shares | None]:
+        """The max of each group of four and, with ``onehot``, its one-hot argmax (first
+        index on ties; shared integers), local (:func:`mpc.math.group4.select`)."""
+        group, e = self.group, self.group_e
+        assert group is not None and e is not None
+        seed, gn, d, t = self.session.party_seeds, self.group_nonce, self.d, self.t
+        material = last_only(self.session, self.group_last)
+        g = list(group[0].shape)
+        out: list[tuple[Any, torch.dtype]] = [([g[0]], I64)] + ([(g, I64)] if onehot else [])
+        got = at_parties(
+            self.session,
+            "mpc.group_select",
+            lambda i: [seed[i], gn, i == 0, material(i), d[i], t[i], e[i], group[i], onehot],
+            out,
+        )
+        return got[0], (got[1] if onehot else None)
 
     def finish_bit(self) -> Shares:
         """[msb(x)] = d + (1 - 2d) [t]."""
