@@ -718,8 +718,9 @@ class WaitingStore(ObjectStore):
                 del self._promised[obj_id]
                 raise PartyUnavailable(
                     f"worker {self.owner!r} waited {self.deadline:g} s for object {obj_id}, "
-                    "which a program or a peer was to produce: are the other parties running "
-                    "and reachable from this worker?",
+                    "which a program or a peer was to produce: a party that is down or "
+                    "unreachable from this worker, or one that refused its part (a limit, a "
+                    "busy program slot: the client's next sync there names it)",
                     None,
                 )
             return

@@ -215,8 +215,9 @@ def rpc_error(e: grpc.RpcError, worker: str, address: str, what: str) -> Pointer
     low = details.lower()
     if "ping timeout" in low or "handshake read failed" in low or "endpoint closing" in low:
         return PartyUnavailable(
-            f"worker {worker!r} at {address} stopped answering (hung, stopped, or cut off by "
-            f"the network: no answer to keepalive pings within seconds): {details}",
+            f"worker {worker!r} at {address} stopped answering (hung, stopped, out of "
+            f"connections or file descriptors, or cut off by the network: no answer to "
+            f"keepalive pings within seconds): {details}",
             worker,
         )
     if _is_tls_failure(low):
