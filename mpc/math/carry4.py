@@ -228,17 +228,23 @@ def level0(
     return evaluate(big_g, shares, first), evaluate(big_p, shares, first)
 
 
-def bit_monomials(y: torch.Tensor) -> list[torch.Tensor]:
-    """The dealer's :data:`BIT_MONOMIALS` of y = ~r (bit 63 read as 0), as bit planes."""
-    bits = {f"y{j}": v for j, v in enumerate(planes(y & _LOW63))}
+def products(
+    values: dict[str, torch.Tensor], monomials: tuple[frozenset[str], ...]
+) -> list[torch.Tensor]:
+    """The AND of the named words of each monomial (the dealer's, in the clear)."""
     out = []
-    for t in BIT_MONOMIALS:
+    for t in monomials:
         it = iter(sorted(t))
-        m = bits[next(it)]
+        m = values[next(it)]
         for v in it:
-            m = m & bits[v]
+            m = m & values[v]
         out.append(m)
     return out
+
+
+def bit_monomials(y: torch.Tensor) -> list[torch.Tensor]:
+    """The dealer's :data:`BIT_MONOMIALS` of y = ~r (bit 63 read as 0), as bit planes."""
+    return products({f"y{j}": v for j, v in enumerate(planes(y & _LOW63))}, BIT_MONOMIALS)
 
 
 # -- levels 1 and 2: a round of multi-input ANDs each ---------------------------------------
@@ -287,15 +293,7 @@ def combine(
 
 def mask_monomials(masks: list[torch.Tensor]) -> list[torch.Tensor]:
     """The dealer's :data:`MONOMIALS` of the full masks (aligned)."""
-    a = dict(zip(VARS, masks))
-    out = []
-    for t in MONOMIALS:
-        it = iter(sorted(t))
-        m = a[next(it)]
-        for v in it:
-            m = m & a[v]
-        out.append(m)
-    return out
+    return products(dict(zip(VARS, masks)), MONOMIALS)
 
 
 def interleave(x: torch.Tensor, level: int) -> torch.Tensor:
