@@ -120,7 +120,7 @@ class _Ctx:
 def test_the_dealers_correction_reconstructs_u_and_d_and_is_narrow(n: int, bits: int) -> None:
     """The parties' derived shares and the dealer's correction sum to U and D, and the D
     correction has ``bits`` bits in the narrowest dtype (int16 at 16 bits)."""
-    seeds = [new_seed(types.SimpleNamespace()) for _ in range(n)]
+    seeds = [new_seed(types.SimpleNamespace(), i, n) for i in range(n)]
     shape, nonce = [4096], 7
     packed = dealer_trunc(_Ctx(), seeds, nonce, shape, bits)
     # U and s travel as one int64 tensor: 8 bytes an element for U, then s's bytes
