@@ -47,6 +47,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pointers as pt
@@ -119,9 +120,12 @@ def select_cases(
     common: list[int] | None,
     per: dict[str, list[int]],
     workloads: list[str] | None = None,
+    tiny: bool = False,
 ) -> list[Case]:
     """The cases to run: the default sizes, with ``--sizes`` overrides, filtered by
-    ``--workloads`` and ``-k``."""
+    ``--workloads`` and ``-k``. The ``explicit`` cases (W14-W16, minutes each) only when
+    their workload is named in ``workloads`` or ``per``; ``tiny`` builds them with the
+    tiny model configs."""
     defaults: dict[str, list[Case]] = {}
     for case in MPC_CASES + POINTER_CASES:
         defaults.setdefault(case.workload, []).append(case)
@@ -129,13 +133,16 @@ def select_cases(
     for wid, default in defaults.items():
         if workloads and wid not in workloads:
             continue
+        explicit = any(c.explicit for c in default)
+        if explicit and not (workloads and wid in workloads) and wid not in per:
+            continue  # minutes per case (W14-W16): only when named
         if wid in per:
-            chosen = [Case(wid, n) for n in per[wid]]
+            chosen = [Case(wid, n, explicit=explicit) for n in per[wid]]
         elif common is not None and wid.startswith("W") and wid not in NOT_ELEMENTS:
             chosen = [Case(wid, n) for n in common]
         else:
             chosen = [c for c in default if not (quick and c.big)]
-        cases += [Case(c.workload, c.size, c.big, c.repeats, parties) for c in chosen]
+        cases += [replace(c, parties=parties, tiny=tiny and c.explicit) for c in chosen]
     return [c for c in cases if k in c.id]
 
 
@@ -206,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         "offline time per call is printed after the table",
     )
     ap.add_argument(
+        "--hf-tiny",
+        action="store_true",
+        help="W14-W16 with tiny model configs (2 layers, width 64, vocabulary 99): seconds "
+        "instead of minutes. W14-W16 run only when named in --workloads",
+    )
+    ap.add_argument(
         "--serial",
         action="store_true",
         help="in-process workers run one after the other in one thread, even for large "
@@ -244,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in workloads if w not in OPS]
     if unknown:
         ap.error(f"unknown workload(s) {', '.join(unknown)} (known: {', '.join(_ids())})")
-    cases = select_cases(args.quick, args.k, args.parties, common, per, workloads)
+    cases = select_cases(args.quick, args.k, args.parties, common, per, workloads, args.hf_tiny)
     if not cases:
         ap.error("no case matches --workloads/-k")
     if args.list:

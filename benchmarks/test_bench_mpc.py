@@ -24,7 +24,12 @@ from benchmarks.workloads import (
     timings,
 )
 
-CASES = [pytest.param(c, id=c.id, marks=[pytest.mark.big] if c.big else []) for c in MPC_CASES]
+# (W14-W16, minutes per case at full size, run only from `python -m benchmarks --workloads`)
+CASES = [
+    pytest.param(c, id=c.id, marks=[pytest.mark.big] if c.big else [])
+    for c in MPC_CASES
+    if not c.explicit
+]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -35,6 +35,9 @@ TINY = {
     "W10": 4,
     "W11": 100,
     "W13": 4,
+    "W14": 8,  # W14-W16: tiny model configs (Case(..., tiny=True)); --workloads only
+    "W15": 8,
+    "W16": 4,
     "P1": 10,
     "P2": 10,
 }
@@ -42,7 +45,8 @@ TINY = {
 
 def test_every_workload_has_a_smoke_size() -> None:
     assert set(wl.WORKLOADS) == set(wl.OPS) <= set(TINY)
-    assert set(TINY) - set(wl.WORKLOADS) <= {"W8"}  # W8 needs mpc.SecureAggregator
+    # W8 needs mpc.SecureAggregator, W14-W16 transformers
+    assert set(TINY) - set(wl.WORKLOADS) <= {"W8", "W14", "W15", "W16"}
 
 
 @pytest.mark.skipif("W8" not in wl.WORKLOADS, reason="mpc.SecureAggregator is not there")
@@ -339,3 +343,35 @@ def test_a_run_that_reveals_its_result_is_synced_after_the_timer():
         w: wl.WORKLOADS[w](64 if w != "W8" else 16).revealed for w in ("W1", "W3", "W6", "W8")
     }
     assert revealed == {"W1": False, "W3": True, "W6": True, "W8": True}
+
+
+HF = pytest.mark.skipif("W14" not in wl.WORKLOADS, reason="transformers is not installed")
+
+
+@HF
+@pytest.mark.parametrize("workload", ["W14", "W15", "W16"])
+def test_transformers_workload_tiny(workload: str) -> None:
+    """W14-W16 with the tiny configs: they run, agree with float32 (max and mean abs
+    error), and report rounds, bytes and peak memory."""
+    case = wl.Case(workload, TINY[workload], tiny=True)
+    assert case.id.startswith(f"{workload}-") and "-tiny-" in case.id
+    row = wl.measure(case.build(), repeat=1)
+    assert not wl.failures(row), wl.failures(row)
+    assert row["max_abs_err"] < 5e-2 and row["mean_abs_err"] < 5e-3
+    assert row["rounds"] > 0 and row["max_bytes_per_party"] > 0 and row["dealer_bytes"] > 0
+    assert row["peak_rss_bytes"] > 0 and "peak RSS" in wl.format_row(row)
+    assert row["size"].startswith("tiny-")
+    if workload == "W16":  # only the next token is opened: it must be the plaintext one
+        assert row["token_mismatches"] == 0 and row["elements"] == 1
+
+
+@HF
+def test_transformers_workloads_run_only_when_named() -> None:
+    from benchmarks.__main__ import select_cases
+
+    default = {c.workload for c in select_cases(False, "", 2, None, {})}
+    assert not default & {"W14", "W15", "W16"}  # minutes each: not in the default run
+    named = select_cases(False, "", 2, None, {}, ["W14", "W15", "W16"])
+    assert [c.id for c in named] == ["W14-bert-s128", "W15-gpt2-s128", "W16-decode-p32"]
+    tiny = select_cases(False, "", 3, None, {"W16": [8]}, ["W16"], tiny=True)
+    assert [(c.id, c.parties) for c in tiny] == [("W16-decode-tiny-p8", 3)]
