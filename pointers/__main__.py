@@ -124,6 +124,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--torch-threads", type=int, default=0, help="torch intra-op threads (0: default)"
     )
+    s.add_argument(
+        "--data-plane",
+        action="store_true",
+        default=None,
+        help="deliver bulk tensors (64 KiB and more) to peers that serve one too over "
+        "persistent mutual-TLS sockets instead of gRPC (also POINTERS_DATA_PLANE=1)",
+    )
+    s.add_argument(
+        "--data-port", type=int, default=0, help="TCP port of the data plane (0: a free one)"
+    )
     return p
 
 
@@ -179,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             programs_per_client=args.programs_per_client,
             programs_per_worker=args.programs_per_worker,
             max_queued_programs=args.max_queued_programs,
+            data_port=args.data_port,
+            **({"data_plane": True} if args.data_plane else {}),
         )
         serve(config, watch_stdin=args.watch_stdin)
     except (ValueError, OSError, FileNotFoundError) as e:

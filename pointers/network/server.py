@@ -39,12 +39,13 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import grpc
+import torch
 
 from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable, PointerError
 from pointers.network.certs import (
@@ -55,7 +56,14 @@ from pointers.network.certs import (
     check_party_certificate,
     load_credentials,
 )
-from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
+from pointers.network.dataplane import THRESHOLD, DataLink, DataPlaneServer, encode_frame_header
+from pointers.network.framing import (
+    FrameError,
+    buffer_bytes,
+    decode_envelope,
+    encode_envelope,
+    info_field,
+)
 from pointers.network.lease import SESSION_METADATA, check_session
 from pointers.network.served import (
     ProgramPool,
@@ -95,6 +103,8 @@ from pointers.wire.messages import (
 from pointers.worker.base import Frames
 
 ENTRY_POINT_GROUP = "pointers.worker_functions"
+DATA_PLANE_ENV = "POINTERS_DATA_PLANE"  # "1": serve with the data plane (benchmarks, tests)
+DATA_PLANE_RETRY = 5.0  # s a worker delivers over gRPC after failing to open a data link
 _OK_NONE, _ = encode_message(Reply(None))
 _SKIPPED, _ = encode_message(
     ErrorReply("Skipped", "not run: an earlier command of the same batch failed")
@@ -124,6 +134,10 @@ class ServerConfig:
     programs_per_client: int = 4  # programs running at once, per session
     programs_per_worker: int = 32  # programs running at once, in the whole worker
     max_queued_programs: int = 256  # programs waiting to run, per session
+    # bulk deliveries over persistent TLS sockets (pointers.network.dataplane), opt-in:
+    # serve --data-plane, or POINTERS_DATA_PLANE=1 in the environment; never with --insecure
+    data_plane: bool = field(default_factory=lambda: os.environ.get(DATA_PLANE_ENV) == "1")
+    data_port: int = 0  # the data plane's TCP port (0: a free one, told to peers over gRPC)
 
     def __post_init__(self) -> None:
         check_identity(self.worker_id)
@@ -139,6 +153,8 @@ class ServerConfig:
             raise ValueError("a served worker needs --certs DIR (or --insecure on loopback)")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.data_port < 65536:
+            raise ValueError(f"data port must be in 0..65535, got {self.data_port}")
         if self.deadline <= 0:
             raise ValueError(f"deadline must be positive, got {self.deadline}")
         if self.max_message_bytes < 1024:
@@ -261,8 +277,49 @@ class PeerLink:
         on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """Send a delivery of ``obj_id`` (encoded now) without waiting for its answer;
-        ``on_failure(reason)`` runs on a gRPC thread if it does not arrive."""
+        ``on_failure(reason)`` runs on a gRPC thread if it does not arrive. One tensor of
+        at least :data:`~pointers.network.dataplane.THRESHOLD` bytes goes over the data
+        plane when both workers serve one (written from the tensor's buffer before this
+        returns)."""
+        if (
+            self.server.data_plane is not None
+            and len(buffers) == 1
+            and isinstance(buffers[0], torch.Tensor)
+            and buffers[0].numel() * buffers[0].element_size() >= THRESHOLD
+            and len(header) < 32 << 10
+        ):
+            data = self.server.data_link(self.peer, self.address)
+            if data is not None:
+                self._post_data(data, header, buffers[0], obj_id, on_failure)
+                return
         self._post(self._encode({}, [(0, header, buffers)]), obj_id, on_failure)
+
+    def _post_data(
+        self,
+        data: DataLink,
+        header: bytes,
+        tensor: torch.Tensor,
+        obj_id: int,
+        on_failure: Callable[[str], None] | None,
+    ) -> None:
+        """A delivery over the data plane: written now, answered on the link's reader."""
+        info: dict[str, Any] = {"client": self.client, "from": self.server.id}
+        if self.session:
+            info["session"] = self.session
+        head = encode_frame_header(info, obj_id, header, tensor)
+        body = buffer_bytes(tensor)
+        size = len(head) + len(body)
+        self._reserve(size)
+        try:
+            self.server.peer_call(self.peer, self.address).pace(size)
+        except BaseException:
+            self._settle(size)
+            raise
+
+        def done(why: str | None) -> None:
+            self._answered(size, obj_id, on_failure, why)
+
+        data.send(head, body, done)
 
     def delivery_failed(self, obj_id: int, reason: str) -> None:
         """Tell the peer (after what is queued before) that ``obj_id`` will not come."""
@@ -271,20 +328,7 @@ class PeerLink:
     def _post(
         self, data: bytes, obj_id: int | None, on_failure: Callable[[str], None] | None
     ) -> None:
-        with self._cond:
-            while (
-                self._queued_bytes
-                and self._queued_bytes + len(data) > self.MAX_QUEUED_BYTES
-                and not self._closed
-            ):
-                self._cond.wait(1.0)
-            if self._closed:
-                raise PartyUnavailable(
-                    f"worker {self.server.id!r}: this session's link to {self.peer!r} is closed",
-                    self.peer,
-                )
-            self._queued_bytes += len(data)
-            self._busy += 1
+        self._reserve(len(data))
         size = len(data)
         try:
             server = self.server
@@ -294,6 +338,23 @@ class PeerLink:
         except BaseException:
             self._settle(size)
             raise
+
+    def _reserve(self, size: int) -> None:
+        """Wait for room for ``size`` bytes in flight on this link; count them."""
+        with self._cond:
+            while (
+                self._queued_bytes
+                and self._queued_bytes + size > self.MAX_QUEUED_BYTES
+                and not self._closed
+            ):
+                self._cond.wait(1.0)
+            if self._closed:
+                raise PartyUnavailable(
+                    f"worker {self.server.id!r}: this session's link to {self.peer!r} is closed",
+                    self.peer,
+                )
+            self._queued_bytes += size
+            self._busy += 1
 
     def _send_posted(
         self,
@@ -340,6 +401,18 @@ class PeerLink:
             why = f"PartyUnavailable: {self._unreachable(e)}"
         except Exception as e:
             why = f"{type(e).__name__}: {e}"
+        self._answered(size, obj_id, on_failure, why)
+
+    def _answered(
+        self,
+        size: int,
+        obj_id: int | None,
+        on_failure: Callable[[str], None] | None,
+        why: str | None,
+    ) -> None:
+        """A delivery in flight was answered (``why``: None, or why it failed): report a
+        failure, tell a peer that refused it, and free its room on the link."""
+        server = self.server
         try:
             if why is not None and obj_id is not None:
                 if on_failure is not None:
@@ -571,6 +644,11 @@ class WorkerServer:
         self._pools: list[futures.ThreadPoolExecutor] = []
         self.post_pool = self._post_pool()
         self.port: int | None = None
+        # the data plane (serve --data-plane; never without TLS): its listener, and the
+        # data links to peers by (peer, address), or when opening one last failed
+        self.data_plane: DataPlaneServer | None = None
+        self._data_links: dict[tuple[str, str], DataLink | float] = {}
+        self._data_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> int:
@@ -630,6 +708,12 @@ class WorkerServer:
             raise OSError(f"cannot listen on {where} (in use?)")
         server.start()
         self._server, self.port = server, port
+        if cfg.data_plane and self.credentials is not None:
+            try:
+                self.data_plane = DataPlaneServer(self, cfg.host, cfg.data_port)
+            except OSError as e:
+                server.stop(0)
+                raise OSError(f"cannot listen for the data plane on {cfg.data_port}: {e}") from e
         self._stopping.clear()
         self._reaper = threading.Thread(target=self._reap, name="pointers-lease", daemon=True)
         self._reaper.start()
@@ -661,6 +745,15 @@ class WorkerServer:
             self._channels.clear()
         for channel, _ in channels:
             channel.close()
+        if self.data_plane is not None:
+            self.data_plane.stop()
+            self.data_plane = None
+        with self._data_lock:
+            links = list(self._data_links.values())
+            self._data_links.clear()
+        for link in links:
+            if isinstance(link, DataLink):
+                link.close()
 
     def wait(self) -> None:
         if self._server is not None:
@@ -707,6 +800,44 @@ class WorkerServer:
                 if entry[0] is not channel:
                     channel.close()
         return entry[1]
+
+    def data_link(self, peer: str, address: str) -> DataLink | None:
+        """The data connection to ``peer`` at ``address``, opened at the first delivery
+        once the gRPC channel's check passed (:meth:`peer_call`): the peer tells its data
+        port over that channel, and the connection must present the party certificate of
+        ``peer`` (:meth:`DataLink.connect`). None (deliver over gRPC) when this worker or
+        the peer serves no data plane, or opening one failed in the last few seconds."""
+        if self.data_plane is None or self.credentials is None:
+            return None
+        key = (peer, address)
+        with self._data_lock:
+            link = self._data_links.get(key)
+            if isinstance(link, DataLink) and link.broken is None:
+                return link
+            if isinstance(link, float) and time.monotonic() - link < DATA_PLANE_RETRY:
+                return None
+            try:
+                call = self.peer_call(peer, address)
+                ask = encode_envelope({"from": self.id, "ask": "data-port"}, [])
+                info, _ = decode_envelope(
+                    call.blocking(ask, timeout=self.config.deadline, metadata=self.call_metadata)
+                )
+                port = info_field(info, "data_port", int, 0)
+                if not port:
+                    raise PartyUnavailable(f"{peer!r} serves no data plane", peer)
+                host, _ = split_address(address)
+                new: DataLink | float = DataLink.connect(
+                    bind_address(host, port),
+                    peer,
+                    credentials=self.credentials,
+                    cert_dir=self.config.certs or "",
+                    owner=self.id,
+                    timeout=min(self.config.deadline, 5.0),
+                )
+            except (PointerError, grpc.RpcError, OSError, ValueError):
+                new = time.monotonic()  # (the gRPC path reports what is wrong with the peer)
+            self._data_links[key] = new
+        return new if isinstance(new, DataLink) else None
 
     def _check_peer(self, peer: str, address: str) -> None:
         """Before anything is sent to ``peer`` at ``address``: the server there must
@@ -782,6 +913,10 @@ class WorkerServer:
             entry = self._channels.pop(key, None)
         if entry is not None:
             entry[0].close()
+        with self._data_lock:
+            data = self._data_links.pop(key, None)
+        if isinstance(data, DataLink):
+            data.close()
 
     # -- namespaces and their leases -----------------------------------------------------
     def _enter(self, client: str, session: str) -> ServedWorker:
@@ -1027,49 +1162,71 @@ class WorkerServer:
             time.sleep(self.config.latency)
         try:
             who, role = self._caller(context)
-            if role is not None and role != PARTY:
-                raise NotAllowedError(
-                    f"identity {who!r} holds a {role} certificate: only a party delivers"
-                )
             info, frames = decode_envelope(request)
-            client = info_field(info, "client", str, None)
-            source = info_field(info, "from", str, None)
-            if client is None or source is None:
-                raise FrameError("a delivery names its client and its source worker")
-            if source != who:
-                raise NotAllowedError(f"identity {who!r} cannot deliver as {source!r}")
-            session = info_field(info, "session", str, "")
-            ns = self._namespaces.get((client, session))
-            if ns is None or source not in ns.accepted:
-                raise NotAllowedError(
-                    f"client {client!r} has not asked worker {self.id!r} to accept "
-                    f"deliveries from {source!r}"
-                )
-            if who not in self._peers:
-                with self._lock:
-                    self._peers.add(who)
+            if info.get("ask") == "data-port":  # a peer opening its data link
+                self._party(who, role)
+                port = self.data_plane.port if self.data_plane is not None else 0
+                return encode_envelope({"data_port": port}, [])
+            ns = self._delivery_namespace(who, role, info)
             failed = info_field(info, "failed", list, None)
             if failed is not None:
                 if not (len(failed) == 2 and type(failed[0]) is int and isinstance(failed[1], str)):
                     raise FrameError("malformed 'failed' field")
-                ns.store.delivery_failed(source, failed[0], failed[1])
+                ns.store.delivery_failed(who, failed[0], failed[1])
                 return encode_envelope({}, [(0, _OK_NONE, [])])
             if len(frames) != 1:
                 raise FrameError("a delivery carries exactly one message")
             _, header, buffers = frames[0]
             msg = decode_message(header, buffers)
-            if type(msg) is not Store:
-                raise NotAllowedError(f"a peer may only deliver objects, not {msg.KIND!r}")
-            ns.store.receive(source, msg.obj_id, msg.value, msg.sealed)
-            stats = ns.stats  # as a VirtualWorker counts what its peers hand it
-            stats.messages_received += 1
-            stats.bytes_received += serde.nbytes(header, buffers)
-            stats.messages_sent += 1
-            stats.bytes_sent += len(_OK_NONE)
+            self._store_delivery(ns, who, msg, serde.nbytes(header, buffers))
             return encode_envelope({}, [(0, _OK_NONE, [])])
         except Exception as e:
             h, b = encode_message(ErrorReply(type(e).__name__, str(e)))
             return encode_envelope({}, [(0, h, b)])
+
+    @staticmethod
+    def _party(who: str, role: str | None) -> None:
+        if role is not None and role != PARTY:
+            raise NotAllowedError(
+                f"identity {who!r} holds a {role} certificate: only a party delivers"
+            )
+
+    def _delivery_namespace(self, who: str, role: str | None, info: dict[str, Any]) -> ServedWorker:
+        """The namespace a delivery from ``who`` (its certificate's identity and role)
+        goes into, from the delivery's ``info`` (client, from, session): only a party
+        delivers, as itself, into the session of a client that accepted it. The same
+        checks for a gRPC delivery and a data-plane frame (before its body is read)."""
+        self._party(who, role)
+        client = info_field(info, "client", str, None)
+        source = info_field(info, "from", str, None)
+        if client is None or source is None:
+            raise FrameError("a delivery names its client and its source worker")
+        if source != who:
+            raise NotAllowedError(f"identity {who!r} cannot deliver as {source!r}")
+        session = info_field(info, "session", str, "")
+        ns = self._namespaces.get((client, session))
+        if ns is None or source not in ns.accepted:
+            raise NotAllowedError(
+                f"client {client!r} has not asked worker {self.id!r} to accept "
+                f"deliveries from {source!r}"
+            )
+        if who not in self._peers:
+            with self._lock:
+                self._peers.add(who)
+        return ns
+
+    @staticmethod
+    def _store_delivery(ns: ServedWorker, who: str, msg: Any, nbytes: int) -> None:
+        """Store a peer's decoded delivery under the namespace's rules (announced ids,
+        sealed labels, the storage limit), and count it."""
+        if type(msg) is not Store:
+            raise NotAllowedError(f"a peer may only deliver objects, not {msg.KIND!r}")
+        ns.store.receive(who, msg.obj_id, msg.value, msg.sealed)
+        stats = ns.stats  # as a VirtualWorker counts what its peers hand it
+        stats.messages_received += 1
+        stats.bytes_received += nbytes
+        stats.messages_sent += 1
+        stats.bytes_sent += len(_OK_NONE)
 
     def _inspect(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
@@ -1262,7 +1419,8 @@ def serve(
         f"pointers: worker {server.id!r} serving on {server.address} ({mode}); "
         f"{len(names)} worker functions; deadline {config.deadline:g} s; "
         f"lease {config.lease:g} s"
-        + (f"; added latency {config.latency * 1000:g} ms per call" if config.latency else ""),
+        + (f"; added latency {config.latency * 1000:g} ms per call" if config.latency else "")
+        + (f"; data plane on port {server.data_plane.port}" if server.data_plane else ""),
         flush=True,
     )
     if ready is not None:
