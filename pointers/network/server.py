@@ -465,9 +465,9 @@ class CallShares:
     gRPC runs a call on a pool thread until it returns, and some calls wait (for a peer's
     delivery, for the calls of the connection before them, for the session's programs:
     up to an hour). So that one identity's waiting calls never hold the threads another
-    client's calls need, a call is taken only while its identity holds fewer than its
-    *share* (a quarter of the pool), or while fewer than half the pool's threads run
-    calls at all; any other call is refused at once with
+    client's calls need, a call that waits for the session's programs is taken only while
+    its identity holds fewer than its *share* (a quarter of the pool), or while fewer than
+    half the pool's threads run calls at all; any other such call is refused at once with
     :class:`~pointers.errors.LimitExceeded`, holding a thread for no more than that. One
     identity (all its sessions together) thus holds at most half of a pool, and every
     other identity always finds its share free."""
@@ -480,10 +480,14 @@ class CallShares:
         self.running = 0
         self._held: dict[str, int] = {}
 
-    def enter(self, who: str, what: str) -> None:
+    def enter(self, who: str, what: str, waits: bool = True) -> None:
+        """Take a thread for a call of ``who``; ``waits``: the call may wait long (for the
+        session's programs), so it counts against the identity's share. Other calls (their
+        commands run, or wait for their turn and their peers, within the deadline) are
+        always taken: refusing them would fail a busy honest client's pipelined calls."""
         with self._lock:
             mine = self._held.get(who, 0)
-            if mine >= self.share and self.running >= self.open:
+            if waits and mine >= self.share and self.running >= self.open:
                 raise LimitExceeded(
                     f"worker {self.worker!r} is busy: client {who!r} already has {mine} "
                     f"calls running or waiting here, its share of the {self.size} "
@@ -1067,7 +1071,7 @@ class WorkerServer:
         try:
             info, frames = decode_envelope(request)
             key = self._client_key(context, "run commands or fetch objects")
-            shares.enter(key[0], "commands")
+            shares.enter(key[0], "commands", waits="programs" in info)
         except Exception as e:
             return _error_envelope(e, self.epoch)
         try:
@@ -1236,7 +1240,7 @@ class WorkerServer:
                 return self._hello_or_lease(what, context)
             key = self._client_key(context, "inspect a namespace")
             shares = self.shares["inspect"]
-            shares.enter(key[0], what or "")
+            shares.enter(key[0], what or "", waits=what == "programs")
             try:
                 ns = self._enter(*key)
                 try:
