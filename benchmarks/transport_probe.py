@@ -62,7 +62,7 @@ def _tls_server(certs: str, port_q: Any, nbytes: int, runs: int) -> None:
         _recv_exact(sock, memoryview(bytearray(8)))
         c0 = _cpu()
         t = torch.empty(nbytes // 8, dtype=torch.int64)
-        _recv_exact(sock, memoryview(t.numpy()).cast("B"))
+        _recv_exact(sock, t.numpy().data.cast("B"))
         cpu += _cpu() - c0
         sock.sendall(b"k")
     sock.sendall(struct.pack(">d", cpu / runs))
@@ -84,7 +84,7 @@ def probe_tls(certs: str, nbytes: int, runs: int) -> tuple[float, float, float]:
     for _ in range(runs):
         t0, c0 = time.perf_counter(), _cpu()
         sock.sendall(struct.pack(">Q", nbytes))
-        sock.sendall(memoryview(x.numpy()).cast("B"))
+        sock.sendall(x.numpy().data.cast("B"))
         _recv_exact(sock, memoryview(bytearray(1)))
         walls.append(time.perf_counter() - t0)
         cpus.append(_cpu() - c0)
@@ -162,7 +162,7 @@ def probe_grpc(certs: str, nbytes: int, runs: int) -> tuple[float, float, float]
     for _ in range(runs):
         r0 = struct.unpack(">d", cpu_call(b""))[0]
         t0, c0 = time.perf_counter(), _cpu()
-        call(memoryview(x.numpy()).cast("B").tobytes())  # (gRPC takes bytes: one copy)
+        call(x.numpy().data.cast("B").tobytes())  # (gRPC takes bytes: one copy)
         walls.append(time.perf_counter() - t0)
         cpus.append(_cpu() - c0)
         rcpus.append(struct.unpack(">d", cpu_call(b""))[0] - r0)
