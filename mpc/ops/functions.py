@@ -496,9 +496,18 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for d in dims:
         n *= x.shape[d]
     fx = _fx(x)
+    # the squared deviations are summed at twice the deviations' scale (the input's + 4):
+    # an input wider than the session's scale (e.g. tanh's 24 bits) comes down to it first,
+    # with the mean's truncation where there is one, or their sum passes 2^62 (GPT-2 small's
+    # last layers, variance ~0.1 over 768 features, came out wrong by ~1e2)
+    low = 16  # (n var 2^40 < 2^62: n var up to 4e6)
     total = fx.with_shares([s.sum(dims, keepdim=True) for s in fx.shares])
     if n & (n - 1) == 0:
         mu = total.halve(n.bit_length() - 1)  # exact
+        if fx.scale > low:
+            fx, mu = approx.truncate_many([fx, mu], [low, low + 4])
+    elif fx.scale > low:
+        fx, mu = approx.truncate_many([fx, total.times_public(1.0 / n, 16)], [low, low + 4])
     else:
         (mu,) = approx.truncate_many([total.times_public(1.0 / n, 16)], [fx.scale + 4])
     dev = fx.add(mu, -1)
