@@ -320,11 +320,16 @@ class DataPlaneServer:
                 ns = server._delivery_namespace(who, PARTY, frame.info)
                 store = ns.store
                 if store.max_bytes is not None and store.used() + frame.nbytes > store.max_bytes:
-                    raise LimitExceeded(
+                    full = LimitExceeded(
                         f"a delivery of object {frame.obj_id} ({frame.nbytes} bytes) would "
                         f"take client {frame.client!r}'s storage at worker {server.id!r} "
                         f"over its limit of {store.max_bytes} bytes (serve --max-stored-mb)"
                     )
+                    try:  # a command here waiting for it fails now, not at the deadline
+                        store.delivery_failed(who, frame.obj_id, f"LimitExceeded: {full}")
+                    except Exception:  # noqa: S110 - best effort: the sender reports it too
+                        pass
+                    raise full
             except Exception as e:  # refused before any allocation: skip its body
                 _drain(sock, frame.nbytes)
                 _ack(sock, e)
