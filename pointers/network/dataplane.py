@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 import torch
@@ -60,8 +60,21 @@ from pointers.network.transport import split_address
 from pointers.wire import serde
 from pointers.wire.messages import Store, decode_message
 
-if TYPE_CHECKING:
-    from pointers.network.server import WorkerServer
+
+class WorkerServer(Protocol):
+    """What the data plane uses of the worker's server (pointers.network.server imports
+    this module, never the other way round): its identity, configuration and
+    credentials, and the delivery rules the gRPC path applies too."""
+
+    id: str
+    config: Any
+    credentials: Any
+
+    def _delivery_namespace(self, who: str, role: str | None, info: dict[str, Any]) -> Any: ...
+
+    @staticmethod
+    def _store_delivery(ns: Any, who: str, msg: Any, nbytes: int) -> None: ...
+
 
 MAGIC = b"PTD1"
 PREFIX = struct.Struct(">4sI")
