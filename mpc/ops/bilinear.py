@@ -87,10 +87,11 @@ def mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return bilinear_op(args[0], args[1], "matmul", {})
 
 
-@register(aten.addmm.default)
+@register(aten.addmm.default, aten.baddbmm.default)
 def addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """beta bias + alpha (a @ b) (GPT-2's Conv1D: torch.addmm(bias, x, w)); public beta
-    and alpha other than 1 are products with a public number."""
+    """beta bias + alpha (a @ b) (GPT-2's Conv1D: torch.addmm(bias, x, w); baddbmm: the
+    batched form attention uses): one Beaver product (local with a public operand); public
+    beta and alpha other than 1 are products with a public number."""
     bias, a, b = args[0], args[1], args[2]
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
     prod = bilinear_op(a, b, "matmul", {})

@@ -111,19 +111,3 @@ def masked_fill(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     if isinstance(value, torch.Tensor):
         value = value.detach()
     return select_public(keep, x, value)
-
-
-@register(aten.baddbmm.default)
-def baddbmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """beta input + alpha (b1 @ b2): one Beaver bmm (local with a public operand); the
-    public factors scale without a round beyond the product's truncation."""
-    inp, b1, b2 = args[0], args[1], args[2]
-    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-    prod = bilinear_op(b1, b2, "matmul", {})
-    if alpha != 1:
-        prod = mul_public(prod, alpha)
-    if beta == 0:
-        return prod
-    if beta != 1:
-        inp = mul_public(inp, beta) if isinstance(inp, SharedTensor) else inp * beta
-    return _add(prod, inp, 1)
