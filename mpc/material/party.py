@@ -361,6 +361,11 @@ def cmp_bit_finish(
 def dabit_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> torch.Tensor:
     """e_i = v_i - a_i: the party's share of v masked for a product with the daBit's t
     (see :func:`dabit_product`)."""
+    return _minus_mask(ctx, seed, nonce, v)
+
+
+def _minus_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> torch.Tensor:
+    """v_i - a_i for the mask a of ``nonce`` (each party derives its share from its seed)."""
     consume(ctx, [seed], nonce, TAG_A)
     return v - derive(seed, nonce, TAG_A, list(v.shape))
 
@@ -410,8 +415,7 @@ def group_mask(ctx: Any, seed: torch.Tensor, nonce: int, a: torch.Tensor) -> tor
     for their selection (see :func:`group_select`)."""
     if a.dim() != 2 or a.shape[1] != 4:
         raise ValueError(f"the values of groups of four are [G, 4], got {list(a.shape)}")
-    consume(ctx, [seed], nonce, TAG_A)
-    return a - derive(seed, nonce, TAG_A, list(a.shape))
+    return _minus_mask(ctx, seed, nonce, a)
 
 
 @protocol_function(rules.group_select)
