@@ -27,16 +27,10 @@ def owned_seal(owner: str, min_owners: int) -> list[Any]:
 
 
 def _release_rule(call: ProtocolCall) -> Any:
-    a = call.args.get("parts")
-    if a is None or not a.entries:
-        raise call.refuse("parameter 'parts' takes shares of owned values")
+    labels = call.materials("parts", OWNED, "shares of owned values", consume=True)
     owners: set[str] = set()
     need = MIN_OWNERS
-    for k, e in enumerate(a.entries):
-        name = f"parts[{k}]"
-        call.args[name] = type(a)(a.value[k], entry=e)
-        label = call.material(name, OWNED, consume=True)
-        assert label is not None
+    for label in labels:
         if len(label.extra) != 2 or type(label.extra[0]) is not str:
             raise call.refuse("a malformed owner label")
         owner, k_min = label.extra
@@ -49,7 +43,8 @@ def _release_rule(call: ProtocolCall) -> Any:
             f"the release rule of these values opens only an aggregate of at least {need} "
             f"owners' values, got {len(owners)} owner(s) ({sorted(owners)})"
         )
-    if any(v.shape != a.value[0].shape or v.dtype != torch.int64 for v in a.value):
+    parts = call.value("parts")
+    if any(v.shape != parts[0].shape or v.dtype != torch.int64 for v in parts):
         raise call.refuse("the shares to add must have one shape")
     return None
 

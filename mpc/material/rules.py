@@ -85,14 +85,9 @@ def _party_seed(call: ProtocolCall, *last_only: str) -> Label:
 
 def _dealer_seeds(call: ProtocolCall) -> None:
     """A dealer's step runs on the seeds it made, each party's in its place."""
-    a = call.args.get("seeds")
-    if a is None or not a.entries:
-        raise call.refuse("parameter 'seeds' takes the dealer's seeds")
-    n = len(a.entries)
-    for k in range(n):
-        call.args[f"seeds[{k}]"] = type(a)(a.value[k], entry=a.entries[k])
-        seed = call.material(f"seeds[{k}]", SEED, local=True)
-        assert seed is not None
+    seeds = call.materials("seeds", SEED, "the dealer's seeds", local=True)
+    n = len(seeds)
+    for k, seed in enumerate(seeds):
         if seed.index != k or seed.extra != (n,):
             raise call.refuse(f"the seeds must be the {n} parties' seeds, in their order")
 
@@ -395,16 +390,12 @@ def group_select(call: ProtocolCall) -> Any:
 def pack(call: ProtocolCall) -> Any:
     """A party's shares of the values one round opens, packed: each must be a value this
     party masked to open (one kind of opening: sums or XORs), used up here."""
-    a = call.args.get("parts")
-    if a is None or not a.entries:
-        raise call.refuse("parameter 'parts' takes the values to open")
-    parts = []
-    for k, e in enumerate(a.entries):
-        name = f"parts[{k}]"
-        call.args[name] = type(a)(a.value[k], entry=e)
-        lb = call.material(name, tuple(ADD_OPENED | XOR_OPENED), local=True, consume=True)
-        assert lb is not None
-        parts.append([lb.kind, lb.nonce, lb.index, [int(d) for d in a.value[k].shape]])
+    kinds = tuple(ADD_OPENED | XOR_OPENED)
+    labels = call.materials("parts", kinds, "the values to open", local=True, consume=True)
+    parts = [
+        [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape]]
+        for lb, v in zip(labels, call.value("parts"))
+    ]
     if len({p[0] in XOR_OPENED for p in parts}) != 1:
         raise call.refuse("a packed opening is all sums or all XORs")
     return [seal("packed", extra=tuple(parts))]

@@ -173,6 +173,31 @@ class ProtocolCall:
             self.spend.append(a.entry)
         return label
 
+    def materials(
+        self,
+        name: str,
+        kinds: str | tuple[str, ...],
+        what: str,
+        *,
+        local: bool | None = None,
+        consume: bool = False,
+    ) -> list[Label]:
+        """The labels of list parameter ``name``, each checked as :meth:`material` checks
+        one (``what``: how the refusal of an empty or missing list names the parameter)."""
+        a = self.args.get(name)
+        if a is None or not a.entries:
+            raise self.refuse(f"parameter {name!r} takes {what}")
+        labels = []
+        for e in a.entries:
+            label = Label.of(e.sealed) if e is not None else None
+            if label is None:
+                raise self.refuse(f"parameter {name!r} takes protocol material only")
+            self._check(name, label, kinds, None, local)
+            if consume:
+                self.spend.append(e)
+            labels.append(label)
+        return labels
+
     def pieces(self, name: str) -> list[Label]:
         """Labels of a list parameter of sealed objects (each consumed if the step runs):
         the first made here, the others delivered by distinct peers (an opening)."""
