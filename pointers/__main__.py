@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pointers.network.server import ServerConfig, serve
+    from pointers.network.config import ServerConfig
+    from pointers.network.server import serve
 
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)

@@ -22,6 +22,7 @@ import pointers as pt
 from pointers.errors import DecodeError, LimitExceeded, PartyUnavailable
 from pointers.network import ServerConfig, WorkerServer, create_certs
 from pointers.network.certs import load_credentials, party_name
+from pointers.network.config import plugin_functions
 from pointers.network.dataplane import (
     ACK,
     ANSWER_TIMEOUT,
@@ -33,7 +34,6 @@ from pointers.network.dataplane import (
     encode_frame_header,
 )
 from pointers.network.framing import FrameError
-from pointers.network.server import plugin_functions
 from pointers.wire.messages import Store, encode_message
 
 pytestmark = pytest.mark.network

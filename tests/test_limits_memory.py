@@ -28,11 +28,10 @@ from network_fixtures import Cluster
 
 import mpc
 import pointers as pt
-from pointers.network import ClientContext
+from pointers.network import ClientContext, ServerConfig, WorkerServer
 from pointers.network.certs import create_certs
 from pointers.network.framing import decode_envelope, encode_envelope
 from pointers.network.lease import session_of
-from pointers.network.server import ServerConfig, WorkerServer
 from pointers.network.transport import DELIVER, EXEC, SYNC, open_channel
 from pointers.plans.wire import MAGIC, VERSION
 from pointers.wire.messages import (

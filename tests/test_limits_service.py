@@ -23,11 +23,10 @@ from network_fixtures import Cluster
 import mpc
 import pointers as pt
 from pointers.errors import DecodeError
-from pointers.network import ClientContext
+from pointers.network import ClientContext, ServerConfig, WorkerServer
 from pointers.network.certs import create_certs, load_credentials
 from pointers.network.framing import decode_envelope, encode_envelope
 from pointers.network.lease import SESSION_METADATA, session_of
-from pointers.network.server import ServerConfig, WorkerServer
 from pointers.network.transport import EXEC, INSPECT, open_channel
 from pointers.plans.protocol import PointerProtocol
 from pointers.pointer_tensor import call_function

@@ -25,8 +25,8 @@ import pointers as pt
 from pointers.__main__ import main as cli
 from pointers.network import DEFAULT_CONTEXT, ClientContext
 from pointers.network.certs import certificate_identity
-from pointers.network.served import NamespaceLock, WaitingStore
-from pointers.network.server import ServerConfig
+from pointers.network.config import ServerConfig
+from pointers.network.waiting import NamespaceLock, WaitingStore
 from pointers.wire.messages import ExecuteOp, Fetch
 from pointers.wire.serde import Ref
 

@@ -25,8 +25,8 @@ from test_wire_limits import array, ext, op_message, pack, tensor_ext
 
 import pointers as pt
 from pointers.errors import DecodeError
+from pointers.network import ServerConfig, WorkerServer
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope
-from pointers.network.server import ServerConfig, WorkerServer
 from pointers.network.transport import EXEC, SYNC, open_channel
 from pointers.wire import serde
 from pointers.wire.messages import (

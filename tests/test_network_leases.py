@@ -30,10 +30,9 @@ from network_fixtures import Cluster
 
 import mpc
 import pointers as pt
-from pointers.network import ClientContext
+from pointers.network import ClientContext, ServerConfig, WorkerServer
 from pointers.network.certs import create_certs
-from pointers.network.served import footprint
-from pointers.network.server import ServerConfig, WorkerServer
+from pointers.network.limits import footprint
 from pointers.wire.messages import ExecuteOp, Fetch, RunProgram, StoreProgram, Tag
 from pointers.wire.serde import Slot, SlotRef
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import pointers as pt
+from pointers.network import ServerConfig, WorkerServer
 from pointers.network.certs import create_certs, load_credentials
 from pointers.network.context import DEFAULT_CONTEXT
 from pointers.network.framing import decode_envelope, encode_envelope
 from pointers.network.lease import session_of
-from pointers.network.server import ServerConfig, WorkerServer
 from pointers.network.transport import DELIVER, open_channel
 from pointers.wire.messages import (
     AcceptPeer,

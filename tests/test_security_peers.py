@@ -28,11 +28,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import pointers as pt
+from pointers.network import ServerConfig, WorkerServer
 from pointers.network.certs import certificate_role, create_certs, load_credentials, party_name
 from pointers.network.context import DEFAULT_CONTEXT
 from pointers.network.framing import decode_envelope, encode_envelope
 from pointers.network.lease import session_of
-from pointers.network.server import ServerConfig, WorkerServer
 from pointers.network.transport import DELIVER, open_channel
 from pointers.wire.messages import (
     AcceptPeer,

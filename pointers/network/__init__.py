@@ -26,9 +26,10 @@ _quiet_grpc_core()
 
 from pointers.network.certs import create_certs, load_credentials  # noqa: E402
 from pointers.network.client import NetworkWorker, connect  # noqa: E402
+from pointers.network.config import ServerConfig  # noqa: E402
 from pointers.network.context import DEFAULT_CONTEXT, ClientContext  # noqa: E402
 from pointers.network.framing import FrameError, decode_envelope, encode_envelope  # noqa: E402
-from pointers.network.server import ServerConfig, WorkerServer, serve  # noqa: E402
+from pointers.network.server import WorkerServer, serve  # noqa: E402
 
 __all__ = [
     "DEFAULT_CONTEXT",

@@ -23,9 +23,14 @@ import grpc
 
 from pointers.errors import DecodeError, LimitExceeded, PartyUnavailable, PointerError, RemoteError
 from pointers.network.context import ClientContext
-from pointers.network.framing import FrameError, decode_envelope, encode_envelope, info_field
+from pointers.network.framing import (
+    FrameError,
+    decode_envelope,
+    encode_envelope,
+    info_field,
+    is_error_header,
+)
 from pointers.network.lease import LEASE
-from pointers.network.served import is_error_header
 from pointers.network.transport import EXEC, INSPECT, STALE, SYNC, Call, not_sent, rpc_error
 from pointers.wire.messages import Delete, ErrorReply, decode_message, encode_message
 

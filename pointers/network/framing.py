@@ -27,6 +27,7 @@ import torch
 
 from pointers.errors import DecodeError
 from pointers.wire import serde
+from pointers.wire.messages import ErrorReply, encode_message
 
 MAGIC = b"PTW1"
 _PREFIX = struct.Struct(">4sI")
@@ -35,10 +36,17 @@ MAX_BUFFERS = serde.MAX_BUFFERS  # buffers in one frame
 MAX_META = 1 << 24  # bytes of the metadata map
 
 Frame = tuple[int, Any, list[Any]]  # (tag, header, buffers); header and buffers bytes-like
+_ERROR_PREFIX = encode_message(ErrorReply("", ""))[0][:7]  # fixarray(3) + fixstr "error"
 
 
 class FrameError(DecodeError):
     """An envelope is malformed: wrong magic, lengths that do not add up, bad metadata."""
+
+
+def is_error_header(header: bytes | memoryview) -> bool:
+    """Whether a frame's header is an :class:`~pointers.wire.messages.ErrorReply` (a reply
+    that reports a failure), read from its first bytes without decoding it."""
+    return bytes(header[:7]) == _ERROR_PREFIX
 
 
 def buffer_bytes(buf: Any) -> bytes | bytearray | memoryview:

@@ -20,9 +20,9 @@ class Entry:
     # protocol material: no client may fetch, describe or find it; its label (a list, see
     # pointers.worker.sealing) or False
     sealed: Any = False
-    nbytes: int = 0  # what it counts against a served client's limit (see pointers.network.served)
+    nbytes: int = 0  # what it counts against a served client's limit (see pointers.network.limits)
     # the storage a tensor keeps alive (its data pointer; 0: none), counted once however
-    # many stored tensors (views) share it (see pointers.network.served.WaitingStore)
+    # many stored tensors (views) share it (see pointers.network.limits.CountedStore)
     storage: int = 0
 
 

@@ -1,0 +1,103 @@
+"""How a worker is served: :class:`ServerConfig` (addresses, credentials, limits) and the
+worker functions installed packages declare (:func:`plugin_functions`).
+
+Imports :mod:`pointers.network.certs` and :mod:`pointers.network.transport` only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from pointers.network.certs import check_identity
+from pointers.network.transport import DEFAULT_MAX_MESSAGE, is_loopback, split_address
+
+ENTRY_POINT_GROUP = "pointers.worker_functions"
+DATA_PLANE_ENV = "POINTERS_DATA_PLANE"  # "1": serve with the data plane (benchmarks, tests)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How a worker is served. Sizes are bytes; ``max_stored_bytes`` is per client."""
+
+    worker_id: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    certs: str | None = None
+    insecure: bool = False
+    deadline: float = 10.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE
+    max_stored_bytes: int | None = 4 << 30
+    threads: int = 32
+    latency: float = 0.0  # seconds added to every call received (benchmarks: cost of rounds)
+    # the peers this worker may dial, name -> address (serve --peer NAME=HOST:PORT); empty:
+    # any address a client names, with one uniform error for every failure
+    peers: tuple[tuple[str, str], ...] = ()
+    lease: float = 60.0  # seconds without a call after which a session's objects are freed
+    max_sessions: int = 16  # open sessions per client identity
+    max_objects: int | None = 100_000  # objects per session
+    programs_per_client: int = 4  # programs running at once, per session
+    programs_per_worker: int = 32  # programs running at once, in the whole worker
+    max_queued_programs: int = 256  # programs waiting to run, per session
+    # bulk deliveries over persistent TLS sockets (pointers.network.dataplane), opt-in:
+    # serve --data-plane, or POINTERS_DATA_PLANE=1 in the environment; never with --insecure
+    data_plane: bool = field(default_factory=lambda: os.environ.get(DATA_PLANE_ENV) == "1")
+    data_port: int = 0  # the data plane's TCP port (0: a free one, told to peers over gRPC)
+
+    def __post_init__(self) -> None:
+        check_identity(self.worker_id)
+        if self.insecure:
+            if self.certs is not None:
+                raise ValueError("choose either --certs (mutual TLS) or --insecure, not both")
+            if not is_loopback(self.host):
+                raise ValueError(
+                    f"--insecure serves without TLS or authentication and binds loopback "
+                    f"addresses only (127.0.0.1, ::1, localhost), not {self.host!r}"
+                )
+        elif self.certs is None:
+            raise ValueError("a served worker needs --certs DIR (or --insecure on loopback)")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.data_port < 65536:
+            raise ValueError(f"data port must be in 0..65535, got {self.data_port}")
+        if self.deadline <= 0:
+            raise ValueError(f"deadline must be positive, got {self.deadline}")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be at least 1024")
+        if self.max_stored_bytes is not None and self.max_stored_bytes < 0:
+            raise ValueError("max_stored_bytes must be non-negative")
+        if self.threads < 4:
+            raise ValueError("a served worker needs at least 4 threads")
+        if not 1 <= self.lease <= 86400:
+            raise ValueError(f"lease must lie in [1, 86400] seconds, got {self.lease}")
+        if self.max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        if self.max_objects is not None and self.max_objects < 1:
+            raise ValueError("max_objects must be at least 1")
+        if min(self.programs_per_client, self.programs_per_worker, self.max_queued_programs) < 1:
+            raise ValueError("the program limits must be at least 1")
+        if not 0 <= self.latency <= 10:
+            raise ValueError(f"latency must lie in [0, 10] seconds, got {self.latency}")
+        for name, address in self.peers:
+            check_identity(name)
+            split_address(address)
+            if name == self.worker_id:
+                raise ValueError(f"worker {name!r} cannot be its own peer")
+
+
+def plugin_functions() -> dict[str, Callable[..., Any]]:
+    """The worker functions every installed package declares under
+    ``pointers.worker_functions`` (``mpc`` declares its protocol steps there)."""
+    out: dict[str, Callable[..., Any]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        table = ep.load()
+        if not isinstance(table, Mapping):
+            raise TypeError(f"entry point {ep.name!r} of {ENTRY_POINT_GROUP} is not a mapping")
+        for name, fn in table.items():
+            if not isinstance(name, str) or not callable(fn):
+                raise TypeError(f"entry point {ep.name!r}: {name!r} is not a named function")
+            out[name] = fn
+    return out
