@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RING_BITS = 64
+COMPARISONS = ("default", "fss")
 
 
 @dataclass(frozen=True)
@@ -12,6 +13,14 @@ class MPCConfig:
     """``frac_bits``: fractional bits of the fixed-point encoding of floats (default 16).
     ``concurrent_from``: operand size (elements) from which in-process parties run an op
     side by side, one thread each (default 2^15; ``None``: always one after the other).
+
+    ``comparison``: how comparisons (lt/gt, ReLU, max, max-pool, the comparisons inside
+    the non-linear functions) run: ``"default"`` (any number of parties, 4 rounds) or
+    ``"fss"`` (function secret sharing: the dealer deals DCF keys, 1 round for a
+    comparison, 2 for ReLU and max; 2 parties only). ``fss_bits``: the low bits of a
+    compared ring value the FSS comparison reads (default 64, all of them: exact on the
+    whole ring); fewer make the keys smaller and are exact while the value lies in
+    [-2^(fss_bits-1), 2^(fss_bits-1)). See docs/secret-sharing.md.
 
     Products are exact in the ring while |value| < 2^(62 - 2 * frac_bits) before
     truncation (2^30 at 16 bits); see docs/secret-sharing.md for the error bounds.
@@ -21,6 +30,8 @@ class MPCConfig:
     # In-process parties (VirtualWorkers) run an op concurrently, one thread each (see
     # pointers.concurrently), when an operand has at least this many elements; None: never.
     concurrent_from: int | None = 1 << 15
+    comparison: str = "default"
+    fss_bits: int = 64
 
     def __post_init__(self) -> None:
         c = self.concurrent_from
@@ -30,3 +41,7 @@ class MPCConfig:
             raise TypeError(f"frac_bits must be an int, got {type(self.frac_bits).__name__}")
         if not 0 <= self.frac_bits <= 28:
             raise ValueError(f"frac_bits must be in [0, 28], got {self.frac_bits}")
+        if self.comparison not in COMPARISONS:
+            raise ValueError(f"comparison must be one of {COMPARISONS}, got {self.comparison!r}")
+        if type(self.fss_bits) is not int or not 2 <= self.fss_bits <= RING_BITS:
+            raise ValueError(f"fss_bits must be an int in [2, {RING_BITS}], got {self.fss_bits!r}")

@@ -28,3 +28,7 @@ class UnsupportedOpError(MPCError, NotImplementedError):
 
 class PartyMismatchError(MPCError):
     """Shared operands belong to different sets of parties."""
+
+
+class ComparisonModeError(MPCError, ValueError):
+    """The session's comparison mode does not fit its parties (FSS is 2-party only)."""

@@ -21,6 +21,7 @@ session the step drew from.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import weakref
@@ -34,7 +35,7 @@ import torch
 import pointers as pt
 from mpc import accounting
 from mpc.config import MPCConfig
-from mpc.errors import CryptoProviderRequired, PartyMismatchError
+from mpc.errors import ComparisonModeError, CryptoProviderRequired, PartyMismatchError
 from mpc.material import FUNCTIONS
 from pointers.worker.program import RunValue
 
@@ -49,17 +50,28 @@ def install(worker: Any) -> None:
 
 
 class Session:
-    """Parties (2 to 5 workers), an optional dealer and the fixed-point config."""
+    """Parties (2 to 5 workers), an optional dealer and the config (fixed point, the
+    comparison mode: ``comparison="fss"`` is short for ``config=MPCConfig(comparison="fss")``,
+    2 parties only)."""
 
     def __init__(
         self,
         parties: list[Any],
         crypto_provider: Any | None = None,
         config: MPCConfig | None = None,
+        comparison: str | None = None,
     ) -> None:
         parties = list(parties)
         if not 2 <= len(parties) <= MAX_PARTIES:
             raise ValueError(f"secret sharing needs 2 to {MAX_PARTIES} parties, got {len(parties)}")
+        config = config or MPCConfig()
+        if comparison is not None:  # (shorthand for the config's field)
+            config = dataclasses.replace(config, comparison=comparison)
+        if config.comparison == "fss" and len(parties) != 2:
+            raise ComparisonModeError(
+                f"comparison='fss' (function secret sharing) is for 2 parties, got "
+                f"{len(parties)}: use comparison='default' for 3 or more"
+            )
         ids = [getattr(p, "id", None) for p in parties]
         if not all(isinstance(i, str) for i in ids):
             raise TypeError("parties must be workers (e.g. pointers.VirtualWorker)")
@@ -71,7 +83,7 @@ class Session:
             )
         self.parties = parties
         self.dealer = crypto_provider
-        self.config = config or MPCConfig()
+        self.config = config
         # nonces start at a random 48-bit point: they are public, but must be unique per
         # seed, and a recorded plan tells them from other integers by their value
         self._nonces = itertools.count(int.from_bytes(os.urandom(6), "little") << 8)

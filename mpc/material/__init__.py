@@ -19,6 +19,7 @@ from mpc.material.dealer import (
     dealer_trunc,
     new_seed,
 )
+from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
 from mpc.material.owned import release_sum
 from mpc.material.party import (
     beaver_combine,
@@ -76,11 +77,17 @@ FUNCTIONS = {
     "mpc.group_select": group_select,
 }
 
+FUNCTIONS.update(
+    {"mpc.dealer_fss": dealer_fss, "mpc.fss_unpack": fss_unpack, "mpc.fss_eval": fss_eval}
+)
+
 declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.sizes)
 
 # the steps whose outputs are protocol material (sealed at the workers; see rules.py)
 MAKES_MATERIAL = frozenset(
     {
+        "mpc.dealer_fss",
+        "mpc.fss_unpack",  # (mpc.fss_eval: sealed only when it selects; see rules.py)
         "mpc.new_seed",
         "mpc.dealer_triple",
         "mpc.dealer_trunc",

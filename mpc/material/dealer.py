@@ -170,10 +170,7 @@ def dealer_compare(
     comparison is the six pairs of groups of four (``shape`` [G, 6]) and last come its
     shares of the daBits' products and of their products with the groups' masks
     (:mod:`mpc.math.group4`; see :func:`~mpc.material.party.group_select`)."""
-    if group_nonce is not None and (
-        type(group_nonce) is not int or len(shape) != 2 or shape[-1] != len(group4.PAIRS)
-    ):
-        raise ValueError("a comparison of groups of four takes an int nonce and a [G, 6] shape")
+    check_selection(shape, product_nonces, group_nonce)
     if not (
         isinstance(level_nonces, list)
         and len(level_nonces) == carry4.LEVELS - 1
@@ -181,15 +178,6 @@ def dealer_compare(
     ):
         raise ValueError(
             f"a comparison takes {carry4.LEVELS - 1} level nonces, got {level_nonces!r}"
-        )
-    if not (
-        isinstance(product_nonces, list)
-        and len(product_nonces) <= MAX_SELECTED
-        and all(type(v) is int for v in product_nonces)
-    ):
-        raise ValueError(
-            f"a comparison selects at most {MAX_SELECTED} values, one nonce each, "
-            f"got {product_nonces!r}"
         )
     consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
     r = sum_derived(seeds, nonce, TAG_R, shape)
@@ -219,6 +207,40 @@ def dealer_compare(
             packed ^= derive(s, level_nonce, TAG_A, list(packed.shape))
         products = carry4.mask_monomials(carry4.unpack(packed, count, level))
         parts.append(_last_share(seeds, level_nonce, TAG_C, products, level))
+    parts += selection_material(ctx, seeds, t, shape, product_nonces, group_nonce)
+    return torch.cat(parts)
+
+
+def check_selection(shape: list[int], product_nonces: Any, group_nonce: Any) -> None:
+    """A comparison's selections: at most :data:`MAX_SELECTED` products (an int nonce
+    each), and a group nonce only for the six pairs of groups of four ([G, 6])."""
+    if group_nonce is not None and (
+        type(group_nonce) is not int or len(shape) != 2 or shape[-1] != len(group4.PAIRS)
+    ):
+        raise ValueError("a comparison of groups of four takes an int nonce and a [G, 6] shape")
+    if not (
+        isinstance(product_nonces, list)
+        and len(product_nonces) <= MAX_SELECTED
+        and all(type(v) is int for v in product_nonces)
+    ):
+        raise ValueError(
+            f"a comparison selects at most {MAX_SELECTED} values, one nonce each, "
+            f"got {product_nonces!r}"
+        )
+
+
+def selection_material(
+    ctx: Any,
+    seeds: list[torch.Tensor],
+    t: torch.Tensor,
+    shape: list[int],
+    product_nonces: list[int],
+    group_nonce: int | None,
+) -> list[torch.Tensor]:
+    """The last party's shares of what a comparison's selections ride on, given the daBits
+    ``t``: per product nonce c = a t (a derived by every party), and for groups of four
+    the daBits' products and their products with the groups' masks (flat tensors)."""
+    parts = []
     for product_nonce in product_nonces:
         consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
         c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
@@ -234,7 +256,7 @@ def dealer_compare(
             tt -= derive(s, group_nonce, TAG_C, list(tt.shape))
             at -= derive(s, group_nonce, TAG_U, list(at.shape))
         parts += [tt.reshape(-1), at.reshape(-1)]
-    return torch.cat(parts)
+    return parts
 
 
 def _last_share(

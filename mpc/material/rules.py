@@ -331,7 +331,7 @@ def dabit_product(call: ProtocolCall) -> Any:
 
 
 def cmp_select_finish(call: ProtocolCall) -> Any:
-    d = call.material("d", OPENED + "cmp.d", local=True)
+    d = call.material("d", D_OPENED, local=True)
     assert d is not None
     vt = call.args.get("vt")
     label = vt.label if vt is not None else None
@@ -364,7 +364,7 @@ def group_select(call: ProtocolCall) -> Any:
     its mask step masked."""
     nonce = _nonce(call)
     _party_seed(call, "material")
-    d = call.material("d", OPENED + "cmp.d", local=True)
+    d = call.material("d", D_OPENED, local=True)
     assert d is not None
     mat = call.args.get("material")
     if mat is not None and mat.entries is not None:
@@ -419,3 +419,74 @@ def open_unpack(call: ProtocolCall) -> Any:
     if call.value("xor") is not xor:
         raise call.refuse("the opening's sum or XOR does not fit its values")
     return [seal(OPENED + p[0], p[1], p[2]) for p in parts]
+
+
+# -- the comparison by function secret sharing (mpc.material.fss) -----------------------
+
+# the FSS comparison's d = m ^ t opens by a sum; its selections take it where the default
+# comparison's XOR-opened d goes
+ADD_OPENED = ADD_OPENED | {"fss.d"}
+D_OPENED = (OPENED + "cmp.d", OPENED + "fss.d")
+
+
+def dealer_fss(call: ProtocolCall) -> Any:
+    """Two keys, one for each of the 2 parties (``index``: the party's place)."""
+    _dealer_seeds(call)
+    if len(call.materials("seeds", SEED, "the dealer's seeds")) != 2:
+        raise call.refuse("the FSS comparison is for 2 parties")
+    select = call.value("select")
+    if type(select) is not bool:
+        raise call.refuse("parameter 'select' is a bool")
+    keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
+    extra = tuple(call.value(k) for k in keys)
+    nonce = _nonce(call)
+    return [seal("dealer.fss", nonce, i, deliveries=1, extra=extra) for i in (0, 1)]
+
+
+def fss_unpack(call: ProtocolCall) -> Any:
+    """The last party splits its own key (the index the dealer gave it) once."""
+    from mpc.material.fss import words
+
+    nonce = _nonce(call)
+    seed = _party_seed(call)
+    label = call.material("packed", "dealer.fss", nonce, local=False, consume=True)
+    assert label is not None
+    if label.index != seed.index or seed.index != 1:
+        raise call.refuse(f"party {seed.index} takes the key of party {label.index}")
+    select, bits, shape, products, group = label.extra
+    n = 1
+    for d in shape:
+        n *= d
+    want = [[words(n, bits) + n]]
+    if select:
+        want += [shape] * (1 + len(products))
+        if group is not None:
+            want += [[(len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)) * shape[0]]]
+    if call.value("shapes") != want:
+        raise call.refuse("the shapes do not split the dealer's FSS key")
+    seals = [seal("fss.key", nonce, seed.index, extra=(select, bits))]
+    if select:
+        seals.append(seal("dealer.cmp.tarith", nonce))
+        seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+        if group is not None:
+            seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
+    return seals
+
+
+def fss_eval(call: ProtocolCall) -> Any:
+    """A party evaluates its own key once, at the opened c of the same instance: party 0
+    the key delivered to it, the last party the key it split. With a selection the
+    result is d's share (opened next), else the comparison's result."""
+    nonce = _nonce(call)
+    seed = _party_seed(call)
+    key = call.material("key", ("dealer.fss", "fss.key"), nonce, consume=True)
+    assert key is not None
+    if key.index != seed.index or (key.kind == "dealer.fss") != (seed.index == 0):
+        raise call.refuse(f"party {seed.index} takes its own key, not party {key.index}'s")
+    if key.kind == "dealer.fss" and key.local:
+        raise call.refuse("party 0's key is the dealer's delivery")
+    select, bits = key.extra[0], key.extra[1]
+    if call.value("bits") != bits:
+        raise call.refuse(f"the key reads {bits} bits")
+    call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
+    return [seal("fss.d", nonce)] if select else None

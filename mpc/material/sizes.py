@@ -326,3 +326,42 @@ def declare(functions: dict[str, Any]) -> None:
         spec = DECLARED.get(name)
         if spec is not None:
             sized(*spec)(fn)
+
+
+# -- the comparison by function secret sharing (mpc.material.fss) -----------------------
+
+DCF_CHUNK_BYTES = 4 << 20  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf)
+
+
+def _fss_words(p: dict[str, Any], n: int) -> int:
+    """Words of the correction words of ``n`` elements' keys (3 per compared bit)."""
+    bits = _int(p.get("bits"), "bits", 2, 64)
+    return (3 * (bits - 1) + 1) * n
+
+
+def dealer_fss(p: dict[str, Any]) -> int:
+    """The correction words twice (party 0's, and the last party's in its packed key),
+    the mask, roots and payloads (a few words an element) and the selections."""
+    n = numel(p.get("shape"))
+    group = 30 if p.get("group_nonce") is not None else 0
+    extra = (2 * _selected(p) + 24 + group) * n
+    return WORD * (2 * _fss_words(p, n) + extra) + DCF_CHUNK_BYTES + SLACK
+
+
+def dealer_fss_keeps(p: dict[str, Any]) -> int:
+    return records(p.get("seeds"), 4 + 2 * _selected(p) + 3)
+
+
+def fss_eval(p: dict[str, Any]) -> int:
+    """The root seeds, the input's low bits, the output and its terms (a few words an
+    element) and one chunk of the level loop."""
+    return 12 * WORD * _t(p, "c") + DCF_CHUNK_BYTES + SLACK
+
+
+DECLARED.update(
+    {
+        "mpc.dealer_fss": (dealer_fss, dealer_fss_keeps),
+        "mpc.fss_unpack": (_fixed, 0),  # views of the packed key
+        "mpc.fss_eval": (fss_eval, _keeps(2)),
+    }
+)

@@ -29,7 +29,8 @@ from pointers.errors import NotAllowedError
     TAG_T_BIN,
     TAG_TRIG,
     TAG_PAIRS,
-) = range(11)
+    TAG_FSS_ROOT,  # the parties' DCF root seeds (mpc.material.fss)
+) = range(12)
 
 
 def _seed_bytes(seed: torch.Tensor) -> bytes:

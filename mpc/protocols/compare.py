@@ -43,7 +43,7 @@ from mpc.session import Session
 
 def msb(session: Session, x: Shares) -> Shares:
     """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds."""
-    run = _MsbRun(session, x, [])
+    run = _run(session, x, [])
     return run.finish_bit()
 
 
@@ -57,7 +57,7 @@ def select_by_msb(
     [v t] is opened in round 1, together with c. ReLU is x * (1 - msb(x)), the max of a
     and b is b + (a - b) msb(b - a): both cost exactly one comparison's rounds.
     """
-    run = _MsbRun(session, x, values)
+    run = _run(session, x, values)
     return run.finish_select(complement)
 
 
@@ -69,7 +69,7 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     the product (z >> bits) * t opens with the first carry-tree level. This saves the
     round a separate truncation would cost before every ReLU of a linear layer.
     """
-    run = _MsbRun(session, z, [], trunc=TruncRun(session, z, bits))
+    run = _run(session, z, [], trunc=TruncRun(session, z, bits))
     return run.finish_select(complement=True)[0]
 
 
@@ -82,7 +82,7 @@ def max_of_four(session: Session, groups: Shares, onehot: bool = False) -> Any:
     for i, j in group4.PAIRS:  # x_c = a_i - a_j: msb(x_c) = [a_i < a_j]
         pairs.append([g[:, i] - g[:, j] for g in groups])
     x = [torch.stack([p[k] for p in pairs], dim=-1) for k in range(session.n)]
-    run = _MsbRun(session, x, [], group=groups)  # type: ignore[arg-type]
+    run = _run(session, x, [], group=groups)  # type: ignore[arg-type]
     return run.finish_group(onehot)
 
 
@@ -91,9 +91,26 @@ def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Share
     arithmetic bit [x >= 0] that ReLU's backward multiplies the gradient by, from one
     comparison: the bit is d + (1 - 2d) [t] complemented, local once d is open."""
     trunc = TruncRun(session, x, pending) if pending else None
-    run = _MsbRun(session, x, [] if pending else [x], trunc=trunc)
+    run = _run(session, x, [] if pending else [x], trunc=trunc)
     (out,) = run.finish_select(complement=True)
     return out, run.finish_mask()
+
+
+def _run(
+    session: Session,
+    x: Shares,
+    values: list[Shares],
+    trunc: TruncRun | None = None,
+    group: Shares | None = None,
+) -> _MsbRun:
+    """The comparison run of the session's mode: the default protocol below, or with
+    ``comparison="fss"`` function secret sharing (:mod:`mpc.protocols.fss`: 1 round for
+    the bit, 2 with selections), whose local last steps are this one's."""
+    if session.config.comparison == "fss":
+        from mpc.protocols import fss  # (it builds on this module)
+
+        return fss.run(session, x, values, trunc=trunc, group=group)  # type: ignore[no-any-return]
+    return _MsbRun(session, x, values, trunc=trunc, group=group)
 
 
 class _MsbRun:

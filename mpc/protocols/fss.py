@@ -1,0 +1,168 @@
+"""The comparison by function secret sharing: the session option ``comparison="fss"``
+(2 parties; the steps and their algebra: :mod:`mpc.material.fss`, the DCF:
+:mod:`mpc.math.dcf`).
+
+Offline, one dealer call deals both parties' DCF keys (and the last party's shares of the
+mask's top bit, of the daBit and of the selections' products), one delivery to each party.
+Online:
+
+- msb / lt / gt: round 1 opens c = x + r; each party evaluates its key at c (local) and
+  holds its share of msb(x). 1 round.
+- selections (ReLU, max, max-pool, |x|, the comparisons of the non-linear functions):
+  round 1 opens c together with the e = v - a of the products [v t] (and a pending
+  truncation's opening, and the groups' masks for a max of four); the local evaluation
+  gives [msb(x) ^ t]; round 2 opens d = msb(x) ^ t (and a truncated value's product
+  opening); then the selection is local, the same steps as the default protocol's last
+  one (:class:`mpc.protocols.compare._MsbRun`). 2 rounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpc.material import fss as material
+from mpc.material.dealer import MAX_SELECTED
+from mpc.math import group4
+from mpc.protocols.arith import I64, Round, Shares, TruncRun, at_parties, call
+from mpc.protocols.compare import _MsbRun, _numel, _TProduct
+from mpc.session import Session
+
+
+class FssRun(_MsbRun):
+    """msb([x]) by FSS, with the same optional selections as :class:`_MsbRun` (whose
+    local last steps it shares); the constructor runs the online rounds."""
+
+    def __init__(
+        self,
+        session: Session,
+        x: Shares,
+        values: list[Shares],
+        trunc: TruncRun | None = None,
+        group: Shares | None = None,
+    ) -> None:
+        if session.n != 2:  # (a session refuses comparison="fss" for more parties)
+            raise ValueError("the FSS comparison is for 2 parties")
+        self.session = session
+        self.shape = shape = list(x[0].shape)
+        self.group, self.group_nonce = group, None
+        self.values = list(values)
+        self.x = x
+        for v in values:
+            if list(v[0].shape) != shape:
+                raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
+        selected = len(values) + (trunc is not None)
+        if selected > MAX_SELECTED:
+            raise ValueError(
+                f"select_by_msb selects at most {MAX_SELECTED} values in one comparison, "
+                f"got {len(values)}: split them over several calls"
+            )
+        self.select = select = selected > 0 or group is not None
+        self.nonce = nonce = session.next_nonce()
+        product_nonces = [session.next_nonce() for _ in range(selected)]
+        if group is not None:
+            self.group_nonce = session.next_nonce()
+        bits = session.config.fss_bits
+        seed = session.party_seeds
+        n = _numel(shape)
+
+        # offline: the keys, one delivery to each party
+        w = material.words(n, bits)
+        shapes: list[list[int]] = [[w + n]]
+        if select:
+            shapes += [shape] * (1 + selected)
+            if group is not None:
+                terms = len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)
+                shapes.append([terms * shape[0]])
+        dealer = session.require_dealer("comparison of secret values")
+        key0, key1 = call(
+            dealer,
+            "mpc.dealer_fss",
+            [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits],
+            out=[([w], I64), ([sum(_numel(s) for s in shapes)], I64)],
+        )
+        first_party, last_party = session.parties
+        key0 = key0.move(first_party)
+        key1 = key1.move(last_party)
+
+        # round 1: c = x + r, the products' e, the truncation's and the groups' openings
+        (masked,) = at_parties(
+            session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
+        )
+        products = [_TProduct(session, pn, v) for pn, v in zip(product_nonces, values)]
+        round1 = Round(session)
+        c = round1.add(masked)
+        product_openings = [round1.add(prod.e) for prod in products]
+        trunc_opening = trunc.open_in(round1) if trunc is not None else None
+        group_opening = None
+        if group is not None:
+            gn = self.group_nonce
+            (masked_group,) = at_parties(
+                session,
+                "mpc.group_mask",
+                lambda i: [seed[i], gn, group[i]],
+                [(list(group[0].shape), I64)],
+            )
+            group_opening = round1.add(masked_group)
+        round1.open()
+        self.group_e = group_opening.value if group_opening is not None else None
+
+        # the last party's key, split; then the local evaluation at both parties
+        dealt = call(
+            last_party,
+            "mpc.fss_unpack",
+            [seed[1], nonce, key1, shapes],
+            out=[(sh, I64) for sh in shapes],
+        )
+        keys = [key0, dealt[0]]
+        (out,) = at_parties(
+            session,
+            "mpc.fss_eval",
+            lambda i: [seed[i], nonce, i == 0, keys[i], c.value[i], bits],
+            [(shape, I64)],
+        )
+        if not select:
+            self.bit = out
+            return
+        rest = dealt[1:]
+        self.t_arith_last = rest[0]
+        c_products = rest[1 : 1 + selected]
+        self.group_last = rest[1 + selected] if group is not None else None
+        t = self._t_shares()
+        self.t = t
+        self.vt = [
+            prod.finish(o.value, t, c_last)
+            for prod, o, c_last in zip(products, product_openings, c_products)
+        ]
+        late: list[_TProduct] = []
+        if trunc is not None and trunc_opening is not None:  # its result is selected too
+            truncated = trunc.finish(trunc_opening.value)
+            self.values.append(truncated)
+            late.append(_TProduct(session, product_nonces[-1], truncated))
+
+        # round 2: d = msb(x) ^ t (a sum of the parties' shares), with the late products
+        round2 = Round(session)
+        opened_d = round2.add(out)
+        late_openings = [round2.add(prod.e) for prod in late]
+        round2.open()
+        self.d = opened_d.value
+        self.vt += [prod.finish(o.value, t, c_products[-1]) for prod, o in zip(late, late_openings)]
+
+    def finish_bit(self) -> Shares:
+        """[msb(x)]: the evaluation's result (a run without selections)."""
+        if self.select:
+            raise ValueError("a selecting comparison's bit is its selection of 1")
+        return self.bit
+
+
+def run(
+    session: Session,
+    x: Shares,
+    values: list[Shares],
+    trunc: TruncRun | None = None,
+    group: Shares | None = None,
+) -> Any:
+    """An :class:`FssRun` (for :mod:`mpc.protocols.compare`)."""
+    return FssRun(session, x, values, trunc=trunc, group=group)
+
+
+__all__ = ["FssRun", "run"]

@@ -1,0 +1,92 @@
+"""Rounds and bytes of the FSS comparison mode (``MPCConfig(comparison="fss")``), pinned as
+tests/test_mpc_costs.py pins the default mode's, with 2 parties (FSS is 2-party only).
+
+What is counted: a round is one opening among the parties (every party sends its share
+of the values the round opens, packed, to its peer); the dealer's deliveries happen
+before (offline) and are not rounds. ``lt`` costs one round: the opening of c = x + r,
+after which each party evaluates its DCF key locally and holds its share of the bit. A
+comparison that selects values (ReLU, max, max-pool) costs two: c (with the selections'
+masked values) and then d = msb ^ t (a sum of the two parties' shares), as in the default
+protocol's last round. ReLU of a product: the Beaver round, then these two (the
+truncation's opening rides in the first).
+
+Bytes per party (payload, 8-byte words; the header allowance as in test_mpc_costs.py):
+lt 8 an element (c), relu 24 (c, the product's e, d), relu of a product 16 + 32 (the
+Beaver e and f; then c, the truncation's c, the product's e and d), a 2x2 max pool 128
+a window (six c, four masked values, six d: 16 words; 32 bytes an input element). The dealer ships each party its DCF correction
+words, 1,520 bytes an element at 64 bits (190 words: 3 per level of the 63-bit domain and
+one), and the last party 8 bytes more (its share of u), 8 more for the daBit and 8 per
+selected value: lt 3,048 bytes an element, relu 3,064.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mpc
+import pointers as pt
+from mpc.config import MPCConfig
+
+N = 4096
+KEY = 1520  # bytes of one element's correction words at 64 bits (mpc.math.dcf.key_bytes(63))
+
+# name: (fn, operand shapes, rounds, payload bytes per party, dealer payload bytes);
+# default mode's rounds for comparison: lt 4, relu 4, relu of a product 5, max over 8 12,
+# max pool 4 (tests/test_mpc_costs.py)
+CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int | None]] = {
+    "lt": (lambda a, b: a < b, [(N,), (N,)], 1, 8 * N, (2 * KEY + 8) * N),
+    "relu": (F.relu, [(N,)], 2, 24 * N, (2 * KEY + 8 + 8 + 8) * N),
+    # Beaver (e, f), truncation (c) riding with the comparison's c, then the truncated
+    # value's product e riding with d
+    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 3, 48 * N, None),
+    # three levels of max over 8: a max of four (2 rounds) then pairs (2 rounds each)
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 6, 115_072, None),
+    # one window: six comparisons (c and d, 16 words) and four masked values
+    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 2, 8 * 16 * N // 4, None),
+}
+HEADER_ALLOWANCE = 96  # bytes of message headers per round (the Beaver round sends two)
+DEALER_HEADER_ALLOWANCE = 512
+
+
+def _measure(fn: Callable[..., Any], shapes: list[tuple[int, ...]], comparison: str) -> Any:
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
+    dealer = pt.VirtualWorker("dealer")
+    gen = torch.Generator().manual_seed(0)
+    config = MPCConfig(comparison=comparison)
+    xs = [
+        mpc.share(torch.randn(s, generator=gen), *parties, crypto_provider=dealer, config=config)
+        for s in shapes
+    ]
+    with mpc.stats() as s:
+        out = fn(*xs)
+        out.materialize()
+    return s
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fss_rounds_and_bytes_per_party(name: str) -> None:
+    fn, shapes, rounds, payload, dealer = CASES[name]
+    s = _measure(fn, shapes, "fss")
+    assert s.rounds == rounds, f"{name}: {s.rounds} rounds, expected {rounds}"
+    for party, sent in s.bytes_per_party.items():
+        assert payload <= sent <= payload + HEADER_ALLOWANCE * rounds, (
+            f"{name}: {party} sent {sent} bytes, expected {payload} of payload"
+        )
+    if dealer is not None:
+        assert dealer <= s.dealer_bytes <= dealer + DEALER_HEADER_ALLOWANCE, (
+            f"{name}: the dealer sent {s.dealer_bytes} bytes, expected {dealer}"
+        )
+
+
+@pytest.mark.parametrize("name", ["lt", "relu", "max pool 2x2"])
+def test_fss_takes_fewer_rounds_and_bytes_online_than_the_default(name: str) -> None:
+    fn, shapes = CASES[name][:2]
+    fss, default = _measure(fn, shapes, "fss"), _measure(fn, shapes, "default")
+    assert fss.rounds < default.rounds
+    assert max(fss.bytes_per_party.values()) < max(default.bytes_per_party.values())
+    assert fss.dealer_bytes > 10 * default.dealer_bytes  # (the price: the keys)
