@@ -18,7 +18,7 @@ from network_fixtures import Cluster
 import mpc
 import pointers as pt
 from mpc.errors import MPCError
-from pointers.network.client import WorkerRestartedError
+from pointers.network.replies import WorkerRestartedError
 
 pytestmark = pytest.mark.network
 

@@ -34,38 +34,37 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from pointers.errors import DecodeError, LimitExceeded, PointerError, RemoteError
+from pointers.network.calls import SYNC_ITEM, Future, Item
 from pointers.network.certs import Credentials, check_identity, load_credentials
-from pointers.network.connection import SYNC_ITEM, Connection, Future, Item
+from pointers.network.connection import Connection
 from pointers.network.context import DEFAULT_CONTEXT, ClientContext
 from pointers.network.framing import buffer_bytes
 from pointers.network.lease import SESSION_METADATA, renew_leases, session_of
+from pointers.network.replies import (
+    MAX_REPLY_HEADER,
+    WorkerRestartedError,
+    reply_check,
+    search_reply,
+)
 from pointers.network.transport import (
     DEFAULT_MAX_MESSAGE,
     IDENTITY_METADATA,
+    ChannelWatch,
     open_channel,
 )
 from pointers.wire.messages import (
     AcceptPeer,
-    CallFunction,
     ConnectPeer,
     Delete,
-    Describe,
     ErrorReply,
-    ExecuteOp,
     Fetch,
     Message,
     Reply,
-    RunPlan,
-    Search,
     SendToPeer,
-    StoreRunPlan,
     decode_message,
     encode_message,
 )
-from pointers.wire.serde import MAX_TENSOR_DIMS, dtype_from_name
 from pointers.worker.base import Frames, Recorder, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
@@ -74,41 +73,6 @@ _HELLO_TIMEOUT = 10.0
 _REHELLO_TIMEOUT = 3.0
 _DELETE_BATCH = 64  # while recording, deletes become a command every so many (as in process)
 _NO_OBJECT = re.compile(r"holds no object with id (\d+)")
-
-
-class WorkerRestartedError(RemoteError):
-    """A command named an object that died with an earlier run of the worker's process:
-    the worker restarted (same address, empty store) after the object was made."""
-
-    def __init__(self, worker: str, obj_id: int, message: str) -> None:
-        PointerError.__init__(
-            self,
-            f"worker {worker!r} restarted after object {obj_id} was made there: the objects "
-            "of its earlier process are gone (send or share them again; new work goes to "
-            f"the new process). The worker said: {message}",
-        )
-        self.worker = worker
-        self.kind = "UnknownObjectError"
-        self.remote_message = message
-        self.obj_id = obj_id
-
-
-class _ChannelWatch:
-    """Set when the channel left READY: the worker may have restarted behind it. Held by
-    the channel's connectivity callback (not the worker, so a dropped worker still closes)."""
-
-    __slots__ = ("dropped", "_ready")
-
-    def __init__(self) -> None:
-        self.dropped = False
-        self._ready = False
-
-    def __call__(self, state: grpc.ChannelConnectivity) -> None:
-        if state is grpc.ChannelConnectivity.READY:
-            self._ready = True
-        elif self._ready:
-            self.dropped = True
-            self._ready = False
 
 
 class NetworkWorker:
@@ -137,7 +101,7 @@ class NetworkWorker:
         self._failures_seen = connection.failures
         self._doubts = 0  # hellos that found no answer: the epoch is unconfirmed
         self._epoch_lock = threading.Lock()
-        self._watch = _ChannelWatch()
+        self._watch = ChannelWatch()
         try:
             connection.channel.subscribe(self._watch, try_to_connect=False)
         except Exception:  # noqa: S110 - a channel without a watch: transport failures still count
@@ -207,7 +171,7 @@ class NetworkWorker:
         # it are in flight (its value is dropped if one of them failed)
         item.reads = type(msg) is Fetch and not msg.delete
         self._conn.submit(item)
-        return PendingReply(self, item, _reply_check(msg))
+        return PendingReply(self, item, reply_check(msg))
 
     def request_async(self, msg: Message) -> PendingReply:
         """Send ``msg`` now and return a :class:`PendingReply`: calling it waits for the
@@ -225,7 +189,7 @@ class NetworkWorker:
                 if check is not None and (why := check(None)) is not None:
                     raise self._conn.malformed(why)
                 return None
-            if len(rh) > MAX_REPLY_HEADER and check is not _search_reply:
+            if len(rh) > MAX_REPLY_HEADER and check is not search_reply:
                 raise self._conn.malformed(
                     f"a reply header of {len(rh)} bytes (a client takes at most "
                     f"{MAX_REPLY_HEADER} bytes but for a search's)"
@@ -504,87 +468,6 @@ class PendingReply:
 
 
 _WORKERS: weakref.WeakSet[NetworkWorker] = weakref.WeakSet()
-
-# the largest reply header a client decodes (decoding takes up to ~40x a header's size in
-# memory): a reply holds a value's description or a fetched value's metadata; a search's
-# reply, which lists every match, may take the worker's own limit (serde.MAX_HEADER_BYTES)
-MAX_REPLY_HEADER = 1 << 20
-
-
-def _is_count(v: Any) -> bool:
-    return type(v) is int and 0 <= v < 1 << 62
-
-
-def _tensor_meta_error(m: Any) -> str | None:
-    """What is wrong with a tensor's description ``[shape, stride, dtype name]``."""
-    if not (isinstance(m, list) and len(m) == 3):
-        return "a tensor description is not [shape, stride, dtype]"
-    shape, stride, dtype = m
-    if not (
-        isinstance(shape, list) and len(shape) <= MAX_TENSOR_DIMS and all(map(_is_count, shape))
-    ):
-        return f"a tensor shape is not a list of sizes: {str(shape)[:80]}"
-    if not (
-        isinstance(stride, list)
-        and len(stride) == len(shape)
-        and all(type(k) is int and abs(k) < 1 << 62 for k in stride)
-    ):
-        return f"a tensor stride does not match its shape: {str(stride)[:80]}"
-    try:
-        dtype_from_name(dtype) if isinstance(dtype, str) else dtype_from_name("")
-    except DecodeError as e:
-        return str(e)
-    return None
-
-
-def _search_reply(value: Any) -> str | None:
-    if not isinstance(value, list):
-        return "a search's answer is not a list"
-    for entry in value:
-        if not (isinstance(entry, list) and len(entry) == 6 and _is_count(entry[0])):
-            return "a search's match is not [id, shape, stride, dtype, tags, description]"
-        why = _tensor_meta_error(entry[1:4])
-        if why is not None:
-            return why
-        if not (isinstance(entry[4], list) and all(isinstance(t, str) for t in entry[4])):
-            return "a search's match has tags that are not strings"
-        if not isinstance(entry[5], str):
-            return "a search's match has a description that is not a string"
-    return None
-
-
-def _described_reply(value: Any) -> str | None:
-    """An op's, function's or plan's outputs described: ``[is_sequence, metas]``."""
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)):
-        return "an output description is not [sequence, [descriptions]]"
-    for m in value[1]:
-        why = None if m is None else _tensor_meta_error(m)
-        if why is not None:
-            return why
-    return None
-
-
-def _reply_check(msg: Message) -> Any:
-    """The check of the reply value ``msg`` expects (None: any value)."""
-    if type(msg) is Search:
-        return _search_reply
-    if type(msg) in (ExecuteOp, CallFunction, RunPlan, StoreRunPlan) and getattr(
-        msg, "want_meta", False
-    ):
-        return _described_reply
-    if type(msg) is Describe:
-        return _described_list
-    return None
-
-
-def _described_list(value: Any) -> str | None:
-    if not isinstance(value, list):
-        return "a description of objects is not a list"
-    for m in value:
-        why = _tensor_meta_error(m)
-        if why is not None:
-            return why
-    return None
 
 
 def _explain(error: BaseException) -> BaseException:

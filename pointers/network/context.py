@@ -25,10 +25,18 @@ import itertools
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from pointers.network.connection import Connection
+
+class Connection(Protocol):
+    """What a context asks of its connections (the real class, in
+    :mod:`pointers.network.connection`, imports this module): the first error of a
+    posted message it holds, and whether a message numbered below ``seq`` is still
+    queued or in flight."""
+
+    deferred: tuple[BaseException, int] | None
+
+    def busy_before(self, seq: int) -> bool: ...
 
 
 class ClientContext:

@@ -25,13 +25,19 @@ import re
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from pointers.network.context import ClientContext
 from pointers.network.transport import SERVICE
 
-if TYPE_CHECKING:
-    from pointers.network.connection import Connection
-    from pointers.network.context import ClientContext
+
+class Connection(Protocol):
+    """What the heartbeat asks of a connection (the real class, in
+    :mod:`pointers.network.connection`, imports this module): a renewal of its lease
+    that does not wait for the answer."""
+
+    def renew_lease(self, timeout: float) -> Any: ...
+
 
 SESSION_METADATA = "pointers-session"
 SESSION_RE = re.compile(r"[0-9a-f]{32}")

@@ -309,3 +309,21 @@ def _not_sent(e: grpc.RpcError) -> bool:
 
 def _is_tls_failure(details: str) -> bool:
     return any(w in details for w in ("ssl", "handshake", "certificate", "tls", "verif"))
+
+
+class ChannelWatch:
+    """Set when the channel left READY: the worker may have restarted behind it. Held by
+    the channel's connectivity callback (not the worker, so a dropped worker still closes)."""
+
+    __slots__ = ("dropped", "_ready")
+
+    def __init__(self) -> None:
+        self.dropped = False
+        self._ready = False
+
+    def __call__(self, state: grpc.ChannelConnectivity) -> None:
+        if state is grpc.ChannelConnectivity.READY:
+            self._ready = True
+        elif self._ready:
+            self.dropped = True
+            self._ready = False
