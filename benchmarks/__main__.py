@@ -29,6 +29,11 @@ size / bandwidth before it leaves; calls sent side by side do not share the band
 replies (a fetched value) are not delayed. With a latency set, the table gains a column
 ``floor`` = rounds x latency, the least any protocol of that many rounds could take.
 
+``--comparison fss`` runs every comparison (lt, ReLU, max, max-pool, the non-linear
+functions' comparisons) by function secret sharing (``MPCConfig(comparison="fss")``, 2
+parties); ``--comparison both`` runs each case in both modes and prints the crossover table
+(the latency from which FSS is faster; :mod:`benchmarks.crossover`).
+
 ``--plan`` runs W5 and W13 as ``mpc.plan`` calls (recorded once, before the timer; each
 timed run is one plan call: one message per worker); other workloads run op by op.
 
@@ -51,7 +56,8 @@ from dataclasses import replace
 from typing import Any
 
 import pointers as pt
-from benchmarks import report
+from benchmarks import report, workloads
+from benchmarks.crossover import crossover_table
 from benchmarks.workloads import (
     MPC_CASES,
     NOT_ELEMENTS,
@@ -67,6 +73,7 @@ from benchmarks.workloads import (
     processes_cpu,
     worker_names,
 )
+from mpc.config import MPCConfig
 
 LATENCY_NEEDS_NETWORK = (
     "--latency-ms needs --network: the latency is added by the served worker processes "
@@ -219,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of minutes. W14-W16 run only when named in --workloads",
     )
     ap.add_argument(
+        "--comparison",
+        choices=("default", "fss", "both"),
+        default="default",
+        help="the comparison protocol: default (4 rounds), fss (function secret sharing, 1 "
+        "round; 2 parties), or both (each case twice, then the crossover table)",
+    )
+    ap.add_argument(
         "--serial",
         action="store_true",
         help="in-process workers run one after the other in one thread, even for large "
@@ -248,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(BANDWIDTH_NEEDS_NETWORK)
         if not 0 < args.bandwidth <= 1_000_000:
             ap.error(f"--bandwidth must lie in (0, 1000000] Mbit/s, got {args.bandwidth:g}")
+    if args.comparison != "default" and args.parties != 2:
+        ap.error("--comparison fss is for 2 parties (the DCF keys are dealt to two)")
     latency = args.latency_ms or 0.0
     try:
         common, per = parse_sizes(args.sizes)
@@ -284,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(plan=list(PLAN_WORKLOADS))
     if args.preprocess:
         meta.update(preprocess=True)
+    meta.update(comparison=args.comparison)
     try:
         with _sigterm_as_interrupt() if args.network else contextlib.nullcontext():
             rows, bad = _run(cases, args, latency)
@@ -298,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     if latency:
         print()
         print(report.floor_table(rows, latency))
+    if args.comparison == "both":
+        print()
+        print(crossover_table(rows))
     for row in rows:
         if row.get("preprocess_s") is not None:
             print(
@@ -310,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         if latency:
             print()
             print(report.floor_table(rows, latency, markdown=True))
+        if args.comparison == "both":
+            print()
+            print(crossover_table(rows, markdown=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(_finite({"meta": meta, "rows": rows}), f, indent=1, default=str)
@@ -337,9 +360,12 @@ def _run(
         if args.network:
             cluster = _start_cluster(cases, latency, args.bandwidth)
             factory = cluster.connect
-        progress = _progress(len(cases) * (args.repeat + 2), disable=args.no_progress)
-        for case in cases:
-            progress.set_description(case.id)
+        modes = ["default", "fss"] if args.comparison == "both" else [args.comparison]
+        progress = _progress(len(cases) * len(modes) * (args.repeat + 2), args.no_progress)
+        for case, mode in ((c, m) for c in cases for m in modes):
+            progress.set_description(case.id + ("" if mode == "default" else f" ({mode})"))
+            # the sessions' config (None: the default one, as without --comparison)
+            workloads.CONFIG = None if mode == "default" else MPCConfig(comparison=mode)
             w = case.build(factory)
             planned = args.plan and case.workload in PLAN_WORKLOADS
             offline = as_plan(w) if planned else None
@@ -354,6 +380,9 @@ def _run(
                 row.update(plan=True, plan_record_s=offline)
             if dealt is not None:
                 row.update(preprocess_s=dealt)
+            row.update(comparison=mode)
+            if mode != "default":
+                row["op"] = f"{row['op']} ({mode})"
             if cluster is not None:
                 cluster.close_connections()  # the next case connects afresh
                 row.update(workers="network", latency_ms=latency)
@@ -362,6 +391,7 @@ def _run(
             rows.append(row)
             bad += failures(row)
     finally:
+        workloads.CONFIG = None  # (back to the default config for whatever runs next)
         if progress is not None:
             progress.close()
         if cluster is not None:

@@ -37,6 +37,7 @@ from torch import nn
 import mpc
 import mpc.registry
 import pointers as pt
+from mpc.config import MPCConfig
 from mpc.math.encoding import encode
 
 FRAC_BITS = 16
@@ -148,6 +149,9 @@ def size_of(workload: str, n: int) -> str:
 # Computing parties, in order (2 to 5 of them), and the crypto provider.
 PARTY_NAMES = ("alice", "bob", "dan", "erin", "frank")
 DEALER_NAME = "carol"
+# The sessions' config (``python -m benchmarks --comparison fss`` sets the FSS comparison;
+# None: the default config)
+CONFIG: MPCConfig | None = None
 
 
 # Makes the worker of a name: ``pt.VirtualWorker`` (the default, in process), or a fresh
@@ -248,8 +252,8 @@ def _binary(
     factory: WorkerFactory | None = None,
 ) -> Workload:
     ws, carol = _parties(parties, factory)
-    x = mpc.share(a, *ws, crypto_provider=carol)
-    y = mpc.share(b, *ws, crypto_provider=carol)
+    x = mpc.share(a, *ws, crypto_provider=carol, config=CONFIG)
+    y = mpc.share(b, *ws, crypto_provider=carol, config=CONFIG)
 
     def check() -> dict[str, Any]:
         return {"max_abs_err": _max_abs_err(secure(x, y).get(), plain(a, b))}
@@ -315,8 +319,8 @@ def w3_lt(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> Wor
     g = _gen()
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
     ws, carol = _parties(parties, factory)
-    x = mpc.share(a, *ws, crypto_provider=carol)
-    y = mpc.share(b, *ws, crypto_provider=carol)
+    x = mpc.share(a, *ws, crypto_provider=carol, config=CONFIG)
+    y = mpc.share(b, *ws, crypto_provider=carol, config=CONFIG)
     ref = encode(a, FRAC_BITS) < encode(b, FRAC_BITS)
 
     def run() -> torch.Tensor:
@@ -349,7 +353,7 @@ def w4_relu(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> W
     g = _gen()
     a = torch.randn(n, generator=g)
     ws, carol = _parties(parties, factory)
-    x = mpc.share(a, *ws, crypto_provider=carol)
+    x = mpc.share(a, *ws, crypto_provider=carol, config=CONFIG)
     positive = encode(a, FRAC_BITS) > 0
 
     def check() -> dict[str, Any]:
@@ -379,7 +383,7 @@ def _shared_inference(
     """Model and input both shared in one session (W5, W13): the workers, the dealer, the
     shared model and input, and the encrypted and plaintext forward passes (no autograd)."""
     ws, carol = _parties(parties, factory)
-    shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
+    shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol, config=CONFIG)
     x = mpc.share(inp, session=_session_of(shared_model))
 
     def run() -> Any:
@@ -460,7 +464,7 @@ def w7_maxpool(n: int, parties: int = 2, factory: WorkerFactory | None = None) -
     shape = pool_shape(n)
     a = torch.randn(*shape, generator=_gen())
     ws, carol = _parties(parties, factory)
-    x = mpc.share(a, *ws, crypto_provider=carol)
+    x = mpc.share(a, *ws, crypto_provider=carol, config=CONFIG)
     ref = F.max_pool2d(encode(a, FRAC_BITS).double(), 2)
 
     def check() -> dict[str, Any]:
@@ -561,7 +565,7 @@ def w12_train(batch: int, parties: int = 2, factory: WorkerFactory | None = None
         opt.step()
         return loss
 
-    shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol)
+    shared_model = mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol, config=CONFIG)
     session = _session_of(shared_model)
     x, y = mpc.share(images, session=session), mpc.share(onehot, session=session)
     plain_model = copy.deepcopy(model)
@@ -1193,7 +1197,7 @@ def _function_workload(
 ) -> Workload:
     """One function of a private float32 tensor, checked against float64 torch."""
     ws, carol = _parties(parties, factory)
-    x = mpc.share(inp, *ws, crypto_provider=carol)
+    x = mpc.share(inp, *ws, crypto_provider=carol, config=CONFIG)
     ref = fn(inp.double())
 
     def check() -> dict[str, Any]:
@@ -1251,7 +1255,7 @@ def w11_functions(n: int, parties: int = 2, factory: WorkerFactory | None = None
     for name, _, draw, fn, kind, goal in CASES:
         xs = draw(n, _gen())
         xs = xs if isinstance(xs, tuple) else (xs,)
-        shared = [mpc.share(v.float(), *ws, crypto_provider=carol) for v in xs]
+        shared = [mpc.share(v.float(), *ws, crypto_provider=carol, config=CONFIG) for v in xs]
         cases.append((name, fn, xs, shared, kind, goal))
 
     def run() -> list[Any]:
@@ -1429,7 +1433,12 @@ def _hf_shared(
     reset_peak_rss()
     model = hf_model(kind, tiny)
     ws, carol = _parties(parties, factory)
-    return model, mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol), ws, carol
+    return (
+        model,
+        mpc.share(copy.deepcopy(model), *ws, crypto_provider=carol, config=CONFIG),
+        ws,
+        carol,
+    )
 
 
 def _prefill(
