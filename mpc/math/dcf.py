@@ -152,33 +152,32 @@ def _gen_chunk(
     tweak = np.arange(4, dtype=_U64)
     for level in range(bits):
         a = _bit(alpha, bits - 1 - level)  # alpha's bit: the side of the path
+        am = np.negative(a)  # all ones where the path goes right (keep right, lose left)
         u[:, :, :, 0] = s[:, :, None, 0] | tweak
         u[:, :, :, 1] = s[:, :, None, 1]
         h = mmo(u)
-        # per party and side j: the raw child block (its control bit is bit j of the low
-        # word) and the value (the low word of the block of tweak 2 + j)
-        keep = a.astype(bool)[None, :, None]  # keep right where alpha's bit is 1
-        raw_keep = np.where(keep, h[:, :, 1], h[:, :, 0])  # [party, m, word]
-        raw_lose = np.where(keep, h[:, :, 0], h[:, :, 1])
-        v_keep = np.where(keep[..., 0], h[:, :, 3, 0], h[:, :, 2, 0])  # [party, m]
-        v_lose = np.where(keep[..., 0], h[:, :, 2, 0], h[:, :, 3, 0])
-        t_left = h[:, :, 0, 0] & _ONE
-        t_right = _bit(h[:, :, 1, 0], 1)
-        s_cw = raw_lose[0] ^ raw_lose[1]
+        # per party and side j: the raw child block h[:, :, j] (its control bit is bit j
+        # of the low word) and the value, the low word of block 2 + j. Selections by a are
+        # XOR selections: x ^ ((x ^ y) & am) is y where a = 1, x elsewhere
+        both = h[0] ^ h[1]  # [m, tweak, word]: what the correction words are made of
+        left, right = both[:, 0], both[:, 1]
+        s_cw = right ^ ((left ^ right) & am[:, None])  # the lost child's seeds, XORed
+        t_cw = ((left[:, 0] & _ONE) ^ a ^ _ONE) | ((_bit(right[:, 0], 1) ^ a) << _ONE)
         s_cw[:, 0] &= _CLEAR
-        t_cw_left = t_left[0] ^ t_left[1] ^ a ^ _ONE
-        t_cw_right = t_right[0] ^ t_right[1] ^ a
-        s_cw[:, 0] |= t_cw_left | (t_cw_right << _ONE)
-        # V_cw = (-1)^t1 (v_lose_1 - v_lose_0 - acc + [alpha's bit is 1] beta)
-        w = v_lose[1] - v_lose[0] - acc + a * beta  # (-1)^t1 V_cw
-        v_cw = np.where(t[1].astype(bool), np.negative(w), w)
+        s_cw[:, 0] |= t_cw
+        v_left, v_right = h[:, :, 2, 0], h[:, :, 3, 0]  # [party, m]
+        v_keep = v_left ^ ((v_left ^ v_right) & am)
+        v_lose = v_keep ^ v_left ^ v_right
+        # V_cw = (-1)^t1 w, w = v_lose_1 - v_lose_0 - acc + [alpha's bit is 1] beta
+        w = v_lose[1] - v_lose[0] - acc + (beta & am)
         acc += v_keep[0] - v_keep[1] + w
         cw[3 * level] = s_cw[:, 0]
         cw[3 * level + 1] = s_cw[:, 1]
-        cw[3 * level + 2] = v_cw
+        np.multiply(w, _ONE - (t[1] << _ONE), out=cw[3 * level + 2])
         # the children on the path, corrected as the evaluation corrects them
-        mask = (np.uint64(0) - t)[:, :, None]  # all ones where t = 1
-        raw_keep ^= s_cw[None] & mask
+        k_left, k_right = h[:, :, 0], h[:, :, 1]  # [party, m, word]
+        raw_keep = k_left ^ ((k_left ^ k_right) & am[None, :, None])
+        raw_keep ^= s_cw[None] & np.negative(t)[:, :, None]
         t = (raw_keep[:, :, 0] >> a[None]) & _ONE
         s = raw_keep
         s[:, :, 0] &= _CLEAR
