@@ -12,6 +12,7 @@ from mpc.compat import check_protocol, share_remote, unwrap_fixed_precision
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.ops.backward import track_grad
+from mpc.protocols.weights import mark_fixed
 from mpc.session import Session, session_for
 from mpc.shared import SharedTensor, share_tensor
 from pointers.pointer_tensor import PointerTensor
@@ -193,6 +194,7 @@ def _share_module(
                 )
                 # (nn.Parameter of a tensor subclass is that subclass's own instance)
                 done[id(p)] = track_grad(cast(SharedTensor, shared))
+                mark_fixed(done[id(p)])  # its products keep one mask (mpc.protocols.weights)
             m._parameters[name] = done[id(p)]
         for name, b in list(m._buffers.items()):
             if b is None or isinstance(b, SharedTensor) or name in _FOLDED:

@@ -242,6 +242,11 @@ class NonceRecorder:
 _RECORDER: ContextVar[NonceRecorder | None] = ContextVar("mpc_nonce_recorder", default=None)
 
 
+def recording() -> bool:
+    """Whether a plan is being recorded (:func:`recording_nonces`)."""
+    return _RECORDER.get() is not None
+
+
 @contextlib.contextmanager
 def recording_nonces() -> Iterator[NonceRecorder]:
     """Inside: every session's nonces are recorded (see the module docstring)."""

@@ -38,6 +38,9 @@ class SharedTensor(torch.Tensor):
     pending: int
     views_of_pending: bool
     keep_alive: Any  # objects whose remote values the producers of these shares still read
+    # a model's weight and the layout ops applied to it (mpc.protocols.weights), or None
+    fixed: tuple[Any, tuple[Any, ...]] | None
+    weight_epoch: int  # in-place writes to this parameter (its weight instances' validity)
     _mpc_grad_hook: bool  # set by mpc.ops.backward.track_grad once its hook is registered
 
     @classmethod
@@ -71,6 +74,8 @@ class SharedTensor(torch.Tensor):
         t.pending = pending
         t.views_of_pending = False  # a view was taken while a truncation was pending
         t.keep_alive = None
+        t.fixed = None
+        t.weight_epoch = 0
         return t
 
     def materialize(self) -> SharedTensor:

@@ -21,6 +21,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_training",
     "test_sealing",
     "test_sealing_attacks",
+    "test_weight_instances",
     "test_release_rules",
     "test_federated",
     "test_pysyft_compat",

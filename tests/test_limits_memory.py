@@ -451,6 +451,10 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     w = mpc.share(torch.rand(8, 3, 3, 3), a, b, crypto_provider=c)
     torch.nn.functional.conv2d(img, w).get()
     torch.nn.functional.conv2d(img, torch.rand(8, 3, 3, 3)).get()  # bilinear_public
+    lin = torch.nn.Linear(1024, 1024)  # a model's weight: its instance, then a reuse
+    mpc.share(lin, a, b, crypto_provider=c)
+    for _ in range(2):
+        lin(mpc.share(torch.rand(256, 1024), a, b, crypto_provider=c)).get()
     from mpc.secure_aggregation import SecureAggregator
 
     agg = SecureAggregator([a, b], c)

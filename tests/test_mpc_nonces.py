@@ -265,3 +265,30 @@ def _refused_at(worker: Any, name: str, args: list[Any], out: list[Any]) -> None
     with pytest.raises(pt.RemoteError, match="already used"):
         pt.call_function(worker, name, args, out=out)  # in process: raises here
         worker.request(Describe([]))  # network: at the next synchronising call
+
+
+def test_a_models_weights_keep_one_mask_and_every_query_a_fresh_one(trio: Any) -> None:
+    """Issue 23's weight instances: queried op by op, a shared model's weight is masked
+    once (one ``weight_mask`` per weight and view, one dealer B), while every query's
+    activation masks and the dealer's products take nonces never used before, at the
+    parties and at the dealer."""
+    alice, bob, carol = trio
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        observer = NonceObserver(monkeypatch, list(trio))
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 3)
+        ).eval()
+        plain = [torch.randn(1, 1, 4, 4) for _ in range(3)]
+        want = [model(x) for x in plain]
+        mpc.share(model, alice, bob, crypto_provider=carol)
+        for x, w in zip(plain, want):
+            got = model(mpc.share(x, alice, bob, crypto_provider=carol)).get()
+            assert torch.allclose(got, w, atol=2e-3)
+        observer.assert_no_reuse()
+        masks = [u for u in observer.uses if u[1] == "mpc.weight_mask"]
+        products = [u for u in observer.uses if u[1] == "mpc.weight_product_mask"]
+        assert len(masks) == 2 * 2  # two weights (the conv's, the linear's t()), two parties
+        assert len(products) == 3 * len(masks)  # one fresh activation mask per query
+        weights = {n for _, _, _, n in masks}
+        assert not weights & {n for _, _, _, n in products}

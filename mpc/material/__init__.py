@@ -46,6 +46,13 @@ from mpc.material.party import (
 )
 from mpc.material.sizes import declare
 from mpc.material.streams import TAG_T_ARITH, consume, derive
+from mpc.material.weights import (
+    dealer_weight,
+    dealer_weight_triple,
+    weight_mask,
+    weight_product,
+    weight_product_mask,
+)
 
 FUNCTIONS = {
     "mpc.cmp_select_finish": cmp_select_finish,
@@ -75,6 +82,11 @@ FUNCTIONS = {
     "mpc.release_sum": release_sum,
     "mpc.group_mask": group_mask,
     "mpc.group_select": group_select,
+    "mpc.dealer_weight": dealer_weight,
+    "mpc.dealer_weight_triple": dealer_weight_triple,
+    "mpc.weight_mask": weight_mask,
+    "mpc.weight_product_mask": weight_product_mask,
+    "mpc.weight_product": weight_product,
 }
 
 FUNCTIONS.update(
@@ -93,6 +105,10 @@ MAKES_MATERIAL = frozenset(
         "mpc.dealer_trunc",
         "mpc.dealer_compare",
         "mpc.dealer_fourier",
+        "mpc.dealer_weight",
+        "mpc.dealer_weight_triple",
+        "mpc.weight_mask",
+        "mpc.weight_product_mask",
         "mpc.derive",
         "mpc.beaver_mask",
         "mpc.trunc_mask",

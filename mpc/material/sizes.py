@@ -278,6 +278,24 @@ def group_select(p: dict[str, Any]) -> int:
     return 160 * WORD * groups + SLACK
 
 
+def dealer_weight(p: dict[str, Any]) -> int:
+    return 3 * WORD * numel(p.get("shape")) + SLACK
+
+
+def dealer_weight_triple(p: dict[str, Any]) -> int:
+    x_shape, b = p.get("x_shape"), _shape(p.get("b"))
+    first, second = (b, x_shape) if p.get("w_first") is True else (x_shape, b)
+    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
+    return 2 * WORD * numel(x_shape, "x_shape") + 3 * out + temp + SLACK
+
+
+def weight_product(p: dict[str, Any]) -> int:
+    x, w = _shape(p.get("a")), _shape(p.get("w"))
+    first, second = (w, x) if p.get("w_first") is True else (x, w)
+    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
+    return 3 * out + 2 * temp + SLACK
+
+
 def _twice_fixed(p: dict[str, Any]) -> int:
     return 2 * SLACK  # (new_seed: measured 68 KiB at its peak once, over one SLACK)
 
@@ -316,6 +334,11 @@ DECLARED: dict[str, tuple[SizeFunction, SizeFunction | int]] = {
     "mpc.group_mask": (_elementwise(3, "a"), _keeps(1)),
     "mpc.group_select": (group_select, _keeps(2)),
     "mpc.secagg.share_update": (share_update, 0),
+    "mpc.dealer_weight": (dealer_weight, _keeps(1)),
+    "mpc.dealer_weight_triple": (dealer_weight_triple, _keeps(2)),
+    "mpc.weight_mask": (_elementwise(3, "w"), _keeps(1)),
+    "mpc.weight_product_mask": (_elementwise(3, "x"), _keeps(1)),
+    "mpc.weight_product": (weight_product, _keeps(1)),
 }
 
 

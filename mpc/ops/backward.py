@@ -29,6 +29,7 @@ from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
 from mpc.protocols.compare import relu_with_mask
+from mpc.protocols.weights import written
 from mpc.registry import OPS, register
 from mpc.shared import SharedTensor
 
@@ -132,6 +133,7 @@ def new_zeros(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.zero_.default)
 def zero_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
+    written(x)
     for s in x.shares:
         s.zero_()
     x.pending = 0
@@ -359,6 +361,7 @@ def _write(func: Any, x: Any, out: Any) -> Any:
         )
     if out.frac_bits != x.frac_bits:
         raise UnsupportedOpError(str(func), f"internal: scale {out.frac_bits} != {x.frac_bits}")
+    written(x)
     for s, o in zip(x.shares, out.shares):
         s.copy_(o)
     return x

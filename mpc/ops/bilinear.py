@@ -17,6 +17,7 @@ from mpc.math.encoding import check_public_product
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
 from mpc.ops.local import _add, mul_public
 from mpc.protocols.arith import I64, beaver, call
+from mpc.protocols.weights import fixed_product
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -43,7 +44,10 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
         a.materialize()
         b.materialize()
         shift = min(a.frac_bits, b.frac_bits)
-        z = beaver(a.session, a.shares, b.shares, op, params, out_shape)
+        # a model's weight keeps its mask across queries (mpc.protocols.weights)
+        z = fixed_product(a, b, op, params, out_shape)
+        if z is None:
+            z = beaver(a.session, a.shares, b.shares, op, params, out_shape)
         # the truncation by `shift` stays pending: ReLU fuses it, get() decodes it exactly
         return SharedTensor(
             z, a.session, a.frac_bits + b.frac_bits, result_dtype(a, b), pending=shift

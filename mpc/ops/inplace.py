@@ -18,6 +18,7 @@ import torch
 
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.ops.common import aten
+from mpc.protocols.weights import written
 from mpc.registry import OPS, register
 from mpc.shared import SharedTensor
 
@@ -62,6 +63,7 @@ def inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         )
     if out.frac_bits != x.frac_bits:  # e.g. an integer tensor times an integer: same scale
         raise MPCError(f"internal: {func} changed the scale ({x.frac_bits} -> {out.frac_bits})")
+    written(x)
     for s, o in zip(x.shares, out.shares):
         s.copy_(o)
     return x

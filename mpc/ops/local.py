@@ -25,6 +25,7 @@ from mpc.ops.common import (
     wrap,
 )
 from mpc.ops.masking import add_mask, mask_of
+from mpc.protocols.weights import view_of
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -80,7 +81,9 @@ def _has_shared(a: Any) -> bool:
 def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = first_shared(args)
     if func in (aten.detach.default, aten.alias.default):
-        return x.with_shares(list(x.shares))
+        out = x.with_shares(list(x.shares))
+        out.fixed = x.fixed
+        return out
     for a in list(args[1:]) + list(kwargs.values()):
         check_public(a, str(func))
         if not isinstance(args[0], SharedTensor) or _has_shared(a):  # e.g. x[shared_index]
@@ -93,6 +96,7 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if x.pending or x.views_of_pending:  # see mpc.ops.inplace
         for t in [x, *outs]:
             t.views_of_pending = True
+    view_of(x, outs, func, args[1:], kwargs)  # a view of a model's weight
     return type(per[0])(outs) if isinstance(per[0], list | tuple) else outs[0]
 
 

@@ -1,0 +1,114 @@
+"""Weight instances: a fixed shared weight keeps its Beaver mask across queries.
+
+A Beaver product with a shared operand W opens f = W - B on every call. For a model's
+weights that is the whole model per query (880 MB per party for BERT-base). A *weight
+instance* opens F = W - B once, under its own nonce ``weight``; every later product
+x * W (or W * x: ``w_first``) under a fresh nonce takes a fresh activation mask A and
+C = op(A, B) from the dealer, and opens only e = x - A:
+
+    op(x, W) = op(e + A, W) = op(e, W) + op(A, F) + op(A, B),
+
+so each party's share is op(e, W_i) + op(A_i, F) + C_i (F is public among the parties,
+and op(A, F) sums to the right term because the A_i sum to A). Per query the traffic is
+the activation's e and the dealer's C, not the parameter count.
+
+What is reused, and why it is safe: B masks W only. It is drawn once (the stream
+``(weight, TAG_B)`` of every seed, consumed at the parties and the dealer when the
+instance is made) and F = W - B is opened once; a party's later view per query is e
+(masked by a fresh A: the stream ``(nonce, TAG_A)`` is consumed as for any product) and
+its own C_i (a fresh stream, or the dealer's correction, which the other parties' fresh
+C_j mask). The rules (:mod:`mpc.material.rules`) bind the instance to the share W it
+masked: a product must use that same, unmodified tensor, so F is never combined with
+another value (an in-place update of W ends the instance: the client makes a new one,
+with a fresh B).
+
+The dealer keeps B (the sum of the parties' streams) as a sealed object of its own for
+the instance's lifetime, so a query costs it one product op(A, B), not a re-expansion of
+the weight's streams.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpc.material import rules
+from mpc.material.streams import TAG_A, TAG_B, TAG_C, consume, derive, sum_derived
+from mpc.math.ring import ring_bilinear
+from pointers.worker.sealing import protocol_function
+
+
+def _bilinear(op: str, params: dict[str, Any], w_first: bool, m: Any, w: Any) -> torch.Tensor:
+    """op(m, w), or op(w, m) where the weight is the first operand."""
+    return ring_bilinear(op, params, w, m) if w_first else ring_bilinear(op, params, m, w)
+
+
+@protocol_function(rules.dealer_weight)
+def dealer_weight(ctx: Any, seeds: list[torch.Tensor], weight: int, shape: list[int]) -> Any:
+    """The weight instance's mask B = sum of the parties' ``(weight, TAG_B)`` streams, kept
+    at the dealer (sealed) for the instance's products (:func:`dealer_weight_triple`)."""
+    consume(ctx, seeds, weight, TAG_B)
+    return sum_derived(seeds, weight, TAG_B, list(shape))
+
+
+@protocol_function(rules.dealer_weight_triple)
+def dealer_weight_triple(
+    ctx: Any,
+    seeds: list[torch.Tensor],
+    nonce: int,
+    b: torch.Tensor,
+    x_shape: list[int],
+    w_first: bool,
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """C = op(A, B) (op(B, A) with ``w_first``) for a fresh A: the last party's share."""
+    consume(ctx, seeds, nonce, TAG_A, TAG_C)
+    a = sum_derived(seeds, nonce, TAG_A, list(x_shape))
+    c = _bilinear(op, params, w_first, a, b)
+    for s in seeds[:-1]:
+        c -= derive(s, nonce, TAG_C, list(c.shape))
+    return c
+
+
+@protocol_function(rules.weight_mask)
+def weight_mask(ctx: Any, seed: torch.Tensor, weight: int, w: torch.Tensor) -> torch.Tensor:
+    """Party i: f_i = W_i - B_i, opened once to make the instance ``weight``."""
+    consume(ctx, [seed], weight, TAG_B)
+    return torch.sub(w, derive(seed, weight, TAG_B, list(w.shape)))
+
+
+@protocol_function(rules.weight_product_mask)
+def weight_product_mask(
+    ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor
+) -> list[torch.Tensor]:
+    """Party i: e_i = x_i - A_i (to open) and its A_i."""
+    consume(ctx, [seed], nonce, TAG_A)
+    a = derive(seed, nonce, TAG_A, list(x.shape))
+    return [torch.sub(x, a), a]
+
+
+@protocol_function(rules.weight_product)
+def weight_product(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    weight: int,
+    c: torch.Tensor | None,
+    w: torch.Tensor,
+    f: torch.Tensor,
+    a: torch.Tensor,
+    e: torch.Tensor,
+    w_first: bool,
+    op: str,
+    params: dict[str, Any],
+) -> torch.Tensor:
+    """Party i's share of op(x, W): op(e, W_i) + op(A_i, F) + C_i (see the module doc)."""
+    if type(w_first) is not bool:
+        raise TypeError("parameter 'w_first' is a bool")
+    consume(ctx, [seed], nonce, TAG_C)
+    z = _bilinear(op, params, w_first, e, w)
+    z += _bilinear(op, params, w_first, a, f)
+    z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
+    return z

@@ -1,0 +1,182 @@
+"""Products with a model's fixed weights: the weight keeps its Beaver mask across queries.
+
+``mpc.share(model, ...)`` marks each shared parameter as a *fixed weight*; a layout op on
+it (``t()``, ``transpose``, ``view``, a slice, ...) gives a fixed weight too, keyed by the
+parameter and the ops applied. The first product of a shared activation x with a fixed
+weight W makes a *weight instance* of W (:mod:`mpc.material.weights`): F = W - B is
+opened once, in the same round as the product's own opening. Every later product with the
+same weight opens only e = x - A (a fresh A), and the dealer deals C = op(A, B): per query
+the traffic scales with the activations, not the parameter count.
+
+An instance lasts while its parameter does and is not written: an in-place update of
+the parameter (an optimizer step) ends it, and the next product makes a new one with a
+fresh B (the workers refuse a product with a modified weight in any case). While a plan
+is recorded, products use ordinary Beaver triples (a plan's nonces are bound at each
+run, an instance's F lives across runs).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from mpc.protocols import arith
+from mpc.protocols.arith import I64, Round, Shares, at_parties, deal, last_only
+from mpc.session import Session, recording
+from mpc.shared import SharedTensor
+
+
+class WeightInstance:
+    """The client's handles of one instance: the weight's shares it was made from, the
+    opened F at each party, the dealer's B, and the parameter's state it is valid for."""
+
+    __slots__ = ("weight", "w", "f", "b", "base_shares", "epoch", "frac_bits")
+
+    def __init__(self, weight: int, w: SharedTensor, b: Any, base: SharedTensor) -> None:
+        self.weight = weight
+        self.w: Shares = list(w.shares)
+        self.f: Shares = []
+        self.b = b
+        self.base_shares = list(base.shares)
+        self.epoch = base.weight_epoch
+        self.frac_bits = w.frac_bits
+
+    def valid_for(self, w: SharedTensor, base: SharedTensor) -> bool:
+        return (
+            self.epoch == base.weight_epoch
+            and self.frac_bits == w.frac_bits
+            and len(self.base_shares) == len(base.shares)
+            and all(s is t for s, t in zip(self.base_shares, base.shares))
+        )
+
+
+def mark_fixed(param: SharedTensor) -> None:
+    """Mark a model's shared parameter as a fixed weight (:func:`mpc.share` of a model)."""
+    param.fixed = (weakref.ref(param), ())
+
+
+def _hashable(v: Any) -> Any:
+    if v is None or type(v) in (int, float, bool, str):
+        return v
+    if isinstance(v, torch.dtype | torch.device | torch.memory_format):
+        return str(v)
+    if isinstance(v, list | tuple):
+        return tuple(_hashable(u) for u in v)
+    raise TypeError
+
+
+def view_of(x: SharedTensor, outs: list[SharedTensor], func: Any, args: Any, kwargs: Any) -> None:
+    """The outputs of a layout op on a fixed weight are fixed weights (keyed by the op and
+    its public arguments; an op with a tensor argument ends the chain)."""
+    if x.fixed is None:
+        return
+    try:
+        key = (str(func), _hashable(args), _hashable(tuple(sorted(kwargs.items()))))
+    except TypeError:
+        return
+    base, chain = x.fixed
+    for k, out in enumerate(outs):
+        out.fixed = (base, (*chain, (key, k)))
+
+
+def written(x: SharedTensor) -> None:
+    """``x`` was updated in place: a fixed weight it belongs to needs a new instance."""
+    if x.fixed is not None:
+        base = x.fixed[0]()
+        if base is not None:
+            base.weight_epoch += 1
+
+
+def fixed_product(
+    a: SharedTensor, b: SharedTensor, op: str, params: dict[str, Any], out_shape: tuple[int, ...]
+) -> Shares | None:
+    """[op(a, b)] where exactly one of ``a`` and ``b`` is a fixed weight, with its
+    instance (made now if needed); None where neither or both are, or while a plan is
+    recorded (then the caller runs an ordinary Beaver product)."""
+    if (a.fixed is None) == (b.fixed is None) or recording():
+        return None
+    w, x, w_first = (a, b, True) if a.fixed is not None else (b, a, False)
+    assert w.fixed is not None
+    base = w.fixed[0]()
+    if base is None or w.pending or x.pending:
+        return None
+    session = x.session
+    instances: dict[Any, WeightInstance] = base.__dict__.setdefault("_weight_instances", {})
+    key = w.fixed[1]
+    inst = instances.get(key)
+    opening_f: Shares | None = None
+    if inst is None or not inst.valid_for(w, base):
+        inst, opening_f = _make(session, w, base)
+        instances[key] = inst
+    return _product(session, inst, opening_f, x.shares, w_first, op, params, out_shape)
+
+
+def _make(session: Session, w: SharedTensor, base: SharedTensor) -> tuple[WeightInstance, Shares]:
+    """A new instance of ``w``: the dealer's B, and each party's f_i = W_i - B_i to open."""
+    dealer = session.require_dealer("a product with a shared weight")
+    weight = session.next_nonce()
+    shape = [int(d) for d in w.shape]
+    seed = session.party_seeds
+    (b,) = arith.call(
+        dealer, "mpc.dealer_weight", [session.dealer_seeds, weight, shape], [(shape, I64)]
+    )
+    (f,) = at_parties(
+        session, "mpc.weight_mask", lambda i: [seed[i], weight, w.shares[i]], [(shape, I64)]
+    )
+    return WeightInstance(weight, w, b, base), f
+
+
+def _product(
+    session: Session,
+    inst: WeightInstance,
+    opening_f: Shares | None,
+    x: Shares,
+    w_first: bool,
+    op: str,
+    params: dict[str, Any],
+    out_shape: tuple[int, ...],
+) -> Shares:
+    nonce = session.next_nonce()
+    seed = session.party_seeds
+    x_shape = [int(d) for d in x[0].shape]
+    (c_last,) = deal(
+        session,
+        "a product with a shared weight",
+        "mpc.dealer_weight_triple",
+        [nonce, inst.b, x_shape, w_first, op, params],
+        out=[(out_shape, I64)],
+    )
+    e, a = at_parties(
+        session,
+        "mpc.weight_product_mask",
+        lambda i: [seed[i], nonce, x[i]],
+        [(tuple(x_shape), I64), (tuple(x_shape), I64)],
+    )
+    one = Round(session)
+    opened_e = one.add(e)
+    opened_f = one.add(opening_f) if opening_f is not None else None
+    one.open()
+    if opened_f is not None:
+        inst.f = opened_f.value
+    c = last_only(session, c_last)
+    (z,) = at_parties(
+        session,
+        "mpc.weight_product",
+        lambda i: [
+            seed[i],
+            nonce,
+            inst.weight,
+            c(i),
+            inst.w[i],
+            inst.f[i],
+            a[i],
+            opened_e.value[i],
+            w_first,
+            op,
+            params,
+        ],
+        [(out_shape, I64)],
+    )
+    return z
