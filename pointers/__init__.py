@@ -36,7 +36,8 @@ from pointers.plans.graph import (
 from pointers.plans.plan import Plan, PointerPlan, State, func2plan
 from pointers.plans.protocol import Protocol, ProtocolError
 from pointers.pointer_tensor import PointerTensor, call_function, is_pointer
-from pointers.worker.base import VirtualWorker, Worker, WorkerStats
+from pointers.worker.base import VirtualWorker, Worker
+from pointers.worker.client import WorkerStats
 from pointers.worker.lanes import concurrently
 
 _install_compat()  # PySyft 0.2 compatible names: worker._objects, ptr.owner

@@ -324,9 +324,18 @@ def precision_of(x: Any) -> int | None:
 _IGNORED_WORKER_KEYWORDS = ("log_msgs", "verbose", "auto_add")
 
 
-def _is_hook(obj: Any) -> bool:
-    from pointers.hook import Hooked
+class Hooked(list):  # type: ignore[type-arg]
+    """What :func:`pointers.hook` returns: the names it added (a list), and, as PySyft's
+    ``sy.TorchHook(torch)`` object, ``local_worker`` (the client, ``pointers.local_worker``).
+    Defined here, below :mod:`pointers.hook`, so that a worker made with PySyft's signature
+    recognises the hook it is handed."""
 
+    @property
+    def local_worker(self) -> Any:
+        return local_worker()
+
+
+def _is_hook(obj: Any) -> bool:
     return isinstance(obj, Hooked)
 
 

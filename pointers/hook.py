@@ -15,6 +15,8 @@ from typing import Any
 
 from torch import nn
 
+from pointers import compat
+from pointers.compat import Hooked
 from pointers.errors import PointerError
 from pointers.module import get, send, tag
 
@@ -63,17 +65,6 @@ def _add(cls: type, name: str, fn: Any, added: list[str]) -> None:
     added.append(f"{cls.__name__}.{name}")
 
 
-class Hooked(list):  # type: ignore[type-arg]
-    """What :func:`hook` returns: the names it added (a list), and, as PySyft's
-    ``sy.TorchHook(torch)`` object, ``local_worker`` (the client, ``pointers.local_worker``)."""
-
-    @property
-    def local_worker(self) -> Any:
-        from pointers.compat import local_worker
-
-        return local_worker()
-
-
 def _hook(torch_module: ModuleType) -> Hooked:
     """Add the seed-style methods to ``torch.Tensor`` and ``nn.Module``; returns what was added."""
     if getattr(torch_module, "Tensor", None) is None:
@@ -106,9 +97,7 @@ class _HookFunction:
 
     @property
     def local_worker(self) -> Any:
-        from pointers.compat import local_worker
-
-        return local_worker()
+        return compat.local_worker()
 
     def __repr__(self) -> str:
         return "<function pointers.hook(torch)>"
@@ -125,7 +114,6 @@ def TorchHook(torch_module: ModuleType) -> Hooked:  # noqa: N802 - PySyft's name
 
 def _add_pysyft_names(torch_module: ModuleType, added: list[str]) -> None:
     """PySyft 0.2 compatible methods (see :mod:`pointers.compat`)."""
-    from pointers import compat
 
     def module_copy(self: nn.Module) -> nn.Module:
         return compat.module_copy(self)

@@ -3,7 +3,10 @@
 - ``pointers`` never imports ``mpc``;
 - ``mpc.math`` (ring, prg, encoding, bits) imports neither ``pointers`` nor the rest of ``mpc``;
 - importing ``pointers`` loads neither ``mpc`` nor the federated application layer, nor
-  gRPC (network workers load on first use).
+  gRPC (network workers load on first use);
+- ``pointers``' modules stand in one order (:data:`POINTERS_ORDER`, lowest first): each
+  imports only modules below it, at module level and in ``if TYPE_CHECKING:`` blocks alike,
+  and inside functions too but for the :data:`LAZY_UPWARD` exceptions; no import circles.
 """
 
 from __future__ import annotations
@@ -69,3 +72,175 @@ def test_importing_pointers_loads_only_its_core() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# -- the order of pointers' modules ---------------------------------------------------------
+#: ``pointers``' modules, lowest first: a module imports only modules before it in this list.
+#: This holds for every import at module level, ``if TYPE_CHECKING:`` blocks included (a
+#: type a lower module needs from a higher one is a ``typing.Protocol`` of its own). The
+#: package ``__init__`` modules stand after their submodules (they re-export them).
+POINTERS_ORDER = [
+    "pointers.errors",
+    # the wire: messages, serialisation, the op allow-list
+    "pointers.wire.serde",
+    "pointers.wire.ops",
+    "pointers.wire.messages",
+    "pointers.wire",
+    # plans as data (the graph, tracing, its wire form)
+    "pointers.plans.graph",
+    "pointers.plans.trace",
+    "pointers.plans.wire",
+    # what a worker is made of, and what its clients see of it
+    "pointers.worker.sealing",
+    "pointers.worker.store",
+    "pointers.worker.functions",
+    "pointers.worker.client",
+    "pointers.worker.program",
+    # pointers (to any WorkerClient)
+    "pointers.pointer_tensor",
+    # in-process workers
+    "pointers.worker.base",
+    "pointers.worker.lanes",
+    "pointers.worker.chains",
+    "pointers.worker",
+    # the user-facing layers
+    "pointers.module",
+    "pointers.plans.plan",
+    "pointers.plans.protocol",
+    "pointers.plans",
+    "pointers.federated.datasets",
+    "pointers.federated.fedavg",
+    "pointers.compat",
+    "pointers.hook",
+    "pointers.federated.floptimizer",
+    "pointers.federated",
+    "pointers.pysyft_sandbox",
+    # network workers (the order within is the package docstring's)
+    "pointers.network.certs",
+    "pointers.network.transport",
+    "pointers.network.framing",
+    "pointers.network.context",
+    "pointers.network.lease",
+    "pointers.network.replies",
+    "pointers.network.calls",
+    "pointers.network.connection",
+    "pointers.network.client",
+    "pointers.network.config",
+    "pointers.network.limits",
+    "pointers.network.quotas",
+    "pointers.network.waiting",
+    "pointers.network.served",
+    "pointers.network.dataplane",
+    "pointers.network.peers",
+    "pointers.network.sessions",
+    "pointers.network.server",
+    "pointers.network.cluster",
+    "pointers.network",
+    "pointers",
+    "pointers.__main__",
+    "pointers.demo",
+]
+
+#: imports inside functions that go up the order, each with its reason. Every other import
+#: inside a function goes down it too (a lazy import would otherwise hide a circle).
+LAZY_UPWARD = {
+    # a pointer's send()/get()/move() through a chain of in-process workers installs and
+    # calls the chain functions, which make pointers: the one circle left in pointers
+    ("pointers.pointer_tensor", "pointers.worker.chains"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+_POINTERS = {_module_name(p): p for p in _modules("pointers")}
+
+
+def _resolve(name: str) -> str | None:
+    """The ``pointers`` module an imported name belongs to (None: outside pointers)."""
+    while name and name not in _POINTERS:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _split_imports(path: Path) -> tuple[set[str], set[str]]:
+    """The ``pointers`` modules ``path`` imports at module level (``if TYPE_CHECKING:``
+    blocks included), and those it imports inside functions only."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top: set[str] = set()
+    lazy: set[str] = set()
+
+    def names(node: ast.Import | ast.ImportFrom) -> set[str]:
+        if isinstance(node, ast.Import):
+            found = {_resolve(a.name) for a in node.names}
+        else:
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # ``from pointers import compat`` imports the module pointers.compat
+            found = {_resolve(f"{base}.{a.name}") for a in node.names}
+        return {m for m in found if m is not None and m != module}
+
+    def visit(nodes: list[ast.stmt], in_function: bool) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                (lazy if in_function else top).update(names(node))
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(node.body, True)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    children = getattr(node, field, None)
+                    if isinstance(children, list):
+                        visit(
+                            [c for c in children if isinstance(c, ast.stmt | ast.excepthandler)],
+                            in_function,
+                        )
+
+    visit(ast.parse(path.read_text()).body, False)
+    return top, lazy - top
+
+
+def test_the_order_names_every_pointers_module_once() -> None:
+    assert len(POINTERS_ORDER) == len(set(POINTERS_ORDER))
+    assert set(POINTERS_ORDER) == set(_POINTERS), (
+        f"missing from POINTERS_ORDER: {sorted(set(_POINTERS) - set(POINTERS_ORDER))}; "
+        f"not modules: {sorted(set(POINTERS_ORDER) - set(_POINTERS))}"
+    )
+
+
+@pytest.mark.parametrize("module", POINTERS_ORDER)
+def test_pointers_modules_import_only_downwards(module: str) -> None:
+    rank = {m: k for k, m in enumerate(POINTERS_ORDER)}
+    top, lazy = _split_imports(_POINTERS[module])
+    up = sorted(m for m in top if rank[m] > rank[module])
+    assert not up, f"{module} imports {up}, above it in POINTERS_ORDER"
+    lazy_up = sorted(m for m in lazy if rank[m] > rank[module] and (module, m) not in LAZY_UPWARD)
+    assert not lazy_up, f"{module} imports {lazy_up} inside a function, above it in the order"
+
+
+def test_pointers_has_no_import_circles() -> None:
+    """No circle among module-level imports (``TYPE_CHECKING`` included), nor among all
+    imports but the :data:`LAZY_UPWARD` ones."""
+    graph = {}
+    for module, path in _POINTERS.items():
+        top, lazy = _split_imports(path)
+        graph[module] = top | {m for m in lazy if (module, m) not in LAZY_UPWARD}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circle = path[path.index(nxt) :] + [nxt]
+                raise AssertionError(f"import circle: {' -> '.join(circle)}")
+            if nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])

@@ -8,7 +8,38 @@
   :class:`NetworkWorker` that pointers and protocols use like a ``VirtualWorker``
   (:mod:`pointers.network.client`).
 
-See ``docs/deployment.md``.
+See ``docs/deployment.md``. One concept per module; each imports only the modules listed
+before it (``tests/test_layering.py`` checks this order, and that no circle remains). The
+client side and the server side share the first five and never import each other.
+
+Shared by both sides:
+
+* ``certs``: the project CA, identities, party and client certificates;
+* ``transport``: gRPC channels and method names, keepalives, peer checks, errors;
+* ``framing``: the envelope of a call (frames of messages), ``is_error_header``;
+* ``context``: the message clock and error order of a client's connections;
+* ``lease``: session tokens, and the client's heartbeat that renews its leases.
+
+The client connection and its pipelining:
+
+* ``replies``: what a client accepts in a reply, ``WorkerRestartedError``;
+* ``calls``: queued items, calls in flight, and how a call's answer resolves them;
+* ``connection``: one channel, its ordered queue and sender thread, pipelining, holds;
+* ``client``: :class:`NetworkWorker` and :func:`connect`.
+
+The served worker:
+
+* ``config``: :class:`ServerConfig` and the worker functions packages declare;
+* ``limits``: what objects and ops cost, and the store that counts them (limits);
+* ``quotas``: program slots and handler threads, shared fairly among clients;
+* ``waiting``: a namespace's store, whose lookups wait for deliveries and programs;
+* ``served``: :class:`~pointers.network.served.ServedWorker`, one client session's namespace;
+* ``dataplane``: bulk deliveries over persistent TLS sockets (the data plane);
+* ``peers``: peer links, dialing peers, and taking their deliveries;
+* ``sessions``: who calls, and the sessions and leases of their namespaces;
+* ``server``: the control service (:class:`WorkerServer`) and :func:`serve`.
+
+Then ``cluster`` (local worker processes for tests and benchmarks), which uses the client.
 """
 
 import os

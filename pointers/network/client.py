@@ -53,6 +53,7 @@ from pointers.network.transport import (
     ChannelWatch,
     open_channel,
 )
+from pointers.pointer_tensor import search_worker
 from pointers.wire.messages import (
     AcceptPeer,
     ConnectPeer,
@@ -65,7 +66,8 @@ from pointers.wire.messages import (
     decode_message,
     encode_message,
 )
-from pointers.worker.base import Frames, Recorder, WorkerStats
+from pointers.worker.base import Frames
+from pointers.worker.client import Recorder, WorkerStats
 
 _HELLO_TIMEOUT = 10.0
 # a hello after the connection dropped waits this long for it to come back (a restarted
@@ -279,8 +281,6 @@ class NetworkWorker:
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to this client's stored tensors carrying every tag in ``query``."""
-        from pointers.pointer_tensor import search_worker
-
         return search_worker(self, query)
 
     @property

@@ -10,7 +10,7 @@
 - lanes: in-process workers running side by side (:func:`pointers.concurrently`).
 """
 
-from pointers.worker.base import Frames, VirtualWorker, Worker, WorkerStats, tensor_meta
-from pointers.worker.client import WorkerClient
+from pointers.worker.base import Frames, VirtualWorker, Worker, tensor_meta
+from pointers.worker.client import WorkerClient, WorkerStats
 
 __all__ = ["Frames", "VirtualWorker", "Worker", "WorkerClient", "WorkerStats", "tensor_meta"]

@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
@@ -28,6 +27,7 @@ from pointers.errors import (
 )
 from pointers.plans.graph import PlanGraph
 from pointers.plans.wire import plan_from_wire, variant_from_wire
+from pointers.pointer_tensor import PointerTensor, search_worker
 from pointers.wire import serde
 from pointers.wire.messages import (
     CallFunction,
@@ -52,6 +52,7 @@ from pointers.wire.messages import (
 )
 from pointers.wire.ops import resolve_op
 from pointers.wire.serde import Ref
+from pointers.worker.client import Recorder, WorkerStats
 from pointers.worker.functions import FunctionRegistry
 from pointers.worker.program import program_from_wire, start_program
 from pointers.worker.sealing import (
@@ -73,15 +74,6 @@ class Lock(Protocol):
 
     def __enter__(self) -> Any: ...
     def __exit__(self, *exc: Any) -> Any: ...
-
-
-class Recorder(Protocol):
-    """What a worker client tells a :class:`pointers.worker.program.Recording`: every
-    command it sends (before it is sent; may refuse it by raising) and every id it
-    allocates. Set with the client's ``set_recorder``."""
-
-    def record_command(self, worker_id: str, msg: Message) -> None: ...
-    def record_new_id(self, worker_id: str, obj_id: int) -> None: ...
 
 
 _OK_NONE = encode_message(Reply(None))[0]
@@ -168,21 +160,6 @@ def _handler_table(cls: type) -> dict[type[Message], Handler]:
             if kind is not None:
                 names[kind] = name
     return {kind: getattr(cls, name) for kind, name in names.items()}
-
-
-@dataclass
-class WorkerStats:
-    """What a worker received and sent, in messages and bytes (header plus buffers)."""
-
-    messages_received: int = 0
-    messages_sent: int = 0
-    bytes_received: int = 0
-    bytes_sent: int = 0
-    peer_messages_sent: int = 0
-    peer_bytes_sent: int = 0
-
-    def snapshot(self) -> WorkerStats:
-        return WorkerStats(**vars(self))
 
 
 def tensor_meta(t: torch.Tensor) -> list[Any]:
@@ -297,8 +274,6 @@ class Worker:
         value = self._readable(msg.obj_id, "fetching it").value
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"object {msg.obj_id} is not a tensor")
-        from pointers.pointer_tensor import PointerTensor
-
         if isinstance(value, PointerTensor):  # a chain's hop: refused before it is dropped
             raise NotAllowedError(
                 f"object {msg.obj_id} is a pointer chain's hop, not a tensor: "
@@ -749,8 +724,6 @@ class VirtualWorker(Worker):
 
     def search(self, *query: str) -> list[Any]:
         """Pointers to the stored tensors carrying every tag in ``query``."""
-        from pointers.pointer_tensor import search_worker
-
         return search_worker(self, query)
 
     def clear_objects(self) -> None:

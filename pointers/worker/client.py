@@ -8,13 +8,36 @@ of a worker they drive: :class:`~pointers.worker.base.VirtualWorker` (in process
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from pointers.wire.messages import Message
-    from pointers.worker.base import Recorder, WorkerStats
+from pointers.wire.messages import Message
 
-__all__ = ["WorkerClient"]
+__all__ = ["Recorder", "WorkerClient", "WorkerStats"]
+
+
+class Recorder(Protocol):
+    """What a worker client tells a :class:`pointers.worker.program.Recording`: every
+    command it sends (before it is sent; may refuse it by raising) and every id it
+    allocates. Set with the client's ``set_recorder``."""
+
+    def record_command(self, worker_id: str, msg: Message) -> None: ...
+    def record_new_id(self, worker_id: str, obj_id: int) -> None: ...
+
+
+@dataclass
+class WorkerStats:
+    """What a worker received and sent, in messages and bytes (header plus buffers)."""
+
+    messages_received: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    peer_messages_sent: int = 0
+    peer_bytes_sent: int = 0
+
+    def snapshot(self) -> WorkerStats:
+        return WorkerStats(**vars(self))
 
 
 @runtime_checkable

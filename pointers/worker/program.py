@@ -22,7 +22,7 @@ network workers (``pointers.connect``), whose served namespaces run a program in
 that sets the namespace's lock aside while it waits for a peer's delivery.
 
 A worker client can be recorded when it has ``set_recorder(recorder)``: while a
-:class:`~pointers.worker.base.Recorder` is set, the client tells it every command it sends
+:class:`~pointers.worker.client.Recorder` is set, the client tells it every command it sends
 and every id it allocates with ``new_id()``, and ``flush_deletes()`` sends the deletes of
 dropped pointers as a ``Delete`` command it records too (a client whose deletes normally
 travel another way, such as a network worker's with its batches, holds them for
@@ -36,8 +36,9 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -54,10 +55,25 @@ from pointers.wire.messages import (
     message_from_list,
 )
 from pointers.wire.serde import Ref, Slot, SlotRef, ref_id
+from pointers.worker.client import Recorder, WorkerClient
+from pointers.worker.store import ObjectStore
 
-if TYPE_CHECKING:
-    from pointers.worker.base import Recorder, Worker
-    from pointers.worker.client import WorkerClient
+
+class Worker(Protocol):
+    """What a program needs of the worker it runs at (:class:`pointers.worker.base.Worker`,
+    which imports this module): its store and lock, its peers, and its message handler."""
+
+    id: str
+
+    @property
+    def store(self) -> ObjectStore: ...
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+    def add_program_thread(self, thread: threading.Thread) -> None: ...
+    def peer_link(self, peer_id: str) -> Any | None: ...
+    def run_locked(self, msg: Message) -> Any: ...
+    def send_to_peer(self, msg: SendToPeer) -> None: ...
+
 
 RECORDABLE = (ExecuteOp, CallFunction, Store, Delete, SendToPeer, Tag)
 _KINDS = {cls.KIND for cls in RECORDABLE}
@@ -88,7 +104,7 @@ class Recording:
         self.new_ids: dict[str, list[int]] = {w.id: [] for w in self.workers}
         self._outer: dict[str, Recorder | None] = {}  # a recording this one runs inside
 
-    # -- the recorder hook (pointers.worker.base.Recorder) ---------------------------------
+    # -- the recorder hook (pointers.worker.client.Recorder) ---------------------------------
     def record_command(self, worker_id: str, msg: Message) -> None:
         if not isinstance(msg, RECORDABLE):
             raise PointerError(
