@@ -12,12 +12,15 @@ of keys per comparison). The crossover is the L where both take the same time:
 
 0 where FSS is faster at any latency, "never" where it takes as many rounds or more.
 
-T is the in-process median less the dealer's time (the dealer's work is what
-``mpc.preprocess`` moves offline), so "keys ahead" is the online phase of a preprocessed
-plan. "keys inline" adds the dealer's time and its bytes to each party (as an op-by-op
-run pays them; the dealer's delivery overlaps the first round on a network, so this is a
-pessimistic bound). Every party's work runs in one process in these measurements, so T
-is the sum over the parties: an upper bound for parties on separate machines.
+T is the parties' CPU time per party: the process CPU time of one in-process run (every
+party, the dealer and the client run in this process) less the dealer's CPU time, divided
+by the number of parties, which work side by side on separate machines. CPU time rather
+than wall time: on a loaded machine it moves much less. That is the online phase of a
+preprocessed plan, the dealer's work being what ``mpc.preprocess`` moves offline ("keys
+ahead"). "keys inline" adds the dealer's CPU time and its bytes to the run (as an
+op-by-op run pays them before the parties can evaluate; the client's own CPU, in T, is
+small). Rows without CPU times (network workers) fall back to the wall-clock median less
+the dealer's wall time.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ def crossover_latency(
     rd, rf = int(default["rounds"]), int(fss["rounds"])
     if rf >= rd:
         return None
-    td = default["median_s"] - (0.0 if inline else _dealer(default))
-    tf = fss["median_s"] - (0.0 if inline else _dealer(fss))
+    td, tf = _online(default), _online(fss)
+    if inline:
+        td, tf = td + _dealer(default), tf + _dealer(fss)
     bytes_d = default["max_bytes_per_party"] + (default["dealer_bytes"] if inline else 0)
     bytes_f = fss["max_bytes_per_party"] + (fss["dealer_bytes"] if inline else 0)
     per_byte = 0.0 if mbit is None else 8.0 / (mbit * 1e6)
@@ -49,9 +53,24 @@ def crossover_latency(
     return max(0.0, extra / (rd - rf))
 
 
+def _number(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
 def _dealer(row: dict[str, Any]) -> float:
-    d = row.get("dealer_s")
-    return 0.0 if d is None or (isinstance(d, float) and math.isnan(d)) else float(d)
+    """The dealer's time in one run (CPU where measured)."""
+    cpu = _number(row.get("dealer_cpu_s"))
+    if cpu is not None and _number(row.get("cpu_median_s")) is not None:
+        return cpu
+    return _number(row.get("dealer_s")) or 0.0
+
+
+def _online(row: dict[str, Any]) -> float:
+    """One party's time in one run, the dealer's work left out (see the module docstring)."""
+    cpu = _number(row.get("cpu_median_s"))
+    if cpu is not None:
+        return max(cpu - _dealer(row), 0.0) / max(int(row.get("parties", 2)), 1)
+    return max(float(row["median_s"]) - _dealer(row), 0.0)
 
 
 def _ms(v: float | None) -> str:
@@ -75,7 +94,8 @@ def crossover_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
         "rounds def/fss",
         "KB/party def/fss",
         "dealer KB def/fss",
-        "online s def/fss",
+        "dealer s def/fss",
+        "party s def/fss",
         "L* (keys ahead)",
         "L* 1 Gbit/s",
         "L* 100 Mbit/s",
@@ -93,7 +113,8 @@ def crossover_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
                 f"{d['rounds']}/{f['rounds']}",
                 f"{d['max_bytes_per_party'] / 1e3:.1f}/{f['max_bytes_per_party'] / 1e3:.1f}",
                 f"{d['dealer_bytes'] / 1e3:.0f}/{f['dealer_bytes'] / 1e3:.0f}",
-                f"{d['median_s'] - _dealer(d):.3f}/{f['median_s'] - _dealer(f):.3f}",
+                f"{_dealer(d):.3f}/{_dealer(f):.3f}",
+                f"{_online(d):.3f}/{_online(f):.3f}",
             ]
             + [_ms(crossover_latency(d, f, mbit, inline=False)) for mbit in BANDWIDTHS_MBIT]
             + [_ms(crossover_latency(d, f, 100.0, inline=True))]

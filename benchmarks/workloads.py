@@ -793,20 +793,22 @@ class _DealerTimer:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # CPU time of the serving thread (less sensitive to load)
 
     def __enter__(self) -> _DealerTimer:
         if not isinstance(self.worker, pt.VirtualWorker):
             self.worker = None  # nothing to time here: no dealer, or a served one
-            self.seconds = math.nan
+            self.seconds = self.cpu_seconds = math.nan
             return self
         inner = self.worker.handle_frames
 
         def timed(header: bytes, buffers: list[Any], **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return inner(header, buffers, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t0
+                self.cpu_seconds += time.thread_time() - c0
 
         setattr(self.worker, "handle_frames", timed)  # noqa: B010 - (a method, patched on purpose)
         return self
@@ -853,6 +855,7 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
             client_bytes_sent=(after["bytes_received"] - before["bytes_received"])
             - (after["peer_bytes_sent"] - before["peer_bytes_sent"]),
             dealer_s=dt.seconds,
+            dealer_cpu_s=dt.cpu_seconds,
         )
         if w.clients:
             info["upload_bytes_per_client"] = max(

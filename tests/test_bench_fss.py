@@ -17,7 +17,7 @@ except ImportError:  # a bare `pytest` run without the repository root on sys.pa
     from benchmarks import crossover
 
 
-def _row(mode: str, rounds: int, sent: int, dealer: int, median: float, dealer_s: float) -> dict:
+def _row(mode: str, rounds: int, sent: int, dealer: int, cpu: float, dealer_s: float) -> dict:
     return {
         "workload": "W3",
         "size": "1e3",
@@ -25,18 +25,22 @@ def _row(mode: str, rounds: int, sent: int, dealer: int, median: float, dealer_s
         "rounds": rounds,
         "max_bytes_per_party": sent,
         "dealer_bytes": dealer,
-        "median_s": median,
-        "dealer_s": dealer_s,
+        "median_s": cpu * 2,
+        "cpu_median_s": cpu,
+        "dealer_s": dealer_s * 2,
+        "dealer_cpu_s": dealer_s,
+        "parties": 2,
     }
 
 
 def test_crossover_latency() -> None:
     d = _row("default", 4, 21_000, 62_000, 0.010, 0.002)
     f = _row("fss", 1, 8_000, 3_048_000, 0.020, 0.015)
-    # keys ahead: online 0.008 vs 0.005: FSS is faster at any latency
+    # keys ahead: per party (0.010 - 0.002) / 2 vs (0.020 - 0.015) / 2: FSS is faster at
+    # any latency
     assert crossover.crossover_latency(d, f, None, inline=False) == 0.0
-    # inline, 100 Mbit/s: (0.010 + (3,056,000 - 83,000) * 8e-8) / 3
-    want = (0.010 + (3_056_000 - 83_000) * 8 / 100e6) / 3
+    # inline, 100 Mbit/s: parties' time and the dealer's, (0.0175 - 0.006) + bytes, / 3
+    want = (0.0175 - 0.006 + (3_056_000 - 83_000) * 8 / 100e6) / 3
     got = crossover.crossover_latency(d, f, 100.0, inline=True)
     assert got is not None and math.isclose(got, want)
     assert crossover.crossover_latency(d, _row("fss", 4, 1, 1, 0.0, 0.0), None, False) is None
