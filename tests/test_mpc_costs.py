@@ -50,7 +50,16 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     "lt": (lambda a, b: a < b, [(N,), (N,)], 4, 21 * N),
     "relu": (F.relu, [(N,)], 4, 29 * N),
     "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 5, 53 * N),
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 12, 132_610),
+    # values and indices (issue 25): the indices packed into the values' low bits and the
+    # max of the packed and of the plain values by groups of four, one stacked tree (8 rounds,
+    # first index on ties); the pairwise tree with the indices riding took 12 and 132,610
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 8, 353_494),
+    "argmax over 10": (lambda a: a.argmax(dim=1), [(N // 8, 10)], 8, 485_588),
+    # e / sum by fine bins on the row sums and a cubic (mpc/protocols/inverse.py): 28
+    # rounds (max 12, exp 6, division 10); 34 and 527,900 with reciprocal and product
+    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 28, 674_824),
+    # (x - mean) / sqrt(var + eps) likewise: 12 rounds; 23 and 200,600 with rsqrt
+    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 12, 430_242),
     # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
     # selection on their daBits (mpc/math/group4.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes

@@ -17,7 +17,6 @@ import torch
 
 import pointers as pt
 from mpc.errors import UnsupportedOpError
-from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public, encode_public, rescale
 from mpc.ops.local import _add, mul_public
 from mpc.ops.masking import keep_in_softmax, select_public
@@ -25,6 +24,7 @@ from mpc.ops.nonlinear import _diff, _lt_gt, _reduce
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
 from mpc.protocols.compare import select_by_msb
+from mpc.protocols.inverse import times_inverse_power
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -409,15 +409,18 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
 
 @register(aten._softmax.default, aten._safe_softmax.default)
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """softmax(x) = e^(x - max) / sum e^(x - max): the max by the comparison tree
-    (7 ceil(log2 k) rounds), exp on (-inf, 0] by a clamp and a Fourier series (9, see
-    :func:`mpc.protocols.approx.exp_nonpositive`), the reciprocal of the sum in [1, k]
-    (16) and one product (2): 77 rounds for k = 100. Per element: about two comparisons
-    (the max tree and the clamp) and one product."""
+    """softmax(x) = e^(x - max) / sum e^(x - max): the max by groups of four (4 rounds a
+    level: 16 for k = 100), exp on (-inf, 0] by a clamp and a Fourier series (6, see
+    :func:`mpc.protocols.approx.exp_nonpositive`), and e / sum by fine bins on the sum in
+    [1, k] and a cubic (10, :func:`mpc.protocols.inverse.times_inverse_power`, relative
+    error 8e-6): 32 rounds for k = 100 (38 with a separate reciprocal and product). Per
+    element: about 2.5 comparisons (the max's groups and the clamp) and three products
+    with a per-row operand; per row, 4 log2 k + 5 comparisons."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
-    r = approx.reciprocal(total, hi_scale(x), jmin=-2, jtop=jtop, signed=False)
-    out = _out(x, approx.mul(e, r, _f(x)))
+    # the sum is in [1, k]: e / sum by fine bins and a cubic (mpc.protocols.inverse)
+    hi = math.floor(math.log2(x.shape[dim])) + 1
+    out = _out(x, times_inverse_power(e, total, 1.0, -1, hi, _f(x)))
     factors = keep_in_softmax(x, dim)
     if func is aten._safe_softmax.default and factors is not None and not factors[1].all():
         out = out.with_shares([s * factors[1] for s in out.shares])  # rows all -inf: 0
@@ -485,11 +488,13 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.native_layer_norm.default)
 def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
-    the count n is a power of two: a shift; else 1), the squared deviations summed and
-    divided by n (2; 3 when n is not a power of two), rsqrt (23), the product (2): 27
-    rounds for a power-of-two n. A shared weight costs no round: (x - mean) weight is
-    computed beside the squares, in the same Beaver round and truncation. Returns (out,
-    mean, rstd) like torch."""
+    the count n is a power of two: a shift; else 1), the squared deviations summed (2),
+    then (x - mean) weight / sqrt(S / n + eps) for their sum S by fine bins on S and a
+    cubic (10, :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6;
+    domain: variance in [2^-14, 2^16)): 12 rounds for a power-of-two n, 13 otherwise
+    (23 and 25 with rsqrt and a product). A shared weight costs no round: (x - mean)
+    weight is computed beside the squares, in the same Beaver round and truncation.
+    Returns (out, mean, rstd) like torch, rstd as a meta tensor (never formed)."""
     x, shape, weight, bias, eps = args[:5]
     dims = list(range(x.dim() - len(shape), x.dim()))
     n = 1
@@ -502,14 +507,17 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # last layers, variance ~0.1 over 768 features, came out wrong by ~1e2)
     low = 16  # (n var 2^40 < 2^62: n var up to 4e6)
     total = fx.with_shares([s.sum(dims, keepdim=True) for s in fx.shares])
+    # 1/n with 16 significant bits (at 16 bits, 1/768 was 0.4% off: a mean of 1 came out
+    # 4e-3 off, 0.2 after the division by a deviation of 0.02), within the room of the sum
+    inv = max(16, min(16 + n.bit_length(), 44 - fx.scale))
     if n & (n - 1) == 0:
         mu = total.halve(n.bit_length() - 1)  # exact
         if fx.scale > low:
             fx, mu = approx.truncate_many([fx, mu], [low, low + 4])
     elif fx.scale > low:
-        fx, mu = approx.truncate_many([fx, total.times_public(1.0 / n, 16)], [low, low + 4])
+        fx, mu = approx.truncate_many([fx, total.times_public(1.0 / n, inv)], [low, low + 4])
     else:
-        (mu,) = approx.truncate_many([total.times_public(1.0 / n, 16)], [fx.scale + 4])
+        (mu,) = approx.truncate_many([total.times_public(1.0 / n, inv)], [fx.scale + 4])
     dev = fx.add(mu, -1)
     pairs = [(dev, dev)]
     shared_weight = isinstance(weight, SharedTensor)
@@ -517,84 +525,20 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         pairs.append((dev, _fx(weight)))
     prods = approx.mul_many(pairs, None)  # untruncated
     sq = prods[0].with_shares([s.sum(dims, keepdim=True) for s in prods[0].shares])
-    # the weighted deviations come down to the session's scale with the first truncation
+    # the sum of squares S = n var and the weighted deviations come down to WORK and the
+    # session's scale in one truncation; then dev / sqrt(S / n + eps) = dev sqrt(n) (S + n
+    # eps)^-1/2 by fine bins on S and a cubic (mpc.protocols.inverse: 10 rounds)
     scaled = [approx.WORK] + ([_f(x)] if shared_weight else [])
-    if n & (n - 1) == 0:  # / n is a shift: one truncation in all
-        v, *dw = approx.truncate_many([sq.halve(n.bit_length() - 1), *prods[1:]], scaled)
-    else:  # 1/n with 16 significant bits: two
-        sq, *dw = approx.truncate_many([sq, *prods[1:]], scaled)
-        bits = 16 + n.bit_length()
-        (v,) = approx.truncate_many([sq.times_public(1.0 / n, bits)], [approx.WORK])
-    r = approx.rsqrt(v.add_public(float(eps)), approx.WORK)
-    out = _out(x, approx.mul(dw[0] if shared_weight else dev, r, _f(x)))
+    s_sum, *dw = approx.truncate_many([sq, *prods[1:]], scaled)
+    lo, hi = approx.SQ_JMIN + math.log2(n), approx.SQ_JTOP + math.log2(n)
+    s_eps = s_sum.add_public(float(eps) * n)
+    v = dw[0] if shared_weight else dev
+    out = _out(x, times_inverse_power(v, s_eps, 0.5, lo, hi, _f(x), mult=math.sqrt(n)))
     mean = _out(x, mu)
     if weight is not None and not shared_weight:
         out = out * weight
     if bias is not None:
         out = out + bias
-    return out, mean, _out(x, r)
-
-
-# -- fused attention ------------------------------------------------------------------------
-
-
-def _repeat_heads(t: Any, heads: int) -> Any:
-    """Grouped-query attention: each of t's key/value heads (dim -3) serves heads / h query
-    heads (``repeat_interleave``; a view and a copy on every share)."""
-    h = t.shape[-3]
-    if h == heads:
-        return t
-    if heads % h:
-        raise UnsupportedOpError("scaled_dot_product_attention", f"{heads} heads over {h}")
-    lead = tuple(t.shape[:-3])
-    t = t.unsqueeze(-3).expand(*lead, h, heads // h, *t.shape[-2:])
-    return t.reshape(*lead, heads, *t.shape[-2:])
-
-
-def attention(
-    q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, scale: float | None = None
-) -> SharedTensor:
-    """softmax(q k^T scale + mask) v, as torch's scaled_dot_product_attention: two Beaver
-    matmuls (or local products with a public operand) and a softmax. A public mask is a
-    public selection (:mod:`mpc.ops.masking`): a bool mask's False positions, a float
-    mask's finfo.min / -inf entries, and the causal mask's upper triangle weigh exactly 0
-    in the softmax. Key/value heads fewer than the query's are repeated (grouped-query
-    attention)."""
-    heads = q.shape[-3] if q.dim() >= 3 else 1
-    if q.dim() >= 3:
-        k, v = _repeat_heads(k, heads), _repeat_heads(v, heads)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {})
-    if not isinstance(scores, SharedTensor):
-        raise UnsupportedOpError("scaled_dot_product_attention", "expects a shared operand")
-    scores = mul_public(scores, scale)
-    lq, lk = q.shape[-2], k.shape[-2]
-    if causal:  # torch's is_causal: the upper-left triangle (position i sees 0..i)
-        keep = torch.ones(lq, lk, dtype=torch.bool).tril()
-        scores = select_public(keep, scores, float("-inf"))
-    if mask is not None:
-        if isinstance(mask, SharedTensor):
-            raise UnsupportedOpError("scaled_dot_product_attention", "the mask must be public")
-        check_public(mask, "scaled_dot_product_attention")
-        if mask.dtype == torch.bool:
-            scores = select_public(mask, scores, float("-inf"))
-        else:
-            scores = _add(scores, mask, 1)
-    # (_safe_softmax: a row masked entirely by -inf or False weighs nothing, as in torch)
-    attn = softmax(aten._safe_softmax.default, (scores, -1), {})
-    return bilinear_op(attn, v, "matmul", {})
-
-
-@register(aten._scaled_dot_product_flash_attention_for_cpu.default)
-def sdpa_flash_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The fused attention kernel torch picks on CPU, decomposed into secure ops
-    (:func:`attention`). The logsumexp output is a meta tensor (nothing in inference
-    reads it)."""
-    q, k, v = args[0], args[1], args[2]
-    dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
-    causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
-    if dropout:
-        raise UnsupportedOpError(str(func), "dropout in attention (call model.eval())")
-    out = attention(q, k, v, kwargs.get("attn_mask"), bool(causal), kwargs.get("scale"))
-    lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32, device="meta")
-    return out, lse
+    # rstd is not computed (the fused division never forms it): a meta tensor, so that a
+    # use of it fails loudly (nothing in inference reads it)
+    return out, mean, torch.empty(tuple(mu.shape), dtype=torch.float32, device="meta")

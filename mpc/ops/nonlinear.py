@@ -1,12 +1,14 @@
 """Non-linear ops built on the comparison protocol (:mod:`mpc.protocols.compare`).
 
-x < y is msb(x - y); ReLU is x * (1 - msb(x)); max/argmax reduce pairwise in a tree
-(ceil(log2 k) comparison rounds for k candidates), carrying indices with the values;
+x < y is msb(x - y); ReLU is x * (1 - msb(x)); max/argmax reduce by groups of four (one
+comparison run of the six pairwise comparisons per level: ceil(log4 k) levels, the last two
+or three entries pairwise), argmax with each index packed into the low bits of its value;
 max-pooling is that tree over each window.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, cast
 
 import torch
@@ -103,53 +105,118 @@ def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTensor | None]:
-    """Max (and argmax) over the last dim of x; indices are shared integers.
+    """Max (and argmax, :func:`_max_with_index`) over the last dim of x; indices are shared
+    integers.
 
-    Each level pairs the first and second halves: max(a, b) = b + (a - b) msb(b - a), the
-    index likewise, both products riding on one comparison (7 rounds per level). Ties
-    keep b's index.
-    """
-    k = x.shape[-1]
-    if not with_index:
-        x = _radix4_max(x)  # groups of four in one comparison each (issue 25)
-        k = x.shape[-1]
-    idx: SharedTensor | None = None
+    Groups of four first (:func:`_radix4_max`, 4 rounds a level), then the last two or
+    three entries pairwise: max(a, b) = b + (a - b) msb(b - a), the product riding on the
+    comparison (4 rounds a level)."""
     if with_index:
-        ar = torch.arange(k, dtype=torch.int64).expand(x.shape).contiguous()
-        idx = SharedTensor(public_to_shares(ar, x), x.session, 0, torch.int64)
-    vals = x
+        return _max_with_index(x)
+    vals = _radix4_max(x)  # groups of four in one comparison each (issue 25)
+    k = vals.shape[-1]
     while k > 1:
         h = k // 2
         a, b = vals[..., :h], vals[..., h : 2 * h]
         d = _diff(b, a)
-        values = [_neg(d).shares]
-        if idx is not None:
-            ia, ib = idx[..., :h], idx[..., h : 2 * h]
-            values.append(_diff(ia, ib).shares)
-        sel = select_by_msb(x.session, d.shares, values)
-        new_vals = _add(b, vals.with_shares(sel[0]), 1)
-        new_idx = None
-        if idx is not None:
-            new_idx = _add(ib, idx.with_shares(sel[1]), 1)
+        (sel,) = select_by_msb(x.session, d.shares, [_neg(d).shares])
+        new_vals = _add(b, vals.with_shares(sel), 1)
         if k % 2:
             # (a cat of shared tensors is shared; torch's stubs say Tensor)
             new_vals = cast(SharedTensor, torch.cat([new_vals, vals[..., 2 * h :]], dim=-1))
-            if new_idx is not None and idx is not None:
-                new_idx = cast(SharedTensor, torch.cat([new_idx, idx[..., 2 * h :]], dim=-1))
+        vals, k = new_vals, h + (k % 2)
+    return vals, None
+
+
+def _max_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
+    """Max and argmax over the last dim (k entries), first index on ties as torch, in the
+    rounds of the values-only max (:func:`_tree_max`: groups of four).
+
+    Entry j is packed with its reversed index, p_j = x_j 2^m + (k - 1 - j) (ring elements,
+    k - 1 < 2^m): the p_j are distinct, p_i > p_j iff x_i > x_j or x_i = x_j and i < j, so
+    the max of the p's is x_max 2^m + (k - 1 - argmax) with torch's tie rule. The max of
+    the x's and of the p's run as one stacked tensor (the same comparison runs, twice the
+    elements); then k - 1 - argmax = p_max - x_max 2^m, exactly (local). The packing needs
+    |x| < 2^(62 - m) in ring units (2^(46 - m) at 16 fractional bits)."""
+    k = x.shape[-1]
+    x.materialize()
+    m = max(k - 1, 1).bit_length()
+    if x.session.config.comparison == "fss":
+        # a domain narrower than the ring (fss_bits < 64) leaves no room for the packing;
+        # and with FSS's 2-round comparison, the pairwise tree's k - 1 comparisons cost
+        # less dealer material than the groups' 2 (k - 1) on twice the elements
+        return _pairwise_with_index(x)
+    rev = (k - 1 - torch.arange(k, dtype=torch.int64)).expand(x.shape).contiguous()
+    packed = [s * (1 << m) + r for s, r in zip(x.shares, public_to_shares(rev, x))]
+    # (a stack of shared tensors is shared; torch's stubs say Tensor)
+    both = cast(SharedTensor, torch.stack([x, x.with_shares(packed)]))
+    top, _ = _tree_max(both, False)
+    vmax, pmax = top[0], top[1]
+    idx = [-(p - v * (1 << m)) for p, v in zip(pmax.shares, vmax.shares)]
+    idx[0] = idx[0] + (k - 1)
+    return vmax, SharedTensor(idx, x.session, 0, torch.int64)
+
+
+def _pairwise_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
+    """Max and argmax by a pairwise tree, the index selected with the value on each
+    comparison's daBit (ceil(log2 k) levels): for FSS comparisons (see
+    :func:`_max_with_index`).
+    Each level pairs neighbours (a = entry 2i, b = entry 2i + 1: every entry stands for a
+    block of consecutive indices, in order), so ties keep a's, the first, index."""
+    k = x.shape[-1]
+    ar = torch.arange(k, dtype=torch.int64).expand(x.shape).contiguous()
+    idx = SharedTensor(public_to_shares(ar, x), x.session, 0, torch.int64)
+    vals = x
+    while k > 1:
+        h = k // 2
+        a, b = vals[..., 0 : 2 * h : 2], vals[..., 1 : 2 * h : 2]
+        ia, ib = idx[..., 0 : 2 * h : 2], idx[..., 1 : 2 * h : 2]
+        d = _diff(b, a)  # msb(a - b) = [a < b]: b wins only when strictly greater
+        sel = select_by_msb(x.session, _neg(d).shares, [d.shares, _diff(ib, ia).shares])
+        new_vals, new_idx = (
+            _add(a, vals.with_shares(sel[0]), 1),
+            _add(ia, idx.with_shares(sel[1]), 1),
+        )
+        if k % 2:
+            new_vals = cast(SharedTensor, torch.cat([new_vals, vals[..., 2 * h :]], dim=-1))
+            new_idx = cast(SharedTensor, torch.cat([new_idx, idx[..., 2 * h :]], dim=-1))
         vals, idx, k = new_vals, new_idx, h + (k % 2)
     return vals, idx
 
 
+@cache
+def _levels(k: int) -> tuple[int, bool]:
+    """(comparison levels to reduce k entries to one, whether the next level pads k up to
+    a multiple of four): a level takes groups of four (one comparison run each) or, for the
+    last two entries, a pair. Unpadded, a remainder of one to three entries joins the next
+    level; padding (with copies of entries: the max is unchanged) is chosen where it saves
+    a level (k = 3: one group instead of two pairwise levels; k = 6: 2 levels, not 3)."""
+    if k <= 1:
+        return 0, False
+    if k == 2:
+        return 1, False
+    plain = 1 + _levels(k // 4 + k % 4)[0] if k >= 4 else k  # (k = 3: two pairwise levels)
+    padded = 1 + _levels(-(-k // 4))[0]
+    return (padded, True) if padded < plain else (plain, False)
+
+
 def _radix4_max(x: SharedTensor) -> SharedTensor:
-    """Reduce the last dim by groups of four while it has four or more entries: the i-th
+    """Reduce the last dim by groups of four while it has three or more entries: the i-th
     entries of its four quarters form a group, whose max one comparison run gives
     (:func:`mpc.protocols.compare.max_of_four`: 4 rounds where two pairwise levels take 8);
-    a remainder of one to three entries joins the next level. Values only (the argmax keeps
-    the pairwise tree)."""
+    a remainder of one to three entries joins the next level, or the quarters are padded
+    with copies where that saves a level (:func:`_levels`). Values only (the argmax packs
+    the indices into the values: :func:`_max_with_index`)."""
     from mpc.protocols.compare import max_of_four
 
-    while x.shape[-1] >= 4:
+    while x.shape[-1] >= 3:
         k = x.shape[-1]
+        if _levels(k)[1]:  # copies of the first entries fill the last quarter
+            pad = -k % 4
+            x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
+            k += pad
+        elif k < 4:
+            break
         h = k // 4
         quarters = torch.stack([x[..., q * h : (q + 1) * h] for q in range(4)], dim=-1)
         flat = cast(SharedTensor, quarters.reshape(-1, 4))

@@ -1,0 +1,122 @@
+"""v * x^-p (p = 1: a division, p = 1/2: a division by a square root) for a positive
+shared x with few elements and a shared v broadcast over it (issue 25): softmax's division
+by the row sums, layer norm's by the rows' standard deviations, in 10 rounds where the
+reciprocal or rsqrt and the product took 16 (softmax) and 21 (layer norm).
+
+Method. One comparison run of x with fine thresholds theta_k = 2^(lo + k/K) (K per octave)
+selects, locally, per-bin public values (:func:`mpc.protocols.approx.select`): a slope
+beta ~ 1/c for the bin's centre c and g = mult * beta^p, so that x^-p mult = g z^-p with
+z = beta x in [q^-1/2, q^1/2] (q = 2^(1/K)); then z^-p = f(u), u = z - 1 small, by a
+cubic f fitted on that interval (relative error 8e-6 for p = 1, 2.2e-6 for p = 1/2 at K =
+4). The three product levels:
+
+1. z = beta x and E = v g (the selected g at ``Gs`` bits);
+2. E u and u^2, with h = C u + D u^2 truncated in the same truncation round;
+3. (E u) h; the result A E + B (E u) + (E u) h is truncated once.
+
+Rounds: 4 (comparison) + 3 x 2 = 10. Per element of x: T = K (hi - lo) + 1 comparisons
+(x has few elements: a row's sum or variance); per element of v: three products whose
+other operand is x's size (broadcast: v's own openings only).
+
+Outside [2^lo, 2^hi) the result saturates: x below (0 and negative x included) reads as
+2^lo, x above as 2^hi (z = 1 in those bins). beta is encoded at ``60 - x.scale`` bits and
+g recomputed from the encoded beta, so the rounding of beta only widens the interval on
+which f is fitted. Cf. the bit-length normalisation of Catrina and Saxena (FC 2010) with
+the bins' comparisons in parallel (:mod:`mpc.protocols.approx`), here with bins a quarter
+octave wide so that a cubic replaces the Newton or Goldschmidt iterations.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from mpc.protocols.approx import WORK, Fx, fit, select, step_bits, truncate_many
+from mpc.protocols.arith import BeaverRun, Round
+
+PER_OCTAVE = 4
+COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
+
+
+def _levels(pairs: list[tuple[Fx, Fx]]) -> list[Fx]:
+    """Untruncated products of each pair in one Beaver round; an operand of fewer elements
+    is broadcast by the product itself (``mul`` of two shapes: its openings are its own
+    size)."""
+    session = pairs[0][0].session
+    runs = []
+    for a, b in pairs:
+        shape = tuple(torch.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+        runs.append(BeaverRun(session, a.shares, b.shares, "mul", {}, shape))
+    one = Round(session)
+    opened = [r.open_in(one) for r in runs]
+    one.open()
+    return [
+        Fx(session, r.finish_opened(o), a.scale + b.scale)
+        for r, o, (a, b) in zip(runs, opened, pairs)
+    ]
+
+
+@lru_cache(maxsize=64)
+def _table(
+    p: float, lo: float, hi: float, per_octave: int, x_scale: int, mult: float
+) -> tuple[list[float], list[float], list[float], list[float], int, int, list[float]]:
+    """Thresholds, per-bin beta (as encoded), gamma and g, beta's and g's scales, and the
+    cubic's coefficients [A, B, C, D] (C and D rounded to COEF_BITS)."""
+    count = max(1, math.ceil((hi - lo) * per_octave - 1e-9))
+    thresholds = [2.0 ** (lo + k / per_octave) for k in range(count + 1)]
+    bscale = 60 - x_scale
+    q = 2.0 ** (1.0 / per_octave)
+    betas, gammas, gs = [0.0], [1.0], [mult * thresholds[0] ** -p]
+    zlo, zhi = 1.0, 1.0
+    for a, b in zip(thresholds[:-1], thresholds[1:]):
+        beta = round(2**bscale / (a * math.sqrt(q))) / 2**bscale
+        if beta <= 0 or abs(beta * a * math.sqrt(q) - 1) > 2**-6:
+            raise ValueError(f"internal: x up to {b:.3g} too large for {bscale} bits")
+        betas.append(beta)
+        gammas.append(0.0)
+        gs.append(mult * beta**p)
+        zlo, zhi = min(zlo, beta * a), max(zhi, beta * b)
+    betas.append(0.0)
+    gammas.append(1.0)
+    gs.append(mult * thresholds[-1] ** -p)
+    gscale = min(WORK - math.floor(math.log2(min(gs))), 58 - math.ceil(math.log2(max(gs))))
+    coefs = fit(lambda u: (1 + u) ** -p, zlo - 1, zhi - 1, 3, relative=True)
+    coefs = coefs[:2] + [round(c * 2**COEF_BITS) / 2**COEF_BITS for c in coefs[2:]]
+    return thresholds, betas, gammas, gs, bscale, gscale, coefs
+
+
+def times_inverse_power(
+    v: Fx,
+    x: Fx,
+    p: float,
+    lo: float,
+    hi: float,
+    out: int,
+    mult: float = 1.0,
+    per_octave: int = PER_OCTAVE,
+) -> Fx:
+    """[v * mult * x^-p] at scale ``out`` (x positive, in [2^lo, 2^hi): the module
+    docstring), in 10 rounds. v's shape broadcasts x's (x: one value per row)."""
+    thresholds, betas, gammas, gs, bscale, gscale, coefs = _table(
+        p, lo, hi, per_octave, x.scale, mult
+    )
+    a, b, c, d = coefs
+    bits = step_bits(x, thresholds)  # one comparison run (4 rounds)
+    beta = select(x, bits, betas, bscale)
+    gamma = select(x, bits, gammas, x.scale + bscale)
+    g = select(x, bits, gs, gscale)
+    # level 1: z = beta x + gamma, E = v g
+    zr, er = _levels([(x, beta), (v, g)])
+    z, e = truncate_many([zr.add(gamma), er], [WORK, WORK])
+    u = z.add_public(-1.0)
+    # level 2: E u, and h = C u + D u^2 (one truncation round for both)
+    eur, u2r = _levels([(e, u), (u, u)])
+    hr = u.times_public(c, COEF_BITS).lift(2 * WORK + COEF_BITS)
+    hr = hr.add(u2r.times_public(d, COEF_BITS))
+    eu, h = truncate_many([eur, hr], [WORK, WORK])
+    # level 3: (E u) h, then A E + B E u + E u h truncated once
+    (euh,) = _levels([(eu, h)])
+    total = e.times_public(a, WORK).add(eu.times_public(b, WORK)).add(euh)
+    return truncate_many([total], [out])[0]

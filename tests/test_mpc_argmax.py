@@ -1,0 +1,65 @@
+"""max with indices and argmax by groups of four (issue 25, item 2): each index packed into
+its value's low bits, so ties go to the first index as in torch, in the rounds of the
+values-only max; against plaintext torch for 2 and 3 parties (hypothesis, many ties), and
+the pairwise tree that FSS comparisons keep (neighbours paired: first index on ties)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mpc
+import pointers as pt
+from mpc.config import MPCConfig
+from mpc.ops.nonlinear import _levels
+
+
+def _group(n: int) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
+    return [pt.VirtualWorker(f"p{i}") for i in range(n)], pt.VirtualWorker("dealer")
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.integers(1, 40),  # k
+    st.integers(1, 6),  # rows
+    st.sampled_from([2, 3]),
+    st.floats(0.01, 1000.0),
+    st.randoms(use_true_random=False),
+)
+def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, scale, rnd):
+    parties, dealer = _group(n)
+    # small integers times a scale: many ties
+    v = torch.tensor([[rnd.randint(-3, 3) for _ in range(k)] for _ in range(rows)]) * scale
+    v = v.float()
+    x = mpc.share(v, *parties, crypto_provider=dealer)
+    with mpc.stats() as s:
+        best, idx = torch.max(x, 1)
+        idx.get()
+    assert s.rounds == 4 * _levels(k)[0]  # the values-only max's rounds
+    want, want_idx = torch.max(v, 1)
+    assert torch.allclose(best.get(), want, atol=2e-5 * scale + 1e-4)
+    assert torch.equal(idx.get(), want_idx)
+    assert torch.equal(torch.argmax(x, 1).get(), torch.argmax(v, 1))
+    low, low_idx = torch.min(x, 1)
+    assert torch.equal(low_idx.get(), torch.min(v, 1).indices)
+    assert torch.equal(torch.argmin(x).get(), torch.argmin(v))
+
+
+@pytest.mark.parametrize(
+    ("k", "levels"), [(2, 1), (3, 1), (4, 1), (6, 2), (10, 2), (16, 2), (17, 3), (64, 3)]
+)
+def test_levels(k: int, levels: int) -> None:
+    assert _levels(k)[0] == levels
+
+
+@pytest.mark.parametrize("bits", [40, 64])
+def test_argmax_with_fss_uses_the_pairwise_tree_ties_included(bits: int) -> None:
+    alice, bob, carol = pt.VirtualWorker("a"), pt.VirtualWorker("b"), pt.VirtualWorker("c")
+    config = MPCConfig(comparison="fss", fss_bits=bits)
+    v = torch.tensor([[1.0, 2.0, 2.0, 0.0, 2.0], [0.5, 0.5, 0.5, 0.5, 0.5], [3, 1, 4, 1, 5.0]])
+    x = mpc.share(v, alice, bob, crypto_provider=carol, config=config)
+    best, idx = torch.max(x, 1)
+    assert torch.equal(idx.get(), torch.max(v, 1).indices)
+    assert torch.allclose(best.get(), v.max(1).values, atol=1e-4)
