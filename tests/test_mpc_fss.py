@@ -254,3 +254,24 @@ def test_a_key_is_evaluated_once(trio: Any) -> None:
     with pytest.raises(pt.RemoteError, match="protocol material|already used|spent"):
         original(worker, "mpc.fss_eval", args, out=[((3,), torch.int64)])
         worker.request(Describe([]))
+
+
+@pytest.mark.parametrize("worker_kind", [pytest.param("network", marks=pytest.mark.network)])
+def test_on_network_workers(trio: Any, worker_kind: str) -> None:
+    """The same protocol on served workers (mutual TLS, peer deliveries): op by op and as
+    a plan with its keys dealt ahead."""
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randn(2, 1, 6, 6, generator=gen), torch.randn(2, 1, 6, 6, generator=gen)
+    x, y = _share(a, trio), _share(b, trio)
+    with mpc.stats() as s:
+        below = (x < y).get()
+    assert s.rounds == 1
+    clear = (a - b).abs() > 2**-15
+    assert torch.equal(below[clear], (a < b)[clear])
+
+    def fn(u: Any, v: Any) -> Any:
+        return F.max_pool2d(F.relu(u * v), 2)
+
+    plan = mpc.plan(fn, x, y)
+    mpc.preprocess(plan, 1)
+    assert torch.allclose(plan(x, y).get(), fn(a, b), atol=1e-3)
