@@ -33,7 +33,8 @@ from pointers.plans.graph import (
     PlanNotBuiltError,
     PlanRunError,
 )
-from pointers.plans.plan import Plan, PointerPlan, State, func2plan
+from pointers.plans.plan import Plan, State, func2plan
+from pointers.plans.pointer_plan import PointerPlan
 from pointers.plans.protocol import Protocol, ProtocolError
 from pointers.pointer_tensor import PointerTensor, call_function, is_pointer
 from pointers.worker.base import VirtualWorker, Worker

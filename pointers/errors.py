@@ -26,6 +26,10 @@ class ObjectGoneError(PointerError):
     """The pointer's object was already retrieved with get() or moved away."""
 
 
+class ChainError(PointerError):
+    """A pointer chain was asked for something it cannot do (see pointers.worker.chains)."""
+
+
 class RemoteError(PointerError):
     """The worker failed to run a command; the message is the worker's own."""
 

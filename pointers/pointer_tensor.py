@@ -9,12 +9,13 @@ work on it unchanged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.utils._pytree as pytree
 
 from pointers.errors import (
+    ChainError,
     LocationMismatchError,
     ObjectGoneError,
     PointerError,
@@ -73,6 +74,32 @@ class RemoteRef:
                 f"the object {self.obj_id} at {self.location.id!r} was already retrieved with "
                 "get() or moved away; this pointer no longer points to anything"
             )
+
+
+class Chains(Protocol):
+    """What a pointer on a chain asks of :mod:`pointers.worker.chains`, which sits above
+    this module (chains make pointers) and so hands itself in with :func:`use_chains`
+    when it loads (``pointers.worker`` loads it)."""
+
+    def send(
+        self, ptr: PointerTensor, destination: WorkerClient, *args: Any, **kwargs: Any
+    ) -> PointerTensor: ...
+    def get_hop(self, ptr: PointerTensor, delete: bool) -> PointerTensor: ...
+    def remote_get(self, ptr: PointerTensor) -> PointerTensor: ...
+
+
+_CHAINS: list[Chains] = []  # the one Chains, once pointers.worker.chains has loaded
+
+
+def use_chains(chains: Chains) -> None:
+    """Called by :mod:`pointers.worker.chains` as it loads."""
+    _CHAINS[:] = [chains]
+
+
+def _chains() -> Chains:
+    if not _CHAINS:  # (importing pointers loads them)
+        raise ChainError("pointer chains need pointers.worker.chains, which is not loaded")
+    return _CHAINS[0]
 
 
 class PointerTensor(torch.Tensor):
@@ -184,38 +211,13 @@ class PointerTensor(torch.Tensor):
     def _get_hop(self, delete: bool) -> PointerTensor:
         """A chain's ``get()``: one hop. The worker's pointer is dropped (``delete=False``:
         kept) and the client gets a pointer to the object at the next worker."""
-        from pointers.worker.chains import UNLINK
-
-        ref = self._ref
-        nxt = ref.chain
-        assert nxt is not None
-        (id_ptr,) = call_function(
-            ref.location, UNLINK, [ref.obj_id, not delete], out=[((1,), torch.int64)]
-        )
-        assert id_ptr is not None
-        remote_id = int(id_ptr.get()[0])
-        if delete:
-            ref.release()
-        return PointerTensor.from_meta(
-            nxt, remote_id, self.shape, _contiguous_stride(self.shape), self.dtype, owned=delete
-        )
+        return _chains().get_hop(self, delete)
 
     def remote_get(self) -> PointerTensor:
         """PySyft's ``remote_get()``: on a pointer chain (the client -> bob -> alice), bring
         alice's object to bob, in the place of bob's pointer to it; returns this pointer,
         now to the object at bob."""
-        from pointers.worker.chains import REMOTE_GET, ChainError
-
-        ref = self._ref
-        ref.check()
-        if ref.chain is None:
-            raise ChainError(
-                f"remote_get() brings an object one hop back along a pointer chain; this "
-                f"pointer is to a tensor at {ref.location.id!r} itself (use get())"
-            )
-        ref.location.request(CallFunction(REMOTE_GET, [ref.obj_id], {}, [None], False))
-        ref.chain = None
-        return self
+        return _chains().remote_get(self)
 
     @property
     def chain_location(self) -> WorkerClient | None:
@@ -248,8 +250,6 @@ class PointerTensor(torch.Tensor):
         in-process workers the destination then keeps the same memory, not a copy."""
         self._ref.check()
         if self._ref.chain is not None:
-            from pointers.worker.chains import ChainError
-
             raise ChainError(
                 f"copy_to() of a pointer chain ({self._ref.location.id!r} -> "
                 f"{self._ref.chain.id!r}) is not supported: get() one hop first"
@@ -273,45 +273,12 @@ class PointerTensor(torch.Tensor):
         goes one hop, ``remote_get()`` brings the tensor to bob, ``move`` collapses the
         chain. In-process workers only: network workers refuse (they are never clients
         of one another; see :mod:`pointers.worker.chains`)."""
-        from pointers.worker.chains import SEND, ChainError, check_chain_workers, install
-
-        ref = self._ref
-        ref.check()
-        if args or kwargs:
-            raise TypeError("send() on a pointer takes one worker")
-        if destination is ref.location or getattr(destination, "id", None) == ref.location.id:
-            raise PointerError(f"this tensor is already at {ref.location.id!r}")
-        if ref.chain is not None:
-            raise ChainError(
-                f"this pointer is already a chain ({ref.location.id!r} -> {ref.chain.id!r}): "
-                "chains of more than two workers are not supported; get() one hop first"
-            )
-        if self.requires_grad:
-            raise ChainError(
-                "a pointer that requires grad cannot start a chain (remote autograd does not "
-                "cross one): detach() it first, or move(worker) it"
-            )
-        check_chain_workers(ref.location, destination)
-        install(ref.location)
-        ref.location.introduce(destination)
-        far_id = destination.new_id()
-        (out,) = call_function(
-            ref.location,
-            SEND,
-            [ref.obj_id, destination.id, far_id],
-            out=[(tuple(self.shape), self.dtype)],
-        )
-        ref.release()
-        assert out is not None
-        out._ref.chain = destination
-        return out
+        return _chains().send(self, destination, *args, **kwargs)
 
     def tag(self, *tags: str, description: str = "") -> PointerTensor:
         """Add search tags to the remote object."""
         self._ref.check()
         if self._ref.chain is not None:
-            from pointers.worker.chains import ChainError
-
             raise ChainError(
                 "a pointer chain cannot be tagged (the worker holds a pointer, not a tensor, "
                 "and search finds tensors): tag the tensor before sending it on"

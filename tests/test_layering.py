@@ -6,7 +6,7 @@
   gRPC (network workers load on first use);
 - ``pointers``' modules stand in one order (:data:`POINTERS_ORDER`, lowest first): each
   imports only modules below it, at module level and in ``if TYPE_CHECKING:`` blocks alike,
-  and inside functions too but for the :data:`LAZY_UPWARD` exceptions; no import circles.
+  and inside functions too; no import circles.
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def test_importing_pointers_loads_only_its_core() -> None:
 # -- the order of pointers' modules ---------------------------------------------------------
 #: ``pointers``' modules, lowest first: a module imports only modules before it in this list.
 #: This holds for every import at module level, ``if TYPE_CHECKING:`` blocks included (a
-#: type a lower module needs from a higher one is a ``typing.Protocol`` of its own). The
+#: type a lower module needs from a higher one is a ``typing.Protocol`` of its own), and
+#: inside functions (a lazy import would otherwise hide a circle). What a lower module
+#: calls above it is handed in (``pointer_tensor.use_chains``, from ``worker.chains``). The
 #: package ``__init__`` modules stand after their submodules (they re-export them).
 POINTERS_ORDER = [
     "pointers.errors",
@@ -94,6 +96,7 @@ POINTERS_ORDER = [
     "pointers.worker.sealing",
     "pointers.worker.store",
     "pointers.worker.functions",
+    "pointers.worker.execution",
     "pointers.worker.client",
     "pointers.worker.program",
     # pointers (to any WorkerClient)
@@ -105,6 +108,7 @@ POINTERS_ORDER = [
     "pointers.worker",
     # the user-facing layers
     "pointers.module",
+    "pointers.plans.pointer_plan",
     "pointers.plans.plan",
     "pointers.plans.protocol",
     "pointers.plans",
@@ -140,14 +144,6 @@ POINTERS_ORDER = [
     "pointers.__main__",
     "pointers.demo",
 ]
-
-#: imports inside functions that go up the order, each with its reason. Every other import
-#: inside a function goes down it too (a lazy import would otherwise hide a circle).
-LAZY_UPWARD = {
-    # a pointer's send()/get()/move() through a chain of in-process workers installs and
-    # calls the chain functions, which make pointers: the one circle left in pointers
-    ("pointers.pointer_tensor", "pointers.worker.chains"),
-}
 
 
 def _module_name(path: Path) -> str:
@@ -218,17 +214,16 @@ def test_pointers_modules_import_only_downwards(module: str) -> None:
     top, lazy = _split_imports(_POINTERS[module])
     up = sorted(m for m in top if rank[m] > rank[module])
     assert not up, f"{module} imports {up}, above it in POINTERS_ORDER"
-    lazy_up = sorted(m for m in lazy if rank[m] > rank[module] and (module, m) not in LAZY_UPWARD)
+    lazy_up = sorted(m for m in lazy if rank[m] > rank[module])
     assert not lazy_up, f"{module} imports {lazy_up} inside a function, above it in the order"
 
 
 def test_pointers_has_no_import_circles() -> None:
-    """No circle among module-level imports (``TYPE_CHECKING`` included), nor among all
-    imports but the :data:`LAZY_UPWARD` ones."""
+    """No circle among all imports: module-level (``TYPE_CHECKING`` included) and lazy."""
     graph = {}
     for module, path in _POINTERS.items():
         top, lazy = _split_imports(path)
-        graph[module] = top | {m for m in lazy if (module, m) not in LAZY_UPWARD}
+        graph[module] = top | lazy
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def walk(node: str, path: list[str]) -> None:

@@ -59,8 +59,9 @@ from pointers.wire.messages import (
     Tag,
     encode_message,
 )
-from pointers.worker.base import Frames, Worker, handles
+from pointers.worker.base import Frames, Worker
 from pointers.worker.client import WorkerStats
+from pointers.worker.execution import handles
 from pointers.worker.functions import bind_arguments, function_size
 from pointers.worker.program import Program
 from pointers.worker.program import _run_program as run_program_steps

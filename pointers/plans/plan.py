@@ -13,7 +13,9 @@ tensor([6., 8.])
 A :class:`Plan` is an ``nn.Module``: subclass it and write ``forward`` for a module-like
 plan whose parameters travel with it as its state. :func:`func2plan` turns a function
 into a plan. Tracing and its limits are in :mod:`pointers.plans.trace`; the graph format
-and interpreter in :mod:`pointers.plans.graph`, the wire form in :mod:`pointers.plans.wire`.
+and interpreter in :mod:`pointers.plans.graph`, the wire form in :mod:`pointers.plans.wire`,
+the plan stored at a worker (:class:`~pointers.plans.pointer_plan.PointerPlan`) and call
+signatures in :mod:`pointers.plans.pointer_plan`.
 
 Other shapes and dtypes: as in PySyft, the build's examples (or ``args_shape``) only
 serve to trace; a plan runs on any input its function accepts. A call whose signature
@@ -40,48 +42,40 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pointers.errors import LocationMismatchError
 from pointers.plans.graph import (
     PlanBuildError,
     PlanCallError,
     PlanDecodeError,
     PlanGraph,
     PlanNotBuiltError,
-    PlanRunError,
+)
+from pointers.plans.pointer_plan import (
+    MAX_VARIANTS,
+    Layout,
+    PointerPlan,
+    Signature,
+    _accepts,
+    _layout,
+    _signature,
+    _traced_only,
 )
 from pointers.plans.trace import TRACE_SIZE, trace_plan
-from pointers.plans.wire import plan_from_bytes, plan_to_bytes, plan_to_wire, variant_to_wire
-from pointers.pointer_tensor import PointerTensor, RemoteRef
-from pointers.wire import serde
-from pointers.wire.messages import RunPlan, StorePlan, StoreRunPlan
-from pointers.wire.serde import dtype_from_name
+from pointers.plans.wire import (
+    PRECISE_BELOW,
+    check_plan_bytes,
+    plan_from_bytes,
+    plan_to_bytes,
+    plan_to_wire,
+)
+from pointers.pointer_tensor import PointerTensor
+from pointers.wire.messages import StorePlan
 
 if TYPE_CHECKING:
     from pointers.worker.client import WorkerClient
 
 Shape = Sequence[int]
-Layout = tuple[int, ...] | None  # an argument's strides; None: contiguous
-Signature = tuple[tuple[tuple[int, ...], torch.dtype, Layout], ...]
 
-MAX_VARIANTS = 64  # signatures traced per plan (and stored per plan and worker), LRU
 REAL_TRACE_LIMIT = 1 << 26  # bytes of examples a retrace may allocate (see _variant_for)
-
-
-def _layout(a: torch.Tensor) -> Layout:
-    """``a``'s strides, or None when it is contiguous (the common case)."""
-    shape, stride = tuple(a.shape), tuple(a.stride())
-    if 0 in shape:
-        return None
-    expected = 1
-    for size, st in zip(reversed(shape), reversed(stride)):
-        if size != 1 and st != expected:
-            return stride
-        expected *= size
-    return None
-
-
-def _signature(args: Sequence[torch.Tensor]) -> Signature:
-    return tuple((tuple(a.shape), a.dtype, _layout(a)) for a in args)
 
 
 def _storage_size(a: torch.Tensor) -> int:
@@ -100,39 +94,6 @@ def _example(a: torch.Tensor) -> torch.Tensor:
         except RuntimeError:  # overlapping strides (an expanded tensor): keep the ones
             pass
     return t
-
-
-def _accepts(graph: PlanGraph, layouts: Sequence[Layout] | None, args: Sequence[Any]) -> bool:
-    """Whether ``graph`` runs ``args`` as the function would: their shapes and dtypes fit
-    its inputs, their strides are those it was traced with (a traced ``reshape`` is a
-    ``view`` for contiguous inputs, a copy for others), and its size checks pass."""
-    try:
-        graph.check_args(args)
-    except PlanCallError:
-        return False
-    if layouts and any(_layout(a) != lay for a, lay in zip(args, layouts)):
-        return False
-    if graph.has_checks or any(None in i.shape for i in graph.inputs):
-        try:
-            graph.infer(args)  # its size checks, and ops that cannot take these sizes
-        except (PlanCallError, PlanRunError):
-            return False
-    return True
-
-
-def _traced_only(graph: PlanGraph, args: Sequence[Any]) -> PlanGraph:
-    """``graph``, if it accepts ``args``: a plan without its Python function cannot be
-    traced for another signature."""
-    graph.check_kinds(args)
-    try:
-        graph.check_args(args)
-    except PlanCallError as e:
-        raise PlanCallError(
-            f"{e}. Plan {graph.name!r} has no Python function here (it was loaded from "
-            "bytes, or received without its code), so it runs only the input shapes and "
-            "dtypes it was traced for; build it from its function to run it on others"
-        ) from None
-    return graph
 
 
 class State:
@@ -464,109 +425,6 @@ class Plan(nn.Module):
         return super().__repr__()
 
 
-class OuterReader:
-    """Reads the few msgpack values of a serialised plan's or protocol's outer layout
-    (arrays, strings, binaries) one at a time, checking each declared length against a
-    bound and the bytes present, before anything is decoded: a hostile document that
-    holds anything else fails in microseconds, instead of decoding into millions of
-    objects (a 64 MiB document could take 2.5 GiB and 20 s)."""
-
-    def __init__(self, data: Any, what: str) -> None:
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise PlanDecodeError(f"{what} decodes from bytes, not {type(data).__name__}")
-        self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        self.pos = 0
-        self.what = what
-
-    def _fail(self, why: str) -> PlanDecodeError:
-        return PlanDecodeError(f"not {self.what}: {why} (at byte {self.pos})")
-
-    def _length(self, size: int) -> int:
-        end = self.pos + size
-        if end > len(self.data):
-            raise self._fail("it ends in the middle of a value")
-        n = int.from_bytes(self.data[self.pos : end], "big")
-        self.pos = end
-        return n
-
-    def _first(self) -> int:
-        if self.pos >= len(self.data):
-            raise self._fail("it ends in the middle of a value")
-        b = self.data[self.pos]
-        self.pos += 1
-        return int(b)
-
-    def array(self, most: int, what: str) -> int:
-        b = self._first()
-        if 0x90 <= b <= 0x9F:
-            n = b & 0x0F
-        elif b in (0xDC, 0xDD):
-            n = self._length(2 if b == 0xDC else 4)
-        else:
-            raise self._fail(f"{what} is not a list")
-        if n > most:
-            raise self._fail(f"{what} holds {n} values, more than {most}")
-        return n
-
-    def string(self, most: int, what: str) -> str:
-        b = self._first()
-        if 0xA0 <= b <= 0xBF:
-            n = b & 0x1F
-        elif b in (0xD9, 0xDA, 0xDB):
-            n = self._length({0xD9: 1, 0xDA: 2, 0xDB: 4}[b])
-        else:
-            raise self._fail(f"{what} is not a string")
-        if n > most:
-            raise self._fail(f"{what} of {n} bytes is longer than {most} bytes")
-        end = self.pos + n
-        if end > len(self.data):
-            raise self._fail(f"{what} runs past the end")
-        raw = bytes(self.data[self.pos : end])
-        self.pos = end
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self._fail(f"{what} is not UTF-8") from None
-
-    def binary(self, most: int, what: str) -> int:
-        """Skip a byte string; returns its length."""
-        b = self._first()
-        if b not in (0xC4, 0xC5, 0xC6):
-            raise self._fail(f"{what} is not a byte string")
-        n = self._length({0xC4: 1, 0xC5: 2, 0xC6: 4}[b])
-        if n > most or self.pos + n > len(self.data):
-            raise self._fail(f"{what} of {n} bytes is longer than {most} bytes or the document")
-        self.pos += n
-        return n
-
-    def end(self) -> None:
-        if self.pos != len(self.data):
-            raise self._fail(f"{len(self.data) - self.pos} unexpected bytes after its value")
-
-
-PLAN_BUFFERS = serde.MAX_BUFFERS  # tensor buffers of a serialised plan, at most
-# a document this small that the outer check refuses is decoded anyway (at most ~40 MiB),
-# so that the wire's structural scan names what is wrong (nesting, lengths, objects)
-PRECISE_BELOW = 1 << 20
-
-
-def check_plan_bytes(data: Any, what: str = "a serialised plan") -> int:
-    """Check the outer layout of :meth:`Plan.to_bytes` output, ``[magic, header,
-    [buffers]]``, without decoding it: the header at most ``serde.MAX_HEADER_BYTES`` (a
-    worker's limit for a message header, which :meth:`Plan.from_bytes` then decodes
-    within the same limits as a worker does), at most :data:`PLAN_BUFFERS` buffers.
-    Returns the header's length; raises :class:`PlanDecodeError`."""
-    r = OuterReader(data, what)
-    if r.array(3, "its outer value") != 3:
-        raise r._fail("its outer value is not [magic, header, buffers]")
-    r.string(64, "its magic")
-    n = r.binary(serde.MAX_HEADER_BYTES, "its header")
-    for _ in range(r.array(PLAN_BUFFERS, "its buffers")):
-        r.binary(len(r.data), "a buffer")
-    r.end()
-    return n
-
-
 def func2plan(
     args_shape: Sequence[Shape] | Callable[..., Any] | None = None,
     state: Sequence[torch.Tensor] | None = None,
@@ -585,145 +443,6 @@ def func2plan(
         return Plan(fn, state=state, args_shape=args_shape, args_dtype=args_dtype)
 
     return wrap
-
-
-class PointerPlan:
-    """A plan stored at a worker. Calling it sends one message and returns pointers.
-
-    Arguments are pointers at the plan's worker (or local tensors, which travel with the
-    call). The outputs' shapes are inferred locally from the trace, so the call does not
-    wait for a reply, as with single ops. A pointer plan made by :meth:`Plan.send` keeps
-    its plan (the ``owner``): a call with a signature its graph does not accept gets the
-    variant the owner traces for it, stored at the worker by that same call (one
-    :class:`~pointers.wire.messages.StoreRunPlan` message) and reused by later calls.
-    """
-
-    def __init__(
-        self,
-        location: WorkerClient,
-        obj_id: int,
-        graph: PlanGraph,
-        *,
-        owner: Plan | None = None,
-        layouts: Sequence[Layout] = (),
-    ) -> None:
-        self._ref = RemoteRef(location, obj_id)
-        self.graph = graph
-        self._owner = owner
-        self._layouts = list(layouts)
-        # signature -> (the variant stored at the worker, its graph), least recent first
-        self._variants: OrderedDict[Signature, tuple[RemoteRef, PlanGraph]] = OrderedDict()
-
-    @property
-    def location(self) -> WorkerClient:
-        """The worker that stores the plan."""
-        return self._ref.location
-
-    @property
-    def id_at_location(self) -> int:
-        return self._ref.obj_id
-
-    @property
-    def name(self) -> str:
-        return self.graph.name
-
-    @property
-    def variants(self) -> list[PlanGraph]:
-        """The graphs for other signatures stored at the worker by earlier calls (least
-        recently used first)."""
-        return [graph for _, graph in self._variants.values()]
-
-    def __call__(self, *args: Any) -> Any:
-        ref = self._ref
-        ref.check()
-        location = ref.location
-        wire_args: list[Any] = []
-        for a in args:
-            if isinstance(a, PointerTensor):
-                a._ref.check()
-                if a._ref.location is not location:
-                    raise LocationMismatchError(
-                        f"plan {self.name!r}", location.id, a._ref.location.id
-                    )
-                wire_args.append(a._ref.wire())
-            elif isinstance(a, torch.Tensor):
-                wire_args.append(a.detach())
-            else:
-                wire_args.append(a)
-        graph, run_id, variant = self._select(args)
-        metas = graph.infer(args)  # checks count, shapes, dtypes and size guards
-
-        def message(out_ids: list[int | None], want_meta: bool) -> Any:
-            if variant is None:
-                return RunPlan(run_id, wire_args, out_ids, want_meta)
-            return StoreRunPlan(ref.obj_id, run_id, variant, wire_args, out_ids, want_meta)
-
-        if metas is not None:
-            ids = [location.new_id() for _ in metas]
-            try:
-                location.post(message(list(ids), False))
-            finally:  # in process, a failed run raises here; the variant was stored first
-                self._stored(args, run_id, graph, variant)
-            outs = [
-                PointerTensor(RemoteRef(location, i), shape, stride, dtype)
-                for i, (shape, stride, dtype) in zip(ids, metas)
-            ]
-        else:  # a node can only run at the worker: the reply describes the outputs
-            base = location.new_id()
-            for _ in range(graph.n_outputs - 1):
-                location.new_id()
-            try:
-                _, described = location.request(message([base], True))
-            finally:  # stored even when the run failed (the store comes first)
-                self._stored(args, run_id, graph, variant)
-            outs = [
-                PointerTensor(
-                    RemoteRef(location, base + k), tuple(m[0]), tuple(m[1]), dtype_from_name(m[2])
-                )
-                for k, m in enumerate(described)
-            ]
-        return tuple(outs) if graph.tuple_output else outs[0]
-
-    def _select(self, args: Sequence[Any]) -> tuple[PlanGraph, int, list[Any] | None]:
-        """The graph for ``args``, the id to run at the worker, and the variant's wire
-        form when the worker does not have it yet (None: it has)."""
-        base, owner = self.graph, self._owner
-        if owner is None or not owner.can_trace:
-            return _traced_only(base, args), self._ref.obj_id, None
-        base.check_kinds(args)
-        if _accepts(base, self._layouts, args):
-            return base, self._ref.obj_id, None
-        sig = _signature(args)
-        known = self._variants.get(sig)
-        if known is not None:
-            self._variants.move_to_end(sig)
-            return known[1], known[0].obj_id, None
-        graph = owner._variant_for(args)
-        shapes = [(t.shape, t.dtype) for t in graph.state]
-        if shapes != [(t.shape, t.dtype) for t in base.state]:
-            raise PlanCallError(
-                f"plan {self.name!r}: its state changed shape or dtype since it was sent to "
-                f"{self.location.id!r}; send it again"
-            )
-        return graph, self.location.new_id(), variant_to_wire(graph)
-
-    def _stored(
-        self, args: Sequence[Any], run_id: int, graph: PlanGraph, variant: list[Any] | None
-    ) -> None:
-        """Remember a variant sent to the worker (dropping the least recently used one
-        beyond MAX_VARIANTS deletes it there)."""
-        if variant is None:
-            return
-        self._variants[_signature(args)] = (RemoteRef(self.location, run_id), graph)
-        if len(self._variants) > MAX_VARIANTS:
-            self._variants.popitem(last=False)
-
-    def __repr__(self) -> str:
-        gone = " (deleted)" if self._ref.gone else ""
-        return (
-            f"PointerPlan({self.name!r}, location={self._ref.location.id!r}, "
-            f"id={self._ref.obj_id}){gone}"
-        )
 
 
 __all__ = ["Plan", "PlanCallError", "PointerPlan", "State", "func2plan"]

@@ -14,7 +14,7 @@ to the next role's worker, party to party (:meth:`PointerTensor.move`): the clie
 one message per role plus one per moved output, and sees no intermediate value. An input
 signature (shapes, dtypes) a role's plan was not built for costs no extra message: the
 plan is traced again for it and the new graph travels with that role's call, once per
-signature and worker (see :class:`~pointers.plans.plan.PointerPlan`).
+signature and worker (see :class:`~pointers.plans.pointer_plan.PointerPlan`).
 
 Inputs that already sit at one worker (pointers) are copied from there to the first
 role's worker, party to party, and the outputs go back to that worker at the end: the
@@ -37,7 +37,9 @@ import torch
 
 from pointers.errors import DecodeError
 from pointers.plans.graph import PlanDecodeError, PlanError, PlanNotBuiltError
-from pointers.plans.plan import PRECISE_BELOW, OuterReader, Plan, PointerPlan, check_plan_bytes
+from pointers.plans.plan import Plan
+from pointers.plans.pointer_plan import PointerPlan
+from pointers.plans.wire import PRECISE_BELOW, OuterReader, check_plan_bytes
 from pointers.pointer_tensor import PointerTensor
 from pointers.wire import serde
 
@@ -273,7 +275,7 @@ def _check_protocol_bytes(data: Any) -> None:
     """The outer layout of :meth:`Protocol.to_bytes` output, ``[magic, [[role, plan]...],
     [tags], description]``, checked before anything is decoded: at most
     :data:`_MAX_ROLES` roles and :data:`_MAX_TAGS` tags, each plan as
-    :func:`~pointers.plans.plan.check_plan_bytes` checks it, and the plans' headers
+    :func:`~pointers.plans.wire.check_plan_bytes` checks it, and the plans' headers
     together within one message header's limit (``serde.MAX_HEADER_BYTES``, what a worker
     decodes from one message): decoding a hostile protocol then costs what one message
     costs a worker, not ~40x the protocol's size. Raises :class:`PlanDecodeError`."""

@@ -32,15 +32,23 @@ from typing import Any
 
 import torch
 
-from pointers.errors import NotAllowedError, PointerError, RemoteError
+from pointers.errors import ChainError, NotAllowedError, PointerError, RemoteError
+from pointers.pointer_tensor import (
+    PointerTensor,
+    _contiguous_stride,
+    call_function,
+    use_chains,
+)
 from pointers.wire import serde
 from pointers.wire.messages import (
+    CallFunction,
     Delete,
     ErrorReply,
     ExecuteOp,
     Fetch,
     Message,
     Reply,
+    SendToPeer,
     decode_message,
     encode_message,
 )
@@ -53,10 +61,6 @@ REMOTE_GET = "pointers.chain.remote_get"
 
 _STATE = "pointers.chains"  # a worker's PeerClients, by peer id, in its function_state
 _ALLOWED = (ExecuteOp, Fetch, Delete)
-
-
-class ChainError(PointerError):
-    """A pointer chain was asked for something it cannot do."""
 
 
 NETWORK_REFUSAL = (
@@ -181,8 +185,6 @@ def peer_client(worker: Worker, peer: str) -> PeerClient:
 
 
 def _chain_pointer(worker: Worker, obj_id: int) -> Any:
-    from pointers.pointer_tensor import PointerTensor
-
     entry = worker.store.entry(obj_id)
     value = entry.value
     if not (isinstance(value, PointerTensor) and isinstance(value.location, PeerClient)):
@@ -196,9 +198,6 @@ def _chain_pointer(worker: Worker, obj_id: int) -> Any:
 def chain_send(worker: Worker, obj_id: int, peer: str, new_id: int) -> Any:
     """Move the tensor ``obj_id`` to ``peer`` (stored there as ``new_id``); returns this
     worker's pointer to it (stored here under the call's output id)."""
-    from pointers.pointer_tensor import PointerTensor, _contiguous_stride
-    from pointers.wire.messages import SendToPeer
-
     value = worker.store.entry(obj_id).value
     if isinstance(value, PointerTensor):
         raise ChainError(
@@ -246,9 +245,86 @@ def install(worker: Any) -> None:
     worker.functions.register_all(FUNCTIONS)
 
 
+# -- a pointer's side: what PointerTensor's send, get, move and remote_get do on a chain
+
+
+class PointerChains:
+    """The chain methods of :class:`~pointers.pointer_tensor.PointerTensor`
+    (:class:`~pointers.pointer_tensor.Chains`): a pointer calls them through
+    :func:`~pointers.pointer_tensor.use_chains`, since this module sits above it."""
+
+    @staticmethod
+    def send(ptr: PointerTensor, destination: Any, *args: Any, **kwargs: Any) -> PointerTensor:
+        """``ptr.send(destination)``: start a chain (see :meth:`PointerTensor.send`)."""
+        ref = ptr._ref
+        ref.check()
+        if args or kwargs:
+            raise TypeError("send() on a pointer takes one worker")
+        if destination is ref.location or getattr(destination, "id", None) == ref.location.id:
+            raise PointerError(f"this tensor is already at {ref.location.id!r}")
+        if ref.chain is not None:
+            raise ChainError(
+                f"this pointer is already a chain ({ref.location.id!r} -> {ref.chain.id!r}): "
+                "chains of more than two workers are not supported; get() one hop first"
+            )
+        if ptr.requires_grad:
+            raise ChainError(
+                "a pointer that requires grad cannot start a chain (remote autograd does not "
+                "cross one): detach() it first, or move(worker) it"
+            )
+        check_chain_workers(ref.location, destination)
+        install(ref.location)
+        ref.location.introduce(destination)
+        far_id = destination.new_id()
+        (out,) = call_function(
+            ref.location,
+            SEND,
+            [ref.obj_id, destination.id, far_id],
+            out=[(tuple(ptr.shape), ptr.dtype)],
+        )
+        ref.release()
+        assert out is not None
+        out._ref.chain = destination
+        return out
+
+    @staticmethod
+    def get_hop(ptr: PointerTensor, delete: bool) -> PointerTensor:
+        """A chain's ``get()``: one hop (see :meth:`PointerTensor._get_hop`)."""
+        ref = ptr._ref
+        nxt = ref.chain
+        assert nxt is not None
+        (id_ptr,) = call_function(
+            ref.location, UNLINK, [ref.obj_id, not delete], out=[((1,), torch.int64)]
+        )
+        assert id_ptr is not None
+        remote_id = int(id_ptr.get()[0])
+        if delete:
+            ref.release()
+        return PointerTensor.from_meta(
+            nxt, remote_id, ptr.shape, _contiguous_stride(ptr.shape), ptr.dtype, owned=delete
+        )
+
+    @staticmethod
+    def remote_get(ptr: PointerTensor) -> PointerTensor:
+        """``ptr.remote_get()`` (see :meth:`PointerTensor.remote_get`)."""
+        ref = ptr._ref
+        ref.check()
+        if ref.chain is None:
+            raise ChainError(
+                f"remote_get() brings an object one hop back along a pointer chain; this "
+                f"pointer is to a tensor at {ref.location.id!r} itself (use get())"
+            )
+        ref.location.request(CallFunction(REMOTE_GET, [ref.obj_id], {}, [None], False))
+        ref.chain = None
+        return ptr
+
+
+use_chains(PointerChains())
+
 __all__ = [
     "ChainError",
     "PeerClient",
+    "PointerChains",
     "check_chain_workers",
     "install",
     "peer_client",
