@@ -13,7 +13,8 @@ of keys per comparison). The crossover is the L where both take the same time:
 0 where FSS is faster at any latency, "never" where it takes as many rounds or more.
 
 T is the parties' CPU time per party: the process CPU time of one in-process run (every
-party, the dealer and the client run in this process) less the dealer's CPU time, divided
+party, the dealer and the client run in this process; the run in which the dealer's CPU
+time is measured, so that both come from one run) less the dealer's CPU time, divided
 by the number of parties, which work side by side on separate machines. CPU time rather
 than wall time: on a loaded machine it moves much less. That is the online phase of a
 preprocessed plan, the dealer's work being what ``mpc.preprocess`` moves offline ("keys
@@ -57,17 +58,24 @@ def _number(v: Any) -> float | None:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
+def _cpu(row: dict[str, Any]) -> float | None:
+    """The process CPU time of the run whose dealer time was measured (else the timed
+    runs' median): both from one run, so the difference is not the runs' noise."""
+    run = _number(row.get("run_cpu_s"))
+    return run if run is not None else _number(row.get("cpu_median_s"))
+
+
 def _dealer(row: dict[str, Any]) -> float:
     """The dealer's time in one run (CPU where measured)."""
     cpu = _number(row.get("dealer_cpu_s"))
-    if cpu is not None and _number(row.get("cpu_median_s")) is not None:
+    if cpu is not None and _cpu(row) is not None:
         return cpu
     return _number(row.get("dealer_s")) or 0.0
 
 
 def _online(row: dict[str, Any]) -> float:
     """One party's time in one run, the dealer's work left out (see the module docstring)."""
-    cpu = _number(row.get("cpu_median_s"))
+    cpu = _cpu(row)
     if cpu is not None:
         return max(cpu - _dealer(row), 0.0) / max(int(row.get("parties", 2)), 1)
     return max(float(row["median_s"]) - _dealer(row), 0.0)

@@ -840,9 +840,11 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
         everyone = w.everyone
         before = _worker_totals(everyone)
         clients_before = [c.stats.snapshot() for c in w.clients]
+        c0 = time.process_time()
         with _DealerTimer(w.dealer) as dt, mpc.stats() as s:
             w.run()
             w.sync()
+        run_cpu = time.process_time() - c0
         after = _worker_totals(everyone)
         info.update(
             rounds=s.rounds,
@@ -856,6 +858,8 @@ def profile(w: Workload, repeat: int = 5) -> dict[str, Any]:
             - (after["peer_bytes_sent"] - before["peer_bytes_sent"]),
             dealer_s=dt.seconds,
             dealer_cpu_s=dt.cpu_seconds,
+            # this process's CPU time in that run (in process: every party and the dealer)
+            run_cpu_s=run_cpu if w.in_process else math.nan,
         )
         if w.clients:
             info["upload_bytes_per_client"] = max(
