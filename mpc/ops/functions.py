@@ -528,7 +528,8 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # the sum of squares S = n var and the weighted deviations come down to WORK and the
     # session's scale in one truncation; then dev / sqrt(S / n + eps) = dev sqrt(n) (S + n
     # eps)^-1/2 by fine bins on S and a cubic (mpc.protocols.inverse: 10 rounds)
-    scaled = [approx.WORK] + ([_f(x)] if shared_weight else [])
+    # (S at up to 36 - log2 n bits: the bins' slopes 1/S keep 8 significant bits at 60 bits)
+    scaled = [min(approx.WORK, 36 - math.ceil(math.log2(n)))] + ([_f(x)] if shared_weight else [])
     s_sum, *dw = approx.truncate_many([sq, *prods[1:]], scaled)
     lo, hi = approx.SQ_JMIN + math.log2(n), approx.SQ_JTOP + math.log2(n)
     s_eps = s_sum.add_public(float(eps) * n)
