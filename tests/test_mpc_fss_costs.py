@@ -90,3 +90,75 @@ def test_fss_takes_fewer_rounds_and_bytes_online_than_the_default(name: str) -> 
     assert fss.rounds < default.rounds
     assert max(fss.bytes_per_party.values()) < max(default.bytes_per_party.values())
     assert fss.dealer_bytes > 10 * default.dealer_bytes  # (the price: the keys)
+
+
+def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
+    """The FSS steps' peak memory (VmHWM, reset before each call) against what they declare
+    (mpc/material/sizes.py), over a comparison, a ReLU and a max-pool of ``n`` elements in
+    process (as tests/test_limits_memory.py measures the other steps)."""
+    import inspect
+    from pathlib import Path
+
+    from mpc.material import FUNCTIONS
+    from pointers.worker.functions import bind_arguments, function_size
+
+    def status(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) << 10
+        raise RuntimeError(key)
+
+    seen: dict[str, list[int]] = {}
+
+    def wrap(name: str, fn: Any) -> Any:
+        spec = function_size(fn)
+        assert spec is not None, name
+
+        def run(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+            peak, _ = spec.bytes(bind_arguments(fn, args, kwargs))
+            Path("/proc/self/clear_refs").write_text("5")
+            base = status("VmRSS:")
+            out = fn(ctx, *args, **kwargs)
+            grew = status("VmHWM:") - base
+            if name not in seen or grew > seen[name][0]:
+                seen[name] = [grew, peak]
+            return out
+
+        run.__sealing__ = getattr(fn, "__sealing__", None)  # type: ignore[attr-defined]
+        run.__size__ = spec  # type: ignore[attr-defined]
+        run.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+        return run
+
+    for name in ("mpc.dealer_fss", "mpc.fss_eval", "mpc.fss_unpack"):
+        FUNCTIONS[name] = wrap(name, FUNCTIONS[name])
+    a, b, c = (pt.VirtualWorker(w, concurrent=False) for w in ("a", "b", "c"))
+    config = MPCConfig(comparison="fss")
+    x = mpc.share(torch.rand(n), a, b, crypto_provider=c, config=config)
+    y = mpc.share(torch.rand(n), a, b, crypto_provider=c, config=config)
+    (x > y).get()
+    F.relu(x * y).get()
+    img = mpc.share(torch.rand(1, 4, 64, n // 256), a, b, crypto_provider=c, config=config)
+    F.max_pool2d(img, 2).get()
+    return seen
+
+
+@pytest.mark.slow
+def test_fss_steps_allocate_at_most_what_they_declare() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="0")
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    code = "import json, test_mpc_fss_costs as t; print(json.dumps(t.measure_fss_steps()))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(seen) == {"mpc.dealer_fss", "mpc.fss_eval", "mpc.fss_unpack"}
+    over = {k: v for k, v in seen.items() if v[0] > v[1]}
+    assert not over, over
