@@ -83,6 +83,8 @@ def share(
     """
     check_protocol(protocol)
     x, frac_bits = unwrap_fixed_precision(x, frac_bits)
+    if isinstance(x, nn.Module):
+        _check_local(x)
     if session is None:
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
             parties = tuple(parties[0])
@@ -159,6 +161,19 @@ def buffer_is_secret(module: nn.Module, name: str, buffer: torch.Tensor) -> bool
     if not buffer.is_floating_point():
         return False
     return name not in module._non_persistent_buffers_set
+
+
+def _check_local(model: nn.Module) -> None:
+    remote = [n for n, p in model.named_parameters() if isinstance(p, PointerTensor)]
+    if remote:
+        where = sorted({model.get_parameter(n).location.id for n in remote})
+        raise MPCError(
+            f"the model's parameters live at worker(s) {where} (e.g. {remote[0]!r}): sharing "
+            "a model from its owner's worker is not supported yet, since the client could "
+            "then open the outputs of any computation on the owner's weights (a release "
+            "rule for approved computations is needed, issue 23). Share the model from the "
+            "process that holds it (mpc.share(model, ...) there), or get() it first"
+        )
 
 
 def _share_module(

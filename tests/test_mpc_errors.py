@@ -334,3 +334,15 @@ def test_errors_come_before_data_moves(workers: tuple[Any, ...]) -> None:
     with pytest.raises(mpc.CryptoProviderRequired):
         x @ x
     assert party_messages(alice, bob) == before
+
+
+def test_a_model_at_its_owners_worker_is_refused_clearly(workers: tuple[Any, ...]) -> None:
+    """Issue 23, point 3 is not built: a model whose parameters live at a worker (its
+    owner's) is refused with the reason, before anything is shared or sent."""
+    alice, bob, carol, dan = workers
+    model = nn.Linear(3, 2)
+    pt.send(model, dan)
+    before = party_messages(alice, bob, carol)
+    with pytest.raises(mpc.MPCError, match=r"live at worker\(s\).*release rule"):
+        mpc.share(model, alice, bob, crypto_provider=carol)
+    assert party_messages(alice, bob, carol) == before
