@@ -42,7 +42,8 @@ from mpc.session import Session
 
 
 def msb(session: Session, x: Shares) -> Shares:
-    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds."""
+    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds (1 with the
+    session option ``comparison="fss"``: :mod:`mpc.protocols.fss`)."""
     run = _run(session, x, [])
     return run.finish_bit()
 
@@ -50,7 +51,8 @@ def msb(session: Session, x: Shares) -> Shares:
 def select_by_msb(
     session: Session, x: Shares, values: list[Shares], complement: bool = False
 ) -> list[Shares]:
-    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 4 rounds.
+    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 4 rounds (2 with
+    ``comparison="fss"``).
 
     The products ride on the daBit: with d = msb(x) ^ t opened in the last round,
     msb(x) = d + (1 - 2d) t, so v * msb(x) = d v + (1 - 2d) [v t]; the Beaver product
