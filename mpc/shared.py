@@ -237,8 +237,23 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
             ptr = pt.send(r, p)
         rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
         shares.append(ptr)
-    shares.append(pt.send(rest, session.parties[-1]))
+    shares.append(_send_in_pieces(rest, session.parties[-1]))
     return SharedTensor(shares, session, f, dtype)
+
+
+# the last party's share travels in pieces of at most this many bytes (a message to a
+# network worker is at most 256 MiB by default; GPT-2's token embedding is 309 MB)
+PIECE_BYTES = 64 << 20
+
+
+def _send_in_pieces(t: torch.Tensor, worker: Any) -> pt.PointerTensor:
+    """``pt.send(t, worker)``, in pieces of at most :data:`PIECE_BYTES` joined there."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes <= PIECE_BYTES:
+        return pt.send(t, worker)
+    per = max(PIECE_BYTES // t.element_size(), 1)
+    pieces = [pt.send(p.contiguous(), worker) for p in t.reshape(-1).split(per)]
+    return torch.cat(pieces).view(tuple(t.shape))
 
 
 def public_to_shares(value: torch.Tensor, like: SharedTensor) -> list[pt.PointerTensor]:

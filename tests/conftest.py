@@ -22,6 +22,7 @@ BOTH_WORKER_KINDS = {
     "test_sealing",
     "test_sealing_attacks",
     "test_weight_instances",
+    "test_share_pieces",
     "test_release_rules",
     "test_federated",
     "test_pysyft_compat",
