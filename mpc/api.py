@@ -166,7 +166,7 @@ def buffer_is_secret(module: nn.Module, name: str, buffer: torch.Tensor) -> bool
 def _check_local(model: nn.Module) -> None:
     remote = [n for n, p in model.named_parameters() if isinstance(p, PointerTensor)]
     if remote:
-        where = sorted({model.get_parameter(n).location.id for n in remote})
+        where = sorted({cast(PointerTensor, model.get_parameter(n)).location.id for n in remote})
         raise MPCError(
             f"the model's parameters live at worker(s) {where} (e.g. {remote[0]!r}): sharing "
             "a model from its owner's worker is not supported yet, since the client could "

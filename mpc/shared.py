@@ -7,7 +7,7 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -253,7 +253,7 @@ def _send_in_pieces(t: torch.Tensor, worker: Any) -> pt.PointerTensor:
         return pt.send(t, worker)
     per = max(PIECE_BYTES // t.element_size(), 1)
     pieces = [pt.send(p.contiguous(), worker) for p in t.reshape(-1).split(per)]
-    return torch.cat(pieces).view(tuple(t.shape))
+    return cast(pt.PointerTensor, torch.cat(pieces).view(tuple(t.shape)))
 
 
 def public_to_shares(value: torch.Tensor, like: SharedTensor) -> list[pt.PointerTensor]:
