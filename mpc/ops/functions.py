@@ -395,7 +395,12 @@ def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int]:
     """x - max(x) over dim (last), e^(x - max), and the sum of the e's."""
     k = x.shape[dim]
-    x.materialize()
+    if x.pending and x.frac_bits <= 40:
+        # the max, the clamp and the series read x at its full scale (no products: no
+        # overflow below 2^22), so the pending truncation is never needed (one round less)
+        x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)
+    else:
+        x.materialize()
     mx, _ = _reduce(x, dim, True, False)
     d = _add(x, mx, -1)  # <= 0
     e = approx.exp_nonpositive(_fx(d), hi_scale(x))
@@ -407,13 +412,15 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
     return d, e, total, jtop
 
 
-@register(aten._softmax.default, aten._safe_softmax.default)
+@register(aten._softmax.default, aten._safe_softmax.default, lazy=True)
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by groups of four (4 rounds a
     level: 16 for k = 100), exp on (-inf, 0] by a clamp and a Fourier series (6, see
     :func:`mpc.protocols.approx.exp_nonpositive`), and e / sum by fine bins on the sum in
     [1, k] and a cubic (10, :func:`mpc.protocols.inverse.times_inverse_power`, relative
-    error 8e-6): 32 rounds for k = 100 (38 with a separate reciprocal and product). Per
+    error 8e-6): 32 rounds for k = 100 (38 with a separate reciprocal and product). An
+    input still to be truncated (attention's scores) is read at its full scale: the max,
+    the clamp and the series have no products, so its truncation is never paid. Per
     element: about 2.5 comparisons (the max's groups and the clamp) and three products
     with a per-row operand; per row, 4 log2 k + 5 comparisons."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
