@@ -27,9 +27,11 @@ from pointers.worker.sealing import Label, ProtocolCall, seal
 SEED = "seed"
 LEVELS = carry4.LEVELS
 
-# values opened among the parties: by a sum (arithmetic) or an XOR (binary)
+# values opened among the parties: by a sum (arithmetic) or an XOR (binary); the FSS
+# comparison's d = m ^ t opens by a sum (its selections take it where the default
+# comparison's XOR-opened d goes)
 ADD_OPENED = frozenset(
-    {"beaver.ef", "trunc.c", "cmp.c", "dabit.e", "group.e", "weight.f", "wprod.e"}
+    {"beaver.ef", "trunc.c", "cmp.c", "dabit.e", "group.e", "weight.f", "wprod.e", "fss.d"}
 )
 XOR_OPENED = frozenset({"cmp.d"})
 OPENED = "open:"
@@ -490,9 +492,6 @@ def open_unpack(call: ProtocolCall) -> Any:
 
 # -- the comparison by function secret sharing (mpc.material.fss) -----------------------
 
-# the FSS comparison's d = m ^ t opens by a sum; its selections take it where the default
-# comparison's XOR-opened d goes
-ADD_OPENED = ADD_OPENED | {"fss.d"}
 D_OPENED = (OPENED + "cmp.d", OPENED + "fss.d")
 
 
