@@ -126,10 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--data-plane",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="deliver bulk tensors (64 KiB and more) to peers that serve one too over "
-        "persistent mutual-TLS sockets instead of gRPC (also POINTERS_DATA_PLANE=1)",
+        "persistent mutual-TLS sockets instead of gRPC (the default; --no-data-plane or "
+        "POINTERS_DATA_PLANE=0: every delivery over gRPC)",
     )
     s.add_argument(
         "--data-port", type=int, default=0, help="TCP port of the data plane (0: a free one)"
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             programs_per_worker=args.programs_per_worker,
             max_queued_programs=args.max_queued_programs,
             data_port=args.data_port,
-            **({"data_plane": True} if args.data_plane else {}),
+            **({} if args.data_plane is None else {"data_plane": args.data_plane}),
         )
         serve(config, watch_stdin=args.watch_stdin)
     except (ValueError, OSError, FileNotFoundError) as e:

@@ -1,4 +1,5 @@
-"""The data plane (issue 24): bulk peer deliveries over persistent mutual-TLS sockets.
+"""The data plane (issue 24): bulk peer deliveries over persistent mutual-TLS sockets, on
+by default (``serve --no-data-plane`` / ``POINTERS_DATA_PLANE=0`` turn it off).
 
 Results equal the gRPC path's; a client certificate, or a party posing as another, gets
 no frame stored; a malformed or oversized header is refused before anything is allocated;
@@ -386,3 +387,23 @@ def test_the_header_decoder_takes_only_what_it_checked():
         for s in f.shape:
             numel *= s
         assert numel * f.dtype.itemsize == f.nbytes <= 1 << 24
+
+
+# -- on by default, with an opt-out ---------------------------------------------------------
+
+
+def test_the_data_plane_is_on_by_default_and_can_be_turned_off(monkeypatch):
+    from pointers.__main__ import _parser
+    from pointers.network.config import DATA_PLANE_ENV
+
+    monkeypatch.delenv(DATA_PLANE_ENV, raising=False)
+    assert ServerConfig("alice", insecure=True).data_plane
+    monkeypatch.setenv(DATA_PLANE_ENV, "0")
+    assert not ServerConfig("alice", insecure=True).data_plane
+    assert ServerConfig("alice", insecure=True, data_plane=True).data_plane
+    monkeypatch.setenv(DATA_PLANE_ENV, "1")
+    assert ServerConfig("alice", insecure=True).data_plane
+    serve = ["serve", "--id", "alice", "--insecure"]
+    assert _parser().parse_args(serve).data_plane is None  # ServerConfig's default decides
+    assert _parser().parse_args([*serve, "--data-plane"]).data_plane is True
+    assert _parser().parse_args([*serve, "--no-data-plane"]).data_plane is False

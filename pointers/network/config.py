@@ -16,7 +16,7 @@ from pointers.network.certs import check_identity
 from pointers.network.transport import DEFAULT_MAX_MESSAGE, is_loopback, split_address
 
 ENTRY_POINT_GROUP = "pointers.worker_functions"
-DATA_PLANE_ENV = "POINTERS_DATA_PLANE"  # "1": serve with the data plane (benchmarks, tests)
+DATA_PLANE_ENV = "POINTERS_DATA_PLANE"  # "0": serve without the data plane (gRPC only)
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,10 @@ class ServerConfig:
     programs_per_client: int = 4  # programs running at once, per session
     programs_per_worker: int = 32  # programs running at once, in the whole worker
     max_queued_programs: int = 256  # programs waiting to run, per session
-    # bulk deliveries over persistent TLS sockets (pointers.network.dataplane), opt-in:
-    # serve --data-plane, or POINTERS_DATA_PLANE=1 in the environment; never with --insecure
-    data_plane: bool = field(default_factory=lambda: os.environ.get(DATA_PLANE_ENV) == "1")
+    # bulk deliveries over persistent TLS sockets (pointers.network.dataplane), on by
+    # default; off with serve --no-data-plane or POINTERS_DATA_PLANE=0 in the environment
+    # (then every delivery goes over gRPC); never with --insecure
+    data_plane: bool = field(default_factory=lambda: os.environ.get(DATA_PLANE_ENV) != "0")
     data_port: int = 0  # the data plane's TCP port (0: a free one, told to peers over gRPC)
 
     def __post_init__(self) -> None:

@@ -2,8 +2,9 @@
 
 gRPC stays the control plane (commands, fetches, leases, small deliveries, failure
 notices). A delivery of one tensor of at least :data:`THRESHOLD` bytes from a worker
-served with ``--data-plane`` to a peer that serves one too travels instead as one frame
-on a TLS connection (stdlib :mod:`ssl`, OpenSSL) that the pair keeps open:
+serving a data plane (the default; ``serve --no-data-plane`` or ``POINTERS_DATA_PLANE=0``
+turns it off) to a peer that serves one too travels instead as one frame on a TLS
+connection (stdlib :mod:`ssl`, OpenSSL) that the pair keeps open:
 
     b"PTD1" | u32 big-endian H | msgpack header (H bytes) | body (the tensor's raw bytes)
 

@@ -135,7 +135,7 @@ class WorkerServer(Sessions):
         self._pools: list[futures.ThreadPoolExecutor] = []
         self.post_pool = self._post_pool()
         self.port: int | None = None
-        # the data plane (serve --data-plane; never without TLS): its listener
+        # the data plane (on unless serve --no-data-plane; never without TLS): its listener
         self.data_plane: DataPlaneServer | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
