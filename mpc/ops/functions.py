@@ -495,10 +495,11 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.native_layer_norm.default)
 def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
-    the count n is a power of two: a shift; else 1), the squared deviations summed (2),
+    the count n is a power of two below 128: a shift; else 1), the squared deviations summed (2),
     then (x - mean) weight / sqrt(S / n + eps) for their sum S by fine bins on S and a
     cubic (10, :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6;
-    domain: variance in [2^-14, 2^16)): 12 rounds for a power-of-two n, 13 otherwise
+    domain: variance in [2^-14, 2^16), n var < 4e6; for n = 2^k <= 64, var < 2^(30 - 3k)):
+    12 rounds for a power-of-two n below 128, 13 otherwise
     (23 and 25 with rsqrt and a product). A shared weight costs no round: (x - mean)
     weight is computed beside the squares, in the same Beaver round and truncation.
     Returns (out, mean, rstd) like torch, rstd as a meta tensor (never formed)."""
@@ -521,6 +522,9 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         mu = total.halve(n.bit_length() - 1)  # exact
         if fx.scale > low:
             fx, mu = approx.truncate_many([fx, mu], [low, low + 4])
+        elif n >= 128:  # the squares at 2 (scale + log2 n) bits would pass 2^62 once n
+            # var >= 2^(30 - 2 log2 n) (n = 1024: var >= 1); at scale + 4: n var < 4e6
+            (mu,) = approx.truncate_many([mu], [fx.scale + 4])
     elif fx.scale > low:
         fx, mu = approx.truncate_many([fx, total.times_public(1.0 / n, inv)], [low, low + 4])
     else:
