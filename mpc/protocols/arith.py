@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 import pointers as pt
-from mpc import accounting
+from mpc import accounting, shared
 from mpc.material.dealer import trunc_correction_words
 from mpc.session import Session
 
@@ -94,43 +94,71 @@ def open_among(
     pointer to the opened value at each party. The client never sees an opened value.
     ``count=False``: the values travel in a round already counted (same messages batch).
     Several values of one dtype travel packed (``mpc.pack``/``mpc.unpack``): one delivery
-    per peer per round, so a round costs one latency, not one per value."""
+    per peer per round (per :data:`~mpc.shared.PIECE_BYTES` of values), so a round costs
+    one latency, not one per value."""
     if count:
         accounting.count_round()
-    parties = session.parties
     dtypes = {s.dtype for shares in values for s in shares}
     if len(values) > 1 and len(dtypes) == 1:
-        # one delivery per peer for the whole round (one latency, not one per value):
-        # each party packs its shares, the packed sums are opened, then split again
-        dtype = dtypes.pop()
-        shapes = [[int(d) for d in shares[0].shape] for shares in values]
-        total = sum(math.prod(s) for s in shapes)
-        packed = [
-            call(p, "mpc.pack", [[shares[i] for shares in values]], out=[((total,), dtype)])[0]
-            for i, p in enumerate(parties)
-        ]
-        # each party sums (XORs) the packed pieces and splits the sum in one step
-        pieces = exchange(session, packed, count=False)
-        metas: Out = [(tuple(s), dtype) for s in shapes]
-        per_party = [
-            call(p, "mpc.open_unpack", [pieces[j], shapes, xor], out=metas)
-            for j, p in enumerate(parties)
-        ]
-        return [list(col) for col in zip(*per_party)]
-    opened: list[Shares] = []
+        # one delivery per peer for the whole round (one latency, not one per value), in
+        # packs of at most PIECE_BYTES (a network message is at most 256 MiB by default)
+        out: list[Shares] = []
+        for group in _packs(values):
+            out += (
+                _open_packed(session, group, xor)
+                if len(group) > 1
+                else [_open_one(session, group[0], xor)]
+            )
+        return out
+    return [_open_one(session, shares, xor) for shares in values]
+
+
+def _packs(values: list[Shares]) -> list[list[Shares]]:
+    """Consecutive groups of ``values`` of at most :data:`PIECE_BYTES` each (a larger
+    value alone)."""
+    groups: list[list[Shares]] = []
+    size = 0
     for shares in values:
-        # each party opens the value from its share and its peers' (one step: the
-        # workers check that these are the pieces of one value to open, used once)
-        pieces = exchange(session, shares, count=False)
-        meta: Out = [(tuple(shares[0].shape), shares[0].dtype)]
-        shape = [[int(d) for d in shares[0].shape]]
-        opened.append(
-            [
-                call(p, "mpc.open_unpack", [pieces[j], shape, xor], out=meta)[0]
-                for j, p in enumerate(parties)
-            ]
-        )
-    return opened
+        n = shares[0].numel() * shares[0].element_size()
+        if groups and size + n <= shared.PIECE_BYTES:
+            groups[-1].append(shares)
+            size += n
+        else:
+            groups.append([shares])
+            size = n
+    return groups
+
+
+def _open_packed(session: Session, values: list[Shares], xor: bool) -> list[Shares]:
+    """Each party packs its shares of ``values`` (one dtype), the packed sums are opened
+    (each party sums or XORs the pieces and splits the sum in one step)."""
+    parties = session.parties
+    dtype = values[0][0].dtype
+    shapes = [[int(d) for d in shares[0].shape] for shares in values]
+    total = sum(math.prod(s) for s in shapes)
+    packed = [
+        call(p, "mpc.pack", [[shares[i] for shares in values]], out=[((total,), dtype)])[0]
+        for i, p in enumerate(parties)
+    ]
+    pieces = exchange(session, packed, count=False)
+    metas: Out = [(tuple(s), dtype) for s in shapes]
+    per_party = [
+        call(p, "mpc.open_unpack", [pieces[j], shapes, xor], out=metas)
+        for j, p in enumerate(parties)
+    ]
+    return [list(col) for col in zip(*per_party)]
+
+
+def _open_one(session: Session, shares: Shares, xor: bool) -> Shares:
+    """Each party opens the value from its share and its peers' (one step: the workers
+    check that these are the pieces of one value to open, used once)."""
+    pieces = exchange(session, shares, count=False)
+    meta: Out = [(tuple(shares[0].shape), shares[0].dtype)]
+    shape = [[int(d) for d in shares[0].shape]]
+    return [
+        call(p, "mpc.open_unpack", [pieces[j], shape, xor], out=meta)[0]
+        for j, p in enumerate(session.parties)
+    ]
 
 
 def exchange(session: Session, shares: Shares, count: bool = True) -> list[Shares]:

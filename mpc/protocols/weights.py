@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mpc import shared
 from mpc.protocols import arith
 from mpc.protocols.arith import I64, Round, Shares, at_parties, deal, last_only
 from mpc.session import Session, recording
@@ -94,15 +95,60 @@ def fixed_product(
 ) -> Shares | None:
     """[op(a, b)] where exactly one of ``a`` and ``b`` is a fixed weight, with its
     instance (made now if needed); None where neither or both are, or while a plan is
-    recorded (then the caller runs an ordinary Beaver product)."""
+    recorded (then the caller runs an ordinary Beaver product).
+
+    A matmul weight of more than :data:`~mpc.shared.PIECE_BYTES` (GPT-2's token
+    embedding: 309 MB) is split along the contraction dimension into pieces of at most
+    that size, each an instance of its own (a network message is at most 256 MiB by
+    default, and F travels whole): the partial products, opened in one round, are added."""
     if (a.fixed is None) == (b.fixed is None) or recording():
         return None
     w, x, w_first = (a, b, True) if a.fixed is not None else (b, a, False)
+    if w.pending or x.pending or w.fixed is None or w.fixed[0]() is None:
+        return None
+    pieces = _pieces(w, x, op, w_first)
+    runs = [_run(x.session, wp, xp, w_first, op, params) for wp, xp in pieces]
+    one = Round(x.session)
+    for run in runs:
+        run.open_in(one)
+    one.open()
+    out = [run.finish() for run in runs]
+    total = out[0]
+    for z in out[1:]:
+        total = [t + u for t, u in zip(total, z)]
+    if tuple(total[0].shape) != tuple(out_shape):
+        raise AssertionError(f"internal: {tuple(total[0].shape)} != {out_shape}")
+    return total
+
+
+def _pieces(
+    w: SharedTensor, x: SharedTensor, op: str, w_first: bool
+) -> list[tuple[SharedTensor, SharedTensor]]:
+    """(weight piece, operand piece) pairs whose products add up to op(x, w)."""
+    size = w.numel() * 8
+    if op != "matmul" or w.dim() != 2 or size <= shared.PIECE_BYTES or x.dim() < 2:
+        return [(w, x)]
+    wdim, xdim = (1, x.dim() - 2) if w_first else (0, x.dim() - 1)
+    k = int(w.shape[wdim])
+    per = max(k * shared.PIECE_BYTES // size, 1)
+    aten = torch.ops.aten
+    return [
+        (aten.slice.Tensor(w, wdim, k0, k0 + per), aten.slice.Tensor(x, xdim, k0, k0 + per))
+        for k0 in range(0, k, per)
+    ]
+
+
+def _run(
+    session: Session,
+    w: SharedTensor,
+    x: SharedTensor,
+    w_first: bool,
+    op: str,
+    params: dict[str, Any],
+) -> WeightRun:
     assert w.fixed is not None
     base = w.fixed[0]()
-    if base is None or w.pending or x.pending:
-        return None
-    session = x.session
+    assert base is not None
     instances: dict[Any, WeightInstance] = base.__dict__.setdefault("_weight_instances", {})
     key = w.fixed[1]
     inst = instances.get(key)
@@ -110,7 +156,22 @@ def fixed_product(
     if inst is None or not inst.valid_for(w, base):
         inst, opening_f = _make(session, w, base)
         instances[key] = inst
-    return _product(session, inst, opening_f, x.shares, w_first, op, params, out_shape)
+    mw, mx = torch.empty(w.shape, device="meta"), torch.empty(x.shape, device="meta")
+    if op == "matmul":
+        out = torch.matmul(mw, mx) if w_first else torch.matmul(mx, mw)
+    elif op == "mul":
+        out = mw * mx
+    else:
+        out = torch.nn.functional.conv2d(
+            mw if w_first else mx,
+            mx if w_first else mw,
+            None,
+            params["stride"],
+            params["padding"],
+            params["dilation"],
+            params["groups"],
+        )
+    return WeightRun(session, inst, opening_f, x.shares, w_first, op, params, tuple(out.shape))
 
 
 def _make(session: Session, w: SharedTensor, base: SharedTensor) -> tuple[WeightInstance, Shares]:
@@ -132,55 +193,67 @@ def _make(session: Session, w: SharedTensor, base: SharedTensor) -> tuple[Weight
     return WeightInstance(weight, w, b, base), f
 
 
-def _product(
-    session: Session,
-    inst: WeightInstance,
-    opening_f: Shares | None,
-    x: Shares,
-    w_first: bool,
-    op: str,
-    params: dict[str, Any],
-    out_shape: tuple[int, ...],
-) -> Shares:
-    nonce = session.next_nonce()
-    seed = session.party_seeds
-    x_shape = [int(d) for d in x[0].shape]
-    (c_last,) = deal(
-        session,
-        "a product with a shared weight",
-        "mpc.dealer_weight_triple",
-        [nonce, inst.b, x_shape, w_first, op, params],
-        out=[(out_shape, I64)],
-    )
-    e, a = at_parties(
-        session,
-        "mpc.weight_product_mask",
-        lambda i: [seed[i], nonce, x[i]],
-        [(tuple(x_shape), I64), (tuple(x_shape), I64)],
-    )
-    one = Round(session)
-    opened_e = one.add(e)
-    opened_f = one.add(opening_f) if opening_f is not None else None
-    one.open()
-    if opened_f is not None:
-        inst.f = opened_f.value
-    c = last_only(session, c_last)
-    (z,) = at_parties(
-        session,
-        "mpc.weight_product",
-        lambda i: [
-            seed[i],
-            nonce,
-            inst.weight,
-            c(i),
-            inst.w[i],
-            inst.f[i],
-            a[i],
-            opened_e.value[i],
-            w_first,
-            op,
-            params,
-        ],
-        [(out_shape, I64)],
-    )
-    return z
+class WeightRun:
+    """One product with an instance, in phases so that several open in one round: the
+    dealer's C and each party's e = x - A (and, for a new instance, its F), then the
+    combination op(e, W) + op(A, F) + C."""
+
+    def __init__(
+        self,
+        session: Session,
+        inst: WeightInstance,
+        opening_f: Shares | None,
+        x: Shares,
+        w_first: bool,
+        op: str,
+        params: dict[str, Any],
+        out_shape: tuple[int, ...],
+    ) -> None:
+        self.session, self.inst, self.opening_f = session, inst, opening_f
+        self.w_first, self.op, self.params, self.out_shape = w_first, op, params, out_shape
+        self.nonce = nonce = session.next_nonce()
+        seed = session.party_seeds
+        x_shape = [int(d) for d in x[0].shape]
+        (self.c_last,) = deal(
+            session,
+            "a product with a shared weight",
+            "mpc.dealer_weight_triple",
+            [nonce, inst.b, x_shape, w_first, op, params],
+            out=[(out_shape, I64)],
+        )
+        self.e, self.a = at_parties(
+            session,
+            "mpc.weight_product_mask",
+            lambda i: [seed[i], nonce, x[i]],
+            [(tuple(x_shape), I64), (tuple(x_shape), I64)],
+        )
+
+    def open_in(self, round: Round) -> None:
+        self.opened_e = round.add(self.e)
+        self.opened_f = round.add(self.opening_f) if self.opening_f is not None else None
+
+    def finish(self) -> Shares:
+        inst, seed, nonce = self.inst, self.session.party_seeds, self.nonce
+        if self.opened_f is not None:
+            inst.f = self.opened_f.value
+        c = last_only(self.session, self.c_last)
+        e = self.opened_e.value
+        (z,) = at_parties(
+            self.session,
+            "mpc.weight_product",
+            lambda i: [
+                seed[i],
+                nonce,
+                inst.weight,
+                c(i),
+                inst.w[i],
+                inst.f[i],
+                self.a[i],
+                e[i],
+                self.w_first,
+                self.op,
+                self.params,
+            ],
+            [(self.out_shape, I64)],
+        )
+        return z
