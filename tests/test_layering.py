@@ -239,3 +239,29 @@ def test_pointers_has_no_import_circles() -> None:
     for module in sorted(graph):
         if module not in state:
             walk(module, [module])
+
+
+def test_mpc_ops_has_no_import_circles() -> None:
+    """The op implementations (``mpc/ops``) import each other without a circle, lazy
+    imports included: shared helpers live in modules below the ops that use them
+    (common, masking, local, then bilinear and backward, nonlinear, functions, ...)."""
+    ops = {_module_name(p): p for p in _modules("mpc/ops") if p.name != "__init__.py"}
+    graph = {
+        m: {n for n in ops if n != m and any(i == n or i.startswith(n + ".") for i in _imports(p))}
+        for m, p in ops.items()
+    }
+    state: dict[str, int] = {}
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circle = path[path.index(nxt) :] + [nxt]
+                raise AssertionError(f"import circle: {' -> '.join(circle)}")
+            if nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])

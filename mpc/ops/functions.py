@@ -17,8 +17,8 @@ import torch
 
 import pointers as pt
 from mpc.errors import UnsupportedOpError
-from mpc.ops.common import aten, check_public, encode_public, rescale
-from mpc.ops.local import _add, mul_public
+from mpc.ops.common import aten, check_public, encode_public, rescale, wrap
+from mpc.ops.local import _add, div_public, mul_public
 from mpc.ops.masking import keep_in_softmax, select_public
 from mpc.ops.nonlinear import _diff, _lt_gt, _reduce
 from mpc.protocols import approx
@@ -249,6 +249,20 @@ def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
         return _out(a, q)
     rb = _out(b, r)
     return mul_public(rb, a)
+
+
+@register(aten.div.Tensor, aten.div.Scalar)
+def div(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    a, b = args[0], args[1]
+    if kwargs.get("rounding_mode") is not None:
+        raise UnsupportedOpError(str(func), "rounding modes are not supported")
+    if isinstance(b, SharedTensor):  # a / [b] = a * (1 / [b]) (issue 13)
+        return divide_shared(a, b)
+    x = a
+    if x.frac_bits == 0:  # true division of integers gives floats: move to fixed point
+        f = x.session.config.frac_bits
+        x = wrap(x, rescale(x, f), f, torch.float32)
+    return div_public(x, b)
 
 
 @register(aten.rsqrt.default, lazy=True)

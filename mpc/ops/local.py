@@ -258,22 +258,6 @@ def div_public(x: SharedTensor, p: Any) -> SharedTensor:
     return _mul_public(x, 1.0 / float(p))
 
 
-@register(aten.div.Tensor, aten.div.Scalar)
-def div(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    a, b = args[0], args[1]
-    if kwargs.get("rounding_mode") is not None:
-        raise UnsupportedOpError(str(func), "rounding modes are not supported")
-    if isinstance(b, SharedTensor):  # a / [b] = a * (1 / [b]) (issue 13)
-        from mpc.ops.functions import divide_shared
-
-        return divide_shared(a, b)
-    x = a
-    if x.frac_bits == 0:  # true division of integers gives floats: move to fixed point
-        f = x.session.config.frac_bits
-        x = wrap(x, rescale(x, f), f, torch.float32)
-    return div_public(x, b)
-
-
 # -- reductions ----------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ import torch
 
 import pointers as pt
 from mpc.errors import UnsupportedOpError
+from mpc.ops.backward import keep_pool_argmax, relu_keeping_mask
 from mpc.ops.common import aten, check_public
 from mpc.ops.local import _add, _neg
 from mpc.protocols.compare import msb, relu_truncating, select_by_msb
@@ -91,8 +92,6 @@ def ne(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     if x.requires_grad and torch.is_grad_enabled():  # keep the bit for the backward
-        from mpc.ops.backward import relu_keeping_mask
-
         return relu_keeping_mask(x)
     if x.pending:  # fuse the pending truncation into the comparison's rounds
         out = relu_truncating(x.session, x.shares, x.pending)
@@ -375,8 +374,6 @@ def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         x = aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]], big)
     if args[0].requires_grad and torch.is_grad_enabled() and not any(padding):
         # training: keep the one-hot argmax of every window for the backward
-        from mpc.ops.backward import keep_pool_argmax
-
         wins = _windows(x, kernel, stride)
         v, onehot = _tree_max_onehot(wins)
         return v.squeeze(-1), keep_pool_argmax(onehot, x, kernel, stride)

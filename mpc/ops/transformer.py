@@ -26,6 +26,7 @@ from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
 from mpc.ops.local import _add, mul_public
 from mpc.ops.masking import select_public
+from mpc.ops.nonlinear import eq
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -47,8 +48,6 @@ def _public_index(func: Any, index: Any) -> torch.Tensor:
 def _one_hot(ids: SharedTensor, n: int) -> SharedTensor:
     """[ids == j] for j < n, as shared 0/1 integers of shape ids.shape + (n,): one
     comparison run over ids.numel() * n elements."""
-    from mpc.ops.nonlinear import eq
-
     if ids.frac_bits:
         raise UnsupportedOpError("embedding", "shared token ids must be integers")
     rows = torch.arange(n, dtype=torch.int64)
