@@ -63,3 +63,20 @@ def test_argmax_with_fss_uses_the_pairwise_tree_ties_included(bits: int) -> None
     best, idx = torch.max(x, 1)
     assert torch.equal(idx.get(), torch.max(v, 1).indices)
     assert torch.allclose(best.get(), v.max(1).values, atol=1e-4)
+
+
+def test_max_pool_backward_routes_ties_to_the_first_position_as_torch() -> None:
+    """The one-hot argmax of max-pooling's backward pairs neighbours: a window [0, 1, 1, 0]
+    sends its gradient to position 1 (first halves against second halves sent it to 2)."""
+    import torch.nn.functional as F
+
+    (alice, bob), carol = _group(2)
+    x = torch.tensor([[[[0.0, 1.0], [1.0, 0.0]], [[2.0, 2.0], [2.0, 2.0]]]])
+    x = torch.cat([x, torch.randint(0, 3, (1, 2, 2, 2)).float()], dim=1)
+    for kernel, inp in ((2, x), (3, torch.randint(0, 3, (1, 2, 6, 6)).float())):
+        shared = mpc.share(inp, alice, bob, crypto_provider=carol).requires_grad_()
+        plain = inp.clone().requires_grad_()
+        F.max_pool2d(shared, kernel).sum().backward()
+        F.max_pool2d(plain, kernel).sum().backward()
+        assert shared.grad is not None and plain.grad is not None
+        assert torch.equal(shared.grad.get(), plain.grad)

@@ -232,14 +232,16 @@ def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
     """Max over the last dim (k entries) and its argmax as a one-hot vector (shared 0/1
     integers, shape x.shape + [k]), for max-pooling's backward.
 
-    Each level pairs the first half (a) with the second (b): max(a, b) = b + relu(a - b),
+    Each level pairs neighbours, a = entry 2i and b = entry 2i + 1 (each entry stands for
+    a block of consecutive window positions, in order): max(a, b) = b + relu(a - b),
     and the bit [a >= b] from the same comparison
     (:func:`mpc.protocols.compare.relu_with_mask`) selects the one-hot vectors,
     oh_b + [a >= b] (oh_a - oh_b): local on the first level (the vectors are public unit
     vectors), one Beaver product of integers (1 round, no truncation) on the others.
-    7 rounds per level plus 1 from the second level on: 15 for a 2x2 window. Ties go to
-    the earlier half (an all-equal window, e.g. zeros after a ReLU, to its first entry,
-    as in torch).
+    4 rounds per level plus 1 from the second level on: 9 for a 2x2 window. Ties go to
+    the earlier block, so to the first position of the window as in torch (an all-equal
+    window, e.g. zeros after a ReLU, and partial ties too: first halves against second
+    halves sent a tie of entries 1 and 2 to 2).
     """
     from mpc.protocols.compare import relu_with_mask
 
@@ -249,12 +251,12 @@ def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
     while vals.shape[-1] > 1:
         n = vals.shape[-1]
         h = n // 2
-        a, b = vals[..., :h], vals[..., h : 2 * h]
+        a, b = vals[..., 0 : 2 * h : 2], vals[..., 1 : 2 * h : 2]
         d = _diff(a, b)
         r, bit_shares = relu_with_mask(x.session, d.shares, d.pending)
         relu = d.with_shares(r, frac_bits=d.frac_bits - d.pending)
         bit = SharedTensor(bit_shares, x.session, 0, torch.int64).unsqueeze(-1)  # [a >= b]
-        oa, ob = onehot[..., :h, :], onehot[..., h : 2 * h, :]
+        oa, ob = onehot[..., 0 : 2 * h : 2, :], onehot[..., 1 : 2 * h : 2, :]
         if isinstance(onehot, SharedTensor):
             chosen = _add(ob, bit * _diff(oa, ob), 1)
         else:
