@@ -34,7 +34,7 @@ from pointers.network.dataplane import (
     decode_frame_header,
     encode_frame_header,
 )
-from pointers.network.framing import FrameError
+from pointers.network.framing import FrameError, encode_envelope
 from pointers.wire.messages import Store, encode_message
 
 pytestmark = pytest.mark.network
@@ -356,6 +356,56 @@ def test_a_peer_that_never_answers_fails_the_delivery_within_the_bound(certs):
     assert ANSWER_TIMEOUT <= took < 10
     stop.set()
     ls.close()
+
+
+def test_a_data_port_that_hangs_holds_up_no_other_delivery_and_is_tried_less_often(
+    served, monkeypatch
+):
+    """Opening a data link runs without the server's lock: while one to bob hangs (a port a
+    firewall drops), bob's other deliveries go over gRPC and carol's link is opened at
+    once. Failures in a row wait 5, 10, 20 s ... (over gRPC) before the next try."""
+    from pointers.network import peers
+
+    s, _ = served("alice")
+    clock = [1000.0]
+
+    class Clock:  # peers' own clock only: the server's other threads keep the real one
+        monotonic = staticmethod(lambda: clock[0])
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    monkeypatch.setattr(peers, "time", Clock())
+
+    class Ask:
+        def blocking(self, data, timeout, metadata=None):
+            return encode_envelope({"data_port": 9}, [])
+
+    monkeypatch.setattr(s, "peer_call", lambda peer, address: Ask())
+    hang, tries = threading.Event(), []
+
+    def connect(cls, address, peer, **kw):
+        tries.append(peer)
+        if peer == "bob" and len(tries) == 1:
+            assert hang.wait(10)
+        raise OSError("no answer")
+
+    monkeypatch.setattr(DataLink, "connect", classmethod(connect))
+    first = threading.Thread(target=lambda: s.data_link("bob", "127.0.0.1:1"))
+    first.start()
+    while not tries:
+        time.sleep(0.01)
+    assert s.data_link("bob", "127.0.0.1:1") is None  # meanwhile: over gRPC, no second try
+    assert s.data_link("carol", "127.0.0.1:2") is None and tries == ["bob", "carol"]
+    hang.set()
+    first.join(5)
+    assert not first.is_alive()
+    for wait in (5, 10, 20, 40):
+        n = len(tries)
+        clock[0] += wait - 0.5
+        assert s.data_link("bob", "127.0.0.1:1") is None and len(tries) == n
+        clock[0] += 1
+        assert s.data_link("bob", "127.0.0.1:1") is None and len(tries) == n + 1
 
 
 # -- the header decoder -------------------------------------------------------------------

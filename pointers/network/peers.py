@@ -14,11 +14,13 @@ Imports the data plane, the wire helpers (certs, framing, transport), the served
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,19 @@ from pointers.network.transport import (
 from pointers.wire.messages import ErrorReply, Reply, Store, decode_message, encode_message
 from pointers.worker.base import Frames
 
-DATA_PLANE_RETRY = 5.0  # s a worker delivers over gRPC after failing to open a data link
+DATA_PLANE_RETRY = 5.0  # s a worker delivers over gRPC after failing to open a data link,
+DATA_PLANE_RETRY_MAX = 120.0  # doubled at each failure in a row, up to this
+
+
+@dataclass
+class _NoLink:
+    """No data link to a peer: deliver over gRPC until ``until`` (infinite while one is
+    being opened); ``wait``: the time last waited after a failure."""
+
+    until: float
+    wait: float = 0.0
+
+
 _OK_NONE, _ = encode_message(Reply(None))
 
 RESEND_WAIT = 3.0  # seconds a delivery that was not sent waits for the peer's channel
@@ -337,8 +351,8 @@ class PeerLinks:
         self._checking: dict[tuple[str, str], threading.Lock] = {}  # peers being checked
         self._check_failed: dict[tuple[str, str], tuple[float, str]] = {}  # when, why
         self._link_count: dict[tuple[str, str], int] = {}  # open sessions' links per channel
-        # the data links to peers by (peer, address), or when opening one last failed
-        self._data_links: dict[tuple[str, str], DataLink | float] = {}
+        # the data links to peers by (peer, address), or until when to deliver without
+        self._data_links: dict[tuple[str, str], DataLink | _NoLink] = {}
         self._data_lock = threading.Lock()
 
     def peer_call(self, peer: str, address: str) -> Any:
@@ -387,7 +401,9 @@ class PeerLinks:
         once the gRPC channel's check passed (:meth:`peer_call`): the peer tells its data
         port over that channel, and the connection must present the party certificate of
         ``peer`` (:meth:`DataLink.connect`). None (deliver over gRPC) when this worker or
-        the peer serves no data plane, or opening one failed in the last few seconds."""
+        the peer serves no data plane, while one is being opened, or for a while after
+        opening one failed (:data:`DATA_PLANE_RETRY` seconds, doubled at each failure in
+        a row up to :data:`DATA_PLANE_RETRY_MAX`)."""
         if self.data_plane is None or self.credentials is None:
             return None
         key = (peer, address)
@@ -395,30 +411,45 @@ class PeerLinks:
             link = self._data_links.get(key)
             if isinstance(link, DataLink) and link.broken is None:
                 return link
-            if isinstance(link, float) and time.monotonic() - link < DATA_PLANE_RETRY:
+            if isinstance(link, _NoLink) and time.monotonic() < link.until:
                 return None
-            try:
-                call = self.peer_call(peer, address)
-                ask = encode_envelope({"from": self.id, "ask": "data-port"}, [])
-                info, _ = decode_envelope(
-                    call.blocking(ask, timeout=self.config.deadline, metadata=self.call_metadata)
-                )
-                port = info_field(info, "data_port", int, 0)
-                if not port:
-                    raise PartyUnavailable(f"{peer!r} serves no data plane", peer)
-                host, _ = split_address(address)
-                new: DataLink | float = DataLink.connect(
-                    bind_address(host, port),
-                    peer,
-                    credentials=self.credentials,
-                    cert_dir=self.config.certs or "",
-                    owner=self.id,
-                    timeout=min(self.config.deadline, 5.0),
-                )
-            except (PointerError, grpc.RpcError, OSError, ValueError):
-                new = time.monotonic()  # (the gRPC path reports what is wrong with the peer)
-            self._data_links[key] = new
-        return new if isinstance(new, DataLink) else None
+            wait = link.wait if isinstance(link, _NoLink) else 0.0
+            dialing = self._data_links[key] = _NoLink(math.inf, wait)
+        # opened without the lock: meanwhile, deliveries to other peers do not wait for
+        # this one (a data port a firewall drops takes the whole connect timeout), and
+        # this peer's go over gRPC
+        new: DataLink | None = None
+        try:
+            call = self.peer_call(peer, address)
+            ask = encode_envelope({"from": self.id, "ask": "data-port"}, [])
+            info, _ = decode_envelope(
+                call.blocking(ask, timeout=self.config.deadline, metadata=self.call_metadata)
+            )
+            port = info_field(info, "data_port", int, 0)
+            if not port:
+                raise PartyUnavailable(f"{peer!r} serves no data plane", peer)
+            host, _ = split_address(address)
+            new = DataLink.connect(
+                bind_address(host, port),
+                peer,
+                credentials=self.credentials,
+                cert_dir=self.config.certs or "",
+                owner=self.id,
+                timeout=min(self.config.deadline, 5.0),
+            )
+        except (PointerError, grpc.RpcError, OSError, ValueError):
+            pass  # (the gRPC path reports what is wrong with the peer)
+        with self._data_lock:
+            if self._data_links.get(key) is dialing and self.data_plane is not None:
+                if new is not None:
+                    self._data_links[key] = new
+                    return new
+                wait = min(max(2 * wait, DATA_PLANE_RETRY), DATA_PLANE_RETRY_MAX)
+                self._data_links[key] = _NoLink(time.monotonic() + wait, wait)
+                return None
+        if new is not None:  # the server stopped, or the peer's last session ended
+            new.close()
+        return None
 
     def _check_peer(self, peer: str, address: str) -> None:
         """Before anything is sent to ``peer`` at ``address``: the server there must
