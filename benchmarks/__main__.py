@@ -483,7 +483,17 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         os.environ[BANDWIDTH_ENV] = f"{bandwidth:g}"
     else:
         os.environ.pop(BANDWIDTH_ENV, None)
-    return LocalCluster(names, latency_ms=latency).start()
+    server_args: list[str] = []
+    if any(c.workload in HF_WORKLOADS for c in cases):
+        # a full-size model's shares, its weights' instances and a prefill's comparisons
+        # take a client past the default 4 GiB per worker (GPT-2 small: about 6 GB)
+        server_args = ["--max-stored-mb", str(HF_STORED_MB)]
+        print(f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB})", file=sys.stderr)
+    return LocalCluster(names, latency_ms=latency, server_args=server_args).start()
+
+
+HF_WORKLOADS = ("W14", "W15", "W16")
+HF_STORED_MB = 16384
 
 
 def _finite(obj: Any) -> Any:
