@@ -365,7 +365,7 @@ def _run(
         for case, mode in ((c, m) for c in cases for m in modes):
             progress.set_description(case.id + ("" if mode == "default" else f" ({mode})"))
             # the sessions' config (None: the default one, as without --comparison)
-            workloads.CONFIG = None if mode == "default" else MPCConfig(comparison=mode)
+            workloads.workers.CONFIG = None if mode == "default" else MPCConfig(comparison=mode)
             w = case.build(factory)
             planned = args.plan and case.workload in PLAN_WORKLOADS
             offline = as_plan(w) if planned else None
@@ -391,7 +391,7 @@ def _run(
             rows.append(row)
             bad += failures(row)
     finally:
-        workloads.CONFIG = None  # (back to the default config for whatever runs next)
+        workloads.workers.CONFIG = None  # (back to the default config for whatever runs next)
         if progress is not None:
             progress.close()
         if cluster is not None:

@@ -1,0 +1,33 @@
+"""Peak resident memory of this process (the W14-W16 rows record it)."""
+
+from __future__ import annotations
+
+
+def reset_peak_rss() -> bool:
+    """Start counting this process's peak resident memory afresh (Linux:
+    ``/proc/self/clear_refs``); False where that is not possible (the peak is then the
+    process's peak since it started)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int | None:
+    """Peak resident memory of this process in bytes, since :func:`reset_peak_rss`
+    (``VmHWM``; elsewhere ``ru_maxrss``, since the process started)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except (ImportError, OSError):
+        return None
