@@ -78,8 +78,10 @@ def share(
     and ``shared_buffers`` override the rule for buffers named as in
     ``model.named_buffers()``; a name the model lacks is refused before anything is shared.
 
-    PySyft-compatible (:mod:`mpc.compat`): ``protocol="fss"`` or ``"snn"`` (both run our
-    comparison), and ``x.fix_precision()`` tensors or models (shared with their precision).
+    PySyft-compatible (:mod:`mpc.compat`): ``protocol="fss"`` (with 2 parties and no
+    ``config``: the comparison by function secret sharing, ``comparison="fss"``; with more
+    parties, the default comparison) or ``"snn"`` (the default comparison), and
+    ``x.fix_precision()`` tensors or models (shared with their precision).
     """
     check_protocol(protocol)
     x, frac_bits = unwrap_fixed_precision(x, frac_bits)
@@ -89,7 +91,10 @@ def share(
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
             parties = tuple(parties[0])
         if config is None:
-            config = MPCConfig() if frac_bits is None else MPCConfig(frac_bits=frac_bits)
+            kw: dict[str, Any] = {} if frac_bits is None else {"frac_bits": frac_bits}
+            if protocol == "fss" and len(parties) == 2:  # PySyft's FSS (2 parties)
+                kw["comparison"] = "fss"
+            config = MPCConfig(**kw)
         session = session_for(list(parties), crypto_provider, config)
     elif parties:
         raise TypeError("pass either parties or session, not both")

@@ -25,7 +25,8 @@ from pointers.compat import FixedPrecisionTensor, precision_of
 from pointers.pointer_tensor import PointerTensor
 from pointers.pointer_tensor import call_function as pt_call_function
 
-#: PySyft 0.2's ``protocol=`` values; each runs our comparison protocol
+#: PySyft 0.2's ``protocol=`` values: "fss" with 2 parties runs the comparison by function
+#: secret sharing (``MPCConfig(comparison="fss")``), otherwise the default comparison
 PROTOCOLS = ("fss", "snn")
 
 
@@ -34,8 +35,8 @@ def check_protocol(protocol: Any) -> None:
     if protocol is None or protocol in PROTOCOLS:
         return
     raise MPCError(
-        f"protocol={protocol!r} is not implemented: PySyft's 'fss' and 'snn' are accepted "
-        "(both run this package's comparison protocol), or leave protocol out"
+        f"protocol={protocol!r} is not implemented: PySyft's 'fss' (function secret sharing "
+        "with 2 parties) and 'snn' are accepted, or leave protocol out"
     )
 
 

@@ -100,9 +100,13 @@ def test_shared_copy_max_and_protocol_names(make_worker):
     values, indices = x.max(dim=0)
     assert torch.equal(values.get(), torch.tensor([3.0, 5.0]))
     assert torch.equal(indices.get(), torch.tensor([1, 0]))
-    for protocol in ("fss", "snn"):
+    for protocol, rounds in (("fss", 1), ("snn", 4)):
         y = torch.tensor([1.0, -2.0]).share(alice, bob, crypto_provider=carol, protocol=protocol)
-        assert (y > 0).get().tolist() == [True, False]
+        with mpc.stats() as s:
+            above = y > 0
+        assert above.get().tolist() == [True, False]
+        assert s.rounds == rounds  # "fss" with 2 parties: function secret sharing
+        assert y.session.config.comparison == ("fss" if protocol == "fss" else "default")
     with pytest.raises(mpc.MPCError, match="protocol='spdz'"):
         torch.tensor([1.0]).share(alice, bob, crypto_provider=carol, protocol="spdz")
 
