@@ -488,7 +488,14 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         # a full-size model's shares, its weights' instances and a prefill's comparisons
         # take a client past the default 4 GiB per worker (GPT-2 small: about 6 GB)
         server_args = ["--max-stored-mb", str(HF_STORED_MB)]
-        print(f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB})", file=sys.stderr)
+        # glibc keeps freed large tensors in its heap once its dynamic mmap threshold has
+        # grown: a BERT-base party process reached 13 GB (2 layers: 3.5 GB, 1.2 GB with this)
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+        print(
+            f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB}, with "
+            f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']})",
+            file=sys.stderr,
+        )
     return LocalCluster(names, latency_ms=latency, server_args=server_args).start()
 
 
