@@ -15,6 +15,7 @@ from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.plan import SharedPlan, plan, preprocess
+from mpc.protocols import fss as _fss  # noqa: F401  (registers comparison="fss")
 from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session

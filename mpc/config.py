@@ -8,6 +8,12 @@ RING_BITS = 64
 COMPARISONS = ("default", "fss")
 
 
+# Tensors that travel in one piece (the last party's input share, a weight instance's F,
+# a round's packed openings) are kept under this many bytes: a message to a network
+# worker is at most 256 MiB by default, and GPT-2's token embedding is 309 MB.
+PIECE_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class MPCConfig:
     """``frac_bits``: fractional bits of the fixed-point encoding of floats (default 16).

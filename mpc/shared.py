@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 import pointers as pt
+from mpc import config
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
@@ -241,17 +242,13 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     return SharedTensor(shares, session, f, dtype)
 
 
-# the last party's share travels in pieces of at most this many bytes (a message to a
-# network worker is at most 256 MiB by default; GPT-2's token embedding is 309 MB)
-PIECE_BYTES = 64 << 20
-
-
 def _send_in_pieces(t: torch.Tensor, worker: Any) -> pt.PointerTensor:
-    """``pt.send(t, worker)``, in pieces of at most :data:`PIECE_BYTES` joined there."""
+    """``pt.send(t, worker)``, in pieces of at most :data:`mpc.config.PIECE_BYTES` joined
+    there."""
     nbytes = t.numel() * t.element_size()
-    if nbytes <= PIECE_BYTES:
+    if nbytes <= config.PIECE_BYTES:
         return pt.send(t, worker)
-    per = max(PIECE_BYTES // t.element_size(), 1)
+    per = max(config.PIECE_BYTES // t.element_size(), 1)
     pieces = [pt.send(p.contiguous(), worker) for p in t.reshape(-1).split(per)]
     return cast(pt.PointerTensor, torch.cat(pieces).view(tuple(t.shape)))
 

@@ -1,6 +1,6 @@
 """A tensor larger than a network message (GPT-2's 309 MB token embedding against the
 256 MiB default) is shared all the same: the last party's share travels in pieces that
-its worker joins (``mpc.shared.PIECE_BYTES``). Runs on both worker kinds."""
+its worker joins (``mpc.config.PIECE_BYTES``). Runs on both worker kinds."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 import mpc
-import mpc.shared
+import mpc.config
 
 
 def test_a_share_larger_than_a_piece_arrives_whole(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alice, bob, carol = (make_worker(n) for n in ("alice", "bob", "carol"))
-    monkeypatch.setattr(mpc.shared, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(mpc.config, "PIECE_BYTES", 4096)
     x = torch.randn(100, 50)  # 40,000 bytes of int64 shares: 10 pieces
     shared = mpc.share(x, alice, bob, crypto_provider=carol)
     assert tuple(shared.shares[-1].shape) == (100, 50)
@@ -38,7 +38,7 @@ def test_a_weight_larger_than_a_piece_runs_in_pieces(
     openings travel in packs of at most a piece. Results as plaintext, queries after the
     first open no weight, and the round count is that of one product."""
     alice, bob, carol = (make_worker(n) for n in ("alice", "bob", "carol"))
-    monkeypatch.setattr(mpc.shared, "PIECE_BYTES", 2048)
+    monkeypatch.setattr(mpc.config, "PIECE_BYTES", 2048)
     torch.manual_seed(0)
     lin = nn.Linear(64, 12, bias=False)  # W.t(): 64 x 12 int64 = 6,144 bytes: 4 pieces
     emb = torch.randn(40, 16)  # a table used as onehot @ E: 5,120 bytes

@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from mpc.math import carry4, group4
+from mpc.math import carry4, dcf, group4
 from pointers.worker.sealing import Label, ProtocolCall, seal
 
 SEED = "seed"
@@ -511,8 +511,6 @@ def dealer_fss(call: ProtocolCall) -> Any:
 
 def fss_unpack(call: ProtocolCall) -> Any:
     """The last party splits its own key (the index the dealer gave it) once."""
-    from mpc.material.fss import words
-
     nonce = _nonce(call)
     seed = _party_seed(call)
     label = call.material("packed", "dealer.fss", nonce, local=False, consume=True)
@@ -523,7 +521,7 @@ def fss_unpack(call: ProtocolCall) -> Any:
     n = 1
     for d in shape:
         n *= d
-    want = [[words(n, bits) + n]]
+    want = [[dcf.key_words(bits - 1) * n + n]]
     if select:
         want += [shape] * (1 + len(products))
         if group is not None:

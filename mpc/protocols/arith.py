@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 import pointers as pt
-from mpc import accounting, shared
+from mpc import accounting, config
 from mpc.material.dealer import trunc_correction_words
 from mpc.session import Session
 
@@ -94,14 +94,14 @@ def open_among(
     pointer to the opened value at each party. The client never sees an opened value.
     ``count=False``: the values travel in a round already counted (same messages batch).
     Several values of one dtype travel packed (``mpc.pack``/``mpc.unpack``): one delivery
-    per peer per round (per :data:`~mpc.shared.PIECE_BYTES` of values), so a round costs
+    per peer per round (per :data:`~mpc.config.PIECE_BYTES` of values), so a round costs
     one latency, not one per value."""
     if count:
         accounting.count_round()
     dtypes = {s.dtype for shares in values for s in shares}
     if len(values) > 1 and len(dtypes) == 1:
         # one delivery per peer for the whole round (one latency, not one per value), in
-        # packs of at most PIECE_BYTES (a network message is at most 256 MiB by default)
+        # packs of at most mpc.config.PIECE_BYTES (a network message is at most 256 MiB by default)
         out: list[Shares] = []
         for group in _packs(values):
             out += (
@@ -114,13 +114,13 @@ def open_among(
 
 
 def _packs(values: list[Shares]) -> list[list[Shares]]:
-    """Consecutive groups of ``values`` of at most :data:`PIECE_BYTES` each (a larger
+    """Consecutive groups of ``values`` of at most :data:`~mpc.config.PIECE_BYTES` each (a larger
     value alone)."""
     groups: list[list[Shares]] = []
     size = 0
     for shares in values:
         n = shares[0].numel() * shares[0].element_size()
-        if groups and size + n <= shared.PIECE_BYTES:
+        if groups and size + n <= config.PIECE_BYTES:
             groups[-1].append(shares)
             size += n
         else:

@@ -20,10 +20,12 @@ opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from mpc.errors import MPCError
 from mpc.material import TAG_T_ARITH
 from mpc.material.dealer import MAX_SELECTED
 from mpc.math import carry4, group4
@@ -105,14 +107,28 @@ def _run(
     trunc: TruncRun | None = None,
     group: Shares | None = None,
 ) -> _MsbRun:
-    """The comparison run of the session's mode: the default protocol below, or with
-    ``comparison="fss"`` function secret sharing (:mod:`mpc.protocols.fss`: 1 round for
-    the bit, 2 with selections), whose local last steps are this one's."""
-    if session.config.comparison == "fss":
-        from mpc.protocols import fss  # (it builds on this module)
+    """The comparison run of the session's mode: the default protocol below, or a mode
+    that registered its run with :func:`register_mode` (``comparison="fss"``: function
+    secret sharing, :mod:`mpc.protocols.fss`, 1 round for the bit, 2 with selections,
+    whose local last steps are this one's; it builds on this module, so it registers
+    itself rather than being imported here)."""
+    mode = session.config.comparison
+    if mode == "default":
+        return _MsbRun(session, x, values, trunc=trunc, group=group)
+    factory = _MODES.get(mode)
+    if factory is None:
+        raise MPCError(f"no comparison protocol {mode!r} is loaded (import mpc first)")
+    return factory(session, x, values, trunc=trunc, group=group)  # type: ignore[no-any-return]
 
-        return fss.run(session, x, values, trunc=trunc, group=group)  # type: ignore[no-any-return]
-    return _MsbRun(session, x, values, trunc=trunc, group=group)
+
+# comparison modes other than the default: name -> the run's factory (see _run)
+_MODES: dict[str, Callable[..., Any]] = {}
+
+
+def register_mode(name: str, factory: Callable[..., Any]) -> None:
+    """Make ``factory(session, x, values, trunc=, group=)`` the comparison run of
+    sessions whose config says ``comparison=name``."""
+    _MODES[name] = factory
 
 
 class _MsbRun:

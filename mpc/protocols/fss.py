@@ -24,7 +24,7 @@ from mpc.material import fss as material
 from mpc.material.dealer import MAX_SELECTED
 from mpc.math import group4
 from mpc.protocols.arith import I64, Round, Shares, TruncRun, at_parties, call
-from mpc.protocols.compare import _MsbRun, _numel, _TProduct
+from mpc.protocols.compare import _MsbRun, _numel, _TProduct, register_mode
 from mpc.session import Session
 
 
@@ -164,5 +164,7 @@ def run(
     """An :class:`FssRun` (for :mod:`mpc.protocols.compare`)."""
     return FssRun(session, x, values, trunc=trunc, group=group)
 
+
+register_mode("fss", run)
 
 __all__ = ["FssRun", "run"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mpc import shared
+from mpc import config
 from mpc.protocols import arith
 from mpc.protocols.arith import I64, Round, Shares, at_parties, deal, last_only
 from mpc.session import Session, recording
@@ -97,7 +97,7 @@ def fixed_product(
     instance (made now if needed); None where neither or both are, or while a plan is
     recorded (then the caller runs an ordinary Beaver product).
 
-    A matmul weight of more than :data:`~mpc.shared.PIECE_BYTES` (GPT-2's token
+    A matmul weight of more than :data:`~mpc.config.PIECE_BYTES` (GPT-2's token
     embedding: 309 MB) is split along the contraction dimension into pieces of at most
     that size, each an instance of its own (a network message is at most 256 MiB by
     default, and F travels whole): the partial products, opened in one round, are added."""
@@ -126,11 +126,11 @@ def _pieces(
 ) -> list[tuple[SharedTensor, SharedTensor]]:
     """(weight piece, operand piece) pairs whose products add up to op(x, w)."""
     size = w.numel() * 8
-    if op != "matmul" or w.dim() != 2 or size <= shared.PIECE_BYTES or x.dim() < 2:
+    if op != "matmul" or w.dim() != 2 or size <= config.PIECE_BYTES or x.dim() < 2:
         return [(w, x)]
     wdim, xdim = (1, x.dim() - 2) if w_first else (0, x.dim() - 1)
     k = int(w.shape[wdim])
-    per = max(k * shared.PIECE_BYTES // size, 1)
+    per = max(k * config.PIECE_BYTES // size, 1)
     aten = torch.ops.aten
     return [
         (aten.slice.Tensor(w, wdim, k0, k0 + per), aten.slice.Tensor(x, xdim, k0, k0 + per))
