@@ -218,12 +218,8 @@ def test_pointers_modules_import_only_downwards(module: str) -> None:
     assert not lazy_up, f"{module} imports {lazy_up} inside a function, above it in the order"
 
 
-def test_pointers_has_no_import_circles() -> None:
-    """No circle among all imports: module-level (``TYPE_CHECKING`` included) and lazy."""
-    graph = {}
-    for module, path in _POINTERS.items():
-        top, lazy = _split_imports(path)
-        graph[module] = top | lazy
+def _assert_no_circle(graph: dict[str, set[str]]) -> None:
+    """Fail naming the first import circle of ``graph`` (module -> the modules it imports)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def walk(node: str, path: list[str]) -> None:
@@ -241,6 +237,15 @@ def test_pointers_has_no_import_circles() -> None:
             walk(module, [module])
 
 
+def test_pointers_has_no_import_circles() -> None:
+    """No circle among all imports: module-level (``TYPE_CHECKING`` included) and lazy."""
+    graph: dict[str, set[str]] = {}
+    for module, path in _POINTERS.items():
+        top, lazy = _split_imports(path)
+        graph[module] = top | lazy
+    _assert_no_circle(graph)
+
+
 def test_mpc_ops_has_no_import_circles() -> None:
     """The op implementations (``mpc/ops``) import each other without a circle, lazy
     imports included: shared helpers live in modules below the ops that use them
@@ -250,18 +255,4 @@ def test_mpc_ops_has_no_import_circles() -> None:
         m: {n for n in ops if n != m and any(i == n or i.startswith(n + ".") for i in _imports(p))}
         for m, p in ops.items()
     }
-    state: dict[str, int] = {}
-
-    def walk(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                circle = path[path.index(nxt) :] + [nxt]
-                raise AssertionError(f"import circle: {' -> '.join(circle)}")
-            if nxt not in state:
-                walk(nxt, [*path, nxt])
-        state[node] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            walk(module, [module])
+    _assert_no_circle(graph)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_sealing_attacks import Recorder
 from torch import nn
 
 import mpc
@@ -38,24 +39,6 @@ def _refused(worker: Any, attempt: Callable[[], Any], match: str) -> None:
     with pytest.raises(pt.RemoteError, match=match):
         attempt()
         _sync(worker)
-
-
-class Recorder:
-    """Every protocol step the client library sends: (worker, name, args, outputs)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[Any, str, list[Any], Any]] = []
-        orig = arith.call
-
-        def call(worker: Any, name: str, args: list[Any], out: Any) -> Any:
-            got = orig(worker, name, args, out)
-            self.calls.append((worker, name, list(args), got))
-            return got
-
-        monkeypatch.setattr(arith, "call", call)
-
-    def of(self, name: str) -> list[tuple[Any, str, list[Any], Any]]:
-        return [c for c in self.calls if c[1] == name]
 
 
 def _mlp() -> nn.Module:
