@@ -31,6 +31,7 @@ from mpc.material.dealer import MAX_SELECTED
 from mpc.math import carry4, group4
 from mpc.protocols.arith import (
     I64,
+    Opened,
     Round,
     Shares,
     TruncRun,
@@ -187,26 +188,9 @@ class _MsbRun:
 
         # round 1: open c = x + r, with e = v - a of the products [v t] and the
         # truncation's mask (all derived from the parties' seeds)
-        (masked,) = at_parties(
-            session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
+        c, products, product_openings, trunc_opening = self._round1(
+            x, values, product_nonces, trunc, group
         )
-        products = [_TProduct(session, pn, v) for pn, v in zip(product_nonces, values)]
-        round1 = Round(session)
-        c = round1.add(masked)
-        product_openings = [round1.add(prod.e) for prod in products]
-        trunc_opening = trunc.open_in(round1) if trunc is not None else None
-        group_opening = None
-        if group is not None:
-            gn = self.group_nonce
-            (masked_group,) = at_parties(
-                session,
-                "mpc.group_mask",
-                lambda i: [seed[i], gn, group[i]],
-                [(list(group[0].shape), I64)],
-            )
-            group_opening = round1.add(masked_group)
-        round1.open()
-        self.group_e = group_opening.value if group_opening is not None else None
 
         last_party = session.parties[-1]
         dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
@@ -275,6 +259,40 @@ class _MsbRun:
         opened_d = last_round.add(d)
         last_round.open()
         self.d = opened_d.value
+
+    def _round1(
+        self,
+        x: Shares,
+        values: list[Shares],
+        product_nonces: list[int],
+        trunc: TruncRun | None,
+        group: Shares | None,
+    ) -> tuple[Opened, list[_TProduct], list[Opened], Opened | None]:
+        """Round 1 of either mode: c = x + r, the products' e = v - a, the truncation's
+        and the groups' masked values, opened together (``self.group_e`` is set)."""
+        session, nonce, seed = self.session, self.nonce, self.session.party_seeds
+        shape = list(x[0].shape)
+        (masked,) = at_parties(
+            session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
+        )
+        products = [_TProduct(session, pn, v) for pn, v in zip(product_nonces, values)]
+        round1 = Round(session)
+        c = round1.add(masked)
+        product_openings = [round1.add(prod.e) for prod in products]
+        trunc_opening = trunc.open_in(round1) if trunc is not None else None
+        group_opening = None
+        if group is not None:
+            gn = self.group_nonce
+            (masked_group,) = at_parties(
+                session,
+                "mpc.group_mask",
+                lambda i: [seed[i], gn, group[i]],
+                [(list(group[0].shape), I64)],
+            )
+            group_opening = round1.add(masked_group)
+        round1.open()
+        self.group_e = group_opening.value if group_opening is not None else None
+        return c, products, product_openings, trunc_opening
 
     def _t_shares(self) -> Shares:
         """The parties' arithmetic shares of the daBit t (the last party's is dealt)."""

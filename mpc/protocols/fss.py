@@ -85,26 +85,9 @@ class FssRun(_MsbRun):
         key1 = key1.move(last_party)
 
         # round 1: c = x + r, the products' e, the truncation's and the groups' openings
-        (masked,) = at_parties(
-            session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
+        c, products, product_openings, trunc_opening = self._round1(
+            x, values, product_nonces, trunc, group
         )
-        products = [_TProduct(session, pn, v) for pn, v in zip(product_nonces, values)]
-        round1 = Round(session)
-        c = round1.add(masked)
-        product_openings = [round1.add(prod.e) for prod in products]
-        trunc_opening = trunc.open_in(round1) if trunc is not None else None
-        group_opening = None
-        if group is not None:
-            gn = self.group_nonce
-            (masked_group,) = at_parties(
-                session,
-                "mpc.group_mask",
-                lambda i: [seed[i], gn, group[i]],
-                [(list(group[0].shape), I64)],
-            )
-            group_opening = round1.add(masked_group)
-        round1.open()
-        self.group_e = group_opening.value if group_opening is not None else None
 
         # the last party's key, split; then the local evaluation at both parties
         dealt = call(
