@@ -16,8 +16,10 @@ from ``crypten.nn`` modules instead).
 
 The script first times CrypTen's workloads (this file run by ``--crypten-python`` with
 ``--crypten-only``: 2 ranks, one torch thread each, gloo over loopback, CrypTen's default
-trusted-first-party provider; each op timed at rank 0, median of ``--repeat`` runs after
-one warm-up), then ours (``python -m benchmarks --network``: 3 worker processes, mutual
+trusted-first-party provider (TFP, insecure with 2 parties: rank 0 deals), then again
+with its trusted third party (TTP: ``crypten.mpc.provider.TTPServer`` as a third process,
+rank 2, dealing as our crypto provider does; ``--functions`` runs TFP only); each op timed
+at rank 0, median of ``--repeat`` runs after one warm-up), then ours (``python -m benchmarks --network``: 3 worker processes, mutual
 TLS), and prints both with the ratio ours / CrypTen, and the CPU time per run of each
 side (every process and thread: our client and 3 workers, CrypTen's 2 ranks; on a machine
 with C cores a run takes at least its CPU time / C). Same workloads as WORKLOADS.md: W1 mul
@@ -229,7 +231,11 @@ def _crypten_transformer(crypten: Any, torch: Any, seq: int) -> Any:
     return forward
 
 
-def crypten_only(cases: list[list[Any]], repeat: int, out: str, rounds: bool = False) -> None:
+def crypten_only(
+    cases: list[list[Any]], repeat: int, out: str, rounds: bool = False, provider: str = "TFP"
+) -> None:
+    """CrypTen's medians in ``out``; ``provider`` "TTP" runs CrypTen's trusted third party
+    (``crypten.mpc.provider.TTPServer``, a third process that deals, as ours does)."""
     import types
 
     # crypten 0.4.1's ONNX converter imports a module torch 2.13 no longer has
@@ -241,6 +247,9 @@ def crypten_only(cases: list[list[Any]], repeat: int, out: str, rounds: bool = F
     import crypten
     import crypten.mpc
 
+    # run_multiprocess starts the TTPServer process (rank 2) when the provider is TTP;
+    # the forked ranks inherit this setting
+    crypten.cfg.mpc.provider = provider
     results: dict[str, float] = {}
 
     @crypten.mpc.run_multiprocess(world_size=2)
@@ -278,6 +287,15 @@ def _ours_functions(repeat: int) -> tuple[dict[str, float], dict[str, Any], list
         if r.get("error"):
             notes.append(f"{wid} (ours): error {r['error']}")
     return times, rounds, notes
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _ranks_cpu(theirs: dict[str, Any], key: str) -> float | None:
+    cpus = [theirs.get(f"{key}:cpu{rank}") for rank in (0, 1)]
+    return sum(c for c in cpus if c is not None) if all(c is not None for c in cpus) else None
 
 
 def _ms(t: float | None) -> str:
@@ -340,6 +358,9 @@ def _ours(repeat: int, latency: float) -> dict[str, float]:
         out[f"{r['workload']}-{n}"] = r["median_s"]
         if r.get("cpu_median_s") is not None:
             out[f"{r['workload']}-{n}:cpu"] = r["cpu_median_s"]
+        moved = sum((r.get("bytes_per_party") or {}).values()) + (r.get("dealer_bytes") or 0)
+        if moved:
+            out[f"{r['workload']}-{n}:mb"] = moved / 1e6
     return out
 
 
@@ -354,17 +375,23 @@ def main(argv: list[str] | None = None) -> int:
         "instead of W1-W6 (ours over the network)",
     )
     ap.add_argument("--crypten-only", metavar="JSON", help=argparse.SUPPRESS)
+    ap.add_argument("--provider", default="TFP", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [[w, n] for w, n in (FUNCTION_CASES if args.functions else CASES)]
     if args.crypten_only:
-        crypten_only(cases, args.repeat, args.crypten_only, rounds=args.functions)
+        crypten_only(cases, args.repeat, args.crypten_only, args.functions, args.provider)
         return 0
     load_before = os.getloadavg()
+    providers = ["TFP"] if args.functions else ["TFP", "TTP"]
+    by_provider: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "crypten.json")
-        cmd = [args.crypten_python, __file__, "--crypten-only", path, "--repeat", str(args.repeat)]
-        subprocess.run(cmd + (["--functions"] if args.functions else []), check=True)
-        theirs = json.loads(Path(path).read_text())["crypten"]
+        for provider in providers:
+            path = os.path.join(d, f"crypten-{provider}.json")
+            cmd = [args.crypten_python, __file__, "--crypten-only", path]
+            cmd += ["--repeat", str(args.repeat), "--provider", provider]
+            subprocess.run(cmd + (["--functions"] if args.functions else []), check=True)
+            by_provider[provider] = json.loads(Path(path).read_text())["crypten"]
+    theirs = by_provider["TFP"]
     if args.functions:
         ours, our_rounds, notes = _ours_functions(args.repeat)
     else:
@@ -376,26 +403,29 @@ def main(argv: list[str] | None = None) -> int:
         for line in notes:
             print(line)
         return 0
+    ttp = by_provider["TTP"]
     print(
-        "| workload | ours, network | CrypTen 0.4.1 | ratio | CPU per run, ours "
-        "| CPU per run, CrypTen | CPU ratio |"
+        "| workload | ours, network | CrypTen TFP | CrypTen TTP | ours/TFP | ours/TTP "
+        "| CPU per run, ours | CPU per MB moved, ours | CPU, CrypTen TFP | CPU, CrypTen TTP |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for wid, n in CASES:
         key = f"{wid}-{n}"
-        a, b = ours.get(key), theirs.get(key)
-        ratio = f"{a / b:.2f}x" if a and b else "-"
+        a, b, c = ours.get(key), theirs.get(key), ttp.get(key)
         ca = ours.get(f"{key}:cpu")
-        cpus = [theirs.get(f"{key}:cpu{rank}") for rank in (0, 1)]
-        cb = sum(c for c in cpus if c is not None) if all(c is not None for c in cpus) else None
-        cratio = f"{ca / cb:.2f}x" if ca and cb else "-"
+        mb = ours.get(f"{key}:mb")
+        per_mb = f"{ca * 1e3 / mb:.2f} ms" if ca and mb else "-"
         size = f"1e{len(str(n)) - 1}" if n >= 1000 and str(n).strip("0") == "1" else str(n)
         print(
-            f"| {wid} {size} | {_ms(a)} | {_ms(b)} | {ratio} | {_ms(ca)} | {_ms(cb)} | {cratio} |"
+            f"| {wid} {size} | {_ms(a)} | {_ms(b)} | {_ms(c)} | {_ratio(a, b)} | {_ratio(a, c)} "
+            f"| {_ms(ca)} | {per_mb} | {_ms(_ranks_cpu(theirs, key))} "
+            f"| {_ms(_ranks_cpu(ttp, key))} |"
         )
     print(
         "CPU per run: user + system seconds of every thread; ours: the client and the 3 worker "
-        "processes (the mean of the timed runs), CrypTen: its 2 processes (rank 0 and 1)."
+        "processes (the mean of the timed runs), CrypTen: its 2 computing processes (rank 0 "
+        "and 1; the TTP process is not counted). CPU per MB moved: ours, divided by the "
+        "megabytes all our parties and the dealer sent in one run."
     )
     return 0
 
