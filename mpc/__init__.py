@@ -13,8 +13,9 @@ from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from mpc.held import HeldError, HeldShared, approve, offer, plan
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
-from mpc.plan import SharedPlan, plan, preprocess
+from mpc.plan import SharedPlan, preprocess
 from mpc.protocols import fss as _fss  # noqa: F401  (registers comparison="fss")
 from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
@@ -27,6 +28,8 @@ __all__ = [
     "CryptoProviderRequired",
     "EncodingError",
     "FixedPointRangeWarning",
+    "HeldError",
+    "HeldShared",
     "MPCConfig",
     "MPCError",
     "OwnedShared",
@@ -39,7 +42,9 @@ __all__ = [
     "SharedPlan",
     "SharedTensor",
     "UnsupportedOpError",
+    "approve",
     "get",
+    "offer",
     "secure_fedavg",
     "plan",
     "preprocess",

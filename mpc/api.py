@@ -85,8 +85,7 @@ def share(
     """
     check_protocol(protocol)
     x, frac_bits = unwrap_fixed_precision(x, frac_bits)
-    if isinstance(x, nn.Module):
-        _check_local(x)
+    remote = isinstance(x, nn.Module) and _is_remote(x)
     if session is None:
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
             parties = tuple(parties[0])
@@ -106,6 +105,14 @@ def share(
                 "their shares and seeds died with the old process: share without session= "
                 "(the group then gets a new session), or make a new mpc.Session"
             )
+    if remote:  # the owner's worker splits it: its held weights (mpc.held)
+        if public_buffers or shared_buffers or requires_grad:
+            raise MPCError(
+                "a model shared from its owner's worker takes the owner's rule for its "
+                "buffers and is not trained on (public_buffers, shared_buffers and "
+                "requires_grad are refused)"
+            )
+        return _REMOTE_MODELS[0](x, session, frac_bits)
     if isinstance(x, nn.Module):
         return _share_module(x, session, set(public_buffers), set(shared_buffers))
     if public_buffers or shared_buffers:
@@ -168,17 +175,23 @@ def buffer_is_secret(module: nn.Module, name: str, buffer: torch.Tensor) -> bool
     return name not in module._non_persistent_buffers_set
 
 
-def _check_local(model: nn.Module) -> None:
+# how a model at its owner's worker is shared (mpc.held registers it on import)
+_REMOTE_MODELS: list[Any] = []
+
+
+def register_remote_models(share_fn: Any) -> None:
+    """Set the function that shares a model whose parameters live at a worker."""
+    _REMOTE_MODELS[:] = [share_fn]
+
+
+def _is_remote(model: nn.Module) -> bool:
     remote = [n for n, p in model.named_parameters() if isinstance(p, PointerTensor)]
-    if remote:
-        where = sorted({cast(PointerTensor, model.get_parameter(n)).location.id for n in remote})
+    if remote and len(remote) != len(list(model.parameters())):
         raise MPCError(
-            f"the model's parameters live at worker(s) {where} (e.g. {remote[0]!r}): sharing "
-            "a model from its owner's worker is not supported yet, since the client could "
-            "then open the outputs of any computation on the owner's weights (a release "
-            "rule for approved computations is needed, issue 23). Share the model from the "
-            "process that holds it (mpc.share(model, ...) there), or get() it first"
+            "some of the model's parameters live at a worker and some here: share a model "
+            "wholly from its owner's worker, or wholly from this process"
         )
+    return bool(remote)
 
 
 def _share_module(

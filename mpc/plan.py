@@ -257,7 +257,12 @@ class SharedPlan:
         variant = self._variants.get(_signature(examples)) if examples else self._first
         return 0 if variant is None else len(variant.prepared)
 
-    def _run(self, variant: _Programs, inputs: tuple[SharedTensor, ...]) -> SharedTensor:
+    def _run(
+        self,
+        variant: _Programs,
+        inputs: tuple[SharedTensor, ...],
+        held: dict[str, tuple[list[Any], list[int]]] | None = None,
+    ) -> SharedTensor:
         self.session.watch()
         input_ids = [s.id_at_location for x in inputs for s in x.shares]
         workers = self.workers
@@ -278,7 +283,7 @@ class SharedPlan:
                 variant.dealer_id, [(variant.dealer_id, p, k) for p, k in variant.dealt], bindings
             )
         self._announce(variant.dealer_id, variant.deliveries, bindings)
-        run_programs(variant.program_ids, workers, bindings, promised)
+        run_programs(variant.program_ids, workers, bindings, promised, held)
         accounting.count_round(variant.rounds)
         shares = []
         for party, slot, (shape, stride, dtype) in zip(

@@ -94,6 +94,7 @@ POINTERS_ORDER = [
     "pointers.plans.wire",
     # what a worker is made of, and what its clients see of it
     "pointers.worker.sealing",
+    "pointers.worker.holding",
     "pointers.worker.store",
     "pointers.worker.functions",
     "pointers.worker.execution",

@@ -20,6 +20,7 @@ from mpc.material.dealer import (
     new_seed,
 )
 from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
+from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
 from mpc.material.party import (
     beaver_combine,
@@ -92,6 +93,8 @@ FUNCTIONS = {
 FUNCTIONS.update(
     {"mpc.dealer_fss": dealer_fss, "mpc.fss_unpack": fss_unpack, "mpc.fss_eval": fss_eval}
 )
+
+FUNCTIONS.update(HELD_FUNCTIONS)  # (the model owner's step: sized where it is defined)
 
 declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.sizes)
 

@@ -63,7 +63,7 @@ from pointers.worker.base import Frames, Worker
 from pointers.worker.client import WorkerStats
 from pointers.worker.execution import handles
 from pointers.worker.functions import bind_arguments, function_size
-from pointers.worker.program import Program
+from pointers.worker.program import Program, held_run
 from pointers.worker.program import _run_program as run_program_steps
 
 MAX_PEER_LINKS = 64  # peers one session may deliver to (ConnectPeer)
@@ -411,10 +411,11 @@ class ServedWorker(Worker):
             raise PointerError(
                 f"the program needs {program.n_slots} bindings, got {len(msg.bindings)}"
             )
+        run = held_run(self, program, msg)
         bindings, promised = list(msg.bindings), list(msg.promised)
         self.store.promise(promised)
         try:
-            self.programs.submit(lambda: run_program_steps(self, program, bindings, promised))
+            self.programs.submit(lambda: run_program_steps(self, program, bindings, promised, run))
         except BaseException:
             self.store.release_promises(promised)
             raise

@@ -7,7 +7,7 @@ number of fields, so a worker never runs anything it does not know.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
@@ -186,6 +186,10 @@ class RunProgram(Message):
     program_id: int
     bindings: list[int]
     promised: list[int]
+    # an approved run of an owner's held parameters (pointers.worker.holding): [slot,
+    # parameter name] per parameter slot, and the slots whose objects the run releases
+    held: list[Any] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

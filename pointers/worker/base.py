@@ -42,6 +42,7 @@ from pointers.wire.messages import (
     decode_message,
     encode_message,
 )
+from pointers.worker import holding
 from pointers.worker.client import Recorder, WorkerStats
 from pointers.worker.execution import Execution, Handler, handler_table, handles, tensor_meta
 from pointers.worker.functions import FunctionRegistry
@@ -202,7 +203,9 @@ class Worker(Execution):
     def _store(self, msg: Store) -> None:
         if msg.sealed:
             raise refused("a client's store of a sealed object")
-        self.store.put(msg.obj_id, msg.value, set(msg.tags), msg.description)
+        run = holding.current()  # (in an approved run, what it stores is held too)
+        sealed = False if run is None else run.seal()
+        self.store.put(msg.obj_id, msg.value, set(msg.tags), msg.description, sealed)
 
     @handles(Fetch)
     def _fetch(self, msg: Fetch) -> Any:
@@ -342,6 +345,7 @@ class Worker(Execution):
             tags, description = entry.tags, entry.description
             sent: Any = False
             if sealed:  # the copy records its sender; a seed leaves its dealer once
+                holding.check_send(sealed)
                 sent = delivered_seal(sealed, self.id)
                 entry.sealed = sealed = after_delivery(sealed)
             del entry  # (it refers to the value too)

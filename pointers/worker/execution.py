@@ -22,9 +22,10 @@ from pointers.wire import serde
 from pointers.wire.messages import CallFunction, ExecuteOp, Message
 from pointers.wire.ops import resolve_op
 from pointers.wire.serde import Ref
+from pointers.worker import holding
 from pointers.worker.functions import FunctionRegistry
-from pointers.worker.sealing import Arg, ProtocolCall, refused, sealing_of, spend
-from pointers.worker.store import ObjectStore
+from pointers.worker.sealing import Arg, Label, ProtocolCall, refused, sealing_of, spend
+from pointers.worker.store import Entry, ObjectStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 Handler = Callable[[Any, Any], Any]  # (worker, message) -> reply value
@@ -76,6 +77,31 @@ def _seal_of(seals: Any, k: int) -> Any:
     raise TypeError(f"a protocol rule returned {type(seals).__name__} as its seals")
 
 
+def _admitted(e: Entry, obj_id: int) -> bool:
+    """Whether a sealed entry reads as ordinary to the command this thread runs (an
+    approved run's own objects and parameters, :mod:`pointers.worker.holding`)."""
+    run = holding.current()
+    return run is not None and run.admits(e.sealed, obj_id)
+
+
+def _as_run_sees(e: Entry, obj_id: int) -> Entry:
+    """A protocol step's view of an entry: an approved run's own objects as ordinary."""
+    if e.sealed and _admitted(e, obj_id):
+        return Entry(e.value)
+    return e
+
+
+def _labels(named: dict[str, Arg]) -> list[Label]:
+    out = []
+    for a in named.values():
+        for e in a.entries or ([a.entry] if a.entry is not None else []):
+            if e is not None and e.sealed:
+                label = Label.of(e.sealed)
+                if label is not None:
+                    out.append(label)
+    return out
+
+
 class Execution:
     """The op and function handlers of a worker, with what they share: resolving the
     references in a command's arguments (counting the sealed ones) and storing outputs.
@@ -99,7 +125,7 @@ class Execution:
             if t is Ref:
                 e = entry(a.obj_id)
                 args[k] = e.value
-                if e.sealed:
+                if e.sealed and not _admitted(e, a.obj_id):
                     sealed = True
             elif t is list or t is tuple or t is dict:
                 marks = [0, 0, 0]
@@ -156,6 +182,8 @@ class Execution:
             named[key] = a
         self.check_function(msg.name, fn, args, kwargs)  # (before the rule: it has effects)
         call = ProtocolCall(msg.name, self.id, self.function_state, named)
+        call.policy = getattr(self, "holding_policy", None)
+        holding.check_instances(self.function_state, _labels(named))
         seals = rule(call)
         result = fn(self, *args, **kwargs)
         spend(call.spend)
@@ -166,10 +194,10 @@ class Execution:
     def _protocol_arg(self, raw: Any) -> Arg:
         """An argument of a protocol step with the store entries it refers to."""
         if type(raw) is Ref:
-            e = self.store.entry(raw.obj_id)
+            e = _as_run_sees(self.store.entry(raw.obj_id), raw.obj_id)
             return Arg(e.value, entry=e)
         if type(raw) is list and raw and all(type(r) is Ref for r in raw):
-            entries = [self.store.entry(r.obj_id) for r in raw]
+            entries = [_as_run_sees(self.store.entry(r.obj_id), r.obj_id) for r in raw]
             return Arg([e.value for e in entries], entries=entries)
         marks = [0, 0, 0]
         value = self._resolve_marked(raw, marks)
@@ -183,7 +211,7 @@ class Execution:
         t = type(obj)
         if t is Ref:
             e = self.store.entry(obj.obj_id)
-            marks[0 if e.sealed else 1] += 1
+            marks[0 if e.sealed and not _admitted(e, obj.obj_id) else 1] += 1
             return e.value
         if t is list:
             return [self._resolve_marked(o, marks) for o in obj]
@@ -213,6 +241,13 @@ class Execution:
         labels (see :mod:`pointers.worker.sealing`), one per output (None: an ordinary
         object), or one label for every output."""
         put = self.store.put
+        run = holding.current()
+        if run is not None:  # an approved run: the ordinary objects it makes are held
+            held, given = run.seal(), seals
+            seals = [_seal_of(given, k) or held for k in range(max(len(out_ids), 1))]
+            if want_meta:  # (outputs counted from the result)
+                n = len(pytree.tree_leaves(result))
+                seals = [_seal_of(given, k) or held for k in range(max(n, 1))]
         if type(result) is torch.Tensor and not want_meta and len(out_ids) == 1:
             if out_ids[0] is not None:
                 put(out_ids[0], result, None, "", _seal_of(seals, 0))

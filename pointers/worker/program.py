@@ -55,6 +55,7 @@ from pointers.wire.messages import (
     message_from_list,
 )
 from pointers.wire.serde import Ref, Slot, SlotRef, ref_id
+from pointers.worker import holding
 from pointers.worker.client import Recorder, WorkerClient
 from pointers.worker.store import ObjectStore
 
@@ -69,6 +70,8 @@ class Worker(Protocol):
     def store(self) -> ObjectStore: ...
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
+    @property
+    def function_state(self) -> dict[str, Any]: ...
     def add_program_thread(self, thread: threading.Thread) -> None: ...
     def peer_link(self, peer_id: str) -> Any | None: ...
     def run_locked(self, msg: Message) -> Any: ...
@@ -277,10 +280,11 @@ def start_program(worker: Worker, msg: RunProgram) -> None:
         raise TypeError(f"object {msg.program_id} is not a program")
     if len(msg.bindings) < program.n_slots:
         raise PointerError(f"the program needs {program.n_slots} bindings, got {len(msg.bindings)}")
+    run = held_run(worker, program, msg)
     worker.store.promise(msg.promised)
     thread = threading.Thread(
         target=_run_program,
-        args=(worker, program, list(msg.bindings), list(msg.promised)),
+        args=(worker, program, list(msg.bindings), list(msg.promised), run),
         name=f"program-{worker.id}",
         daemon=True,
     )
@@ -288,17 +292,41 @@ def start_program(worker: Worker, msg: RunProgram) -> None:
     thread.start()
 
 
+def held_run(worker: Worker, program: Program, msg: RunProgram) -> holding.HeldRun | None:
+    """The approved run ``msg`` starts (None: an ordinary run; refused if not approved)."""
+    if not msg.held and not msg.outputs:
+        return None
+    with worker.lock:
+        return holding.begin(
+            worker.id,
+            worker.store,
+            worker.function_state,
+            program.raw,
+            list(msg.bindings),
+            list(msg.held),
+            list(msg.outputs),
+        )
+
+
 def _run_program(
-    worker: Worker, program: Program, bindings: list[int], promised: list[int]
+    worker: Worker,
+    program: Program,
+    bindings: list[int],
+    promised: list[int],
+    run: holding.HeldRun | None = None,
 ) -> None:
     step = 0
     try:
-        for step in range(len(program.raw)):
-            msg = message_from_list(bind(program.raw[step], bindings))
-            if isinstance(msg, SendToPeer):
-                worker.send_to_peer(msg)  # our lock only to read: peers deliver to us too
-            else:
-                worker.run_locked(msg)
+        with holding.running(run):
+            for step in range(len(program.raw)):
+                msg = message_from_list(bind(program.raw[step], bindings))
+                if isinstance(msg, SendToPeer):
+                    worker.send_to_peer(msg)  # our lock only to read: peers deliver to us
+                else:
+                    worker.run_locked(msg)
+            if run is not None:
+                with worker.lock:
+                    holding.release(worker.store, run)
     except Exception as e:  # waiting clients and peers learn it at once
         why = f"program failed: {type(e).__name__}: {e}"
         worker.store.fail_promises(promised, why)
@@ -334,7 +362,11 @@ def run_programs(
     workers: list[WorkerClient],
     bindings: list[int],
     promised: dict[str, list[int]],
+    held: dict[str, tuple[list[Any], list[int]]] | None = None,
 ) -> None:
-    """Start the programs at every worker (one message each)."""
+    """Start the programs at every worker (one message each); ``held``: per worker, the
+    held parameter slots and output slots of an approved run (see
+    :mod:`pointers.worker.holding`)."""
     for w in workers:
-        w.post(RunProgram(program_ids[w.id], bindings, promised[w.id]))
+        pairs, outputs = (held or {}).get(w.id, ([], []))
+        w.post(RunProgram(program_ids[w.id], bindings, promised[w.id], pairs, outputs))

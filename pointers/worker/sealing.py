@@ -138,6 +138,8 @@ class ProtocolCall:
     state: dict[str, Any]  # the worker's function state (per client namespace)
     args: dict[str, Arg]
     spend: list[Any] = field(default_factory=list)  # entries consumed if the step runs
+    # the worker owner's approvals for the values it shares (pointers.worker.holding.Policy)
+    policy: Any = None
 
     def refuse(self, why: str) -> NotAllowedError:
         return NotAllowedError(f"worker {self.worker_id!r}: {self.name}: {why}; {RULE}")

@@ -1,0 +1,364 @@
+"""A model owner's weights, shared from its own worker, used only by the plans it approved.
+
+The querying client never holds the weights. The owner, at its side:
+
+1. records the computation it approves, with :func:`approve` (an in-process recording on
+   stand-in weights, under the deployment's worker names): a digest per party;
+2. puts the model and its approvals at its worker with :func:`offer`.
+
+The client then shares the model from there, ``mpc.share(model_ptr, alice, bob,
+crypto_provider=carol)``: the owner's worker splits each parameter with its own CSPRNG
+(``mpc.held_share``) and moves each share to its party, sealed as the owner's *held share*
+(:mod:`pointers.worker.holding`). On the client, the model's parameters are
+:class:`HeldShared`: no op runs on one (each would be a computation the owner did not
+approve) and none opens. ``mpc.plan(model, x)`` records the same computation the owner
+recorded (on stand-in weights, in the client's own session) and runs it with the owner's
+shares bound to their slots; each party checks that the program's digest is one the owner
+approved for it, holds everything the run makes for the owner, and releases only the
+run's output, which the client opens with ``.get()``.
+
+Who learns what: the client learns the outputs of the approved computation on the inputs
+it chooses (as a plaintext query would tell it), the parties their shares and masked
+openings, the owner's worker nothing about the queries. A plan runs with ordinary
+triples: each query opens W - B for every weight it multiplies (no weight mask is kept).
+
+>>> import torch, pointers as pt, mpc
+>>> from torch import nn
+>>> torch.manual_seed(0) and None
+>>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+>>> x = torch.randn(1, 4)
+>>> owner = pt.VirtualWorker("owner")
+>>> approval = mpc.approve(model, x, parties=["alice", "bob"], crypto_provider="carol")
+>>> model_ptr = mpc.offer(model, owner, approval)          # the owner's side
+>>> alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+>>> held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)   # the client's side
+>>> query = mpc.plan(held, mpc.share(x, alice, bob, crypto_provider=carol))
+>>> out = query(mpc.share(x, alice, bob, crypto_provider=carol)).get()
+>>> bool((out - model(x)).abs().max() < 1e-2)
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import pointers as pt
+from mpc.api import buffer_is_secret, register_remote_models
+from mpc.config import MPCConfig
+from mpc.errors import MPCError
+from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
+from mpc.plan import SharedPlan, _Programs, _signature
+from mpc.plan import plan as plain_plan
+from mpc.session import Session
+from mpc.shared import SharedTensor, share_tensor
+from pointers.module import _module_location
+from pointers.pointer_tensor import PointerTensor
+from pointers.pointer_tensor import call_function as pt_call_function
+from pointers.worker import holding
+
+HELD_SHARE_FUNCTION = "mpc.held_share"
+RUN_WAIT = 600.0  # seconds a held plan's call waits for the parties' runs, at most
+Call = Callable[..., Any]
+
+
+class HeldError(MPCError):
+    """Using an owner's held weights outside a computation it approved."""
+
+
+class HeldShared(SharedTensor):
+    """A parameter its owner shared from its worker: usable only inside an approved plan
+    (``mpc.plan(model, x)``), never opened."""
+
+    owner: str
+    param_name: str
+
+    def get(self) -> torch.Tensor:  # type: ignore[override]
+        raise HeldError(
+            f"parameter {self.param_name!r} is {self.owner!r}'s, shared from its worker: it never "
+            "opens; run the model as the plan its owner approved (mpc.plan(model, x)) and "
+            "open that plan's output"
+        )
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return (
+            f"HeldShared({self.param_name!r}, shape={tuple(self.shape)}, owner={self.owner!r}, "
+            f"parties={[p.id for p in self.session.parties]})"
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        names = [a.param_name for a in args if isinstance(a, HeldShared)]
+        raise HeldError(
+            f"{func} on {names or 'a held parameter'}: a model its owner shared from its "
+            "worker runs only as the plan the owner approved: record it with "
+            "mpc.plan(model, x) and call the plan (the workers refuse anything else)"
+        )
+
+
+def _held(
+    shares: list[PointerTensor], session: Session, frac_bits: int, dtype: Any, owner: str, name: str
+) -> HeldShared:
+    s0 = shares[0]
+    t = torch.Tensor._make_wrapper_subclass(
+        HeldShared, s0.shape, strides=s0.stride(), dtype=dtype, device=torch.device("cpu")
+    )
+    t.shares, t.session, t.frac_bits, t.pending = shares, session, frac_bits, 0
+    t.views_of_pending, t.keep_alive, t.fixed, t.weight_epoch = False, None, None, 0
+    t.owner, t.param_name = owner, name
+    return t  # type: ignore[no-any-return]
+
+
+# -- which tensors of a model are the owner's ------------------------------------------------
+
+
+def _secret_slots(model: nn.Module) -> list[tuple[nn.Module, str, bool, str]]:
+    """(module, attribute, is_parameter, qualified name) of every parameter and secret
+    buffer, each tensor once (tied weights under their first name), in a fixed order."""
+    out: list[tuple[nn.Module, str, bool, str]] = []
+    seen: set[int] = set()
+    for prefix, m in model.named_modules(remove_duplicate=False):
+        for attr, p in m._parameters.items():
+            if p is not None:
+                out.append((m, attr, True, f"{prefix}.{attr}" if prefix else attr))
+    for prefix, m in model.named_modules(remove_duplicate=False):
+        for attr, b in m._buffers.items():
+            if b is None or not _floating(b) or not buffer_is_secret(m, attr, b):
+                continue
+            out.append((m, attr, False, f"{prefix}.{attr}" if prefix else attr))
+    first: list[tuple[nn.Module, str, bool, str]] = []
+    names: dict[int, str] = {}
+    for m, attr, is_param, name in out:
+        t = (m._parameters if is_param else m._buffers)[attr]
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        names[id(t)] = name
+        first.append((m, attr, is_param, name))
+    return first
+
+
+def _floating(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+
+
+def _tensor_at(m: nn.Module, attr: str, is_param: bool) -> Any:
+    return (m._parameters if is_param else m._buffers)[attr]
+
+
+class _Swapped:
+    """``with _Swapped(model, values):`` every place of the model that holds a tensor
+    keyed (by ``id``) in ``values`` (tied aliases included) reads its value; restored on
+    exit."""
+
+    def __init__(self, model: nn.Module, values: dict[int, Any]) -> None:
+        self.model, self.values = model, values
+        self.saved: list[tuple[dict[str, Any], str, Any]] = []
+
+    def __enter__(self) -> None:
+        for m in self.model.modules():
+            for d in (m._parameters, m._buffers):
+                for attr, t in list(d.items()):
+                    if t is not None and id(t) in self.values:
+                        self.saved.append((d, attr, t))
+                        d[attr] = self.values[id(t)]
+
+    def __exit__(self, *exc: Any) -> None:
+        for d, attr, t in reversed(self.saved):
+            d[attr] = t
+
+
+# -- the owner's side ------------------------------------------------------------------------
+
+
+def approve(
+    model: nn.Module,
+    *examples: torch.Tensor,
+    parties: Sequence[str],
+    crypto_provider: str,
+    config: MPCConfig | None = None,
+    call: Call | None = None,
+) -> dict[str, list[str]]:
+    """The owner records ``call(model, *inputs)`` (default ``model(*inputs)``) on inputs
+    shaped as ``examples`` (plain tensors; shared in the recording) with stand-in weights,
+    on in-process workers named as the deployment's ``parties`` and ``crypto_provider``,
+    and returns, per party, the digest of the program it approves there. Pass the result
+    to :func:`offer`. The client's plan must be recorded with the same ``call``, config
+    and input shapes; its outputs open, nothing else does."""
+    workers = [pt.VirtualWorker(p) for p in parties]
+    dealer = pt.VirtualWorker(crypto_provider)
+    session = Session(workers, dealer, config or MPCConfig())
+    shared = [share_tensor(e, session) for e in examples]
+    plan = HeldPlan(model, *shared, call=call, owner_session=session)
+    return {p.id: [plan.digest(p)] for p in workers}
+
+
+def offer(model: nn.Module, worker: Any, approvals: dict[str, Sequence[str]]) -> nn.Module:
+    """The owner's side: put ``model`` at its own ``worker`` (its parameters move there)
+    with the approvals of :func:`approve` as the worker's policy, and register the step
+    that splits its parameters there. Returns the model, whose parameters now point there
+    (the pointer the client shares: ``mpc.share(model_ptr, ...)``)."""
+    functions = getattr(worker, "functions", None)
+    if functions is not None:
+        functions.register_all(HELD_FUNCTIONS)
+    holding.set_policy(worker, dict(approvals))
+    return pt.send(model, worker)  # type: ignore[no-any-return]
+
+
+# -- the client's side -----------------------------------------------------------------------
+
+
+def share_held_model(model: nn.Module, session: Session, frac_bits: int | None) -> nn.Module:
+    """``mpc.share(model_ptr, ...)`` for a model at its owner's worker: each parameter and
+    secret buffer split there and moved to the parties as the owner's held shares; integer
+    buffers (structure: position ids, masks) come back public. In place."""
+    owner = _module_location(model)
+    if owner is None:
+        raise MPCError("the model's parameters do not live at a worker")
+    f = session.config.frac_bits if frac_bits is None else frac_bits
+    session.watch()
+    functions = getattr(owner, "functions", None)
+    if functions is not None and HELD_SHARE_FUNCTION not in functions:
+        functions.register_all(HELD_FUNCTIONS)
+    done: dict[int, HeldShared] = {}
+    for m, attr, is_param, name in _secret_slots(model):
+        ptr = _tensor_at(m, attr, is_param)
+        if not isinstance(ptr, PointerTensor) or not ptr.is_floating_point():
+            raise MPCError(f"{name!r} is not a floating tensor at worker {owner.id!r}")
+        shape = tuple(ptr.shape)
+        shares = pt_call_function(
+            owner,
+            HELD_SHARE_FUNCTION,
+            [ptr, name, f, session.n],
+            out=[(shape, torch.int64)] * session.n,
+        )
+        moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]
+        done[id(ptr)] = _held(moved, session, f, ptr.dtype, owner.id, name)
+    sync = getattr(owner, "sync", None)
+    if sync is not None:  # (a network owner's refusal is told now, not at a later call)
+        sync()
+    for m in model.modules():
+        dicts: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
+        for d in dicts:
+            for attr, t in list(d.items()):
+                if t is None:
+                    continue
+                if id(t) in done:
+                    d[attr] = done[id(t)]
+                elif isinstance(t, PointerTensor):  # an integer buffer: public structure
+                    d[attr] = t.get()
+    return model
+
+
+class HeldPlan(SharedPlan):
+    """``mpc.plan(model, *examples)`` for a model with held parameters: recorded on
+    stand-in weights (ordinary shares of small values, in the same session), each run
+    binds the owner's shares to the weights' input slots and asks each party to release
+    the output (``RunProgram.held`` / ``outputs``)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *examples: SharedTensor,
+        call: Call | None = None,
+        owner_session: Session | None = None,
+    ) -> None:
+        self.model = model
+        self.call = call or (lambda m, *xs: m(*xs))
+        self.slots_of = _secret_slots(model)
+        session = examples[0].session if examples else owner_session
+        if session is None:
+            raise TypeError("mpc.plan needs example SharedTensor inputs")
+        self.names = [name for _, _, _, name in self.slots_of]
+        self.k_inputs = len(examples)
+        gen = torch.Generator().manual_seed(0)  # stand-in values: not secret, not shares
+        stand_ins, originals = [], []
+        for m, attr, is_param, _ in self.slots_of:
+            t = _tensor_at(m, attr, is_param)
+            originals.append(t)
+            value = torch.randn(tuple(t.shape), generator=gen) * 0.05
+            stand_ins.append(share_tensor(value, session))
+        swap = {id(t): s for t, s in zip(originals, stand_ins)}
+        model, call_fn = self.model, self.call
+
+        def recorded(*inputs: SharedTensor) -> Any:
+            with _Swapped(model, swap):
+                return call_fn(model, *inputs[: self.k_inputs])
+
+        with torch.no_grad():
+            super().__init__(recorded, *examples, *stand_ins)
+        self.example_output = None  # type: ignore[assignment]  # (stand-ins' output)
+
+    def _held_fields(self, variant: _Programs) -> dict[str, tuple[list[Any], list[int]]]:
+        """Per party: its [slot, name] pairs of the weights and its output slot."""
+        out = {}
+        n = self.session.n
+        for i, party in enumerate(self.session.parties):
+            pairs = []
+            for j, name in enumerate(self.names):
+                k = (self.k_inputs + j) * n + i  # the flattened inputs' index of that share
+                slot = variant.slots.kind.index(("input", k))
+                pairs.append([slot, name])
+            out[party.id] = (pairs, [variant.out_slots[i]])
+        return out
+
+    def digest(self, party: Any) -> str:
+        """The digest of ``party``'s program (as :func:`pointers.worker.holding.begin`
+        computes it there; ``party``: an in-process worker of this plan's session)."""
+        variant = self._first
+        held, outputs = self._held_fields(variant)[party.id]
+        program = party.store.get(variant.program_ids[party.id])
+
+        def kind_of(obj_id: int) -> str:
+            e = party.store.entry(obj_id)
+            label = holding.Label.of(e.sealed)
+            return "ordinary" if label is None else label.kind
+
+        return holding.program_digest(program.raw, held, outputs, party.id, kind_of)
+
+    def __call__(self, *inputs: SharedTensor) -> SharedTensor:
+        if len(inputs) != self.k_inputs:
+            raise TypeError(f"this plan takes {self.k_inputs} inputs, got {len(inputs)}")
+        weights = [_tensor_at(m, a, p) for m, a, p, _ in self.slots_of]
+        if not all(isinstance(w, HeldShared) for w in weights):
+            raise HeldError("this plan runs on the owner's held weights (mpc.share(model_ptr))")
+        for x in inputs:
+            if not isinstance(x, SharedTensor) or isinstance(x, HeldShared):
+                raise TypeError("plan inputs must be the client's SharedTensors")
+            self.session.check_compatible(x.session)
+            x.materialize()
+        all_inputs = (*inputs, *weights)
+        variant = self._variants.get(_signature(all_inputs))
+        if variant is None:
+            raise MPCError(
+                "this held plan was recorded for inputs of another shape, dtype or scale: "
+                "record (and have its owner approve) one for these"
+            )
+        out = self._run(variant, all_inputs, self._held_fields(variant))
+        # each party releases the output when its run ends (until then it is held, and
+        # the client's reads of it are refused): wait for that before handing it back
+        for party in self.session.parties:
+            wait = getattr(party, "wait_programs", None)
+            if wait is not None:
+                wait(RUN_WAIT)
+        return out
+
+
+def plan(fn: Callable[..., Any], *examples: SharedTensor, call: Call | None = None) -> SharedPlan:
+    """Record ``fn`` (e.g. a model) on example SharedTensors into per-worker programs (see
+    :mod:`mpc.plan`). A model whose parameters its owner shared from its worker is
+    recorded as a :class:`HeldPlan` (``call(model, *inputs)``, default ``model(*inputs)``:
+    the call its owner approved)."""
+    if isinstance(fn, nn.Module) and any(isinstance(p, HeldShared) for p in fn.parameters()):
+        return HeldPlan(fn, *examples, call=call)
+    if call is not None:
+        raise TypeError("call= is for a model with held parameters")
+    return plain_plan(fn, *examples)
+
+
+register_remote_models(share_held_model)
+
+__all__ = ["HeldError", "HeldPlan", "HeldShared", "approve", "offer", "plan", "share_held_model"]

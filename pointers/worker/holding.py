@@ -1,0 +1,299 @@
+"""Held values: an owner's shares that only the computations it approved may use, and that
+open only as those computations' outputs.
+
+A model owner shares its weights from its own worker (``mpc.share(model_ptr, ...)``). Its
+shares reach the parties *sealed* (:mod:`pointers.worker.sealing`) with a
+:data:`HELD_SHARE` label: the owner, the parameter's name and the owner's approvals, a list
+of ``[party, digest]``. Sealed, no client can fetch one, run an op on one or send it on
+(a share leaves its owner once, to its party). The one way to use them is an **approved
+run**: a stored program (:mod:`pointers.worker.program`) started with ``held`` (which input
+slots take which of the owner's parameters, by name) and ``outputs`` (the slots whose
+objects the run releases), whose :func:`program_digest` at this party is one the owner
+approved for this party. During such a run, at this party:
+
+* the owner's shares bound to the declared slots, and the objects this run made, read as
+  ordinary objects to the run's own commands (and only to them: the client's commands see
+  them sealed);
+* every object the run makes is sealed :data:`HELD` for the owner and this run (protocol
+  material keeps its own label), so no client reads an intermediate, during the run or
+  after it; only the run's own peer deliveries may send one, to the peers its approved
+  program names;
+* when the run ends without error, the objects in its output slots become ordinary
+  objects, which the client reconstructs.
+
+The digest covers the program's commands (ops, functions, constants, peers), the
+declared parameter names by slot, the output slots and the party: a client that records
+another computation, binds another parameter to a slot or asks for another output gets
+no approval. What the digest does not fix is what the client binds to the other input
+slots (its own query) and the public values it sends with them. A worker's approvals are
+its owner's policy (:func:`set_policy`), set at the worker, never by a client's message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import torch
+
+from pointers.errors import NotAllowedError
+from pointers.wire.serde import Slot, SlotRef, ref_id
+from pointers.worker.sealing import RULE, Label, seal
+
+HELD_SHARE = "held_share"  # an owner's share: extra (owner, parameter name, approvals)
+HELD = "held"  # made by an approved run: extra (owner, run token)
+_TOKENS = "pointers.holding.tokens"  # function-state key: the run tokens a namespace used
+_BOUND = "pointers.holding.bound"  # function-state key: value bound in a run -> its token
+
+
+@dataclass
+class Policy:
+    """A worker owner's approvals: per party id, the program digests it approves."""
+
+    approvals: dict[str, set[str]] = field(default_factory=dict)
+
+    def wire(self) -> list[list[str]]:
+        return sorted([party, d] for party, ds in self.approvals.items() for d in ds)
+
+
+def set_policy(worker: Any, approvals: dict[str, Any]) -> None:
+    """The owner of ``worker`` approves, per party id, the program digests in
+    ``approvals`` (an iterable of hex digests each) for the values it shares from there.
+    A local call at the worker's side, never a message."""
+    policy = Policy()
+    for party, digests in approvals.items():
+        if type(party) is not str:
+            raise TypeError("approvals are keyed by party id (a str)")
+        ds = {digests} if isinstance(digests, str) else set(digests)
+        if not all(type(d) is str and len(d) == 64 for d in ds):
+            raise ValueError("an approval is a program digest: 64 hex digits")
+        policy.approvals.setdefault(party, set()).update(ds)
+    worker.holding_policy = policy
+
+
+def share_seal(owner: str, name: str, policy: Policy | None) -> list[Any]:
+    """The label of a share the owner's worker made of its parameter ``name``: delivered
+    once, to its party, carrying the owner's approvals."""
+    if policy is None or not policy.approvals:
+        raise NotAllowedError(
+            f"worker {owner!r} approves no computation on its values: its owner approves "
+            "a plan first (mpc.approve, then mpc.offer at the owner's side); " + RULE
+        )
+    return seal(HELD_SHARE, deliveries=1, extra=(owner, name, policy.wire()))
+
+
+def program_digest(
+    raw: list[Any], held: list[list[Any]], outputs: list[int], party: str, kind_of: Any
+) -> str:
+    """The digest an owner approves: a program's commands as this party stores them, with
+    each reference to an object that exists before the run replaced by its kind
+    (``kind_of(obj_id)``: a sealed label's kind, or "ordinary"), the declared parameter
+    slots, the output slots and the party."""
+
+    def canon(o: Any) -> Any:
+        if isinstance(o, Slot):
+            return ["slot", o.index]
+        if isinstance(o, SlotRef):
+            return ["slotref", o.index]
+        rid = ref_id(o)
+        if rid is not None:
+            return ["const", kind_of(rid)]
+        if isinstance(o, torch.Tensor):
+            t = o.detach().contiguous()
+            return ["tensor", str(t.dtype), list(t.shape), hashlib.sha256(
+                t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            ).hexdigest()]  # fmt: skip
+        if isinstance(o, list | tuple):
+            return [canon(x) for x in o]
+        if isinstance(o, dict):
+            return [["dict"], sorted([str(k), canon(v)] for k, v in o.items())]
+        if o is None or isinstance(o, bool | int | float | str | bytes):
+            return o
+        return ["other", type(o).__name__, repr(o)]
+
+    doc = [party, canon(raw), sorted([int(s), str(n)] for s, n in held), sorted(outputs)]
+    return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
+
+
+@dataclass
+class HeldRun:
+    """An approved run at one party: its owner, its token, the ids it admits."""
+
+    owner: str
+    token: str
+    admitted: set[int]
+    outputs: list[int]
+
+    def admits(self, sealed: Any, obj_id: int | None = None) -> bool:
+        """Whether a sealed object reads as ordinary to this run's commands."""
+        label = Label.of(sealed)
+        if label is None:
+            return False
+        if label.kind == HELD:
+            return label.extra == (self.owner, self.token)
+        return label.kind == HELD_SHARE and obj_id in self.admitted
+
+    def seal(self) -> list[Any]:
+        """The label of an ordinary object this run makes."""
+        return seal(HELD, extra=(self.owner, self.token))
+
+
+_current = threading.local()
+
+
+def current() -> HeldRun | None:
+    """The approved run this thread executes (None: none)."""
+    return getattr(_current, "run", None)
+
+
+class running:
+    """``with running(run):`` this thread executes ``run``'s commands."""
+
+    def __init__(self, run: HeldRun | None) -> None:
+        self.run = run
+
+    def __enter__(self) -> None:
+        self.prior = current()
+        _current.run = self.run
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.run = self.prior
+
+
+def begin(
+    worker_id: str,
+    store: Any,
+    state: dict[str, Any],
+    program_raw: list[Any],
+    bindings: list[int],
+    held: list[list[Any]],
+    outputs: list[int],
+) -> HeldRun | None:
+    """Check a run that declares ``held`` parameter slots (None: an ordinary run): each
+    slot bound to a share of the named parameter delivered by one owner, and the program's
+    digest approved by that owner for this party."""
+    if not held:
+        if outputs:
+            raise NotAllowedError("a run declares output slots only with held parameters")
+        return None
+    owner = None
+    approvals: Any = None
+    admitted: set[int] = set()
+    for item in held:
+        if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
+            raise NotAllowedError("held parameter slots are [slot, name] pairs")
+        slot, name = item
+        if not 0 <= slot < len(bindings) or type(name) is not str:
+            raise NotAllowedError(f"held parameter slot {slot} is out of range")
+        obj_id = bindings[slot]
+        label = Label.of(store.entry(obj_id).sealed)
+        if label is None or label.kind != HELD_SHARE or len(label.extra) != 3:
+            raise NotAllowedError(
+                f"worker {worker_id!r}: slot {slot} ({name!r}) is bound to object {obj_id}, "
+                f"which is not an owner's held share; {RULE}"
+            )
+        o, n, a = label.extra
+        if label.origin != o:
+            raise NotAllowedError(f"a held share of {o!r} must be delivered by {o!r}; {RULE}")
+        if n != name:
+            raise NotAllowedError(
+                f"worker {worker_id!r}: slot {slot} is declared {name!r} but bound to "
+                f"{o!r}'s parameter {n!r}; {RULE}"
+            )
+        if owner is None:
+            owner, approvals = o, a
+        elif o != owner:
+            raise NotAllowedError("one run uses the held parameters of one owner")
+        admitted.add(obj_id)
+    held_slots = {item[0] for item in held}
+    for k, b in enumerate(bindings):  # a parameter is bound to its own slots only
+        if b in admitted and k not in held_slots:
+            raise NotAllowedError(
+                f"worker {worker_id!r}: slot {k} is bound to a held parameter, but only the "
+                f"declared parameter slots take one; {RULE}"
+            )
+    if type(outputs) is not list or not all(type(s) is int for s in outputs):
+        raise NotAllowedError("output slots are ints")
+    if not all(0 <= s < len(bindings) for s in outputs):
+        raise NotAllowedError("an output slot is out of range")
+
+    def kind_of(obj_id: int) -> str:
+        e = store.entry(obj_id)
+        lb = Label.of(e.sealed)
+        return "ordinary" if lb is None else lb.kind
+
+    digest = program_digest(program_raw, held, outputs, worker_id, kind_of)
+    if [worker_id, digest] not in (approvals or []):
+        raise NotAllowedError(
+            f"worker {worker_id!r}: this program (digest {digest[:16]}...) is not a "
+            f"computation {owner!r} approved for this party: record the plan the owner "
+            f"approved (mpc.approve); {RULE}"
+        )
+    token = hashlib.sha256(msgpack.packb([int(b) for b in bindings])).hexdigest()[:32]
+    used: set[str] = state.setdefault(_TOKENS, set())
+    if token in used:
+        raise NotAllowedError("a run's bindings are used once")
+    used.add(token)
+    bound: dict[int, str] = state.setdefault(_BOUND, {})
+    for b in bindings:  # (its nonces among them: see check_instances)
+        bound.setdefault(int(b), token)
+    assert owner is not None
+    return HeldRun(owner, token, admitted, [bindings[s] for s in outputs])
+
+
+def release(store: Any, run: HeldRun) -> None:
+    """After a run without error: its output objects become ordinary objects."""
+    for obj_id in run.outputs:
+        if obj_id in store:
+            entry = store.entry(obj_id)
+            if run.admits(entry.sealed):
+                entry.sealed = False
+
+
+def check_instances(state: dict[str, Any], labels: list[Label]) -> None:
+    """A protocol step outside an approved run may not take material of an instance that
+    an approved run started (its nonce was bound in that run): such a step could finish
+    the run's computation on an intermediate and hand the client an ordinary share."""
+    bound: dict[int, str] = state.get(_BOUND, {})
+    if not bound:
+        return
+    run = current()
+    for label in labels:
+        token = bound.get(label.nonce) if label.nonce else None
+        if token is not None and (run is None or run.token != token):
+            raise NotAllowedError(
+                f"protocol material of instance {label.nonce} belongs to an approved run of "
+                "a held computation: only that run's own steps take it; " + RULE
+            )
+
+
+def check_send(sealed: Any) -> None:
+    """A held object leaves its worker only as its approved run's own delivery."""
+    label = Label.of(sealed)
+    if label is not None and label.kind == HELD:
+        run = current()
+        if run is None or not run.admits(sealed):
+            raise NotAllowedError(
+                "sending an object held for its owner is refused: only its approved run "
+                "sends it, to the peers that run names; " + RULE
+            )
+
+
+__all__ = [
+    "HELD",
+    "HELD_SHARE",
+    "HeldRun",
+    "Policy",
+    "begin",
+    "check_instances",
+    "check_send",
+    "current",
+    "program_digest",
+    "release",
+    "running",
+    "set_policy",
+    "share_seal",
+]

@@ -1,0 +1,219 @@
+"""A model owner's weights shared from its own worker (issue 23, point 3): the client runs
+the plan the owner approved and opens its output, and nothing else (mpc.held,
+pointers.worker.holding). Attacks are sent as a client that does not follow the protocol
+would send them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import mpc
+import pointers as pt
+from mpc.held import HeldError, HeldShared
+from pointers.errors import NotAllowedError, PointerError, RemoteError
+from pointers.wire.messages import RunProgram
+from pointers.worker import holding
+from pointers.worker.sealing import Label
+
+PARTIES = ["alice", "bob"]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+class Deployment:
+    def __init__(self, parties: list[str] = PARTIES) -> None:
+        self.model = _model()
+        self.plain = copy.deepcopy(self.model)  # (the model itself moves to its owner)
+        self.x = torch.randn(8, 4)  # (the shape of the first weight: see the input attack)
+        with torch.no_grad():
+            self.expected = self.model(self.x)
+        # the owner's side: approve, then offer at its own worker
+        approval = mpc.approve(self.model, self.x, parties=parties, crypto_provider="carol")
+        self.owner = pt.VirtualWorker("owner")
+        model_ptr = mpc.offer(self.model, self.owner, approval)
+        # the client's side
+        self.parties = [pt.VirtualWorker(p) for p in parties]
+        self.carol = pt.VirtualWorker("carol")
+        self.held = mpc.share(model_ptr, *self.parties, crypto_provider=self.carol)
+        self.query = mpc.plan(self.held, self.share(self.x))
+
+    def share(self, x: torch.Tensor) -> mpc.SharedTensor:
+        return mpc.share(x, *self.parties, crypto_provider=self.carol)
+
+    @property
+    def weight(self) -> HeldShared:
+        w = self.held[0].weight
+        assert isinstance(w, HeldShared)
+        return w
+
+
+@pytest.fixture(scope="module")
+def dep() -> Deployment:
+    return Deployment()
+
+
+def test_the_approved_plan_opens_its_output(dep: Deployment) -> None:
+    for _ in range(2):  # each query a fresh run
+        x = torch.randn(8, 4)
+        with torch.no_grad():
+            expected = dep.plain(x)
+        out = dep.query(dep.share(x)).get()
+        assert (out - expected).abs().max() < 1e-2
+
+
+def test_three_parties() -> None:
+    d = Deployment(["alice", "bob", "dave"])
+    out = d.query(d.share(d.x)).get()
+    assert (out - d.expected).abs().max() < 1e-2
+
+
+def test_the_client_never_holds_a_weight(dep: Deployment) -> None:
+    w = dep.weight
+    assert not any(isinstance(p, torch.nn.Parameter) and not isinstance(p, HeldShared)
+                   for p in dep.held.parameters())  # fmt: skip
+    with pytest.raises(HeldError, match="never opens"):
+        w.get()
+    with pytest.raises(HeldError, match="approved"):
+        _ = w + 1
+    with pytest.raises(HeldError):
+        dep.held(dep.share(dep.x))  # op by op: refused on the client already
+
+
+def test_a_held_share_is_sealed_at_its_party(dep: Deployment) -> None:
+    share = dep.weight.shares[0]
+    with pytest.raises((RemoteError, NotAllowedError), match="sealed"):
+        share.get()
+    with pytest.raises((RemoteError, NotAllowedError), match="sealed"):
+        (share + 0).get()  # an op on it is refused at the worker
+    with pytest.raises((RemoteError, NotAllowedError, PointerError)):
+        share.copy().move(dep.parties[1])  # it left its owner once, to its party
+
+
+def test_another_computation_is_not_approved(dep: Deployment) -> None:
+    other = mpc.plan(dep.held, dep.share(dep.x), call=lambda m, x: m[0](x))  # W x + b alone
+    with pytest.raises((RemoteError, NotAllowedError, PointerError), match="approved|sealed"):
+        other(dep.share(dep.x)).get()
+
+
+def _capture(dep: Deployment, party: pt.VirtualWorker) -> list[RunProgram]:
+    sent: list[RunProgram] = []
+    post = party.post
+
+    def spy(msg: object) -> object:
+        if isinstance(msg, RunProgram):
+            sent.append(msg)
+        return post(msg)  # type: ignore[arg-type]
+
+    party.post = spy  # type: ignore[method-assign]
+    try:
+        dep.query(dep.share(dep.x)).get()
+    finally:
+        del party.post
+    return sent
+
+
+def test_a_run_is_approved_only_as_recorded(dep: Deployment) -> None:
+    alice = dep.parties[0]
+    (msg,) = _capture(dep, alice)
+    assert msg.held and msg.outputs
+    # the same bindings again: refused (a run's bindings are used once)
+    with pytest.raises((RemoteError, NotAllowedError), match="used once"):
+        alice.request(RunProgram(msg.program_id, msg.bindings, [], msg.held, msg.outputs))
+    fresh = [b + 7 if k not in {s for s, _ in msg.held} else b for k, b in enumerate(msg.bindings)]
+    # another output slot (an intermediate): not the digest the owner approved
+    other_out = [msg.outputs[0] - 1]
+    with pytest.raises((RemoteError, NotAllowedError), match="not a computation"):
+        alice.request(RunProgram(msg.program_id, fresh, [], msg.held, other_out))
+    # two parameters' names swapped: refused before anything runs
+    swapped = [[s, n] for (s, _), (_, n) in zip(msg.held, msg.held[1:] + msg.held[:1])]
+    with pytest.raises((RemoteError, NotAllowedError), match="declared"):
+        alice.request(RunProgram(msg.program_id, fresh, [], swapped, msg.outputs))
+    # outputs without held parameters: refused
+    with pytest.raises((RemoteError, NotAllowedError), match="output slots"):
+        alice.request(RunProgram(msg.program_id, fresh, [], [], msg.outputs))
+
+
+def test_what_a_run_makes_stays_held_but_its_output(dep: Deployment) -> None:
+    alice = dep.parties[0]
+    x = dep.share(dep.x)
+    before = set(alice.store.view())
+    out = dep.query(x)
+    made = set(alice.store.view()) - before
+    output = out.shares[0].id_at_location
+    assert output in made
+    for obj_id in made - {output}:
+        label = Label.of(alice.store.entry(obj_id).sealed)
+        assert label is not None, f"object {obj_id} made by the run is not sealed"
+    assert not alice.store.entry(output).sealed
+    assert (out.get() - dep.expected).abs().max() < 1e-2
+
+
+def test_an_input_bound_to_a_weight_is_refused(dep: Deployment) -> None:
+    variant = dep.query._first
+    w = dep.held[0].weight  # (8, 4): the input's shape
+    weights = [t for m in dep.held for t in (getattr(m, "weight", None), getattr(m, "bias", None))
+               if t is not None]  # fmt: skip
+    with pytest.raises((RemoteError, NotAllowedError, PointerError), match="only the declared"):
+        dep.query._run(variant, (w, *weights), dep.query._held_fields(variant))
+
+
+def test_material_of_a_held_run_is_its_own() -> None:
+    state = {"pointers.holding.bound": {12345: "token-a"}}
+    holding.check_instances(state, [Label("beaver_mask", 7)])  # another instance: fine
+    with pytest.raises(NotAllowedError, match="approved run"):
+        holding.check_instances(state, [Label("beaver_mask", 12345)])
+    run = holding.HeldRun("owner", "token-a", set(), [])
+    with holding.running(run):
+        holding.check_instances(state, [Label("beaver_mask", 12345)])  # its own run
+    other = holding.HeldRun("owner", "token-b", set(), [])
+    with holding.running(other), pytest.raises(NotAllowedError):
+        holding.check_instances(state, [Label("beaver_mask", 12345)])
+
+
+def test_an_owner_without_approvals_shares_nothing() -> None:
+    owner = pt.VirtualWorker("owner2")
+    model_ptr = pt.send(_model(), owner)
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    with pytest.raises((RemoteError, NotAllowedError), match="approves no computation"):
+        mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+
+
+def test_policy_takes_digests_only() -> None:
+    w = pt.VirtualWorker("o")
+    with pytest.raises(ValueError, match="64 hex"):
+        holding.set_policy(w, {"alice": ["short"]})
+    with pytest.raises(TypeError):
+        holding.set_policy(w, {1: ["a" * 64]})  # type: ignore[dict-item]
+
+
+def test_a_tiny_bert_from_its_owner() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=37,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 50, (1, 5))
+    onehot = torch.nn.functional.one_hot(ids, 50).float()
+
+    def call(m: nn.Module, oh: torch.Tensor) -> torch.Tensor:
+        embeds = oh @ m.embeddings.word_embeddings.weight  # private ids: a one-hot product
+        return m(inputs_embeds=embeds).last_hidden_state
+
+    with torch.no_grad():
+        expected = call(model, onehot)
+    approval = mpc.approve(model, onehot, parties=PARTIES, crypto_provider="carol", call=call)
+    model_ptr = mpc.offer(model, pt.VirtualWorker("bert-owner"), approval)
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+    x = mpc.share(onehot, alice, bob, crypto_provider=carol)
+    out = mpc.plan(held, x, call=call)(x).get()
+    assert (out - expected).abs().max() < 5e-2
