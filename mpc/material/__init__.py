@@ -47,6 +47,7 @@ from mpc.material.party import (
 )
 from mpc.material.sizes import declare
 from mpc.material.streams import TAG_T_ARITH, consume, derive
+from mpc.material.tprod import dealer_trunc_products, trunc_products
 from mpc.material.weights import (
     dealer_weight,
     dealer_weight_triple,
@@ -93,6 +94,9 @@ FUNCTIONS = {
 FUNCTIONS.update(
     {"mpc.dealer_fss": dealer_fss, "mpc.fss_unpack": fss_unpack, "mpc.fss_eval": fss_eval}
 )
+FUNCTIONS.update(
+    {"mpc.dealer_trunc_products": dealer_trunc_products, "mpc.trunc_products": trunc_products}
+)
 
 FUNCTIONS.update(HELD_FUNCTIONS)  # (the model owner's step: sized where it is defined)
 
@@ -102,6 +106,7 @@ declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.
 MAKES_MATERIAL = frozenset(
     {
         "mpc.dealer_fss",
+        "mpc.dealer_trunc_products",
         "mpc.fss_unpack",  # (mpc.fss_eval: sealed only when it selects; see rules.py)
         "mpc.new_seed",
         "mpc.dealer_triple",

@@ -390,3 +390,60 @@ DECLARED.update(
         "mpc.fss_eval": (fss_eval, _keeps(2)),
     }
 )
+
+
+# -- products of truncated values (mpc.material.tprod) ---------------------------------
+
+
+def _pair_elems(shapes: list[list[int]], pairs: Any) -> int:
+    """Elements of the products of ``pairs`` (index pairs into ``shapes``)."""
+    if not isinstance(pairs, list) or len(pairs) > 64:
+        raise ValueError("parameter 'pairs' is a list of at most 64 index pairs")
+    total = 0
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError("parameter 'pairs' is a list of index pairs")
+        i, j = (_int(k, "pairs", 0, len(shapes) - 1) for k in pair)
+        try:
+            total += torch.broadcast_shapes(tuple(shapes[i]), tuple(shapes[j])).numel()
+        except RuntimeError as e:
+            raise ValueError(f"the shapes of a pair do not broadcast: {e}") from None
+    return total
+
+
+def dealer_trunc_products(p: dict[str, Any]) -> int:
+    """Each truncation's mask, U and D, and per product element its four terms (twice:
+    the parts and their concatenation) and the others' derived shares."""
+    shapes = p.get("shapes")
+    if not isinstance(shapes, list) or not 1 <= len(shapes) <= 64:
+        raise ValueError("parameter 'shapes' is a list of 1 to 64 shapes")
+    values = sum(numel(s, "shapes") for s in shapes)
+    return WORD * (4 * values + 10 * _pair_elems(shapes, p.get("pairs"))) + SLACK
+
+
+def trunc_products(p: dict[str, Any]) -> int:
+    """Per truncation a few of its elements (U, s, D, m, p, x), per product element the
+    material's four terms and the product's temporaries."""
+    cs = _tensors(p.get("cs"))
+    if not cs:
+        return SLACK
+    shapes = [list(c.shape) for c in cs]
+    values = sum(c.numel() for c in cs)
+    return WORD * (8 * values + 10 * _pair_elems(shapes, p.get("pairs"))) + SLACK
+
+
+def _batch_keeps(per_value: int) -> Any:
+    def keeps(p: dict[str, Any]) -> int:
+        tn = p.get("trunc_nonces")
+        values = min(len(tn), 64) if isinstance(tn, list) else 1
+        return records(p.get("seeds", p.get("seed")), 1 + per_value * values)
+
+    return keeps
+
+
+DECLARED.update(
+    {
+        "mpc.dealer_trunc_products": (dealer_trunc_products, _batch_keeps(1)),
+        "mpc.trunc_products": (trunc_products, _batch_keeps(2)),
+    }
+)

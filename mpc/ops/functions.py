@@ -431,8 +431,8 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by groups of four (4 rounds a
     level: 16 for k = 100), exp on (-inf, 0] by a clamp and a Fourier series (6, see
     :func:`mpc.protocols.approx.exp_nonpositive`), and e / sum by fine bins on the sum in
-    [1, k] and a cubic (10, :func:`mpc.protocols.inverse.times_inverse_power`, relative
-    error 8e-6): 32 rounds for k = 100 (38 with a separate reciprocal and product). An
+    [1, k] and a cubic (8, :func:`mpc.protocols.inverse.times_inverse_power`, relative
+    error 8e-6): 30 rounds for k = 100 (38 with a separate reciprocal and product). An
     input still to be truncated (attention's scores) is read at its full scale: the max,
     the clamp and the series have no products, so its truncation is never paid. Per
     element: about 2.5 comparisons (the max's groups and the clamp) and three products
@@ -511,9 +511,9 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
     the count n is a power of two below 128: a shift; else 1), the squared deviations summed (2),
     then (x - mean) weight / sqrt(S / n + eps) for their sum S by fine bins on S and a
-    cubic (10, :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6;
+    cubic (8, :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6;
     domain: variance in [2^-14, 2^16), n var < 4e6; for n = 2^k <= 64, var < 2^(30 - 3k)):
-    12 rounds for a power-of-two n below 128, 13 otherwise
+    10 rounds for a power-of-two n below 128, 11 otherwise
     (23 and 25 with rsqrt and a product). A shared weight costs no round: (x - mean)
     weight is computed beside the squares, in the same Beaver round and truncation.
     Returns (out, mean, rstd) like torch, rstd as a meta tensor (never formed)."""
@@ -552,7 +552,7 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     sq = prods[0].with_shares([s.sum(dims, keepdim=True) for s in prods[0].shares])
     # the sum of squares S = n var and the weighted deviations come down to WORK and the
     # session's scale in one truncation; then dev / sqrt(S / n + eps) = dev sqrt(n) (S + n
-    # eps)^-1/2 by fine bins on S and a cubic (mpc.protocols.inverse: 10 rounds)
+    # eps)^-1/2 by fine bins on S and a cubic (mpc.protocols.inverse: 8 rounds)
     # (S at up to 36 - log2 n bits: the bins' slopes 1/S keep 8 significant bits at 60 bits)
     scaled = [min(approx.WORK, 36 - math.ceil(math.log2(n)))] + ([_f(x)] if shared_weight else [])
     s_sum, *dw = approx.truncate_many([sq, *prods[1:]], scaled)

@@ -1,6 +1,6 @@
 """v * x^-p (p = 1: a division, p = 1/2: a division by a square root) for a positive
 shared x with few elements and a shared v broadcast over it (issue 25): softmax's division
-by the row sums, layer norm's by the rows' standard deviations, in 10 rounds where the
+by the row sums, layer norm's by the rows' standard deviations, in 8 rounds where the
 reciprocal or rsqrt and the product took 16 (softmax) and 21 (layer norm).
 
 Method. One comparison run of x with fine thresholds theta_k = 2^(lo + k/K) (K per octave)
@@ -14,7 +14,10 @@ cubic f fitted on that interval (relative error 8e-6 for p = 1, 2.2e-6 for p = 1
 2. E u and u^2, with h = C u + D u^2 truncated in the same truncation round;
 3. (E u) h; the result A E + B (E u) + (E u) h is truncated once.
 
-Rounds: 4 (comparison) + 3 x 2 = 10. Per element of x: T = K (hi - lo) + 1 comparisons
+The products of levels 2 and 3 are of values just truncated, so they ride in that
+truncation's round with no opening of their own (:mod:`mpc.protocols.truncmul`): rounds
+4 (comparison; 1 with FSS comparisons) + 1 (level 1) + 1 (truncation and level 2) + 1
+(truncation and level 3) + 1 (truncation) = 8 (5 with FSS); they were 4 + 3 x 2 = 10. Per element of x: T = K (hi - lo) + 1 comparisons
 (x has few elements: a row's sum or variance); per element of v: three products whose
 other operand is x's size (broadcast: v's own openings only).
 
@@ -35,6 +38,7 @@ import torch
 
 from mpc.protocols.approx import WORK, Fx, fit, select, step_bits, truncate_many
 from mpc.protocols.arith import BeaverRun, Round
+from mpc.protocols.truncmul import truncate_and_multiply
 
 PER_OCTAVE = 4
 COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
@@ -98,7 +102,7 @@ def times_inverse_power(
     per_octave: int = PER_OCTAVE,
 ) -> Fx:
     """[v * mult * x^-p] at scale ``out`` (x positive, in [2^lo, 2^hi): the module
-    docstring), in 10 rounds. v's shape broadcasts x's (x: one value per row)."""
+    docstring), in 8 rounds. v's shape broadcasts x's (x: one value per row)."""
     thresholds, betas, gammas, gs, bscale, gscale, coefs = _table(
         p, lo, hi, per_octave, x.scale, mult
     )
@@ -109,14 +113,15 @@ def times_inverse_power(
     g = select(x, bits, gs, gscale)
     # level 1: z = beta x + gamma, E = v g
     zr, er = _levels([(x, beta), (v, g)])
-    z, e = truncate_many([zr.add(gamma), er], [WORK, WORK])
-    u = z.add_public(-1.0)
-    # level 2: E u, and h = C u + D u^2 (one truncation round for both)
-    eur, u2r = _levels([(e, u), (u, u)])
+    # z and E truncated, u = z - 1, and level 2's E u and u^2 from the same round
+    # (mpc.protocols.truncmul: products of freshly truncated values need no opening)
+    (u, e), (eur, u2r) = truncate_and_multiply(
+        [zr.add(gamma), er], [WORK, WORK], [-1.0, 0.0], [(1, 0), (0, 0)]
+    )
+    # h = C u + D u^2; E u and h truncated, and level 3's (E u) h in the same round
     hr = u.times_public(c, COEF_BITS).lift(2 * WORK + COEF_BITS)
     hr = hr.add(u2r.times_public(d, COEF_BITS))
-    eu, h = truncate_many([eur, hr], [WORK, WORK])
-    # level 3: (E u) h, then A E + B E u + E u h truncated once
-    (euh,) = _levels([(eu, h)])
+    (eu, h), (euh,) = truncate_and_multiply([eur, hr], [WORK, WORK], [0.0, 0.0], [(0, 1)])
+    # A E + B E u + E u h, truncated once
     total = e.times_public(a, WORK).add(eu.times_public(b, WORK)).add(euh)
     return truncate_many([total], [out])[0]

@@ -1,0 +1,119 @@
+"""Truncations whose results are multiplied in the same round (mpc/protocols/truncmul.py,
+mpc/material/tprod.py; issue 25): against the exact ring arithmetic, for 2 and 3 parties,
+with broadcasting, a square and public offsets, in one round that opens only the
+truncations' c; and the steps bound to their batch, run once (as tests/test_sealing_attacks.py
+does for the other steps)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from test_sealing_attacks import Recorder, _refused, step
+
+import mpc
+import pointers as pt
+from mpc.config import MPCConfig
+from mpc.protocols.approx import Fx
+from mpc.protocols.truncmul import truncate_and_multiply
+from mpc.shared import SharedTensor, share_tensor
+
+I64 = torch.int64
+
+
+def _open(session: Any, shares: list[Any]) -> torch.Tensor:
+    return SharedTensor(list(shares), session, 0, I64).get()
+
+
+def _batch(parties: list[Any], dealer: Any) -> tuple[Any, list[torch.Tensor], list[Fx]]:
+    session = mpc.share(torch.zeros(1), *parties, crypto_provider=dealer).session
+    gen = torch.Generator().manual_seed(3)
+    # z at 48 and 40 fractional bits, truncated by 24 and 20: |z| up to 2^61 and down to
+    # 0, negative and positive, the second one per row (broadcast over the first)
+    z0 = torch.randint(-(1 << 61), 1 << 61, (5, 7), generator=gen, dtype=I64)
+    z0[0, :4] = torch.tensor([0, -1, 1 << 24, -(1 << 24)])
+    z1 = torch.randint(-(1 << 50), 1 << 50, (5, 1), generator=gen, dtype=I64)
+    zs = [z0, z1]
+    fx = [Fx(session, share_tensor(z, session).shares, s) for z, s in zip(zs, (48, 40))]
+    return session, zs, fx
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_products_of_truncated_values_are_exact_in_one_round(n: int) -> None:
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(n)]
+    dealer = pt.VirtualWorker("dealer")
+    session, zs, fx = _batch(parties, dealer)
+    offsets = [-1.0, 0.25]
+    pairs = [(0, 1), (1, 1), (0, 0), (1, 0)]
+    with mpc.stats() as s:
+        xs, prods = truncate_and_multiply(fx, [24, 20], offsets, pairs)
+    assert s.rounds == 1
+    # only the truncations' c travel (8 bytes an element to each peer; headers aside)
+    payload = 8 * (35 + 5) * (n - 1)
+    for sent in s.bytes_per_party.values():
+        assert payload <= sent <= payload + 96 * (n - 1)
+    got = [_open(session, x.shares) for x in xs]
+    for z, bits, off, scale, x, g in zip(zs, [24, 20], offsets, [24, 20], xs, got):
+        assert x.scale == scale
+        want = (z >> bits) + int(off * 2**scale)
+        assert set((g - want).unique().tolist()) <= {0, 1}  # floor, or one more
+    for (i, j), p in zip(pairs, prods):
+        assert p.scale == xs[i].scale + xs[j].scale
+        assert torch.equal(_open(session, p.shares), got[i] * got[j])  # exact mod 2^64
+
+
+@pytest.mark.parametrize(("comparison", "rounds"), [("default", 22), ("fss", 13)])
+def test_softmax_division_takes_two_rounds_fewer(comparison: str, rounds: int) -> None:
+    """softmax against torch: its division (mpc.protocols.inverse) has its products of
+    truncated values ride in the truncations' rounds, 8 rounds (5 with FSS comparisons)
+    where it took 10 (7). Default: the max of 9 (8), the clamp and the series (6), the
+    division (8); FSS: 4, 4 and 5."""
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
+    dealer = pt.VirtualWorker("dealer")
+    x = torch.rand(6, 9) * 4
+    config = MPCConfig(comparison=comparison)
+    sx = mpc.share(x, *parties, crypto_provider=dealer, config=config)
+    with mpc.stats() as s:
+        out = torch.softmax(sx, -1)
+        out.materialize()
+    assert torch.allclose(out.get(), torch.softmax(x, -1), atol=2e-4)
+    assert s.rounds == rounds
+
+
+@pytest.fixture
+def trio(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any]:
+    return tuple(make_worker(n) for n in ("alice", "bob", "carol"))  # type: ignore[return-value]
+
+
+def test_the_batch_steps_run_once_on_their_own_truncations(
+    trio: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parties' step again (its opened c, corrections and products are spent), the
+    plain truncation's finish on a c the batch used, and the dealer's products again for
+    a truncation already in a batch: all refused."""
+    alice, bob, carol = trio
+    rec = Recorder(monkeypatch)
+    session, zs, fx = _batch([alice, bob], carol)
+    xs, prods = truncate_and_multiply(fx, [24, 20], [0.0, 0.0], [(0, 1)])
+    got = [_open(session, x.shares) for x in xs]
+    assert torch.equal(_open(session, prods[0].shares), got[0] * got[1])
+    calls = [c for c in rec.of("mpc.trunc_products") if c[0] is alice]
+    assert len(calls) == 1
+    _, _, args, _ = calls[0]
+    out = [((5, 7), I64), ((5, 1), I64), ((5, 7), I64)]
+    _refused(alice, lambda: step(alice, "mpc.trunc_products", args, out), "spent|takes a")
+    seed, cs, tn = args[0], args[5], args[6]
+    _refused(
+        alice,
+        lambda: step(alice, "mpc.trunc_finish", [seed, tn[0], True, None, cs[0], 24], out[:1]),
+        "spent|takes a",
+    )
+    (_, _, dargs, _) = rec.of("mpc.dealer_trunc_products")[0]
+    again = [dargs[0], session.next_nonce(), *dargs[2:]]
+    _refused(
+        carol,
+        lambda: step(carol, "mpc.dealer_trunc_products", again, [((1,), I64)]),
+        "already used",
+    )
