@@ -193,41 +193,58 @@ def _keys(trio: Any, n: int = 3, select: bool = False) -> tuple[Any, list[Any], 
     s = x.session
     nonce = s.next_nonce()
     words = 190 * n
-    k0, k1 = pt.call_function(
+    cw, k1 = pt.call_function(
         carol,
         "mpc.dealer_fss",
         [s.dealer_seeds, nonce, [n], [], None, select, 64],
-        out=[((words,), torch.int64), ((words + n + (n if select else 0),), torch.int64)],
+        out=[((words,), torch.int64), ((n + (n if select else 0),), torch.int64)],
     )
-    return s, [k0, k1], nonce, x
+    return s, [cw, k1], nonce, x
 
 
 def test_a_client_cannot_read_or_misuse_a_key(trio: Any) -> None:
     """The dealer's keys are sealed: no client fetches one at the dealer or at a party;
-    party 0 cannot take the last party's key, nor the last party party 0's; a key is
-    evaluated once, on the opened value of its own instance only."""
+    party 0 cannot take the last party's part of the key; the correction words (one
+    object, common to both keys) go to each party once and no further; a key is evaluated
+    once, on the opened value of its own instance only."""
     alice, bob, carol = trio
-    s, (k0, k1), nonce, x = _keys(trio)
-    for k in (k0, k1):
+    s, (cw, k1), nonce, x = _keys(trio)
+    for k in (cw, k1):
         with pytest.raises(pt.RemoteError, match="sealed"):
             k.get()
-    wrong = k1.move(alice)  # the last party's key sent to party 0
-    k0 = k0.move(alice)
+    wrong = k1.move(alice)  # the last party's part sent to party 0
+    cw0, cw1 = cw.copy_to(alice, lend=True), cw.copy_to(bob, lend=True)
     seed = s.party_seeds
-    shapes = [[190 * 3 + 3]]
     with pytest.raises(pt.RemoteError, match="party 0 takes"):
         pt.call_function(
-            alice, "mpc.fss_unpack", [seed[0], nonce, wrong, shapes], out=[((573,), torch.int64)]
+            alice, "mpc.fss_unpack", [seed[0], nonce, wrong, [[3]]], out=[((3,), torch.int64)]
         )
         alice.request(Describe([]))
-    with pytest.raises(pt.RemoteError, match="sealed"):
-        k0.get()
+    with pytest.raises(pt.RemoteError, match="again"):  # a third delivery
+        cw.copy_to(bob)
+        bob.request(Describe([]))
+        carol.request(Describe([]))
+    with pytest.raises(pt.RemoteError, match="again"):  # nor on from a party
+        cw0.copy_to(bob)
+        alice.request(Describe([]))
+    for k in (cw0, cw1):
+        with pytest.raises(pt.RemoteError, match="sealed"):
+            k.get()
+    # party 0 with the last party's share of u: refused
+    with pytest.raises(pt.RemoteError, match="only the last party|protocol material|takes a"):
+        pt.call_function(
+            alice,
+            "mpc.fss_eval",
+            [seed[0], nonce, True, cw0, wrong, x.shares[0], 64],
+            out=[((3,), torch.int64)],
+        )
+        alice.request(Describe([]))
     # a key is evaluated only at the opened c of its own instance, not on a share
     with pytest.raises(pt.RemoteError, match="protocol material|takes a"):
         pt.call_function(
             alice,
             "mpc.fss_eval",
-            [seed[0], nonce, True, k0, x.shares[0], 64],
+            [seed[0], nonce, True, cw0, None, x.shares[0], 64],
             out=[((3,), torch.int64)],
         )
         alice.request(Describe([]))

@@ -23,9 +23,12 @@ the selections ride on the daBit t exactly as in the default protocol
 complement, has x's sign: at k = 64, every ring element.
 
 Key material per element: the DCF's correction words (:func:`mpc.math.dcf.key_words`,
-common to both parties: 1,520 bytes at k = 64) travel to each party; the root seeds are
-derived from each party's session seed; the last party also gets its share of u (and
-with a selection, of t and of the selections' products).
+common to both parties: 1,520 bytes at k = 64) are one object at the dealer, delivered to
+each party (in process the parties read the dealer's buffer: no copy); the root seeds
+are derived from each party's session seed; the last party also gets, in a second
+delivery, its share of u (and with a selection, of t and of the selections' products).
+Before issue 25's follow-up the last party's correction words travelled inside one packed
+tensor with its share of u: the dealer built them twice (a copy of every key).
 """
 
 from __future__ import annotations
@@ -78,9 +81,9 @@ def dealer_fss(
     select: bool,
     bits: int,
 ) -> list[torch.Tensor]:
-    """The two parties' keys (see the module docstring): party 0's correction words, and
-    the last party's correction words followed by its share of u, then with ``select``
-    its share of the daBit t and the selections' material
+    """The keys (see the module docstring): the correction words, one object that goes
+    to both parties, and the last party's share of u, then with ``select`` its share of
+    the daBit t and the selections' material
     (:func:`~mpc.material.dealer.selection_material`), flat."""
     if len(seeds) != 2:
         raise ValueError("the FSS comparison is for 2 parties")
@@ -101,19 +104,19 @@ def dealer_fss(
         derive(seeds[1], nonce, TAG_FSS_ROOT, [n, 2]),
     )
     cw = dcf.gen(r & _low(bits), 1 - 2 * u, bits - 1, roots).reshape(-1)
-    parts = [cw, u - derive(seeds[0], nonce, TAG_U, [n])]
+    parts = [u - derive(seeds[0], nonce, TAG_U, [n])]
     if select:
         parts.append((t - derive(seeds[0], nonce, TAG_T_ARITH, shape)).reshape(-1))
         parts += selection_material(ctx, seeds, t, shape, product_nonces, group_nonce)
-    return [cw, torch.cat(parts)]
+    return [cw, torch.cat(parts) if len(parts) > 1 else parts[0]]
 
 
 @protocol_function(rules.fss_unpack)
 def fss_unpack(
     ctx: Any, seed: torch.Tensor, nonce: int, packed: torch.Tensor, shapes: list[list[int]]
 ) -> list[torch.Tensor]:
-    """The last party splits its key: the key (correction words and its share of u), then
-    with a selection its daBit share and the selections' material (views)."""
+    """The last party splits its part of the key: its share of u, then with a selection
+    its daBit share and the selections' material (views)."""
     return unpack(ctx, packed, shapes)
 
 
@@ -124,21 +127,25 @@ def fss_eval(
     nonce: int,
     first: bool,
     key: torch.Tensor,
+    u: torch.Tensor | None,
     c: torch.Tensor,
     bits: int,
 ) -> torch.Tensor:
-    """The party's share of m ^ t (see the module docstring) from its key (party 0: the
-    correction words; the last party: followed by its share of u) and the opened c."""
+    """The party's share of m ^ t (see the module docstring) from the correction words
+    ``key`` (read only: in process both parties read the dealer's one object), its share
+    of u (the last party: dealt, ``u``; party 0: derived) and the opened c."""
     check_bits(bits)
     consume(ctx, [seed], nonce, TAG_FSS_ROOT, *([TAG_U] if first else []))
     n = c.numel()
     w = words(n, bits)
-    if key.dim() != 1 or key.numel() != w + (0 if first else n):
-        raise ValueError(f"a key of {key.numel()} words for {n} elements at {bits} bits")
+    if key.dim() != 1 or key.numel() != w:
+        raise ValueError(f"correction words of {key.numel()} words for {n} elements at {bits} bits")
+    if (u is None) != first or (u is not None and (u.dim() != 1 or u.numel() != n)):
+        raise ValueError(f"the last party's share of u is {n} words (party 0 derives its own)")
     root = derive(seed, nonce, TAG_FSS_ROOT, [n, 2])
     flat = c.reshape(-1)
-    y = dcf.evaluate(0 if first else 1, root, key[:w].view(-1, n), flat & _low(bits), bits - 1)
-    y += derive(seed, nonce, TAG_U, [n]) if first else key[w:]
+    y = dcf.evaluate(0 if first else 1, root, key.view(-1, n), flat & _low(bits), bits - 1)
+    y += derive(seed, nonce, TAG_U, [n]) if u is None else u
     top = (flat >> (bits - 1)) & 1
     y *= 1 - 2 * top
     if first:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from mpc.math import carry4, dcf, group4
+from mpc.math import carry4, group4
 from pointers.worker.sealing import Label, ProtocolCall, seal
 
 SEED = "seed"
@@ -496,7 +496,8 @@ D_OPENED = (OPENED + "cmp.d", OPENED + "fss.d")
 
 
 def dealer_fss(call: ProtocolCall) -> Any:
-    """Two keys, one for each of the 2 parties (``index``: the party's place)."""
+    """The correction words, common to both keys (one object, a delivery to each of the
+    2 parties), and the last party's part (index 1: the party's place)."""
     _dealer_seeds(call)
     if len(call.materials("seeds", SEED, "the dealer's seeds")) != 2:
         raise call.refuse("the FSS comparison is for 2 parties")
@@ -506,11 +507,14 @@ def dealer_fss(call: ProtocolCall) -> Any:
     keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
     extra = tuple(call.value(k) for k in keys)
     nonce = _nonce(call)
-    return [seal("dealer.fss", nonce, i, deliveries=1, extra=extra) for i in (0, 1)]
+    return [
+        seal("dealer.fss.cw", nonce, deliveries=2, extra=extra[:2]),
+        seal("dealer.fss", nonce, 1, deliveries=1, extra=extra),
+    ]
 
 
 def fss_unpack(call: ProtocolCall) -> Any:
-    """The last party splits its own key (the index the dealer gave it) once."""
+    """The last party splits its own part of the key (the index the dealer gave it) once."""
     nonce = _nonce(call)
     seed = _party_seed(call)
     label = call.material("packed", "dealer.fss", nonce, local=False, consume=True)
@@ -521,14 +525,14 @@ def fss_unpack(call: ProtocolCall) -> Any:
     n = 1
     for d in shape:
         n *= d
-    want = [[dcf.key_words(bits - 1) * n + n]]
+    want = [[n]]
     if select:
         want += [shape] * (1 + len(products))
         if group is not None:
             want += [[(len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)) * shape[0]]]
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's FSS key")
-    seals = [seal("fss.key", nonce, seed.index, extra=(select, bits))]
+    seals = [seal("fss.u", nonce, seed.index, extra=(select, bits))]
     if select:
         seals.append(seal("dealer.cmp.tarith", nonce))
         seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
@@ -538,17 +542,17 @@ def fss_unpack(call: ProtocolCall) -> Any:
 
 
 def fss_eval(call: ProtocolCall) -> Any:
-    """A party evaluates its own key once, at the opened c of the same instance: party 0
-    the key delivered to it, the last party the key it split. With a selection the
-    result is d's share (opened next), else the comparison's result."""
+    """A party evaluates the key once, at the opened c of the same instance: the
+    correction words delivered to it (each party its own copy, consumed), and at the last
+    party its share of u that it split from its own part. With a selection the result is
+    d's share (opened next), else the comparison's result."""
     nonce = _nonce(call)
-    seed = _party_seed(call)
-    key = call.material("key", ("dealer.fss", "fss.key"), nonce, consume=True)
+    seed = _party_seed(call, "u")
+    key = call.material("key", "dealer.fss.cw", nonce, local=False, consume=True)
     assert key is not None
-    if key.index != seed.index or (key.kind == "dealer.fss") != (seed.index == 0):
-        raise call.refuse(f"party {seed.index} takes its own key, not party {key.index}'s")
-    if key.kind == "dealer.fss" and key.local:
-        raise call.refuse("party 0's key is the dealer's delivery")
+    u = call.material("u", "fss.u", nonce, local=True, optional=True, consume=True)
+    if u is not None and u.index != seed.index:
+        raise call.refuse(f"party {seed.index} takes its own key, not party {u.index}'s")
     select, bits = key.extra[0], key.extra[1]
     if call.value("bits") != bits:
         raise call.refuse(f"the key reads {bits} bits")

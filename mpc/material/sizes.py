@@ -363,14 +363,15 @@ def _fss_words(p: dict[str, Any], n: int) -> int:
 
 
 def dealer_fss(p: dict[str, Any]) -> int:
-    """The correction words twice (party 0's, and the last party's in its packed key) and
-    half again for the copies on the way (measured: 2.15 times the correction words of a
-    max-pool's 98,304 comparisons, all included; tests/test_mpc_fss_costs.py), the mask,
-    roots and payloads (a few words an element) and the selections."""
+    """The correction words once (one object for both parties) and half again for the
+    copies on the way (measured: 1.14 times the correction words of a max-pool's 98,304
+    comparisons, all included, where it was 2.15 while the last party's copy was packed
+    with its share of u; tests/test_mpc_fss_costs.py), the mask, roots and payloads (a few
+    words an element) and the selections."""
     n = numel(p.get("shape"))
     group = 30 if p.get("group_nonce") is not None else 0
     extra = (2 * _selected(p) + 24 + group) * n
-    return WORD * (5 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
+    return WORD * (3 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
 
 
 def dealer_fss_keeps(p: dict[str, Any]) -> int:

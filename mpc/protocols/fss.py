@@ -2,8 +2,9 @@
 (2 parties; the steps and their algebra: :mod:`mpc.material.fss`, the DCF:
 :mod:`mpc.math.dcf`).
 
-Offline, one dealer call deals both parties' DCF keys (and the last party's shares of the
-mask's top bit, of the daBit and of the selections' products), one delivery to each party.
+Offline, one dealer call deals both parties' DCF keys: the correction words, one object
+delivered to each party, and the last party's shares of the mask's top bit, of the daBit
+and of the selections' products, a second delivery to it.
 Online:
 
 - msb / lt / gt: round 1 opens c = x + r; each party evaluates its key at c (local) and
@@ -65,23 +66,24 @@ class FssRun(_MsbRun):
         seed = session.party_seeds
         n = _numel(shape)
 
-        # offline: the keys, one delivery to each party
+        # offline: the correction words, one object delivered to each party (in process
+        # both read the dealer's buffer), and the last party's part of its key
         w = material.words(n, bits)
-        shapes: list[list[int]] = [[w + n]]
+        shapes: list[list[int]] = [[n]]
         if select:
             shapes += [shape] * (1 + selected)
             if group is not None:
                 terms = len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)
                 shapes.append([terms * shape[0]])
         dealer = session.require_dealer("comparison of secret values")
-        key0, key1 = call(
+        cw, key1 = call(
             dealer,
             "mpc.dealer_fss",
             [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits],
             out=[([w], I64), ([sum(_numel(s) for s in shapes)], I64)],
         )
         first_party, last_party = session.parties
-        key0 = key0.move(first_party)
+        cws = [cw.copy_to(party, lend=True) for party in session.parties]  # (read only)
         key1 = key1.move(last_party)
 
         # round 1: c = x + r, the products' e, the truncation's and the groups' openings
@@ -96,11 +98,11 @@ class FssRun(_MsbRun):
             [seed[1], nonce, key1, shapes],
             out=[(sh, I64) for sh in shapes],
         )
-        keys = [key0, dealt[0]]
+        us = [None, dealt[0]]
         (out,) = at_parties(
             session,
             "mpc.fss_eval",
-            lambda i: [seed[i], nonce, i == 0, keys[i], c.value[i], bits],
+            lambda i: [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits],
             [(shape, I64)],
         )
         if not select:
