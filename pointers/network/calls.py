@@ -16,6 +16,7 @@ Imports the context, the framing and the transport; never
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -99,8 +100,8 @@ class Item:
 class Flight:
     """A call of commands that left before the answer of the call before it: its gRPC
     future, its items, how many frames it carried, its announcements, the sync that rode
-    in it, and (with a sync) what it was made of, to send it again if it never reached the
-    worker."""
+    in it, (with a sync) what it was made of, to send it again if it never reached the
+    worker, and when its gRPC deadline ends (``expires``, on ``time.monotonic``)."""
 
     __slots__ = (
         "call",
@@ -112,6 +113,7 @@ class Flight:
         "frames",
         "first_seq",
         "sent_at",
+        "expires",
     )
 
     def __init__(
@@ -125,10 +127,11 @@ class Flight:
         frames: list[Any],
         first_seq: int,
         sent_at: float,
+        expires: float = math.inf,
     ) -> None:
         self.call, self.sent, self.nframes, self.expects = call, sent, nframes, expects
         self.sync, self.info, self.frames, self.first_seq = sync, info, frames, first_seq
-        self.sent_at = sent_at
+        self.sent_at, self.expires = sent_at, expires
 
 
 class Answers:

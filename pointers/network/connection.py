@@ -511,7 +511,12 @@ class Connection(Answers):
         data = encode_envelope(info, frames)
         self._sent_at = time.monotonic()
         if pipelined:
-            call = self._exec.future(data, timeout=self.timeout, metadata=self.metadata)
+            # the worker runs it after the calls in flight, however long they run: its own
+            # timeout counts from the end of theirs (with none in flight, from now)
+            with self._cond:
+                before = self._flight[-1].expires if self._flight else self._sent_at
+            timeout = self.timeout + max(before - self._sent_at, 0.0)
+            call = self._exec.future(data, timeout=timeout, metadata=self.metadata)
             first = sent[0].seq if sent else (sync.seq if sync is not None else 0)
             with self._cond:
                 self._flight.append(
@@ -525,6 +530,7 @@ class Connection(Answers):
                         frames if sync is not None else [],  # (kept only to resend a sync)
                         first,
                         self._sent_at,
+                        self._sent_at + timeout,
                     )
                 )
             call.add_done_callback(self._wake)

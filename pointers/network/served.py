@@ -117,6 +117,8 @@ class ServedWorker(Worker):
         self.store.on_wait_failed = self._forget_unreachable
         self._order_cond = threading.Condition()
         self._order_next: dict[str, int] = {}  # connection token -> the next call's number
+        # connection token -> the numbers of its calls here (waiting for their turn, running)
+        self._order_here: dict[str, set[int]] = {}
         self._turn_waiters = 0
         # queued deliveries that failed, not reported yet: (peer unreachable, message)
         self._lost_deliveries: list[tuple[bool, str]] = []
@@ -276,12 +278,18 @@ class ServedWorker(Worker):
     MAX_TURN_WAITERS = 16  # calls of a session waiting for their turn at once (threads)
 
     def wait_turn(self, token: str, number: int, pipelined: bool) -> None:
-        """Wait until the calls a pipelined call left after have run here (bounded by
-        the deadline: a call that never comes is not waited for longer). A call older
-        than one that already ran is refused: its place is gone."""
-        if not pipelined:
-            return
+        """Wait until the calls a pipelined call left after have run here. A call before
+        it that came (it runs, or waits for its own turn) is waited for as long as it
+        runs, however long that is: running this one first would run its commands before
+        those posted earlier (an op on an object that call makes, a delete before a use).
+        Only a call that did not come is waited for at most the deadline (counted from the
+        last call of the connection that ended here), then this one runs anyway. A call
+        older than one that already ran is refused: its place is gone."""
         with self._order_cond:
+            here = self._order_here.setdefault(token, set())
+            here.add(number)  # (until end_turn, which the caller always calls)
+            if not pipelined:
+                return
             nxt = self._order_next.get(token)
             if nxt is not None and number > nxt + self.MAX_CALLS_AHEAD:
                 raise PointerError(
@@ -293,15 +301,21 @@ class ServedWorker(Worker):
                     f"worker {self.id!r}: {self._turn_waiters} calls of this session already "
                     "wait for the calls before them; send fewer at once"
                 )
-            end = time.monotonic() + self.store.deadline
+            deadline = self.store.deadline
+            end = time.monotonic() + deadline
             self._turn_waiters += 1
             try:
                 while number > (nxt or 0):  # (None: none of its calls ran here yet)
+                    if any(n < number for n in here):  # an earlier call is here: it ends
+                        end = time.monotonic() + deadline
                     left = end - time.monotonic()
                     if left <= 0:
                         return  # the calls before it did not come: run it anyway
                     self._order_cond.wait(left)
-                    nxt = self._order_next.get(token)
+                    ran = self._order_next.get(token)
+                    if ran != nxt:  # a call ended: the wait for the next one starts now
+                        end = time.monotonic() + deadline
+                    nxt = ran
             finally:
                 self._turn_waiters -= 1
             nxt = nxt or 0
@@ -313,6 +327,11 @@ class ServedWorker(Worker):
 
     def end_turn(self, token: str, number: int) -> None:
         with self._order_cond:
+            here = self._order_here.get(token)
+            if here is not None:
+                here.discard(number)
+                if not here:
+                    del self._order_here[token]
             order = self._order_next
             if token not in order and len(order) >= self.MAX_CONNECTIONS_ORDERED:
                 del order[next(iter(order))]  # the oldest connection's
