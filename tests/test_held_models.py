@@ -6,6 +6,8 @@ would send them."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -217,3 +219,35 @@ def test_a_tiny_bert_from_its_owner() -> None:
     x = mpc.share(onehot, alice, bob, crypto_provider=carol)
     out = mpc.plan(held, x, call=call)(x).get()
     assert (out - expected).abs().max() < 5e-2
+
+
+def test_network_workers(tmp_path: Path) -> None:
+    """The same deployment on served workers: the owner's worker holds its approvals
+    from ``serve --approvals``; the parties check every run; the client opens only the
+    output."""
+    from network_fixtures import Cluster
+
+    model = _model()
+    plain = copy.deepcopy(model)
+    x = torch.randn(8, 4)
+    approval = mpc.approve(model, x, parties=PARTIES, crypto_provider="carol")
+    path = tmp_path / "approvals.json"
+    path.write_text(json.dumps(approval))
+    cluster = Cluster(tmp_path, ["owner", "alice", "bob", "carol"], args=["--approvals", str(path)])
+    cluster.start()
+    try:
+        owner, alice, bob, carol = (cluster.connect(w) for w in ("owner", "alice", "bob", "carol"))
+        model_ptr = pt.send(model, owner)  # (the owner's own model at its worker)
+        held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+        xs = mpc.share(x, alice, bob, crypto_provider=carol)
+        query = mpc.plan(held, xs)
+        with torch.no_grad():
+            expected = plain(x)
+        assert (query(xs).get() - expected).abs().max() < 1e-2
+        with pytest.raises((RemoteError, NotAllowedError), match="sealed"):
+            held[0].weight.shares[0].get()
+        other = mpc.plan(held, xs, call=lambda m, v: m[0](v))
+        with pytest.raises((RemoteError, NotAllowedError, PointerError), match="approved"):
+            other(xs).get()
+    finally:
+        cluster.stop()

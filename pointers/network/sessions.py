@@ -29,6 +29,7 @@ from pointers.network.peers import PeerLinks
 from pointers.network.quotas import FairProgramPool
 from pointers.network.served import ServedWorker
 from pointers.network.transport import IDENTITY_METADATA
+from pointers.worker import holding
 
 
 class Sessions(PeerLinks):
@@ -69,6 +70,11 @@ class Sessions(PeerLinks):
                     max_objects=cfg.max_objects,
                     programs=self.programs,
                 )
+                if cfg.approvals:  # the owner's policy (held values), not the client's
+                    by_party: dict[str, list[str]] = {}
+                    for party, digest in cfg.approvals:
+                        by_party.setdefault(party, []).append(digest)
+                    holding.set_policy(ns, by_party)
                 if self._expired.pop(key, None) is not None:
                     ns.store.note = (
                         f" (this client's earlier objects here were freed when its session's "
