@@ -326,6 +326,19 @@ def test_ring_matmul_matches_wraparound_reference(
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((32, 300), (300, 7)), ((2, 20, 64), (64, 33)), ((3, 16, 9), (3, 9, 5)), ((17, 8), (8,))],
+)
+def test_ring_matmul_with_many_rows_is_exact(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    """From mpc.math.ring._COLUMNS_FROM rows, b is laid out column-major first: the same
+    wrap-around result, for a row-major b, a transposed view and a batched one."""
+    a = ring_values(b"rows" * 4, sa, "uniform")
+    b = ring_values(b"cols" * 4, sb, "uniform")
+    for bb in (b, b.transpose(-1, -2).contiguous().transpose(-1, -2) if b.dim() > 1 else b):
+        assert torch.equal(ring_matmul(a, bb, method="int64"), np_matmul(a, b))
+
+
 @pytest.mark.parametrize("shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((2, 0, 5), (5, 1))])
 def test_ring_matmul_empty(shape: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
     a, b = torch.ones(shape[0], dtype=torch.int64), torch.ones(shape[1], dtype=torch.int64)
