@@ -488,11 +488,17 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         # a full-size model's shares, its weights' instances and a prefill's comparisons
         # take a client past the default 4 GiB per worker (GPT-2 small: about 6 GB)
         server_args = ["--max-stored-mb", str(HF_STORED_MB)]
+        # a party waits for the crypto provider's share of each product while the provider
+        # computes it; at BERT-base's size one such product (the one-hot rows times a
+        # 10922-row piece of the embedding table) takes 3 to 40 s, so a provider that lags
+        # on a loaded machine passed the default 10 s (PartyUnavailable "waited 10 s")
+        server_args += ["--deadline", str(HF_DEADLINE)]
         # glibc keeps freed large tensors in its heap once its dynamic mmap threshold has
         # grown: a BERT-base party process reached 13 GB (2 layers: 3.5 GB, 1.2 GB with this)
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
         print(
-            f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB}, with "
+            f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB} --deadline "
+            f"{HF_DEADLINE}, with "
             f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']})",
             file=sys.stderr,
         )
@@ -501,6 +507,7 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
 
 HF_WORKLOADS = ("W14", "W15", "W16")
 HF_STORED_MB = 16384
+HF_DEADLINE = 120  # seconds (serve --deadline): the client's own call timeout
 
 
 def _finite(obj: Any) -> Any:
