@@ -297,7 +297,9 @@ class HeldPlan(SharedPlan):
         out = {}
         n = self.session.n
         for i, party in enumerate(self.session.parties):
-            pairs = []
+            pairs: list[list[Any]] = []
+            for j in range(self.k_inputs):  # the client's inputs (name None)
+                pairs.append([variant.slots.kind.index(("input", j * n + i)), None])
             for j, name in enumerate(self.names):
                 k = (self.k_inputs + j) * n + i  # the flattened inputs' index of that share
                 slot = variant.slots.kind.index(("input", k))

@@ -17,7 +17,8 @@ import mpc
 import pointers as pt
 from mpc.held import HeldError, HeldShared
 from pointers.errors import NotAllowedError, PointerError, RemoteError
-from pointers.wire.messages import RunProgram
+from pointers.wire.messages import ExecuteOp, RunProgram
+from pointers.wire.serde import Ref
 from pointers.worker import holding
 from pointers.worker.sealing import Label
 
@@ -134,9 +135,18 @@ def test_a_run_is_approved_only_as_recorded(dep: Deployment) -> None:
     with pytest.raises((RemoteError, NotAllowedError), match="not a computation"):
         alice.request(RunProgram(msg.program_id, fresh, [], msg.held, other_out))
     # two parameters' names swapped: refused before anything runs
-    swapped = [[s, n] for (s, _), (_, n) in zip(msg.held, msg.held[1:] + msg.held[:1])]
+    inputs = [item for item in msg.held if item[1] is None]
+    params = [item for item in msg.held if item[1] is not None]
+    swapped = inputs + [[s, n] for (s, _), (_, n) in zip(params, params[1:] + params[:1])]
     with pytest.raises((RemoteError, NotAllowedError), match="declared"):
         alice.request(RunProgram(msg.program_id, fresh, [], swapped, msg.outputs))
+    # the output's id bound to a second slot too (the run would write another value there)
+    twice = list(fresh)
+    other_slot = next(k for k in range(len(twice)) if k != msg.outputs[0] and k not in
+                      {s for s, _ in msg.held})  # fmt: skip
+    twice[other_slot] = twice[msg.outputs[0]]
+    with pytest.raises((RemoteError, NotAllowedError), match="an id of its own"):
+        alice.request(RunProgram(msg.program_id, twice, [], msg.held, msg.outputs))
     # outputs without held parameters: refused
     with pytest.raises((RemoteError, NotAllowedError), match="output slots"):
         alice.request(RunProgram(msg.program_id, fresh, [], [], msg.outputs))
@@ -177,6 +187,21 @@ def test_material_of_a_held_run_is_its_own() -> None:
     other = holding.HeldRun("owner", "token-b", set(), [])
     with holding.running(other), pytest.raises(NotAllowedError):
         holding.check_instances(state, [Label("beaver_mask", 12345)])
+
+
+def test_a_run_reads_only_its_inputs_and_what_it_made() -> None:
+    """An ordinary object the client put where the run expects a peer's delivery (or any
+    other id the run did not declare as an input) is refused when the run reads it."""
+    run = holding.HeldRun("owner", "t", set(), [], readable={11, 12})
+    run.check_read(11)
+    with pytest.raises(NotAllowedError, match="declared inputs"):
+        run.check_read(13)
+    w = pt.VirtualWorker("w")
+    ptr = pt.send(torch.ones(3), w)
+    step = ExecuteOp("aten::neg.default", [Ref(ptr.id_at_location)], {}, [w.new_id()], False)
+    with holding.running(run), pytest.raises(NotAllowedError, match="declared inputs"):
+        w.run_locked(step)  # as a run's step: the client's object is not its input
+    w.run_locked(step)  # outside a run: an ordinary op
 
 
 def test_an_owner_without_approvals_shares_nothing() -> None:

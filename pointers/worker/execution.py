@@ -86,8 +86,11 @@ def _admitted(e: Entry, obj_id: int) -> bool:
 
 def _as_run_sees(e: Entry, obj_id: int) -> Entry:
     """A protocol step's view of an entry: an approved run's own objects as ordinary."""
-    if e.sealed and _admitted(e, obj_id):
-        return Entry(e.value)
+    if e.sealed:
+        return Entry(e.value) if _admitted(e, obj_id) else e
+    run = holding.current()
+    if run is not None:
+        run.check_read(obj_id)
     return e
 
 
@@ -119,14 +122,18 @@ class Execution:
         op = resolve_op(msg.op)
         args = msg.args
         entry = self.store.entry
+        run = holding.current()
         sealed = False
         for k, a in enumerate(args):  # one pass; nested lists take the general path
             t = type(a)
             if t is Ref:
                 e = entry(a.obj_id)
                 args[k] = e.value
-                if e.sealed and not _admitted(e, a.obj_id):
-                    sealed = True
+                if e.sealed:
+                    if not _admitted(e, a.obj_id):
+                        sealed = True
+                elif run is not None:
+                    run.check_read(a.obj_id)
             elif t is list or t is tuple or t is dict:
                 marks = [0, 0, 0]
                 args = self._resolve_marked(args, marks)
@@ -211,7 +218,13 @@ class Execution:
         t = type(obj)
         if t is Ref:
             e = self.store.entry(obj.obj_id)
-            marks[0 if e.sealed and not _admitted(e, obj.obj_id) else 1] += 1
+            if e.sealed:
+                marks[1 if _admitted(e, obj.obj_id) else 0] += 1
+            else:
+                run = holding.current()
+                if run is not None:
+                    run.check_read(obj.obj_id)
+                marks[1] += 1
             return e.value
         if t is list:
             return [self._resolve_marked(o, marks) for o in obj]

@@ -114,7 +114,8 @@ def program_digest(
             return o
         return ["other", type(o).__name__, repr(o)]
 
-    doc = [party, canon(raw), sorted([int(s), str(n)] for s, n in held), sorted(outputs)]
+    slots = sorted([int(s), "" if n is None else str(n)] for s, n in held)  # "": an input
+    doc = [party, canon(raw), slots, sorted(outputs)]
     return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
 
 
@@ -126,6 +127,17 @@ class HeldRun:
     token: str
     admitted: set[int]
     outputs: list[int]
+    # the ordinary objects the run may read: its declared input slots' and the program's
+    # constants (everything else it reads it made itself, sealed held, or is material)
+    readable: set[int] = field(default_factory=set)
+
+    def check_read(self, obj_id: int) -> None:
+        """An ordinary object read by the run must be one of its inputs or constants."""
+        if obj_id not in self.readable:
+            raise NotAllowedError(
+                f"an approved run reads object {obj_id}, an ordinary object that is neither "
+                f"one of its declared inputs nor made by the run; {RULE}"
+            )
 
     def admits(self, sealed: Any, obj_id: int | None = None) -> bool:
         """Whether a sealed object reads as ordinary to this run's commands."""
@@ -182,13 +194,17 @@ def begin(
     owner = None
     approvals: Any = None
     admitted: set[int] = set()
+    readable: set[int] = set()
     for item in held:
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
             raise NotAllowedError("held parameter slots are [slot, name] pairs")
         slot, name = item
-        if not 0 <= slot < len(bindings) or type(name) is not str:
+        if not 0 <= slot < len(bindings) or not (name is None or type(name) is str):
             raise NotAllowedError(f"held parameter slot {slot} is out of range")
         obj_id = bindings[slot]
+        if name is None:  # one of the client's inputs (an ordinary object)
+            readable.add(obj_id)
+            continue
         label = Label.of(store.entry(obj_id).sealed)
         if label is None or label.kind != HELD_SHARE or len(label.extra) != 3:
             raise NotAllowedError(
@@ -208,13 +224,19 @@ def begin(
         elif o != owner:
             raise NotAllowedError("one run uses the held parameters of one owner")
         admitted.add(obj_id)
-    held_slots = {item[0] for item in held}
+    if owner is None:
+        raise NotAllowedError("a held run declares at least one held parameter slot")
+    held_slots = {item[0] for item in held if item[1] is not None}
     for k, b in enumerate(bindings):  # a parameter is bound to its own slots only
         if b in admitted and k not in held_slots:
             raise NotAllowedError(
                 f"worker {worker_id!r}: slot {k} is bound to a held parameter, but only the "
                 f"declared parameter slots take one; {RULE}"
             )
+    for s in outputs:  # an output's id is bound to no other slot (it would hold that too)
+        if not 0 <= s < len(bindings) or bindings.count(bindings[s]) != 1:
+            raise NotAllowedError(f"output slot {s} must be bound to an id of its own; {RULE}")
+    readable |= _constants(program_raw)
     if type(outputs) is not list or not all(type(s) is int for s in outputs):
         raise NotAllowedError("output slots are ints")
     if not all(0 <= s < len(bindings) for s in outputs):
@@ -240,8 +262,19 @@ def begin(
     bound: dict[int, str] = state.setdefault(_BOUND, {})
     for b in bindings:  # (its nonces among them: see check_instances)
         bound.setdefault(int(b), token)
-    assert owner is not None
-    return HeldRun(owner, token, admitted, [bindings[s] for s in outputs])
+    return HeldRun(owner, token, admitted, [bindings[s] for s in outputs], readable)
+
+
+def _constants(raw: Any) -> set[int]:
+    """The ids a program refers to directly (objects that exist before its runs)."""
+    rid = ref_id(raw)
+    if rid is not None:
+        return {rid}
+    if isinstance(raw, list | tuple):
+        return set().union(*(_constants(x) for x in raw)) if raw else set()
+    if isinstance(raw, dict):
+        return set().union(*(_constants(x) for x in raw.values())) if raw else set()
+    return set()
 
 
 def release(store: Any, run: HeldRun) -> None:
