@@ -120,9 +120,10 @@ def _send_module(module: nn.Module, worker: WorkerClient) -> nn.Module:
             return module
         _move_module(module, worker)
         return module
+    sent: dict[int, PointerTensor] = {}  # a buffer shared by modules is sent once
     for sub in module.modules():
         for p in list(sub._parameters.values()):
-            if p is None:
+            if p is None or isinstance(p, PointerTensor):  # (a tied parameter, sent already)
                 continue
             ptr = send_tensor(p.detach(), worker)
             new = nn.Parameter(ptr, requires_grad=p.requires_grad)
@@ -130,8 +131,10 @@ def _send_module(module: nn.Module, worker: WorkerClient) -> nn.Module:
                 new.grad = send_tensor(p.grad, worker)
             torch.utils.swap_tensors(p, new)
         for name, b in list(sub._buffers.items()):
-            if b is not None:
-                sub._buffers[name] = send_tensor(b, worker)
+            if b is not None and not isinstance(b, PointerTensor):
+                if id(b) not in sent:
+                    sent[id(b)] = send_tensor(b, worker)
+                sub._buffers[name] = sent[id(b)]
     return module
 
 

@@ -276,3 +276,29 @@ def test_network_workers(tmp_path: Path) -> None:
             other(xs).get()
     finally:
         cluster.stop()
+
+
+def test_a_tiny_gpt2_from_its_owner_keeps_its_tied_embeddings() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=60, n_embd=32, n_layer=1, n_head=2, n_positions=32, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    plain = copy.deepcopy(model)
+    onehot = torch.nn.functional.one_hot(torch.randint(0, 60, (1, 5)), 60).float()
+
+    def call(m: nn.Module, oh: torch.Tensor) -> torch.Tensor:
+        return m(inputs_embeds=oh @ m.transformer.wte.weight).logits
+
+    with torch.no_grad():
+        expected = call(plain, onehot)
+    approval = mpc.approve(model, onehot, parties=PARTIES, crypto_provider="carol", call=call)
+    model_ptr = mpc.offer(model, pt.VirtualWorker("gpt-owner"), approval)
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+    assert held.lm_head.weight is held.transformer.wte.weight  # shared once, still tied
+    x = mpc.share(onehot, alice, bob, crypto_provider=carol)
+    out = mpc.plan(held, x, call=call)(x).get()
+    assert (out - expected).abs().max() < 5e-2

@@ -142,3 +142,15 @@ def test_remote_cnn_training_with_stateful_optimizers_matches_local(alice, make_
     for a, b in zip(remote_model.parameters(), local_model.parameters()):
         assert type(a) is nn.Parameter
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_model_with_tied_weights_is_sent_once_and_stays_tied() -> None:
+    """A language model's input and output embeddings are one Parameter: sending the model
+    sends it once (it was sent twice, and the second send failed), and it stays tied."""
+    lm = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    lm[1].weight = lm[0].weight
+    w = pt.VirtualWorker("tied")
+    pt.send(lm, w)
+    assert lm[0].weight is lm[1].weight
+    assert isinstance(lm[0].weight, pt.PointerTensor)
+    assert len(w.store.view()) == 1

@@ -102,10 +102,9 @@ def program_digest(
         if rid is not None:
             return ["const", kind_of(rid)]
         if isinstance(o, torch.Tensor):
-            t = o.detach().contiguous()
-            return ["tensor", str(t.dtype), list(t.shape), hashlib.sha256(
-                t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-            ).hexdigest()]  # fmt: skip
+            t = o.detach().contiguous().reshape(-1)
+            data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            return ["tensor", str(o.dtype), list(o.shape), hashlib.sha256(data).hexdigest()]
         if isinstance(o, list | tuple):
             return [canon(x) for x in o]
         if isinstance(o, dict):
