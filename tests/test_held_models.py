@@ -71,6 +71,19 @@ def test_the_approved_plan_opens_its_output(dep: Deployment) -> None:
         assert (out - expected).abs().max() < 1e-2
 
 
+def test_material_dealt_ahead(dep: Deployment) -> None:
+    """mpc.preprocess works on a held plan: the dealer runs ahead, the parties' approved
+    runs take its material later."""
+    dep.query.preprocess(2)
+    assert dep.query.prepared() == 2
+    for _ in range(2):
+        x = torch.randn(8, 4)
+        with torch.no_grad():
+            expected = dep.plain(x)
+        assert (dep.query(dep.share(x)).get() - expected).abs().max() < 1e-2
+    assert dep.query.prepared() == 0
+
+
 def test_three_parties() -> None:
     d = Deployment(["alice", "bob", "dave"])
     out = d.query(d.share(d.x)).get()
