@@ -43,7 +43,7 @@ from mpc.errors import MPCError
 from mpc.material.owned import MIN_OWNERS, ReleaseRuleError, share_rule
 from mpc.material.sizes import declare
 from mpc.math.encoding import encode
-from mpc.math.prg import random_ring
+from mpc.math.prg import split_additive
 from mpc.release import OwnedShared, OwnedSum, owned
 from mpc.session import Session
 from pointers.worker.sealing import protocol_function
@@ -93,13 +93,7 @@ def share_update(
     rest = encode(update, frac_bits)
     if weight != 1:
         rest = rest * weight
-    shares = []
-    for _ in range(n_shares - 1):
-        r = random_ring(tuple(rest.shape))
-        rest -= r
-        shares.append(r)
-    shares.append(rest)
-    return shares
+    return split_additive(rest, n_shares)
 
 
 FUNCTIONS = {SHARE_FUNCTION: share_update}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -250,13 +251,19 @@ def test_a_tiny_bert_from_its_owner() -> None:
 
     with torch.no_grad():
         expected = call(model, onehot)
-    approval = mpc.approve(model, onehot, parties=PARTIES, crypto_provider="carol", call=call)
-    model_ptr = mpc.offer(model, pt.VirtualWorker("bert-owner"), approval)
+    out, _ = _from_its_owner(model, onehot, call)
+    assert (out - expected).abs().max() < 5e-2
+
+
+def _from_its_owner(model: nn.Module, x: torch.Tensor, call: Any) -> tuple[torch.Tensor, Any]:
+    """The owner approves ``call`` and offers ``model``; the client shares it from the
+    owner's worker and runs the plan on ``x``: the opened output and the held model."""
+    approval = mpc.approve(model, x, parties=PARTIES, crypto_provider="carol", call=call)
+    model_ptr = mpc.offer(model, pt.VirtualWorker("hf-owner"), approval)
     alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
     held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
-    x = mpc.share(onehot, alice, bob, crypto_provider=carol)
-    out = mpc.plan(held, x, call=call)(x).get()
-    assert (out - expected).abs().max() < 5e-2
+    xs = mpc.share(x, alice, bob, crypto_provider=carol)
+    return mpc.plan(held, xs, call=call)(xs).get(), held
 
 
 def test_network_workers(tmp_path: Path) -> None:
@@ -307,11 +314,6 @@ def test_a_tiny_gpt2_from_its_owner_keeps_its_tied_embeddings() -> None:
 
     with torch.no_grad():
         expected = call(plain, onehot)
-    approval = mpc.approve(model, onehot, parties=PARTIES, crypto_provider="carol", call=call)
-    model_ptr = mpc.offer(model, pt.VirtualWorker("gpt-owner"), approval)
-    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
-    held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+    out, held = _from_its_owner(model, onehot, call)
     assert held.lm_head.weight is held.transformer.wte.weight  # shared once, still tied
-    x = mpc.share(onehot, alice, bob, crypto_provider=carol)
-    out = mpc.plan(held, x, call=call)(x).get()
     assert (out - expected).abs().max() < 5e-2

@@ -10,7 +10,7 @@ import torch
 
 from mpc.material.sizes import SLACK, WORD, elems, nbytes
 from mpc.math.encoding import encode
-from mpc.math.prg import random_ring
+from mpc.math.prg import split_additive
 from pointers.worker import holding
 from pointers.worker.functions import sized
 from pointers.worker.sealing import ProtocolCall, protocol_function
@@ -48,14 +48,7 @@ def held_share(
         raise ValueError(f"n_shares must be an int in [2, 5], got {n_shares!r}")
     if isinstance(frac_bits, bool) or not isinstance(frac_bits, int) or not 0 <= frac_bits <= 32:
         raise ValueError(f"frac_bits must be an int in [0, 32], got {frac_bits!r}")
-    rest = encode(value.detach(), frac_bits)
-    shares = []
-    for _ in range(n_shares - 1):
-        r = random_ring(tuple(rest.shape))
-        rest -= r
-        shares.append(r)
-    shares.append(rest)
-    return shares
+    return split_additive(encode(value.detach(), frac_bits), n_shares)
 
 
 FUNCTIONS = {"mpc.held_share": held_share}

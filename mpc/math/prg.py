@@ -117,3 +117,15 @@ class PRG:
 def random_ring(shape: ShapeLike) -> torch.Tensor:
     """Uniform int64 ring elements from a fresh one-time seed."""
     return PRG(new_seed()).int64(shape)
+
+
+def split_additive(value: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """``n`` additive shares of the int64 ``value`` (which is consumed: the last share
+    is computed in its place): the first n - 1 uniform from fresh seeds."""
+    shares = []
+    for _ in range(n - 1):
+        r = random_ring(tuple(value.shape))
+        value -= r
+        shares.append(r)
+    shares.append(value)
+    return shares
