@@ -445,6 +445,7 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     (x > y).get()  # the comparison's steps
     x.relu().get()  # selection
     torch.sigmoid(x).get()  # a Fourier series
+    torch.softmax(x.reshape(1024, n // 1024), -1).get()  # products of truncated values
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)
     (m @ m).get()
     img = mpc.share(torch.rand(2, 3, 32, 32), a, b, crypto_provider=c)

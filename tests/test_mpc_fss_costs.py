@@ -92,6 +92,24 @@ def test_fss_takes_fewer_rounds_and_bytes_online_than_the_default(name: str) -> 
     assert fss.dealer_bytes > 10 * default.dealer_bytes  # (the price: the keys)
 
 
+@pytest.mark.parametrize(
+    ("name", "fn", "shape", "rounds", "default_rounds"),
+    [
+        # max of 32 (groups of four, then a pair: 6), clamp and series (4), division (5);
+        # 17 and 28 before the division's products rode in its truncations' rounds
+        ("softmax over 32", lambda a: torch.softmax(a, -1), (N // 32, 32), 15, 26),
+        # squares (1), their truncation (1), division (5); 9 and 12 before
+        ("layer norm over 64", lambda a: F.layer_norm(a, (64,)), (N // 64, 64), 7, 10),
+    ],
+)
+def test_fss_softmax_and_layer_norm_rounds(
+    name: str, fn: Callable[..., Any], shape: tuple[int, ...], rounds: int, default_rounds: int
+) -> None:
+    fss, default = _measure(fn, [shape], "fss"), _measure(fn, [shape], "default")
+    assert (fss.rounds, default.rounds) == (rounds, default_rounds), name
+    assert max(fss.bytes_per_party.values()) < max(default.bytes_per_party.values())
+
+
 def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     """The FSS steps' peak memory (VmHWM, reset before each call) against what they declare
     (mpc/material/sizes.py), over a comparison, a ReLU and a max-pool of ``n`` elements in
