@@ -360,6 +360,8 @@ def _run(
         if args.network:
             cluster = _start_cluster(cases, latency, args.bandwidth)
             factory = cluster.connect
+            if any(c.workload in HF_WORKLOADS for c in cases):  # (see _start_cluster)
+                factory = functools.partial(cluster.connect, timeout=HF_TIMEOUT)
         modes = ["default", "fss"] if args.comparison == "both" else [args.comparison]
         progress = _progress(len(cases) * len(modes) * (args.repeat + 2), args.no_progress)
         for case, mode in ((c, m) for c in cases for m in modes):
@@ -492,6 +494,8 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         # computes it; at BERT-base's size one such product (the one-hot rows times a
         # 10922-row piece of the embedding table) takes 3 to 40 s, so a provider that lags
         # on a loaded machine passed the default 10 s (PartyUnavailable "waited 10 s")
+        # (and the client's calls, in which a command may wait that long, a longer
+        # timeout still: HF_TIMEOUT)
         server_args += ["--deadline", str(HF_DEADLINE)]
         # glibc keeps freed large tensors in its heap once its dynamic mmap threshold has
         # grown: a BERT-base party process reached 13 GB (2 layers: 3.5 GB, 1.2 GB with this)
@@ -507,7 +511,8 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
 
 HF_WORKLOADS = ("W14", "W15", "W16")
 HF_STORED_MB = 16384
-HF_DEADLINE = 120  # seconds (serve --deadline): the client's own call timeout
+HF_DEADLINE = 600  # seconds (serve --deadline)
+HF_TIMEOUT = 900.0  # seconds per call of the client (connect(timeout=...); default 120)
 
 
 def _finite(obj: Any) -> Any:
