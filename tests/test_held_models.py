@@ -178,6 +178,7 @@ def test_what_a_run_makes_stays_held_but_its_output(dep: Deployment) -> None:
         label = Label.of(alice.store.entry(obj_id).sealed)
         assert label is not None, f"object {obj_id} made by the run is not sealed"
     assert not alice.store.entry(output).sealed
+    assert not alice.function_state.get("pointers.holding.bound")  # (dropped at its end)
     assert (out.get() - dep.expected).abs().max() < 1e-2
 
 

@@ -41,7 +41,7 @@ import torch
 
 from pointers.errors import NotAllowedError
 from pointers.wire.serde import Slot, SlotRef, ref_id
-from pointers.worker.sealing import RULE, Label, seal
+from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
 
 HELD_SHARE = "held_share"  # an owner's share: extra (owner, parameter name, approvals)
 HELD = "held"  # made by an approved run: extra (owner, run token)
@@ -285,6 +285,22 @@ def release(store: Any, run: HeldRun) -> None:
                 entry.sealed = False
 
 
+def end(store: Any, state: dict[str, Any], run: HeldRun) -> None:
+    """After a run, with or without error: the protocol material of its instances that
+    is still unconsumed here is spent (no step outside the run may finish one), and the
+    record of its bindings is dropped (the namespace keeps only the run's token)."""
+    bound: dict[int, str] = state.get(_BOUND, {})
+    mine = {v for v, t in bound.items() if t == run.token}
+    for obj_id in list(store.view()):
+        if obj_id not in store:
+            continue
+        label = Label.of(store.entry(obj_id).sealed)
+        if label is not None and label.nonce in mine and label.kind not in (HELD, SPENT):
+            spend([store.entry(obj_id)])
+    for v in mine:
+        del bound[v]
+
+
 def check_instances(state: dict[str, Any], labels: list[Label]) -> None:
     """A protocol step outside an approved run may not take material of an instance that
     an approved run started (its nonce was bound in that run): such a step could finish
@@ -323,6 +339,7 @@ __all__ = [
     "check_instances",
     "check_send",
     "current",
+    "end",
     "program_digest",
     "release",
     "running",

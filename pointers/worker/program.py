@@ -333,6 +333,8 @@ def _run_program(
         _tell_peers(worker, program.raw[step:], bindings, why)
     finally:
         with worker.lock:  # ids it never made: waiters for them fail now, not at the deadline
+            if run is not None:
+                holding.end(worker.store, worker.function_state, run)
             worker.store.release_promises(promised)
 
 
