@@ -57,7 +57,7 @@ __all__ = ["FIXED_KEY", "evaluate", "gen", "key_bytes", "key_words"]
 FIXED_KEY = hashlib.sha256(b"mpc.math.dcf fixed-key AES").digest()[:16]
 MAX_BITS = 64
 CHUNK = 4096  # elements per pass of the level loop: every temporary stays in the cache
-GEN_CHUNK = 2048  # (the key generation's temporaries are four times larger)
+GEN_CHUNK = 4096  # (key generation: temporaries of about 2.5 MB a chunk; 2048 was 8-13% slower)
 
 _U64 = np.dtype("<u8")
 _LOW = np.uint64(3)
