@@ -204,7 +204,9 @@ def test_material_inside_a_plan_run_is_sealed(trio: Any, monkeypatch: pytest.Mon
     probed: list[int] = []
     original = mpc_plan.run_programs
 
-    def run_parties_first(program_ids: Any, workers: Any, bindings: Any, promised: Any) -> None:
+    def run_parties_first(
+        program_ids: Any, workers: Any, bindings: Any, promised: Any, held: Any = None
+    ) -> None:
         *parties, dealer = workers
         for w in parties:
             w.post(RunProgram(program_ids[w.id], bindings, promised[w.id]))
