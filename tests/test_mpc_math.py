@@ -339,6 +339,31 @@ def test_ring_matmul_with_many_rows_is_exact(sa: tuple[int, ...], sb: tuple[int,
         assert torch.equal(ring_matmul(a, bb, method="int64"), np_matmul(a, b))
 
 
+@pytest.mark.parametrize(
+    "sa, sb",
+    [((1, 768), (768, 64)), ((768,), (768, 50)), ((3, 5, 300), (300, 40)), ((15, 2100), (2100, 9))],
+)
+@pytest.mark.parametrize("mode", ["uniform", "edge"])
+def test_ring_matmul_with_few_rows_by_mv_is_exact(
+    sa: tuple[int, ...], sb: tuple[int, ...], mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below mpc.math.ring._COLUMNS_FROM rows (batch dimensions folded in) and from
+    _MV_FROM multiply-adds, each row is one torch.mv: the same wrap-around result for a
+    row-major b and a transposed view, a 1-D a and a batched one."""
+    import mpc.math.ring as ring
+
+    calls: list[int] = []
+    by_mv = ring._rows_by_mv
+    monkeypatch.setattr(ring, "_rows_by_mv", lambda a, b: calls.append(1) or by_mv(a, b))
+    a = ring_values(b"rows" * 4, sa, mode)
+    b = ring_values(b"cols" * 4, sb, mode)
+    for bb in (b, b.t().contiguous().t()):
+        got = ring_matmul(a, bb)
+        assert got.shape == torch.matmul(a, bb).shape
+        assert torch.equal(got, np_matmul(a, b))
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((2, 0, 5), (5, 1))])
 def test_ring_matmul_empty(shape: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
     a, b = torch.ones(shape[0], dtype=torch.int64), torch.ones(shape[1], dtype=torch.int64)

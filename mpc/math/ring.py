@@ -194,6 +194,19 @@ def _check_same_device(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 _COLUMNS_FROM = 16  # rows of ``a`` from which ``b`` is laid out column-major first
+_MV_FROM = 1 << 15  # multiply-adds from which fewer rows go through torch.mv one by one
+
+
+def _rows_by_mv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for a 2-D ``b``, one ``torch.mv(b.T, row)`` per row of ``a`` (its batch
+    dimensions folded into the rows), written into one output tensor."""
+    k, n = b.shape
+    flat = a.reshape(-1, k)
+    out = torch.empty((flat.shape[0], n), dtype=torch.int64, device=a.device)
+    bt = b.t()
+    for i in range(flat.shape[0]):
+        torch.mv(bt, flat[i], out=out[i])
+    return out.view(*a.shape[:-1], n)
 
 
 def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -202,7 +215,17 @@ def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a row-major ``b`` a column at a time, and is 2.4 to 4.3 times faster on its transpose
     made contiguous (BERT-base's products at 128 tokens, one thread: (128, 768) x (768,
     768) 1.08 -> 0.44 s, the one-hot rows' (128, 10922) x (10922, 768) 11.4 -> 2.9 s); the
-    copy costs more than it saves for a few rows. Exact either way (wrap-around sums)."""
+    copy costs more than it saves for a few rows. Exact either way (wrap-around sums).
+
+    With fewer rows and a 2-D ``b`` (a decoding step's products: one token's row times a
+    weight), each row is one ``torch.mv`` with ``b``'s transpose, which reads ``b`` in its
+    own row order: 4 to 23 times faster than torch's int64 matmul, with no copy of ``b``
+    (GPT-2 small, one thread: (1, 768) x (768, 3072) 16 -> 4 ms, (1, 768) x (768, 50257)
+    497 -> 62 ms, (1, 10922) x (10922, 768) 140 -> 14 ms)."""
+    if b.dim() == 2 and a.device.type == "cpu" and a.numel() and b.numel():
+        rows = a.numel() // a.shape[-1]
+        if rows < _COLUMNS_FROM and rows * b.numel() >= _MV_FROM:
+            return _rows_by_mv(a, b)
     if (
         a.dim() >= 2
         and b.dim() >= 2
