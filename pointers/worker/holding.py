@@ -301,6 +301,11 @@ def end(store: Any, state: dict[str, Any], run: HeldRun) -> None:
         del bound[v]
 
 
+def any_bound(state: dict[str, Any]) -> bool:
+    """Whether a namespace holds the bindings of an approved run (see check_instances)."""
+    return bool(state.get(_BOUND))
+
+
 def check_instances(state: dict[str, Any], labels: list[Label]) -> None:
     """A protocol step outside an approved run may not take material of an instance that
     an approved run started (its nonce was bound in that run): such a step could finish
@@ -334,6 +339,7 @@ __all__ = [
     "HELD",
     "HELD_SHARE",
     "HeldRun",
+    "any_bound",
     "Policy",
     "begin",
     "check_instances",
