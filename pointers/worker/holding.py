@@ -190,6 +190,10 @@ def begin(
         if outputs:
             raise NotAllowedError("a run declares output slots only with held parameters")
         return None
+    if type(outputs) is not list or not all(type(s) is int for s in outputs):
+        raise NotAllowedError("output slots are ints")
+    if not all(0 <= s < len(bindings) for s in outputs):
+        raise NotAllowedError("an output slot is out of range")
     owner = None
     approvals: Any = None
     admitted: set[int] = set()
@@ -233,13 +237,9 @@ def begin(
                 f"declared parameter slots take one; {RULE}"
             )
     for s in outputs:  # an output's id is bound to no other slot (it would hold that too)
-        if not 0 <= s < len(bindings) or bindings.count(bindings[s]) != 1:
+        if bindings.count(bindings[s]) != 1:
             raise NotAllowedError(f"output slot {s} must be bound to an id of its own; {RULE}")
     readable |= _constants(program_raw)
-    if type(outputs) is not list or not all(type(s) is int for s in outputs):
-        raise NotAllowedError("output slots are ints")
-    if not all(0 <= s < len(bindings) for s in outputs):
-        raise NotAllowedError("an output slot is out of range")
 
     def kind_of(obj_id: int) -> str:
         e = store.entry(obj_id)
