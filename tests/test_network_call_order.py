@@ -20,14 +20,13 @@ import time
 
 import pytest
 import torch
+from test_network_deliveries import _raw_exec as _raw
 
 import pointers as pt
 from pointers.network import ServerConfig, WorkerServer, create_certs
-from pointers.network.certs import load_credentials
 from pointers.network.connection import Connection
-from pointers.network.framing import decode_envelope, encode_envelope
-from pointers.network.transport import EXEC, SYNC, open_channel
-from pointers.wire.messages import CallFunction, ExecuteOp, Fetch, decode_message, encode_message
+from pointers.network.transport import SYNC
+from pointers.wire.messages import CallFunction, ExecuteOp, Fetch, decode_message
 from pointers.wire.serde import Ref
 
 pytestmark = pytest.mark.network
@@ -63,23 +62,6 @@ def server(certs):
     s.start()
     yield s
     s.stop(grace=None)
-
-
-def _raw(certs, server):
-    channel = open_channel(
-        server.address,
-        worker_id=server.id,
-        credentials=load_credentials(certs, "client"),
-        max_message_bytes=1 << 20,
-    )
-    call = channel.unary_unary(EXEC)
-
-    def send(order, msg, flags=0):
-        header, buffers = encode_message(msg)
-        request = encode_envelope({"order": order}, [(flags, header, buffers)])
-        return decode_envelope(call(request, timeout=30))
-
-    return channel, send
 
 
 def test_a_pipelined_call_waits_for_a_running_call_past_the_deadline(certs, server):
@@ -178,6 +160,7 @@ def test_a_pipelined_calls_timeout_counts_from_the_end_of_the_calls_before_it(
         (x,) = pt.call_function(alice, "test.slow_ones", [2.0, 3], out=out)
         time.sleep(0.05)  # (past Connection.PIPELINE_AFTER: the next call leaves on its own)
         (y,) = pt.call_function(alice, "test.slow_ones", [2.0, 3], out=out)
+        time.sleep(0.05)  # (the same: the sync below does not ride with it)
         alice.sync()
         assert alice._conn.calls >= 4
         assert torch.equal(x.get() + y.get(), torch.full((3,), 2.0))
