@@ -313,12 +313,7 @@ class HeldPlan(SharedPlan):
         held, outputs = self._held_fields(variant)[party.id]
         program = party.store.get(variant.program_ids[party.id])
 
-        def kind_of(obj_id: int) -> str:
-            e = party.store.entry(obj_id)
-            label = holding.Label.of(e.sealed)
-            return "ordinary" if label is None else label.kind
-
-        return holding.program_digest(program.raw, held, outputs, party.id, kind_of)
+        return holding.program_digest(program.raw, held, outputs, party.id, party.store)
 
     def __call__(self, *inputs: SharedTensor) -> SharedTensor:
         if len(inputs) != self.k_inputs:

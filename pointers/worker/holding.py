@@ -86,12 +86,16 @@ def share_seal(owner: str, name: str, policy: Policy | None) -> list[Any]:
 
 
 def program_digest(
-    raw: list[Any], held: list[list[Any]], outputs: list[int], party: str, kind_of: Any
+    raw: list[Any], held: list[list[Any]], outputs: list[int], party: str, store: Any
 ) -> str:
     """The digest an owner approves: a program's commands as this party stores them, with
-    each reference to an object that exists before the run replaced by its kind
-    (``kind_of(obj_id)``: a sealed label's kind, or "ordinary"), the declared parameter
+    each reference to an object that exists before the run replaced by its kind (its
+    sealed label's kind in ``store``, or "ordinary"), the declared parameter and input
     slots, the output slots and the party."""
+
+    def kind_of(obj_id: int) -> str:
+        label = Label.of(store.entry(obj_id).sealed)
+        return "ordinary" if label is None else label.kind
 
     def canon(o: Any) -> Any:
         if isinstance(o, Slot):
@@ -241,12 +245,7 @@ def begin(
             raise NotAllowedError(f"output slot {s} must be bound to an id of its own; {RULE}")
     readable |= _constants(program_raw)
 
-    def kind_of(obj_id: int) -> str:
-        e = store.entry(obj_id)
-        lb = Label.of(e.sealed)
-        return "ordinary" if lb is None else lb.kind
-
-    digest = program_digest(program_raw, held, outputs, worker_id, kind_of)
+    digest = program_digest(program_raw, held, outputs, worker_id, store)
     if [worker_id, digest] not in (approvals or []):
         raise NotAllowedError(
             f"worker {worker_id!r}: this program (digest {digest[:16]}...) is not a "
