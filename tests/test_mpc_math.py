@@ -326,17 +326,44 @@ def test_ring_matmul_matches_wraparound_reference(
     assert torch.equal(got, expected)
 
 
+def _force_speeds(monkeypatch: pytest.MonkeyPatch, mv: bool, relayout: bool) -> list[str]:
+    """Make mpc.math.ring believe torch.mv (``mv``) and laying b out anew (``relayout``)
+    are the fastest ways on this CPU, or the slowest; returns the log of the ways taken."""
+    import mpc.math.ring as ring
+
+    fast, slow = 1e-12, 1e-9
+    speeds = ring.Speeds(
+        many=slow if relayout else fast, one=slow if mv else fast, mv=fast if mv else slow, copy=0.0
+    )
+    other = ring.Speeds(many=fast, one=slow, mv=slow, copy=0.0)
+    monkeypatch.setattr(ring, "measured_speeds", lambda row_major: speeds if row_major else other)
+    taken: list[str] = []
+    by_mv, relaid = ring._rows_by_mv, ring._relaid
+    monkeypatch.setattr(ring, "_rows_by_mv", lambda a, b: taken.append("mv") or by_mv(a, b))
+    monkeypatch.setattr(ring, "_relaid", lambda b: taken.append("relayout") or relaid(b))
+    return taken
+
+
 @pytest.mark.parametrize(
     "sa, sb",
     [((32, 300), (300, 7)), ((2, 20, 64), (64, 33)), ((3, 16, 9), (3, 9, 5)), ((17, 8), (8,))],
 )
-def test_ring_matmul_with_many_rows_is_exact(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
-    """From mpc.math.ring._COLUMNS_FROM rows, b is laid out column-major first: the same
-    wrap-around result, for a row-major b, a transposed view and a batched one."""
+@pytest.mark.parametrize("relayout", [False, True])
+def test_ring_matmul_with_many_rows_is_exact(
+    sa: tuple[int, ...], sb: tuple[int, ...], relayout: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From mpc.math.ring._COLUMNS_FROM rows, b is laid out anew first where this CPU's
+    measured speeds say it pays: the same wrap-around result either way, for a row-major
+    b, a transposed view and a batched one."""
+    import mpc.math.ring as ring
+
+    monkeypatch.setattr(ring, "_RELAYOUT_FROM", 1)
+    taken = _force_speeds(monkeypatch, mv=False, relayout=relayout)
     a = ring_values(b"rows" * 4, sa, "uniform")
     b = ring_values(b"cols" * 4, sb, "uniform")
     for bb in (b, b.transpose(-1, -2).contiguous().transpose(-1, -2) if b.dim() > 1 else b):
         assert torch.equal(ring_matmul(a, bb, method="int64"), np_matmul(a, b))
+    assert ("relayout" in taken) == (relayout and len(sb) > 1)
 
 
 @pytest.mark.parametrize(
@@ -344,24 +371,38 @@ def test_ring_matmul_with_many_rows_is_exact(sa: tuple[int, ...], sb: tuple[int,
     [((1, 768), (768, 64)), ((768,), (768, 50)), ((3, 5, 300), (300, 40)), ((15, 2100), (2100, 9))],
 )
 @pytest.mark.parametrize("mode", ["uniform", "edge"])
-def test_ring_matmul_with_few_rows_by_mv_is_exact(
-    sa: tuple[int, ...], sb: tuple[int, ...], mode: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("mv", [False, True])
+def test_ring_matmul_with_few_rows_is_exact(
+    sa: tuple[int, ...], sb: tuple[int, ...], mode: str, mv: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Below mpc.math.ring._COLUMNS_FROM rows (batch dimensions folded in) and from
-    _MV_FROM multiply-adds, each row is one torch.mv: the same wrap-around result for a
-    row-major b and a transposed view, a 1-D a and a batched one."""
-    import mpc.math.ring as ring
-
-    calls: list[int] = []
-    by_mv = ring._rows_by_mv
-    monkeypatch.setattr(ring, "_rows_by_mv", lambda a, b: calls.append(1) or by_mv(a, b))
+    _MV_FROM multiply-adds, each row is one torch.mv where this CPU's measured speeds say it
+    is faster: the same wrap-around result either way, for a row-major b and a transposed
+    view, a 1-D a and a batched one."""
+    taken = _force_speeds(monkeypatch, mv=mv, relayout=False)
     a = ring_values(b"rows" * 4, sa, mode)
     b = ring_values(b"cols" * 4, sb, mode)
     for bb in (b, b.t().contiguous().t()):
         got = ring_matmul(a, bb)
         assert got.shape == torch.matmul(a, bb).shape
         assert torch.equal(got, np_matmul(a, b))
-    assert len(calls) == 2
+    assert taken.count("mv") == (1 if mv else 0)  # the row-major b (the other: never faster)
+
+
+def test_measured_speeds_pick_a_way_that_is_exact() -> None:
+    """The speeds are measured on this CPU (positive, once per process), and whichever way
+    they pick, a product with many rows and one with a single row stay exact."""
+    import mpc.math.ring as ring
+
+    for row_major in (True, False):
+        speeds = ring.measured_speeds(row_major)
+        assert min(speeds.many, speeds.one, speeds.mv, speeds.copy) > 0
+        assert ring.measured_speeds(row_major) is speeds
+    a = ring_values(b"rows" * 4, (40, 700), "uniform")
+    b = ring_values(b"cols" * 4, (700, 60), "uniform")
+    for bb in (b, b.t().contiguous().t()):
+        assert torch.equal(ring_matmul(a, bb), np_matmul(a, b))
+        assert torch.equal(ring_matmul(a[:1], bb), np_matmul(a[:1], b))
 
 
 @pytest.mark.parametrize("shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((2, 0, 5), (5, 1))])

@@ -36,7 +36,10 @@ convolution, which is why cuDNN is disabled for the limb convolution off the CPU
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -193,8 +196,9 @@ def _check_same_device(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"operands are on different devices: {a.device} and {b.device}")
 
 
-_COLUMNS_FROM = 16  # rows of ``a`` from which ``b`` is laid out column-major first
-_MV_FROM = 1 << 15  # multiply-adds from which fewer rows go through torch.mv one by one
+_COLUMNS_FROM = 16  # rows of ``a`` from which ``b`` may be laid out anew first
+_MV_FROM = 1 << 15  # multiply-adds from which fewer rows may go through torch.mv one by one
+_RELAYOUT_FROM = 1 << 20  # multiply-adds from which ``b`` may be laid out anew
 
 
 def _rows_by_mv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -209,32 +213,82 @@ def _rows_by_mv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out.view(*a.shape[:-1], n)
 
 
-def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``torch.matmul`` of int64 tensors, with a row-major ``b`` copied column-major first
-    when ``a`` has :data:`_COLUMNS_FROM` rows or more: torch's int64 kernel (no BLAS) reads
-    a row-major ``b`` a column at a time, and is 2.4 to 4.3 times faster on its transpose
-    made contiguous (BERT-base's products at 128 tokens, one thread: (128, 768) x (768,
-    768) 1.08 -> 0.44 s, the one-hot rows' (128, 10922) x (10922, 768) 11.4 -> 2.9 s); the
-    copy costs more than it saves for a few rows. Exact either way (wrap-around sums).
+def _relaid(b: torch.Tensor) -> torch.Tensor:
+    """``b`` with the other memory layout of its last two dimensions (row-major becomes
+    column-major, anything else row-major), same values."""
+    if b.stride(-1) == 1:
+        return b.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return b.contiguous()
 
-    With fewer rows and a 2-D ``b`` (a decoding step's products: one token's row times a
-    weight), each row is one ``torch.mv`` with ``b``'s transpose, which reads ``b`` in its
-    own row order: 4 to 23 times faster than torch's int64 matmul, with no copy of ``b``
-    (GPT-2 small, one thread: (1, 768) x (768, 3072) 16 -> 4 ms, (1, 768) x (768, 50257)
-    497 -> 62 ms, (1, 10922) x (10922, 768) 140 -> 14 ms)."""
-    if b.dim() == 2 and a.device.type == "cpu" and a.numel() and b.numel():
-        rows = a.numel() // a.shape[-1]
-        if rows < _COLUMNS_FROM and rows * b.numel() >= _MV_FROM:
-            return _rows_by_mv(a, b)
-    if (
-        a.dim() >= 2
-        and b.dim() >= 2
-        and a.shape[-2] >= _COLUMNS_FROM
-        and b.shape[-1] > 1
-        and b.stride(-1) == 1
-        and b.numel() > 0
-    ):
-        b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+def _seconds(fn: Callable[[], Any], runs: int = 3) -> float:
+    """The fastest of ``runs`` timed calls of ``fn`` (after one untimed)."""
+    fn()
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """This CPU's speed of torch's int64 products (no BLAS: a plain kernel) with a ``b``
+    of one memory layout, in seconds per multiply-add (``copy``: per element of ``b``)."""
+
+    many: float  # torch.matmul, 64 rows of ``a``
+    one: float  # torch.matmul, one row
+    mv: float  # torch.mv, one row
+    copy: float  # laying ``b`` out the other way
+
+
+@functools.cache
+def measured_speeds(row_major: bool) -> Speeds:
+    """:class:`Speeds` for a row-major ``b`` (or a column-major one), measured once per
+    process on products of a typical size (about 40 ms in all), then kept. Which way is
+    fastest differs by CPU, by 2 to 13 times either way, so it is measured, not assumed
+    (one thread: (128, 768) x (768, 3072) with ``b`` copied column-major first was 2.4x
+    faster on one machine of this project and 2.3x slower on another; one row times a
+    row-major (768, 768) by ``torch.mv``, 4x faster on the first and 1.8x slower on the
+    second). Timing only picks the way: every way gives the same wrap-around sums."""
+    rows, k, n = 64, 768, 1024
+    a = torch.arange(rows * k, dtype=torch.int64).view(rows, k).mul_(0x9E3779B97F4A7C15 >> 2)
+    b = torch.arange(k * n, dtype=torch.int64).view(k, n).mul_(0x632BE59BD9B4E019 >> 2)
+    if not row_major:
+        b = _relaid(b)
+    row = a[:1]
+    return Speeds(
+        many=_seconds(lambda: torch.matmul(a, b)) / (rows * k * n),
+        one=_seconds(lambda: torch.matmul(row, b)) / (k * n),
+        mv=_seconds(lambda: _rows_by_mv(row, b)) / (k * n),
+        copy=_seconds(lambda: _relaid(b)) / (k * n),
+    )
+
+
+def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul`` of int64 tensors, in the way :func:`measured_speeds` says is
+    fastest on this CPU for ``b``'s layout and ``a``'s rows: with fewer than
+    :data:`_COLUMNS_FROM` rows and a 2-D ``b`` (a decoding step's products: one token's
+    row times a weight), torch's matmul or one ``torch.mv`` with ``b``'s transpose per row
+    (torch's matmul reads ``b`` whole whatever the rows, ``torch.mv`` once per row); with
+    more, ``b`` as it is or copied to the other layout first (the copy pays where the
+    rows are many). Exact either way (wrap-around sums)."""
+    if a.device.type != "cpu" or b.dim() < 2 or not a.numel() or not b.numel():
+        return torch.matmul(a, b)
+    row_major = b.stride(-1) == 1
+    rows = a.numel() // a.shape[-1]
+    if b.dim() == 2 and rows < _COLUMNS_FROM:
+        if rows * b.numel() >= _MV_FROM:
+            speeds = measured_speeds(row_major)
+            if rows * speeds.mv < speeds.one:
+                return _rows_by_mv(a, b)
+    elif a.dim() >= 2 and b.shape[-1] > 1 and b.shape[-2] > 1:
+        per_b = rows if b.dim() == 2 else a.shape[-2]  # rows that read each matrix of b
+        if per_b * b.numel() >= _RELAYOUT_FROM:
+            here, other = measured_speeds(row_major), measured_speeds(not row_major)
+            if per_b * (here.many - other.many) > here.copy:
+                b = _relaid(b)
     return torch.matmul(a, b)
 
 
