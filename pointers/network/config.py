@@ -17,6 +17,18 @@ from pointers.network.transport import DEFAULT_MAX_MESSAGE, is_loopback, split_a
 
 ENTRY_POINT_GROUP = "pointers.worker_functions"
 DATA_PLANE_ENV = "POINTERS_DATA_PLANE"  # "0": serve without the data plane (gRPC only)
+MAX_HELD_ENV = "POINTERS_MAX_HELD_MB"  # the default of ServerConfig.max_held_bytes, in MiB
+MAX_HELD_MB = 256
+
+
+def _max_held_default() -> int | None:
+    """``POINTERS_MAX_HELD_MB`` (MiB; ``0``: no bound), else :data:`MAX_HELD_MB`."""
+    raw = os.environ.get(MAX_HELD_ENV, "").strip()
+    try:
+        mb = float(raw) if raw else float(MAX_HELD_MB)
+    except ValueError:
+        raise ValueError(f"{MAX_HELD_ENV} must be a number of MiB, not {raw!r}") from None
+    return int(mb * (1 << 20)) or None
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,11 @@ class ServerConfig:
     deadline: float = 10.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE
     max_stored_bytes: int | None = 4 << 30
+    # flow control of peer deliveries (pointers.network.waiting.WaitingStore.room): once
+    # the deliveries a session holds before the client announced them take more than this,
+    # a busy session asks their senders to pause (None: no bound); from the environment
+    # (POINTERS_MAX_HELD_MB, default 256 MiB, 0: none) since serve has no flag for it
+    max_held_bytes: int | None = field(default_factory=_max_held_default)
     threads: int = 32
     latency: float = 0.0  # seconds added to every call received (benchmarks: cost of rounds)
     # the peers this worker may dial, name -> address (serve --peer NAME=HOST:PORT); empty:
@@ -77,6 +94,8 @@ class ServerConfig:
             raise ValueError("max_message_bytes must be at least 1024")
         if self.max_stored_bytes is not None and self.max_stored_bytes < 0:
             raise ValueError("max_stored_bytes must be non-negative")
+        if self.max_held_bytes is not None and self.max_held_bytes < 1:
+            raise ValueError("max_held_bytes must be positive (None: no bound)")
         if self.threads < 4:
             raise ValueError("a served worker needs at least 4 threads")
         if not 1 <= self.lease <= 86400:

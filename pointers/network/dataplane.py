@@ -74,7 +74,7 @@ class WorkerServer(Protocol):
     def _delivery_namespace(self, who: str, role: str | None, info: dict[str, Any]) -> Any: ...
 
     @staticmethod
-    def _store_delivery(ns: Any, who: str, msg: Any, nbytes: int) -> None: ...
+    def _store_delivery(ns: Any, who: str, msg: Any, nbytes: int) -> bool: ...
 
 
 MAGIC = b"PTD1"
@@ -90,6 +90,9 @@ MAX_CONNECTIONS = 256  # data connections a worker accepts at once
 _DRAIN = 1 << 20
 
 Done = Callable[[str | None], None]  # a delivery's answer: None, or why it failed
+# a delivery's answer when it was stored and the receiver asks the sender to pause (flow
+# control: pointers.network.peers.PeerLink); its ack is msgpack ``True``
+PAUSED = "paused"
 
 
 class DataFrame:
@@ -368,22 +371,26 @@ class DataPlaneServer:
             if cfg.latency:
                 time.sleep(max(0.0, arrived + cfg.latency - done_at))
             error: Exception | None = None
+            pause = False
             try:
                 if frame.dtype is torch.bool:  # only 0 and 1 are booleans
                     value.view(torch.uint8).ne_(0)
                 msg = decode_message(frame.msg, [value], copy=False)
                 if type(msg) is Store and msg.obj_id != frame.obj_id:
                     raise FrameError("a frame's object id differs from its message's")
-                server._store_delivery(ns, who, msg, len(frame.msg) + frame.nbytes)
+                pause = server._store_delivery(ns, who, msg, len(frame.msg) + frame.nbytes)
                 self.frames += 1
             except Exception as e:
                 error = e
-            _ack(sock, error)
+            _ack(sock, error, pause)
 
 
-def _ack(sock: Any, error: Exception | None) -> None:
+def _ack(sock: Any, error: Exception | None, pause: bool = False) -> None:
+    """Answer a frame: ``None`` (stored), ``True`` (stored; pause, see :data:`PAUSED`) or
+    ``[kind, message]`` (refused)."""
+    answer: Any = pause or None
     body = msgpack.packb(
-        None if error is None else [type(error).__name__, str(error)[:2000]], use_bin_type=True
+        answer if error is None else [type(error).__name__, str(error)[:2000]], use_bin_type=True
     )
     sock.sendall(ACK.pack(len(body)) + body)
 
@@ -549,7 +556,13 @@ class DataLink:
                         del buf[: ACK.size + n]
                         if not self._pending:
                             raise FrameError("an ack for no frame")
-                        why = None if answer is None else f"{answer[0]}: {answer[1]}"
+                        why = (
+                            None
+                            if answer is None
+                            else PAUSED
+                            if answer is True
+                            else f"{answer[0]}: {answer[1]}"
+                        )
                         answers.append((self._pending.popleft(), why))
                         self._progress = time.monotonic()
                     if self._pending and time.monotonic() - self._progress > ANSWER_TIMEOUT:

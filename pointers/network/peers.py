@@ -30,7 +30,13 @@ import torch
 from pointers.errors import NotAllowedError, PartyUnavailable, PointerError
 from pointers.network.certs import PARTY, Credentials, check_identity
 from pointers.network.config import ServerConfig
-from pointers.network.dataplane import THRESHOLD, DataLink, DataPlaneServer, encode_frame_header
+from pointers.network.dataplane import (
+    PAUSED,
+    THRESHOLD,
+    DataLink,
+    DataPlaneServer,
+    encode_frame_header,
+)
 from pointers.network.framing import (
     FrameError,
     buffer_bytes,
@@ -71,6 +77,7 @@ class _NoLink:
 _OK_NONE, _ = encode_message(Reply(None))
 
 RESEND_WAIT = 3.0  # seconds a delivery that was not sent waits for the peer's channel
+ROOM_POLL = (0.02, 0.5)  # s between a paused link's questions for room: first, at most
 
 
 class DeliveryFailed(PointerError):
@@ -93,9 +100,25 @@ class PeerLink:
     waiting there for the object fails at once instead of at its deadline.
     At most :data:`MAX_QUEUED_BYTES` are in flight per link; a delivery beyond waits for
     room.
+
+    Flow control: the peer answers a delivery it had to hold (its client has not announced
+    the id yet) with a request to pause once it holds more than its bound for this
+    session (``ServerConfig.max_held_bytes``, see
+    :meth:`~pointers.network.waiting.WaitingStore.room`). The link then asks the peer,
+    before each later delivery and with a small gRPC call, whether it may deliver that id
+    (every :data:`ROOM_POLL`), and the delivering command waits meanwhile: a crypto
+    provider that runs ahead of a slower party slows down instead of that party's memory
+    growing. The peer always makes room for an id its client announced, and for any id
+    while it is stalled; the wait ends at the deadline in any case (the delivery then
+    goes, and the peer's storage limit still applies).
     """
 
     MAX_QUEUED_BYTES = 512 * 1024 * 1024
+    # bytes in flight (not answered yet) for PRESSED_SECONDS after the peer last asked this
+    # link to pause: its answers (the next request to pause) then come within this many
+    # bytes, not after what the sockets' buffers hold (at least one delivery always goes)
+    PRESSED_QUEUED_BYTES = 1 << 20
+    PRESSED_SECONDS = 10.0
 
     def __init__(
         self, server: PeerLinks, peer: str, address: str, client: str, session: str = ""
@@ -106,6 +129,9 @@ class PeerLink:
         self._queued_bytes = 0  # bytes of the deliveries in flight
         self._busy = 0  # deliveries in flight
         self._closed = False
+        self._paused = False  # the peer asked this session's deliveries to wait for room
+        self._pressed_until = 0.0  # until when PRESSED_QUEUED_BYTES are in flight at most
+        self.pauses = 0  # deliveries that waited for room (tests, benchmarks)
 
     def _encode(self, info: dict[str, Any], frames: list[Any]) -> bytes:
         head: dict[str, Any] = {"client": self.client, "from": self.server.id}
@@ -169,6 +195,40 @@ class PeerLink:
                 return
         self._post(self._encode({}, [(0, header, buffers)]), obj_id, on_failure)
 
+    @property
+    def paused(self) -> bool:
+        """Whether the peer asked this session's deliveries to wait for room."""
+        return self._paused
+
+    def wait_room(self, obj_id: int, size: int) -> None:
+        """The peer asked this session to pause: ask it (a small gRPC call, every
+        :data:`ROOM_POLL`) whether ``obj_id`` (``size`` bytes) may come now, until it says
+        yes, the link closes, or the deadline passes (then it goes anyway: the peer's
+        limits still apply). A question that fails lets the delivery go (which reports
+        the failure). The caller sets its namespace's lock aside meanwhile
+        (:meth:`ServedWorker.deliver`)."""
+        server = self.server
+        self.pauses += 1
+        end = time.monotonic() + server.config.deadline
+        wait = ROOM_POLL[0]
+        ask = self._encode({"ask": "room", "id": obj_id, "size": size}, [])
+        while self._paused and not self._closed and time.monotonic() < end:
+            try:
+                call = server.peer_call(self.peer, self.address)
+                reply = call.blocking(
+                    ask,
+                    timeout=min(server.config.deadline, 10.0),
+                    metadata=server.call_metadata,
+                )
+                info, _ = decode_envelope(reply)
+                if info_field(info, "room", bool, True):
+                    break
+            except Exception:  # noqa: BLE001 - the delivery itself reports what is wrong
+                break
+            time.sleep(min(wait, max(end - time.monotonic(), 0.0)))
+            wait = min(2 * wait, ROOM_POLL[1])
+        self._paused = False
+
     def _post_data(
         self,
         data: DataLink,
@@ -219,7 +279,12 @@ class PeerLink:
         with self._cond:
             while (
                 self._queued_bytes
-                and self._queued_bytes + size > self.MAX_QUEUED_BYTES
+                and self._queued_bytes + size
+                > (
+                    self.PRESSED_QUEUED_BYTES
+                    if time.monotonic() < self._pressed_until
+                    else self.MAX_QUEUED_BYTES
+                )
                 and not self._closed
             ):
                 self._cond.wait(1.0)
@@ -261,9 +326,11 @@ class PeerLink:
                     metadata=server.call_metadata,
                     wait_for_ready=True,
                 )
-            _, out = decode_envelope(reply)
+            info, out = decode_envelope(reply)
             if len(out) != 1:
                 raise FrameError("a delivery reply carries exactly one message")
+            if info.get("pause") is True:
+                why = PAUSED
             _, rh, rb = out[0]
             if is_error_header(rh):
                 err = decode_message(rh, rb)
@@ -288,6 +355,10 @@ class PeerLink:
         """A delivery in flight was answered (``why``: None, or why it failed): report a
         failure, tell a peer that refused it, and free its room on the link."""
         server = self.server
+        if why == PAUSED:  # delivered; the peer asks the next ones to wait for room
+            self._paused = True
+            self._pressed_until = time.monotonic() + self.PRESSED_SECONDS
+            why = None
         try:
             if why is not None and obj_id is not None:
                 if on_failure is not None:
@@ -563,14 +634,23 @@ class PeerLinks:
         return ns
 
     @staticmethod
-    def _store_delivery(ns: ServedWorker, who: str, msg: Any, nbytes: int) -> None:
+    def _store_delivery(ns: ServedWorker, who: str, msg: Any, nbytes: int) -> bool:
         """Store a peer's decoded delivery under the namespace's rules (announced ids,
-        sealed labels, the storage limit), and count it."""
+        sealed labels, the storage limit), and count it. True: the sender should pause
+        (flow control, see :class:`PeerLink`)."""
         if type(msg) is not Store:
             raise NotAllowedError(f"a peer may only deliver objects, not {msg.KIND!r}")
-        ns.store.receive(who, msg.obj_id, msg.value, msg.sealed)
+        pause = ns.store.receive(who, msg.obj_id, msg.value, msg.sealed)
         stats = ns.stats  # as a VirtualWorker counts what its peers hand it
         stats.messages_received += 1
         stats.bytes_received += nbytes
         stats.messages_sent += 1
         stats.bytes_sent += len(_OK_NONE)
+        return pause
+
+    @staticmethod
+    def _room(ns: ServedWorker, who: str, info: dict[str, Any]) -> bytes:
+        """The answer to a paused sender's question (``ask: room``): may ``id`` come now."""
+        obj_id = info_field(info, "id", int, 0)
+        size = info_field(info, "size", int, 0)
+        return encode_envelope({"room": ns.store.room(who, obj_id, max(size, 0))}, [])

@@ -85,6 +85,7 @@ class ServedWorker(Worker):
         session: str = "",
         max_objects: int | None = None,
         programs: ProgramPool | None = None,
+        max_held_bytes: int | None = None,
     ) -> None:
         super().__init__(id)
         self.client = client
@@ -92,7 +93,12 @@ class ServedWorker(Worker):
         lock = NamespaceLock()
         self._lock = lock
         self.store: WaitingStore = WaitingStore(
-            id, deadline=deadline, max_bytes=max_stored_bytes, lock=lock, max_objects=max_objects
+            id,
+            deadline=deadline,
+            max_bytes=max_stored_bytes,
+            lock=lock,
+            max_objects=max_objects,
+            max_held=max_held_bytes,
         )
         self.programs = ProgramQueue(programs or ProgramPool(64, 8, 1024), id)
         self.calls = 0  # calls of the client running now (the lease does not run out)
@@ -212,6 +218,13 @@ class ServedWorker(Worker):
         post = getattr(link, "post_frames", None)
         if post is None:
             return super().deliver(peer, obj_id, value, donate, lend, sealed)
+        lock = self.store.lock
+        if getattr(link, "paused", False) and lock is not None:  # flow control (PeerLink)
+            depth = lock.suspend()  # (this namespace counts as stalled meanwhile)
+            try:
+                link.wait_room(obj_id, _size(value))  # type: ignore[union-attr]
+            finally:
+                lock.resume(depth)
         self._room_in_flight(peer, obj_id, _size(value) + 1024)
         header, buffers = encode_message(Store(obj_id, value, [], "", sealed))
         self.stats.peer_messages_sent += 1

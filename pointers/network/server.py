@@ -357,6 +357,8 @@ class WorkerServer(Sessions):
                 port = self.data_plane.port if self.data_plane is not None else 0
                 return encode_envelope({"data_port": port}, [])
             ns = self._delivery_namespace(who, role, info)
+            if info.get("ask") == "room":  # a paused sender (flow control, PeerLink)
+                return self._room(ns, who, info)
             failed = info_field(info, "failed", list, None)
             if failed is not None:
                 if not (len(failed) == 2 and type(failed[0]) is int and isinstance(failed[1], str)):
@@ -367,8 +369,8 @@ class WorkerServer(Sessions):
                 raise FrameError("a delivery carries exactly one message")
             _, header, buffers = frames[0]
             msg = decode_message(header, buffers)
-            self._store_delivery(ns, who, msg, serde.nbytes(header, buffers))
-            return encode_envelope({}, [(0, _OK_NONE, [])])
+            pause = self._store_delivery(ns, who, msg, serde.nbytes(header, buffers))
+            return encode_envelope({"pause": True} if pause else {}, [(0, _OK_NONE, [])])
         except Exception as e:
             h, b = encode_message(ErrorReply(type(e).__name__, str(e)))
             return encode_envelope({}, [(0, h, b)])

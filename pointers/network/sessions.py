@@ -69,6 +69,7 @@ class Sessions(PeerLinks):
                     session=session,
                     max_objects=cfg.max_objects,
                     programs=self.programs,
+                    max_held_bytes=cfg.max_held_bytes,
                 )
                 if cfg.approvals:  # the owner's policy (held values), not the client's
                     by_party: dict[str, list[str]] = {}

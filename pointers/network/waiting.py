@@ -36,6 +36,10 @@ from pointers.worker.store import Entry
 _MISSING: Any = object()
 _LOCKED_IDS = 4096  # ids announced or promised per hold of a store's lock
 HOLD_SECONDS = 300.0  # how long a delivery that arrived before its announcement is kept aside
+# how long a namespace must have run nothing (no command or program holding its lock, no
+# wait begun) before it counts as stalled: a stalled namespace takes every delivery, so
+# that flow control (max_held, below) can never hold back what its progress needs
+STALL_SECONDS = 1.0
 
 
 class NamespaceLock:
@@ -46,12 +50,20 @@ class NamespaceLock:
     only through private methods, hence this small class.
     """
 
-    __slots__ = ("_lock", "_owner", "_depth")
+    __slots__ = ("_lock", "_owner", "_depth", "active_at")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._depth = 0
+        # when the namespace last did something (a command or program took or let go of
+        # the lock, a wait for a delivery began): see WaitingStore.stalled
+        self.active_at = time.monotonic()
+
+    @property
+    def held(self) -> bool:
+        """Whether a thread holds the lock now (a wait that set it aside does not)."""
+        return self._owner is not None
 
     def acquire(self) -> bool:
         me = threading.get_ident()
@@ -61,6 +73,7 @@ class NamespaceLock:
         self._lock.acquire()
         self._owner = me
         self._depth = 1
+        self.active_at = time.monotonic()
         return True
 
     def release(self) -> None:
@@ -69,6 +82,7 @@ class NamespaceLock:
         self._depth -= 1
         if not self._depth:
             self._owner = None
+            self.active_at = time.monotonic()
             self._lock.release()
 
     def __enter__(self) -> bool:
@@ -111,9 +125,16 @@ class WaitingStore(CountedStore):
         max_bytes: int | None,
         lock: NamespaceLock | None = None,
         max_objects: int | None = None,
+        max_held: int | None = None,
     ) -> None:
         super().__init__(owner, max_bytes=max_bytes, max_objects=max_objects)
         self.deadline = deadline
+        # flow control: while the deliveries held before their announcement take more than
+        # max_held bytes (None: no bound) and the namespace is not stalled, a delivery's
+        # answer asks its sender to pause (receive() returns True); the sender then asks
+        # room() before each delivery to this namespace (pointers.network.peers.PeerLink)
+        self.max_held = max_held
+        self.held_bytes = 0  # bytes of the deliveries held before their announcement
         self.closed: str | None = None  # why this namespace is gone (its lease expired)
         self.note = ""  # added to "no object" errors (an earlier session's lease expired)
         self.lock = lock
@@ -176,22 +197,23 @@ class WaitingStore(CountedStore):
             if self._waiters:
                 self._cond.notify_all()
 
-    def receive(self, peer: str, obj_id: int, value: Any, sealed: Any = False) -> None:
+    def receive(self, peer: str, obj_id: int, value: Any, sealed: Any = False) -> bool:
         """A peer delivered ``value`` for ``obj_id`` (``sealed``: protocol material).
 
         Only an id the client announced for ``peer`` (or a program promised) is written;
         a delivery that comes before its announcement is kept aside (counted against the
         limit, :data:`HOLD_SECONDS` at most) until the announcement names this peer; any
-        other delivery is refused and leaves the namespace as it was."""
+        other delivery is refused and leaves the namespace as it was. True: the sender
+        should pause (the deliveries held here passed :attr:`max_held`, see :meth:`room`)."""
         with self._cond:
             if not self._may_deliver(peer, obj_id):
                 self._hold(peer, obj_id, value, sealed, False)
-                return
+                return self._over_held(0)
             self._unavailable.pop(peer, None)
             self._expected.pop(obj_id, None)
             self._failed.pop(obj_id, None)
             if self._dropped.pop(obj_id, _MISSING) is not _MISSING:
-                return  # its pointer died before the object arrived
+                return False  # its pointer died before the object arrived
             try:
                 self.put(obj_id, value, sealed=sealed)
             except LimitExceeded as e:
@@ -199,6 +221,41 @@ class WaitingStore(CountedStore):
                 self._failed[obj_id] = str(e)
                 self._cond.notify_all()
                 raise
+            return False
+
+    # -- flow control ----------------------------------------------------------------
+    def stalled(self) -> bool:
+        """Whether this namespace runs nothing and has run nothing for
+        :data:`STALL_SECONDS`: no command or program holds its lock, and none took it, let
+        it go or began waiting for a delivery since. Its progress then waits for something
+        from outside (a delivery, or the client's next call), so it takes deliveries over
+        :attr:`max_held`: back-pressure never holds back what would let it go on."""
+        lock = self.lock
+        if lock is None or lock.held:
+            return False
+        return time.monotonic() - lock.active_at >= STALL_SECONDS
+
+    def _over_held(self, size: int) -> bool:
+        """(With the lock held.) Whether a sender should wait before it delivers ``size``
+        more bytes that this namespace would hold: the held deliveries would pass
+        :attr:`max_held` (one is always let in when none is held) and the namespace is
+        busy (not :meth:`stalled`)."""
+        bound = self.max_held
+        if bound is None or self.closed is not None or not self.held_bytes:
+            return False
+        return self.held_bytes + size > bound and not self.stalled()
+
+    def room(self, peer: str, obj_id: int, size: int = 0) -> bool:
+        """Whether ``peer``, which was asked to pause, may deliver ``obj_id`` (``size``
+        bytes) now: always an id announced for ``peer`` or promised by a program (a
+        command here waits for it, or soon will), else when the held deliveries leave room
+        for it or the namespace is stalled (see :meth:`_over_held`)."""
+        with self._cond:
+            self._expire_held(time.monotonic())
+            who = self._announced.get(obj_id, _MISSING)
+            if who is None or who == peer:
+                return True
+            return not self._over_held(size)
 
     def _may_deliver(self, peer: str, obj_id: int, notice: bool = False) -> bool:
         """Whether ``peer`` may deliver ``obj_id`` now (False: not yet announced; raises
@@ -234,8 +291,10 @@ class WaitingStore(CountedStore):
             self._refused_more += 1
 
     def take_refused(self) -> str | None:
-        """The deliveries refused since the last call (one message), and forget them."""
+        """The deliveries refused since the last call (one message), and forget them
+        (held deliveries that expired are dropped, and reported, first)."""
         with self._cond:
+            self._expire_held(time.monotonic())
             if not self._refused:
                 return None
             more, self._refused_more = self._refused_more, 0
@@ -243,14 +302,27 @@ class WaitingStore(CountedStore):
         tail = f"; and {more} more" if more else ""
         return "; ".join(refused) + tail
 
-    def _hold(self, peer: str, obj_id: int, value: Any, sealed: Any, failed: bool) -> None:
-        now = time.monotonic()
+    def _expire_held(self, now: float) -> None:
+        """(With the lock held.) Drop the deliveries held longer than :data:`HOLD_SECONDS`
+        without their announcement, the oldest first (O(1) each), each reported at the
+        client's next sync (:meth:`take_refused`), never silently."""
         order = self._held_order
-        while order:  # the oldest first: O(1) per expired delivery
+        while order:
             key, when = next(iter(order.items()))
             if now - when <= HOLD_SECONDS:
                 break
-            self._unhold(*key)
+            held = self._unhold(*key)
+            if held is not None and not held[2]:  # (a failure notice goes unreported)
+                self._refuse(
+                    key[0],
+                    key[1],
+                    f"it came {HOLD_SECONDS:g} s ago and the client never announced it: dropped",
+                )
+
+    def _hold(self, peer: str, obj_id: int, value: Any, sealed: Any, failed: bool) -> None:
+        now = time.monotonic()
+        order = self._held_order
+        self._expire_held(now)
         if self.closed is not None:
             raise PartyUnavailable(self.closed, None)
         size = _size(value)
@@ -266,6 +338,7 @@ class WaitingStore(CountedStore):
         self._held.setdefault(obj_id, {})[peer] = (value, sealed, failed, now)
         order[(peer, obj_id)] = now
         self.bytes += size
+        self.held_bytes += size
 
     def _unhold(self, peer: str, obj_id: int) -> tuple[Any, Any, bool, float] | None:
         by_peer = self._held.get(obj_id)
@@ -274,7 +347,9 @@ class WaitingStore(CountedStore):
             if not by_peer:
                 del self._held[obj_id]
             self._held_order.pop((peer, obj_id), None)
-            self.bytes -= _size(held[0])
+            size = _size(held[0])
+            self.bytes -= size
+            self.held_bytes -= size
         return held
 
     def _unhold_all(self, obj_id: int) -> dict[str, tuple[Any, Any, bool, float]]:
@@ -283,7 +358,9 @@ class WaitingStore(CountedStore):
             return {}
         for peer, held in by_peer.items():
             self._held_order.pop((peer, obj_id), None)
-            self.bytes -= _size(held[0])
+            size = _size(held[0])
+            self.bytes -= size
+            self.held_bytes -= size
         return by_peer
 
     def _adopt(self, peer: str | None, obj_id: int) -> None:
@@ -420,6 +497,7 @@ class WaitingStore(CountedStore):
             self._promised.clear()
             self._storages.clear()
             self.bytes = 0
+            self.held_bytes = 0
             self.kept = 0
             self._cond.notify_all()
 
@@ -437,6 +515,8 @@ class WaitingStore(CountedStore):
     def _wait(self, obj_id: int) -> Entry:
         end = time.monotonic() + self.deadline
         lock = self.lock
+        if lock is not None:  # (the wait's start counts as activity: see stalled)
+            lock.active_at = time.monotonic()
         while True:
             depth = 0
             try:
