@@ -19,26 +19,31 @@ run's output, which the client opens with ``.get()``.
 
 Who learns what: the client learns the outputs of the approved computation on the inputs
 it chooses (as a plaintext query would tell it), the parties their shares and masked
-openings, the owner's worker nothing about the queries. A plan runs with ordinary
-triples: each query opens W - B for every weight it multiplies (no weight mask is kept).
+openings, the owner's worker nothing about the queries. The first query makes a weight
+instance of each weight it multiplies (F = W - B opened once, B kept at the dealer) and
+its run keeps them for the owner's later runs; each later query opens only its
+activations (e = x - A, fresh A), so its traffic scales with the activations.
 
 >>> import torch, pointers as pt, mpc
 >>> from torch import nn
 >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 >>> x = torch.tensor([[0.5, -1.0, 0.25, 2.0]])
+>>> expected = model(x).detach()
 >>> owner = pt.VirtualWorker("owner")
 >>> approval = mpc.approve(model, x, parties=["alice", "bob"], crypto_provider="carol")
 >>> model_ptr = mpc.offer(model, owner, approval)          # the owner's side
 >>> alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
 >>> held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)   # the client's side
 >>> query = mpc.plan(held, mpc.share(x, alice, bob, crypto_provider=carol))
->>> out = query(mpc.share(x, alice, bob, crypto_provider=carol)).get()
->>> bool((out - model(x)).abs().max() < 1e-2)
+>>> out = query(mpc.share(x, alice, bob, crypto_provider=carol)).get()  # makes the instances
+>>> out = query(mpc.share(x, alice, bob, crypto_provider=carol)).get()  # opens activations only
+>>> bool((out - expected).abs().max() < 1e-2)
 True
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,8 +55,9 @@ from mpc.api import buffer_is_secret, register_remote_models
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
-from mpc.plan import SharedPlan, _Programs, _signature
+from mpc.plan import SharedPlan, _Programs, _signature, _slots_of
 from mpc.plan import plan as plain_plan
+from mpc.protocols import weights
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
 from pointers.module import _module_location
@@ -192,7 +198,7 @@ def approve(
     session = Session(workers, dealer, config or MPCConfig())
     shared = [share_tensor(e, session) for e in examples]
     plan = HeldPlan(model, *shared, call=call, owner_session=session)
-    return {p.id: [plan.digest(p)] for p in workers}
+    return {p.id: plan.digests(p) for p in workers}
 
 
 def offer(model: nn.Module, worker: Any, approvals: dict[str, Sequence[str]]) -> nn.Module:
@@ -254,9 +260,16 @@ def share_held_model(model: nn.Module, session: Session, frac_bits: int | None) 
 
 class HeldPlan(SharedPlan):
     """``mpc.plan(model, *examples)`` for a model with held parameters: recorded on
-    stand-in weights (ordinary shares of small values, in the same session), each run
+    stand-in weights (ordinary shares of a public pattern, in the same session), each run
     binds the owner's shares to the weights' input slots and asks each party to release
-    the output (``RunProgram.held`` / ``outputs``)."""
+    the output (``RunProgram.held`` / ``outputs``).
+
+    Two programs per party, both approved by the owner: the *first* query makes a weight
+    instance of every weight it multiplies (F = W - B opened once, B kept at the dealer;
+    :mod:`mpc.protocols.weights`) and keeps them (its ``KEEP`` slots); every *later* query
+    takes those instances through ``CARRIED`` slots, bound to what the first run kept, so
+    it opens only the activations' e = x - A (:mod:`pointers.worker.holding` checks that
+    each carried slot takes the kept object the owner approved for it)."""
 
     def __init__(
         self,
@@ -279,7 +292,9 @@ class HeldPlan(SharedPlan):
             originals.append(t)
             # a public pattern (not secret, not a share): the values never enter the program
             value = torch.linspace(-0.05, 0.05, t.numel()).reshape(tuple(t.shape))
-            stand_ins.append(share_tensor(value, session))
+            stand_in = share_tensor(value, session)
+            weights.mark_fixed(stand_in)  # (its products make, then use, an instance)
+            stand_ins.append(stand_in)
         swap = {id(t): s for t, s in zip(originals, stand_ins)}
         model, call_fn = self.model, self.call
 
@@ -287,12 +302,48 @@ class HeldPlan(SharedPlan):
             with _Swapped(model, swap):
                 return call_fn(model, *inputs[: self.k_inputs])
 
-        with torch.no_grad():
-            super().__init__(recorded, *examples, *stand_ins)
+        with torch.no_grad(), weights.held_instances():
+            super().__init__(recorded, *examples, *stand_ins)  # the first query
+            first = self._first
+            self.later = _Programs(recorded, self.workers, (*examples, *stand_ins), first)
+        self.later.output = None  # type: ignore[assignment]
+        self.made = False  # whether the first query ran (or has its material dealt)
         self.example_output = None  # type: ignore[assignment]  # (stand-ins' output)
+        # the later program's carried slots (slot there -> slot of the first program), and
+        # per party, the first program's slots whose objects it keeps (made at that party)
+        # and which of those are the weights' copies (held: read as the owner's)
+        self.carried = {
+            k2: arg for k2, (kind, arg) in enumerate(self.later.slots.kind) if kind == "carried"
+        }
+        inst_w: set[tuple[str, int]] = set()
+        for st in stand_ins:
+            for inst in weights.instances_of(st):
+                inst_w |= {(p.location.id, p.id_at_location) for p in inst.w}
+        recorded_value = {k: v for v, k in first.slots.index.items()}
+        self.keeps: dict[str, list[int]] = {}
+        self.uses: dict[str, dict[int, int]] = {}
+        for party in self.session.parties:
+            mine = _slots_of(self.later.programs[party.id])
+            keeps, uses = set(), {}
+            for k2, k1 in self.carried.items():
+                if first.slots.kind[k1] != ("new", party.id):
+                    continue
+                keeps.add(k1)
+                if k2 in mine and (party.id, recorded_value[k1]) in inst_w:
+                    uses[k2] = k1
+            self.keeps[party.id] = sorted(keeps)
+            self.uses[party.id] = uses
+        # recorded: the stand-ins and their instances are not needed again (a held plan
+        # records no other signature), and their objects at the workers go with them
+        for st in stand_ins:
+            weights.drop_instances(st)
+        swap.clear()
+        del stand_ins, st
+        gc.collect()
 
     def _held_fields(self, variant: _Programs) -> dict[str, tuple[list[Any], list[int]]]:
-        """Per party: its [slot, name] pairs of the weights and its output slot."""
+        """Per party: its [slot, name] pairs of the inputs, the weights and the kept or
+        carried slots, and its output slot."""
         out = {}
         n = self.session.n
         for i, party in enumerate(self.session.parties):
@@ -303,37 +354,74 @@ class HeldPlan(SharedPlan):
                 k = (self.k_inputs + j) * n + i  # the flattened inputs' index of that share
                 slot = variant.slots.kind.index(("input", k))
                 pairs.append([slot, name])
+            if variant is self.later:
+                mine = _slots_of(variant.programs[party.id])
+                pairs += [[k2, holding.CARRIED] for k2 in sorted(self.carried) if k2 in mine]
+            else:
+                pairs += [[k1, holding.KEEP] for k1 in self.keeps[party.id]]
             out[party.id] = (pairs, [variant.out_slots[i]])
         return out
 
-    def digest(self, party: Any) -> str:
-        """The digest of ``party``'s program (as :func:`pointers.worker.holding.begin`
-        computes it there; ``party``: an in-process worker of this plan's session)."""
-        variant = self._first
-        held, outputs = self._held_fields(variant)[party.id]
-        program = party.store.get(variant.program_ids[party.id])
+    def digests(self, party: Any) -> list[str]:
+        """The digests of ``party``'s two programs, the first query's and the later
+        queries' (as :func:`pointers.worker.holding.begin` computes them there; ``party``:
+        an in-process worker of this plan's session)."""
+        first = self._first
+        held, outputs = self._held_fields(first)[party.id]
+        program = party.store.get(first.program_ids[party.id])
+        d1 = holding.program_digest(program.raw, held, outputs, party.id, party.store)
+        held, outputs = self._held_fields(self.later)[party.id]
+        program = party.store.get(self.later.program_ids[party.id])
+        uses = {k2: holding.instance_key(d1, k1) for k2, k1 in self.uses[party.id].items()}
+        d2 = holding.program_digest(program.raw, held, outputs, party.id, party.store, uses)
+        return [d1, d2]
 
-        return holding.program_digest(program.raw, held, outputs, party.id, party.store)
+    def digest(self, party: Any) -> str:
+        """The digest of ``party``'s first-query program (see :meth:`digests`)."""
+        return self.digests(party)[0]
+
+    def preprocess(self, calls: int = 1, *examples: SharedTensor) -> None:
+        """Deal the crypto provider's material for the next ``calls`` queries (see
+        :meth:`SharedPlan.preprocess`). Before the first query, the first set is the first
+        program's (it makes the weights' instances, whose ids and nonces the later sets
+        refer to: they are fixed once its set is dealt)."""
+        if calls < 0:
+            raise ValueError(f"calls must be at least 0, got {calls}")
+        if examples and _signature(examples) not in self._variants:
+            raise MPCError("no program set was recorded for that signature")
+        if calls and not self.made:
+            self._preprocess(self._first, 1)
+            self.later.carry = self._first.prepared[0]  # (what the first run will bind)
+            self.made, calls = True, calls - 1
+        if calls:
+            self._preprocess(self.later, calls)
+
+    def prepared(self, *examples: SharedTensor) -> int:
+        return len(self._first.prepared) + len(self.later.prepared)
 
     def __call__(self, *inputs: SharedTensor) -> SharedTensor:
         if len(inputs) != self.k_inputs:
             raise TypeError(f"this plan takes {self.k_inputs} inputs, got {len(inputs)}")
-        weights = [_tensor_at(m, a, p) for m, a, p, _ in self.slots_of]
-        if not all(isinstance(w, HeldShared) for w in weights):
+        weights_ = [_tensor_at(m, a, p) for m, a, p, _ in self.slots_of]
+        if not all(isinstance(w, HeldShared) for w in weights_):
             raise HeldError("this plan runs on the owner's held weights (mpc.share(model_ptr))")
         for x in inputs:
             if not isinstance(x, SharedTensor) or isinstance(x, HeldShared):
                 raise TypeError("plan inputs must be the client's SharedTensors")
             self.session.check_compatible(x.session)
             x.materialize()
-        all_inputs = (*inputs, *weights)
-        variant = self._variants.get(_signature(all_inputs))
-        if variant is None:
+        all_inputs = (*inputs, *weights_)
+        if _signature(all_inputs) not in self._variants:
             raise MPCError(
                 "this held plan was recorded for inputs of another shape, dtype or scale: "
                 "record (and have its owner approve) one for these"
             )
+        first = not self.made or bool(self._first.prepared)
+        variant = self._first if first else self.later
         out = self._run(variant, all_inputs, self._held_fields(variant))
+        if first and self.later.carry is None:  # later queries take what this run keeps
+            self.later.carry = self.last_bindings
+        self.made = True
         # each party releases the output when its run ends (until then it is held, and
         # the client's reads of it are refused): wait for that before handing it back
         for party in self.session.parties:

@@ -47,7 +47,11 @@ class _Programs:
     """The program set recorded for one input signature."""
 
     def __init__(
-        self, fn: Callable[..., Any], workers: list[Any], inputs: tuple[SharedTensor, ...]
+        self,
+        fn: Callable[..., Any],
+        workers: list[Any],
+        inputs: tuple[SharedTensor, ...],
+        carried_from: _Programs | None = None,
     ) -> None:
         # (inference: no autograd graph, whose saved values no program would delete)
         with recording_nonces() as nonces, accounting.stats() as counted, torch.no_grad():
@@ -58,7 +62,18 @@ class _Programs:
         self.rounds = counted.rounds
         self.output = out  # the recording run's own result
         input_ids = [s.id_at_location for x in inputs for s in x.shares]
-        programs, self.slots = build_programs(rec, input_ids)
+        # ``carried_from``: an earlier recording whose objects and nonces this one refers
+        # to (a held plan's weight instances): each such reference is a carried slot,
+        # bound at each call to what a run of that program bound (``carry``)
+        carried: dict[int, int] = {}
+        if carried_from is not None:
+            earlier: Slots = carried_from.slots
+            carried = {
+                v: k for v, k in earlier.index.items() if earlier.kind[k][0] in ("new", "extra")
+            }
+        programs, slots = build_programs(rec, input_ids, carried)
+        self.slots: Slots = slots
+        self.carry: list[int] | None = None  # the bindings of the run carried from
         # each nonce slot is bound, at every call, to a fresh nonce of the session it
         # was drawn from during the recording
         self.nonce_sessions: list[Session] = [nonces.sessions[v] for v in self.slots.extras]
@@ -174,6 +189,12 @@ class SharedPlan:
                 promised[arg].append(v)
             elif kind == "input":
                 v = 0 if input_ids is None else input_ids[arg]
+            elif kind == "carried":
+                if variant.carry is None:
+                    raise MPCError(
+                        "this program refers to what an earlier run makes: run that first"
+                    )
+                v = variant.carry[arg]
             else:
                 v = nonces[arg]
             bindings.append(v)
@@ -193,6 +214,9 @@ class SharedPlan:
         variant = self._variants.get(_signature(examples)) if examples else self._first
         if variant is None:
             raise MPCError("no program set was recorded for that signature: call the plan once")
+        self._preprocess(variant, calls)
+
+    def _preprocess(self, variant: _Programs, calls: int) -> None:
         dealer = self.session.dealer
         if dealer is None or variant.dealer_id is None:
             raise MPCError("this plan has no crypto provider: there is nothing to deal ahead")
@@ -284,6 +308,7 @@ class SharedPlan:
             )
         self._announce(variant.dealer_id, variant.deliveries, bindings)
         run_programs(variant.program_ids, workers, bindings, promised, held)
+        self.last_bindings = bindings
         accounting.count_round(variant.rounds)
         shares = []
         for party, slot, (shape, stride, dtype) in zip(

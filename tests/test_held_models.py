@@ -149,9 +149,9 @@ def test_a_run_is_approved_only_as_recorded(dep: Deployment) -> None:
     with pytest.raises((RemoteError, NotAllowedError), match="not a computation"):
         alice.request(RunProgram(msg.program_id, fresh, [], msg.held, other_out))
     # two parameters' names swapped: refused before anything runs
-    inputs = [item for item in msg.held if item[1] is None]
-    params = [item for item in msg.held if item[1] is not None]
-    swapped = inputs + [[s, n] for (s, _), (_, n) in zip(params, params[1:] + params[:1])]
+    others = [item for item in msg.held if type(item[1]) is not str]  # inputs, carried
+    params = [item for item in msg.held if type(item[1]) is str]
+    swapped = others + [[s, n] for (s, _), (_, n) in zip(params, params[1:] + params[:1])]
     with pytest.raises((RemoteError, NotAllowedError), match="declared"):
         alice.request(RunProgram(msg.program_id, fresh, [], swapped, msg.outputs))
     # the output's id bound to a second slot too (the run would write another value there)
@@ -289,7 +289,17 @@ def test_network_workers(tmp_path: Path) -> None:
         query = mpc.plan(held, xs)
         with torch.no_grad():
             expected = plain(x)
-        assert (query(xs).get() - expected).abs().max() < 1e-2
+        with mpc.stats() as first:
+            assert (query(xs).get() - expected).abs().max() < 1e-2
+        # a later query takes the instances the first one kept (each served party reads
+        # their keys from its own store) and opens only the activations
+        x2 = torch.randn(8, 4)
+        with torch.no_grad():
+            expected = plain(x2)
+        with mpc.stats() as later:
+            out = query(mpc.share(x2, alice, bob, crypto_provider=carol))
+            assert (out.get() - expected).abs().max() < 1e-2
+        assert later.max_bytes_per_party < first.max_bytes_per_party
         with pytest.raises((RemoteError, NotAllowedError), match="sealed"):
             held[0].weight.shares[0].get()
         other = mpc.plan(held, xs, call=lambda m, v: m[0](v))

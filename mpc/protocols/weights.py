@@ -12,12 +12,18 @@ An instance lasts while its parameter does and is not written: an in-place updat
 the parameter (an optimizer step) ends it, and the next product makes a new one with a
 fresh B (the workers refuse a product with a modified weight in any case). While a plan
 is recorded, products use ordinary Beaver triples (a plan's nonces are bound at each
-run, an instance's F lives across runs).
+run, an instance's F lives across runs), except inside :func:`held_instances`: a held
+plan (:mod:`mpc.held`) records a first program that makes the instances of its stand-in
+weights and a later one that uses them, and binds the later one's references to them
+to what the first one's approved run kept (:mod:`pointers.worker.holding`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -27,6 +33,31 @@ from mpc.protocols import arith
 from mpc.protocols.arith import I64, Round, Shares, at_parties, deal, last_only
 from mpc.session import Session, recording
 from mpc.shared import SharedTensor
+
+_HELD_RECORDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mpc_held_instances", default=False
+)
+
+
+@contextlib.contextmanager
+def held_instances() -> Iterator[None]:
+    """Inside: products with fixed weights use instances while a plan is recorded (a held
+    plan's recordings, see :mod:`mpc.held`)."""
+    token = _HELD_RECORDING.set(True)
+    try:
+        yield
+    finally:
+        _HELD_RECORDING.reset(token)
+
+
+def instances_of(param: SharedTensor) -> list[WeightInstance]:
+    """The instances made of a fixed weight ``param`` (and its layout views)."""
+    return list(param.__dict__.get("_weight_instances", {}).values())
+
+
+def drop_instances(param: SharedTensor) -> None:
+    """Forget the instances of ``param`` (their objects are deleted with their pointers)."""
+    param.__dict__.pop("_weight_instances", None)
 
 
 class WeightInstance:
@@ -101,7 +132,7 @@ def fixed_product(
     embedding: 309 MB) is split along the contraction dimension into pieces of at most
     that size, each an instance of its own (a network message is at most 256 MiB by
     default, and F travels whole): the partial products, opened in one round, are added."""
-    if (a.fixed is None) == (b.fixed is None) or recording():
+    if (a.fixed is None) == (b.fixed is None) or (recording() and not _HELD_RECORDING.get()):
         return None
     w, x, w_first = (a, b, True) if a.fixed is not None else (b, a, False)
     if w.pending or x.pending or w.fixed is None or w.fixed[0]() is None:

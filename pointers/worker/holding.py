@@ -45,6 +45,10 @@ from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
 
 HELD_SHARE = "held_share"  # an owner's share: extra (owner, parameter name, approvals)
 HELD = "held"  # made by an approved run: extra (owner, run token)
+# kept by an approved run for the owner's later runs: extra (owner, key); see begin()
+HELD_INSTANCE = "held_instance"
+KEEP = ["keep"]  # a declared slot whose object the run keeps for later approved runs
+CARRIED = ["carried"]  # a declared slot bound to what an earlier approved run kept
 _TOKENS = "pointers.holding.tokens"  # function-state key: the run tokens a namespace used
 _BOUND = "pointers.holding.bound"  # function-state key: value bound in a run -> its token
 
@@ -86,12 +90,19 @@ def share_seal(owner: str, name: str, policy: Policy | None) -> list[Any]:
 
 
 def program_digest(
-    raw: list[Any], held: list[list[Any]], outputs: list[int], party: str, store: Any
+    raw: list[Any],
+    held: list[list[Any]],
+    outputs: list[int],
+    party: str,
+    store: Any,
+    uses: dict[int, str] | None = None,
 ) -> str:
     """The digest an owner approves: a program's commands as this party stores them, with
     each reference to an object that exists before the run replaced by its kind (its
-    sealed label's kind in ``store``, or "ordinary"), the declared parameter and input
-    slots, the output slots and the party."""
+    sealed label's kind in ``store``, or "ordinary"), the declared parameter, input, kept
+    and carried slots, the output slots and the party. ``uses``: per carried slot bound to
+    an object an earlier run kept, that object's key (the kept slot of the approved
+    program that made it: the digest fixes which kept object each carried slot takes)."""
 
     def kind_of(obj_id: int) -> str:
         label = Label.of(store.entry(obj_id).sealed)
@@ -117,9 +128,26 @@ def program_digest(
             return o
         return ["other", type(o).__name__, repr(o)]
 
-    slots = sorted([int(s), "" if n is None else str(n)] for s, n in held)  # "": an input
+    slots = sorted([int(s), _slot_name(s, n, uses or {})] for s, n in held)
     doc = [party, canon(raw), slots, sorted(outputs)]
     return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
+
+
+def _slot_name(slot: int, name: Any, uses: dict[int, str]) -> str:
+    """A declared slot in the digest: "" an input, a parameter's name, or (NUL-prefixed:
+    no parameter's name) kept, carried, or carried and bound to the kept object ``key``."""
+    if name is None:
+        return ""
+    if name == KEEP:
+        return "\x00keep"
+    if name == CARRIED:
+        return "\x00use:" + uses[slot] if slot in uses else "\x00carried"
+    return str(name)
+
+
+def instance_key(digest: str, slot: int) -> str:
+    """The key of an object kept by a run of the program of ``digest`` from its ``slot``."""
+    return f"{digest}:{slot}"
 
 
 @dataclass
@@ -133,6 +161,11 @@ class HeldRun:
     # the ordinary objects the run may read: its declared input slots' and the program's
     # constants (everything else it reads it made itself, sealed held, or is material)
     readable: set[int] = field(default_factory=set)
+    digest: str = ""
+    # (slot, id) of the objects the run keeps for the owner's later runs (KEEP slots);
+    # at release, the protocol material among them is kept too (not spent at the end)
+    keep: list[tuple[int, int]] = field(default_factory=list)
+    kept: set[int] = field(default_factory=set)
 
     def check_read(self, obj_id: int) -> None:
         """An ordinary object read by the run must be one of its inputs or constants."""
@@ -149,7 +182,7 @@ class HeldRun:
             return False
         if label.kind == HELD:
             return label.extra == (self.owner, self.token)
-        return label.kind == HELD_SHARE and obj_id in self.admitted
+        return label.kind in (HELD_SHARE, HELD_INSTANCE) and obj_id in self.admitted
 
     def seal(self) -> list[Any]:
         """The label of an ordinary object this run makes."""
@@ -202,15 +235,28 @@ def begin(
     approvals: Any = None
     admitted: set[int] = set()
     readable: set[int] = set()
+    keeps: list[int] = []
+    carried: list[int] = []
+    declared: set[int] = set()
     for item in held:
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
             raise NotAllowedError("held parameter slots are [slot, name] pairs")
         slot, name = item
-        if not 0 <= slot < len(bindings) or not (name is None or type(name) is str):
+        ok_name = name is None or type(name) is str or name in (KEEP, CARRIED)
+        if not 0 <= slot < len(bindings) or not ok_name:
             raise NotAllowedError(f"held parameter slot {slot} is out of range")
+        if slot in declared:
+            raise NotAllowedError(f"slot {slot} is declared twice")
+        declared.add(slot)
         obj_id = bindings[slot]
         if name is None:  # one of the client's inputs (an ordinary object)
             readable.add(obj_id)
+            continue
+        if name == KEEP:
+            keeps.append(slot)
+            continue
+        if name == CARRIED:
+            carried.append(slot)
             continue
         label = Label.of(store.entry(obj_id).sealed)
         if label is None or label.kind != HELD_SHARE or len(label.extra) != 3:
@@ -233,9 +279,27 @@ def begin(
         admitted.add(obj_id)
     if owner is None:
         raise NotAllowedError("a held run declares at least one held parameter slot")
-    held_slots = {item[0] for item in held if item[1] is not None}
+    # a carried slot bound to an object an earlier approved run kept: the owner's only
+    # (admitted to this run), and its key (which kept slot of which approved program made
+    # it) enters the digest: the owner approved which kept object each carried slot takes
+    uses: dict[int, str] = {}
+    for slot in carried:
+        obj_id = bindings[slot]
+        if obj_id not in store:
+            continue
+        label = Label.of(store.entry(obj_id).sealed)
+        if label is None or label.kind != HELD_INSTANCE:
+            continue  # (protocol material, or nothing the run can read: its steps' rules)
+        if len(label.extra) != 2 or label.extra[0] != owner:
+            raise NotAllowedError(
+                f"worker {worker_id!r}: slot {slot} is bound to an object kept for another "
+                f"owner; {RULE}"
+            )
+        uses[slot] = str(label.extra[1])
+        admitted.add(obj_id)
+    param_slots = {item[0] for item in held if type(item[1]) is str} | set(uses)
     for k, b in enumerate(bindings):  # a parameter is bound to its own slots only
-        if b in admitted and k not in held_slots:
+        if b in admitted and k not in param_slots:
             raise NotAllowedError(
                 f"worker {worker_id!r}: slot {k} is bound to a held parameter, but only the "
                 f"declared parameter slots take one; {RULE}"
@@ -243,9 +307,12 @@ def begin(
     for s in outputs:  # an output's id is bound to no other slot (it would hold that too)
         if bindings.count(bindings[s]) != 1:
             raise NotAllowedError(f"output slot {s} must be bound to an id of its own; {RULE}")
+    for s in keeps:  # (a kept object is made by the run: an id of its own, as an output)
+        if bindings.count(bindings[s]) != 1 or bindings[s] in store:
+            raise NotAllowedError(f"kept slot {s} must be bound to a new id of its own; {RULE}")
     readable |= _constants(program_raw)
 
-    digest = program_digest(program_raw, held, outputs, worker_id, store)
+    digest = program_digest(program_raw, held, outputs, worker_id, store, uses)
     if [worker_id, digest] not in (approvals or []):
         raise NotAllowedError(
             f"worker {worker_id!r}: this program (digest {digest[:16]}...) is not a "
@@ -258,9 +325,13 @@ def begin(
         raise NotAllowedError("a run's bindings are used once")
     used.add(token)
     bound: dict[int, str] = state.setdefault(_BOUND, {})
-    for b in bindings:  # (its nonces among them: see check_instances)
-        bound.setdefault(int(b), token)
-    return HeldRun(owner, token, admitted, [bindings[s] for s in outputs], readable)
+    skip = set(carried)  # (what an earlier run kept is not this run's to spend)
+    for k, b in enumerate(bindings):  # (its nonces among them: see check_instances)
+        if k not in skip:
+            bound.setdefault(int(b), token)
+    run = HeldRun(owner, token, admitted, [bindings[s] for s in outputs], readable)
+    run.digest, run.keep = digest, [(s, bindings[s]) for s in keeps]
+    return run
 
 
 def _constants(raw: Any) -> set[int]:
@@ -276,12 +347,29 @@ def _constants(raw: Any) -> set[int]:
 
 
 def release(store: Any, run: HeldRun) -> None:
-    """After a run without error: its output objects become ordinary objects."""
+    """After a run without error: its output objects become ordinary objects, and the
+    objects in its kept slots are kept for the owner's later approved runs: one the run
+    made (held) becomes :data:`HELD_INSTANCE` with its key (this program's digest and
+    the slot), which only a later approved run of the same owner that declares the key
+    reads; protocol material among them stays as it is (not spent at the run's end)."""
     for obj_id in run.outputs:
         if obj_id in store:
             entry = store.entry(obj_id)
             if run.admits(entry.sealed):
                 entry.sealed = False
+    for slot, obj_id in run.keep:
+        if obj_id not in store:
+            continue
+        entry = store.entry(obj_id)
+        label = Label.of(entry.sealed)
+        if label is None or label.kind in (HELD_SHARE, HELD_INSTANCE, SPENT):
+            continue
+        if label.kind == HELD:
+            if run.admits(entry.sealed):
+                key = instance_key(run.digest, slot)
+                entry.sealed = seal(HELD_INSTANCE, deliveries=0, extra=(run.owner, key))
+        else:
+            run.kept.add(obj_id)
 
 
 def end(store: Any, state: dict[str, Any], run: HeldRun) -> None:
@@ -293,11 +381,16 @@ def end(store: Any, state: dict[str, Any], run: HeldRun) -> None:
     for obj_id in list(store.view()):
         if obj_id not in store:
             continue
+        if obj_id in run.kept:
+            continue
         label = Label.of(store.entry(obj_id).sealed)
-        if label is not None and label.nonce in mine and label.kind not in (HELD, SPENT):
+        if label is not None and label.nonce in mine and label.kind not in _NOT_MATERIAL:
             spend([store.entry(obj_id)])
     for v in mine:
         del bound[v]
+
+
+_NOT_MATERIAL = frozenset({HELD, HELD_SHARE, HELD_INSTANCE, SPENT})
 
 
 def any_bound(state: dict[str, Any]) -> bool:
@@ -325,7 +418,7 @@ def check_instances(state: dict[str, Any], labels: list[Label]) -> None:
 def check_send(sealed: Any) -> None:
     """A held object leaves its worker only as its approved run's own delivery."""
     label = Label.of(sealed)
-    if label is not None and label.kind == HELD:
+    if label is not None and label.kind in (HELD, HELD_INSTANCE):
         run = current()
         if run is None or not run.admits(sealed):
             raise NotAllowedError(
@@ -336,7 +429,10 @@ def check_send(sealed: Any) -> None:
 
 __all__ = [
     "HELD",
+    "HELD_INSTANCE",
     "HELD_SHARE",
+    "CARRIED",
+    "KEEP",
     "HeldRun",
     "any_bound",
     "Policy",
@@ -345,6 +441,7 @@ __all__ = [
     "check_send",
     "current",
     "end",
+    "instance_key",
     "program_digest",
     "release",
     "running",

@@ -154,7 +154,8 @@ class Slots:
 
     def __init__(self) -> None:
         self.index: dict[int, int] = {}
-        self.kind: list[tuple[str, Any]] = []  # ("new", worker id) | ("input", k) | ("extra", k)
+        # ("new", worker id) | ("input", k) | ("extra", k) | ("carried", k)
+        self.kind: list[tuple[str, Any]] = []
         self.extras: list[int] = []  # the RunValues, in the order of their ("extra", k) slots
 
     def add(self, value: int, kind: tuple[str, Any]) -> None:
@@ -167,12 +168,18 @@ class Slots:
         return len(self.kind)
 
 
-def build_programs(rec: Recording, inputs: list[int]) -> tuple[dict[str, list[Any]], Slots]:
+def build_programs(
+    rec: Recording, inputs: list[int], carried: dict[int, int] | None = None
+) -> tuple[dict[str, list[Any]], Slots]:
     """Per worker, its recorded commands in wire form with run-specific values as slots.
 
     ``inputs`` are the ids of the run's input objects (bound anew at each run); the ids the
     recording allocated are slots too, and every :class:`RunValue` in a command's payload
-    becomes an ``("extra", k)`` slot (``slots.extras[k]`` is its recorded value)."""
+    becomes an ``("extra", k)`` slot (``slots.extras[k]`` is its recorded value).
+    ``carried``: values an earlier recording made (object ids it allocated, RunValues it
+    drew), each with its slot k there: where this recording refers to one, the program
+    takes a ``("carried", k)`` slot (a run binds it to what an earlier run bound to k)."""
+    carried = carried or {}
     slots = Slots()
     for wid, ids in rec.new_ids.items():
         for i in ids:
@@ -181,15 +188,22 @@ def build_programs(rec: Recording, inputs: list[int]) -> tuple[dict[str, list[An
         slots.add(i, ("input", k))
     temps = set(slots.index)
 
+    def carry(v: int) -> int | None:
+        k = slots.index.get(v)
+        if k is None and v in carried:
+            slots.add(v, ("carried", carried[v]))
+            k = slots.index[v]
+        return k
+
     def sub_id(o: Any) -> Any:
         if isinstance(o, list):
             return [sub_id(x) for x in o]
-        k = slots.index.get(o) if isinstance(o, int) and not isinstance(o, bool) else None
+        k = carry(o) if isinstance(o, int) and not isinstance(o, bool) else None
         return Slot(k) if k is not None else o
 
     def sub(o: Any) -> Any:
         if isinstance(o, RunValue):
-            k = slots.index.get(o)
+            k = carry(int(o))
             if k is None:
                 slots.add(int(o), ("extra", len(slots.extras)))
                 slots.extras.append(int(o))
@@ -197,7 +211,7 @@ def build_programs(rec: Recording, inputs: list[int]) -> tuple[dict[str, list[An
             return Slot(k)
         rid = ref_id(o)
         if rid is not None:
-            k = slots.index.get(rid)
+            k = carry(rid)
             return SlotRef(k) if k is not None else o
         if isinstance(o, list):
             return [sub(x) for x in o]
