@@ -399,6 +399,15 @@ class HeldPlan(SharedPlan):
     def prepared(self, *examples: SharedTensor) -> int:
         return len(self._first.prepared) + len(self.later.prepared)
 
+    def forget_instances(self) -> None:
+        """The next query is a first query again: its run makes (and keeps) new weight
+        instances, with fresh masks B. For a first query whose run failed (its output did
+        not open: the later queries would be refused), or to renew the masks. Material
+        dealt ahead is dropped (it refers to the old instances)."""
+        self.made, self.later.carry = False, None
+        self._first.prepared.clear()
+        self.later.prepared.clear()
+
     def __call__(self, *inputs: SharedTensor) -> SharedTensor:
         if len(inputs) != self.k_inputs:
             raise TypeError(f"this plan takes {self.k_inputs} inputs, got {len(inputs)}")

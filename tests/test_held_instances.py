@@ -314,3 +314,29 @@ def test_material_dealt_ahead_of_the_first_query() -> None:
         sent.append(s.max_bytes_per_party)
     assert d.query.prepared() == 0
     assert sent[1] == sent[2] < sent[0]
+
+
+def test_after_a_failed_first_query_the_instances_are_made_again() -> None:
+    """A first query whose run failed at the parties (here: its nonces were used before,
+    by the recording): nothing is kept, the later program is refused; forget_instances
+    makes the next query a first query again."""
+    d = Deployment()
+    q = d.query
+    used = {k: q._first.slots.extras[arg] for k, (kind, arg) in enumerate(q._first.slots.kind)
+            if kind == "extra"}  # fmt: skip
+
+    def change(variant: Any, b: list[int]) -> None:
+        if variant is q._first:
+            for k, v in used.items():
+                b[k] = v
+
+    with bindings_changed(q, change), pytest.raises(REFUSED, match="before|used twice"):
+        q(d.share(d.x)).get()
+    assert not d.kept()["alice"]
+    with pytest.raises(REFUSED, match="approved"):  # (its carried slots: nothing kept)
+        q(d.share(d.x)).get()
+    q.forget_instances()
+    for _ in range(2):
+        x = torch.randn(2, 16)
+        d.check(q(d.share(x)), x)
+    assert len(d.kept()["alice"]) == 2
