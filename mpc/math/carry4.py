@@ -110,8 +110,10 @@ def pack(aligned: list[torch.Tensor], level: int) -> torch.Tensor:
 def unpack(packed: torch.Tensor, count: int, level: int) -> list[torch.Tensor]:
     """The ``count`` aligned values :func:`pack` packed (any words: e.g. random ones)."""
     shift = 1 if level == 0 else SPACING[level]
-    mask = MASKS[level]
-    return [(packed[k // 4] >> ((k % 4) * shift)) & mask for k in range(count)]
+    shifts = torch.arange(0, 4 * shift, shift, dtype=packed.dtype, device=packed.device)
+    shifts = shifts.view(1, 4, *([1] * (packed.dim() - 1)))
+    out = (packed.unsqueeze(1) >> shifts) & MASKS[level]  # all four offsets at once
+    return list(out.flatten(0, 1)[:count].unbind(0))
 
 
 # -- polynomials in secret bits with public word coefficients ----------------------------
