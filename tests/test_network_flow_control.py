@@ -3,11 +3,13 @@
 A crypto provider never waits for the parties: it deals as fast as the client's commands
 reach it, while a slower party still works through earlier commands. A delivery that comes
 before the client announced its id (the announcement rides on the party's next call) is
-held aside; at BERT-base's size the last party held hundreds of MB that way. Now a party
-that holds more than ``max_held_bytes`` for a session, while that session is busy, asks
-the sender to pause; the sender then asks for room before each later delivery, and its
-command waits. Room is always made for an id the party's client announced (what its
-current command waits for), and for any id once the session stalled (it runs nothing:
+held aside, and one announced with a call of many commands waits until they reach it; at
+BERT-base's size the last party held hundreds of MB that way. Now a party that holds more
+than ``max_held_bytes`` of a session's deliveries not announced yet or not read yet,
+while that session is busy, asks the sender to pause; the sender then asks for room
+before each later delivery, and its command waits. Room is always made while a command
+of the session waits for anything from that sender (what its current command needs, and
+what is queued before it at the sender), and once the session stalled (it runs nothing:
 its progress waits for something from outside), so the bound cannot deadlock.
 """
 
@@ -241,13 +243,33 @@ def test_a_held_delivery_that_expires_is_reported(monkeypatch):
     assert store.take_refused() is None  # reported once
 
 
-def test_room_is_always_made_for_an_announced_id():
-    store = WaitingStore("bob", deadline=1.0, max_bytes=None, max_held=8)
-    # (no namespace lock: never stalled, so only the bound decides)
+def test_room_is_made_for_what_a_command_waits_for():
+    """Deliveries held before their announcement and those stored and not read yet both
+    count; a peer that a lookup waits for always gets room (no lock here: the store is
+    never stalled, so only the bound and the waits decide)."""
+    store = WaitingStore("bob", deadline=5.0, max_bytes=None, max_held=8)
     assert store.receive("carol", 1, torch.ones(4)) is True  # 16 bytes held: over 8
-    assert store.room("carol", 2, 16) is False
     store.expect("carol", [2])
-    assert store.room("carol", 2, 16) is True  # announced: its command waits for it
-    assert store.room("dave", 2, 16) is False  # (announced for carol, not dave)
-    store.expect("carol", [1])  # the held one is adopted: nothing held any more
-    assert store.held_bytes == 0 and store.room("carol", 3, 16) is True
+    assert store.room("carol", 2, 16) is False  # announced, but nothing waits for it yet
+    got: list[torch.Tensor] = []
+    reader = threading.Thread(target=lambda: got.append(store.get(2)))
+    reader.start()
+    for _ in range(200):
+        if store._waiting_on:
+            break
+        time.sleep(0.01)
+    assert store.room("carol", 2, 16) is True  # a command waits for carol
+    assert store.room("dave", 7, 16) is False  # (for carol, not for dave)
+    assert store.receive("carol", 2, torch.ones(4)) is False
+    reader.join(5)
+    assert torch.equal(got[0], torch.ones(4))
+    assert store.unread_bytes == 0  # read: no longer counted
+    store.expect("carol", [1])  # the held one is adopted: stored, not read yet
+    assert store.held_bytes == 0 and store.unread_bytes == 16
+    assert store.room("carol", 3, 16) is False
+    store.get(1)
+    assert store.unread_bytes == 0 and store.room("carol", 3, 16) is True
+    store.expect("carol", [3])
+    store.receive("carol", 3, torch.ones(4))
+    store.discard(3)  # dropped unread: no longer counted either
+    assert store.unread_bytes == 0

@@ -101,16 +101,16 @@ class PeerLink:
     At most :data:`MAX_QUEUED_BYTES` are in flight per link; a delivery beyond waits for
     room.
 
-    Flow control: the peer answers a delivery it had to hold (its client has not announced
-    the id yet) with a request to pause once it holds more than its bound for this
-    session (``ServerConfig.max_held_bytes``, see
+    Flow control: the peer answers a delivery with a request to pause once this session's
+    deliveries that it holds before their announcement, or stored and not read yet, take
+    more than its bound (``ServerConfig.max_held_bytes``, see
     :meth:`~pointers.network.waiting.WaitingStore.room`). The link then asks the peer,
     before each later delivery and with a small gRPC call, whether it may deliver that id
-    (every :data:`ROOM_POLL`), and the delivering command waits meanwhile: a crypto
-    provider that runs ahead of a slower party slows down instead of that party's memory
-    growing. The peer always makes room for an id its client announced, and for any id
-    while it is stalled; the wait ends at the deadline in any case (the delivery then
-    goes, and the peer's storage limit still applies).
+    (every :data:`ROOM_POLL`), and the delivering command waits meanwhile (its lock set
+    aside): a crypto provider that runs ahead of a slower party slows down instead of that
+    party's memory growing. The peer makes room while a command of its session waits for
+    anything from this worker, and while that session is stalled; the wait ends at the
+    deadline in any case (the delivery then goes; the peer's storage limit still applies).
     """
 
     MAX_QUEUED_BYTES = 512 * 1024 * 1024

@@ -129,12 +129,15 @@ class WaitingStore(CountedStore):
     ) -> None:
         super().__init__(owner, max_bytes=max_bytes, max_objects=max_objects)
         self.deadline = deadline
-        # flow control: while the deliveries held before their announcement take more than
-        # max_held bytes (None: no bound) and the namespace is not stalled, a delivery's
-        # answer asks its sender to pause (receive() returns True); the sender then asks
-        # room() before each delivery to this namespace (pointers.network.peers.PeerLink)
+        # flow control: while the deliveries held before their announcement and those
+        # stored and not read yet take more than max_held bytes (None: no bound), a
+        # delivery's answer asks its sender to pause (receive() returns True); the sender
+        # then asks room() before each later delivery here (pointers.network.peers.PeerLink)
         self.max_held = max_held
         self.held_bytes = 0  # bytes of the deliveries held before their announcement
+        self.unread_bytes = 0  # bytes of the deliveries stored and not read yet
+        self._unread: dict[int, int] = {}  # their ids -> bytes
+        self._waiting_on: dict[str | None, int] = {}  # lookups waiting, by peer (None: promised)
         self.closed: str | None = None  # why this namespace is gone (its lease expired)
         self.note = ""  # added to "no object" errors (an earlier session's lease expired)
         self.lock = lock
@@ -188,6 +191,8 @@ class WaitingStore(CountedStore):
             self._entries[obj_id] = Entry(
                 value, set(tags) if tags else set(), description, sealed, own, key
             )
+            if self._unread:
+                self._read(obj_id)
             self.bytes += own + self._ref(key, storage)
             if old is not None:
                 self.bytes -= old.nbytes + self._unref(old.storage)
@@ -208,7 +213,7 @@ class WaitingStore(CountedStore):
         with self._cond:
             if not self._may_deliver(peer, obj_id):
                 self._hold(peer, obj_id, value, sealed, False)
-                return self._over_held(0)
+                return self._over_held(0, peer)
             self._unavailable.pop(peer, None)
             self._expected.pop(obj_id, None)
             self._failed.pop(obj_id, None)
@@ -221,6 +226,11 @@ class WaitingStore(CountedStore):
                 self._failed[obj_id] = str(e)
                 self._cond.notify_all()
                 raise
+            if self.max_held is not None:  # (counted until a command or program reads it)
+                size = _size(value)
+                self._unread[obj_id] = size
+                self.unread_bytes += size
+                return self._over_held(0, peer)
             return False
 
     # -- flow control ----------------------------------------------------------------
@@ -235,27 +245,34 @@ class WaitingStore(CountedStore):
             return False
         return time.monotonic() - lock.active_at >= STALL_SECONDS
 
-    def _over_held(self, size: int) -> bool:
-        """(With the lock held.) Whether a sender should wait before it delivers ``size``
-        more bytes that this namespace would hold: the held deliveries would pass
-        :attr:`max_held` (one is always let in when none is held) and the namespace is
-        busy (not :meth:`stalled`)."""
+    def _read(self, obj_id: int) -> None:
+        """(With the lock held.) A delivery stored here was read (or replaced, or
+        dropped): it no longer counts against :attr:`max_held`."""
+        size = self._unread.pop(obj_id, None)
+        if size is not None:
+            self.unread_bytes -= size
+
+    def _over_held(self, size: int, peer: str) -> bool:
+        """(With the lock held.) Whether ``peer`` should wait before it delivers ``size``
+        more bytes here: the deliveries held before their announcement and those stored
+        and not read yet would pass :attr:`max_held` (one is always let in when there are
+        none), while the namespace is busy (not :meth:`stalled`) and waits for nothing
+        from ``peer`` (a lookup waiting for an id announced from it, or promised)."""
         bound = self.max_held
-        if bound is None or self.closed is not None or not self.held_bytes:
+        pending = self.held_bytes + self.unread_bytes
+        if bound is None or self.closed is not None or not pending or pending + size <= bound:
             return False
-        return self.held_bytes + size > bound and not self.stalled()
+        waiting = self._waiting_on
+        return not (waiting.get(peer) or waiting.get(None) or self.stalled())
 
     def room(self, peer: str, obj_id: int, size: int = 0) -> bool:
         """Whether ``peer``, which was asked to pause, may deliver ``obj_id`` (``size``
-        bytes) now: always an id announced for ``peer`` or promised by a program (a
-        command here waits for it, or soon will), else when the held deliveries leave room
-        for it or the namespace is stalled (see :meth:`_over_held`)."""
+        bytes) now: yes while a command or program here waits for anything from ``peer``
+        (or for a promised id), while the namespace is stalled, or when the bound leaves
+        room for it (see :meth:`_over_held`)."""
         with self._cond:
             self._expire_held(time.monotonic())
-            who = self._announced.get(obj_id, _MISSING)
-            if who is None or who == peer:
-                return True
-            return not self._over_held(size)
+            return not self._over_held(size, peer)
 
     def _may_deliver(self, peer: str, obj_id: int, notice: bool = False) -> bool:
         """Whether ``peer`` may deliver ``obj_id`` now (False: not yet announced; raises
@@ -457,6 +474,8 @@ class WaitingStore(CountedStore):
 
     def discard(self, obj_id: int) -> None:
         with self._cond:
+            if self._unread:
+                self._read(obj_id)
             e = self._entries.pop(obj_id, None)
             who = self._announced.pop(obj_id, _MISSING)
             self._expected.pop(obj_id, None)
@@ -498,6 +517,8 @@ class WaitingStore(CountedStore):
             self._storages.clear()
             self.bytes = 0
             self.held_bytes = 0
+            self.unread_bytes = 0
+            self._unread.clear()
             self.kept = 0
             self._cond.notify_all()
 
@@ -506,11 +527,25 @@ class WaitingStore(CountedStore):
         e = self._entries.get(obj_id)
         if e is None:
             e = self._wait(obj_id)
+        if obj_id in self._unread:
+            with self._cond:
+                self._read(obj_id)
         return e.value
 
     def entry(self, obj_id: int) -> Entry:
         e = self._entries.get(obj_id)
-        return e if e is not None else self._wait(obj_id)
+        if e is None:
+            e = self._wait(obj_id)
+        if obj_id in self._unread:
+            with self._cond:
+                self._read(obj_id)
+        return e
+
+    def forget(self, obj_id: int) -> Entry:
+        with self._cond:
+            if self._unread:
+                self._read(obj_id)
+            return super().forget(obj_id)
 
     def _wait(self, obj_id: int) -> Entry:
         end = time.monotonic() + self.deadline
@@ -532,12 +567,20 @@ class WaitingStore(CountedStore):
                             self.on_wait_failed()
                         raise
                     self._waiters += 1
+                    # (what it waits for: see _over_held)
+                    on = None if obj_id in self._promised else self._expected.get(obj_id)
+                    waiting = self._waiting_on
+                    waiting[on] = waiting.get(on, 0) + 1
                     try:
                         if lock is not None:  # let the producer run meanwhile
                             depth = lock.suspend()
                         self._cond.wait(left)
                     finally:
                         self._waiters -= 1
+                        if waiting[on] > 1:
+                            waiting[on] -= 1
+                        else:
+                            del waiting[on]
             finally:
                 if depth:  # outside the store's lock: the namespace's is taken first
                     lock.resume(depth)  # type: ignore[union-attr]
