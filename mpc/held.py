@@ -198,7 +198,10 @@ def approve(
     session = Session(workers, dealer, config or MPCConfig())
     shared = [share_tensor(e, session) for e in examples]
     plan = HeldPlan(model, *shared, call=call, owner_session=session)
-    return {p.id: plan.digests(p) for p in workers}
+    digests = {p.id: plan.digests(p) for p in workers}
+    del plan, shared, session, workers, dealer
+    gc.collect()  # (the recording's workers and what they hold go now, not at a later gc)
+    return digests
 
 
 def offer(model: nn.Module, worker: Any, approvals: dict[str, Sequence[str]]) -> nn.Module:
