@@ -319,9 +319,11 @@ class HeldPlan(SharedPlan):
             k2: arg for k2, (kind, arg) in enumerate(self.later.slots.kind) if kind == "carried"
         }
         inst_w: set[tuple[str, int]] = set()
+        inst_f: set[tuple[str, int]] = set()
         for st in stand_ins:
             for inst in weights.instances_of(st):
                 inst_w |= {(p.location.id, p.id_at_location) for p in inst.w}
+                inst_f |= {(p.location.id, p.id_at_location) for p in inst.f}
         recorded_value = {k: v for v, k in first.slots.index.items()}
         self.keeps: dict[str, list[int]] = {}
         self.uses: dict[str, dict[int, int]] = {}
@@ -332,7 +334,13 @@ class HeldPlan(SharedPlan):
                 if first.slots.kind[k1] != ("new", party.id):
                     continue
                 keeps.add(k1)
-                if k2 in mine and (party.id, recorded_value[k1]) in inst_w:
+                made = (party.id, recorded_value[k1])
+                if made not in inst_w and made not in inst_f:  # (the digests assume so)
+                    raise MPCError(
+                        f"internal: the later queries' program at {party.id!r} refers to an "
+                        "object the first query made that is no weight instance's"
+                    )
+                if k2 in mine and made in inst_w:
                     uses[k2] = k1
             self.keeps[party.id] = sorted(keeps)
             self.uses[party.id] = uses
