@@ -557,9 +557,13 @@ SIGMOID_SERIES = fit_series(lambda t: torch.sigmoid(t) - 0.5, SIGMOID_CLAMP, 5, 
 SIGMOID_SERIES = Series(**{**SIGMOID_SERIES.__dict__, "const": 0.5, "single": True})
 
 
-# GELU on [-5, 5] by 10 harmonics of period 16, erf and tanh forms (fit errors 3.7e-6 and
-# 3.8e-7; past +-5 GELU is x, or 0, within 1.5e-6)
+# Activations that are 0 far below zero and x far above it, each a masked Fourier series of
+# x clamped to [-T, T] plus relu(x - T) (:func:`relu_like`): GELU on [-5, 5] by 10
+# harmonics of period 16, erf and tanh forms (fit errors 3.7e-6 and 3.8e-7; past +-5 GELU
+# is x, or 0, within 1.5e-6); SiLU on [-12, 12] by 16 harmonics of period 32 (fit error
+# 3.5e-5; past +-12 SiLU is x, or 0, within 7.4e-5)
 GELU_CLAMP = 5.0
+SILU_CLAMP = 12.0
 
 
 def _gelu_erf(t: torch.Tensor) -> torch.Tensor:
@@ -572,16 +576,18 @@ def _gelu_tanh(t: torch.Tensor) -> torch.Tensor:
 
 GELU_SERIES = replace(fit_series(_gelu_erf, GELU_CLAMP, 4, 10), single=True)
 GELU_TANH_SERIES = replace(fit_series(_gelu_tanh, GELU_CLAMP, 4, 10), single=True)
+SILU_SERIES = replace(fit_series(lambda t: t * torch.sigmoid(t), SILU_CLAMP, 5, 16), single=True)
 
 
-def gelu(x: Fx, series: Series, out: int) -> Fx:
-    """GELU(x) = F(clamp(x, -T, T)) + relu(x - T), F the series ``series`` fitted to GELU
-    on [-T, T] (:data:`GELU_SERIES`, or :data:`GELU_TANH_SERIES` for the tanh form):
-    below -T GELU is 0 = F(-T), above T it is x = F(T) + (x - T), both within 1.5e-6 for
-    T = 5. The clamp's two ReLUs come from one comparison run (relu(x - T) is one of them)
-    and the series costs 2 rounds (:func:`fourier_series`): 2 comparisons per element and
-    no products, as :func:`sigmoid` (a piecewise polynomial costs 3 comparisons, 10
-    products and twice the rounds). Error: the fit's plus about 1e-6 from the fixed point."""
+def relu_like(x: Fx, series: Series, out: int) -> Fx:
+    """f(x) = F(clamp(x, -T, T)) + relu(x - T) for an f that is 0 below -T and x above T
+    (GELU, SiLU), F the series ``series`` fitted to f on [-T, T] (:data:`GELU_SERIES`,
+    :data:`GELU_TANH_SERIES`, :data:`SILU_SERIES`): below -T, f(-T) = F(-T); above T,
+    F(T) + (x - T). The clamp's two ReLUs come from one comparison run (relu(x - T) is one
+    of them) and the series costs 2 rounds (:func:`fourier_series`): 6 rounds, 2
+    comparisons per element and no products, as :func:`sigmoid` (a piecewise polynomial
+    costs 3 to 5 comparisons, about 10 products and twice the rounds). Error: the fit's,
+    plus f's distance from 0 or x past the clamp, plus the fixed point's."""
     t = series.half_width
     below, above = relus_public(x, [-t, t])
     f = fourier_series(below.add(above, -1).add_public(-t), series, out)
