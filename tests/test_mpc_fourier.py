@@ -1,4 +1,4 @@
-"""Masked Fourier series on shares (mpc.protocols.approx.fourier_series, mpc.math.fourier).
+"""Masked Fourier series on shares (mpc.protocols.trig.fourier_series, mpc.math.fourier).
 
 The protocol is tested against the series itself evaluated in float64 on the encoded input
 (so the bound is the fixed point's, not a fit's), for random series, periods and inputs
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.math.fourier import MAX_TERMS, Series, fit_series, harmonics, ring_angle
-from mpc.protocols import approx, arith
+from mpc.protocols import approx, arith, trig
 from pointers.wire.messages import Describe
 
 U = 2.0**-16
@@ -41,7 +41,7 @@ def plain_series(series: Series, x: torch.Tensor) -> torch.Tensor:
 def evaluate(x: torch.Tensor, series: Series, group: Any) -> torch.Tensor:
     shared = mpc.share(x.float(), *group[0], crypto_provider=group[1])
     fx = approx.Fx(shared.session, list(shared.shares), shared.frac_bits)
-    y = approx.fourier_series(fx, series, 24)
+    y = trig.fourier_series(fx, series, 24)
     # decoded in float64: a float32 result would add up to half its ulp (2 units of 2^-24
     # for |F| in [2, 4)), which the bounds below do not count (it failed CI once so)
     out = mpc.SharedTensor(y.shares, shared.session, y.scale, torch.float64)

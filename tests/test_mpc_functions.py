@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import mpc
-from mpc.protocols import approx
+from mpc.protocols import trig
 
 U = 2.0**-16
 ENC = U / 2
@@ -152,14 +152,14 @@ def test_piecewise(
     prop()
 
 
-# sigmoid: a Fourier series of x clamped to [-10, 10] (mpc.protocols.approx.sigmoid): the
+# sigmoid: a Fourier series of x clamped to [-10, 10] (mpc.protocols.trig.sigmoid): the
 # series' fit error on [-10, 10] (measured when it is fitted), 1 - sigmoid(10) past the
 # clamp, the fixed point (evaluated in float32: harmonics ~k 2^-24 relative times the
 # coefficients' sum of ~10, the products' rounding; 2e-5 in all), the input's encoding
 # times sigmoid's slope 1/4, and the output unit with the truncation's
 SIGMOID_BOUND = (
-    approx.SIGMOID_SERIES.max_error
-    + (1 - 1 / (1 + math.exp(approx.SIGMOID_CLAMP)))
+    trig.SIGMOID_SERIES.max_error
+    + (1 - 1 / (1 + math.exp(trig.SIGMOID_CLAMP)))
     + 2e-5
     + ENC / 4
     + 2 * U
@@ -173,7 +173,7 @@ def test_sigmoid(x: torch.Tensor, group: Any) -> None:
 
 
 def test_sigmoid_saturates_outside_its_clamp(group: Any) -> None:
-    c = approx.SIGMOID_CLAMP
+    c = trig.SIGMOID_CLAMP
     x = torch.tensor([-1e4, -100.0, -c - U, -c, -c + U, 0.0, c - U, c, c + U, 100.0, 1e4])
     got = run(torch.sigmoid, x, group)
     assert_within(got, torch.sigmoid(x.double()), torch.full_like(got, SIGMOID_BOUND))
@@ -184,15 +184,15 @@ def test_sigmoid_saturates_outside_its_clamp(group: Any) -> None:
 
 
 # GELU and SiLU: a Fourier series of x clamped to [-T, T] plus relu(x - T)
-# (mpc.protocols.approx.relu_like): the fit error, the function's distance from 0 or x
+# (mpc.protocols.trig.relu_like): the fit error, the function's distance from 0 or x
 # past the clamp (GELU: 5 Phi(-5) = 1.4e-6; SiLU: 12 sigmoid(-12) = 7.4e-5), the fixed
 # point as sigmoid's (float32 harmonics, coefficients summing to ~7 for GELU, ~16 for
 # SiLU: 2e-5 and 4e-5), the input's encoding times the largest slope (1.13, 1.1), the
 # output unit
 RELU_LIKE = [
-    ("gelu", F.gelu, approx.GELU_SERIES, 1.5e-6 + 2e-5),
-    ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"), approx.GELU_TANH_SERIES, 1.5e-6 + 2e-5),
-    ("silu", F.silu, approx.SILU_SERIES, 7.4e-5 + 4e-5),
+    ("gelu", F.gelu, trig.GELU_SERIES, 1.5e-6 + 2e-5),
+    ("gelu_tanh", lambda t: F.gelu(t, approximate="tanh"), trig.GELU_TANH_SERIES, 1.5e-6 + 2e-5),
+    ("silu", F.silu, trig.SILU_SERIES, 7.4e-5 + 4e-5),
 ]
 
 
