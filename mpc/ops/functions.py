@@ -320,14 +320,6 @@ def _wide(
 # see approx.piecewise_wide. The error bounds (fit on a fine grid; saturation at the
 # edges) are in the handlers' docstrings and docs/secret-sharing.md.
 _WIDE: dict[str, tuple[list[float], int, list[list[float]], list[float], list[float], bool]] = {
-    "sigmoid": (
-        [-9.0, -4.5, 0.0, 4.5, 9.0],
-        3,
-        _wide(torch.sigmoid, [-9.0, -4.5, 0.0, 4.5, 9.0], 3, 7),
-        [0.0],
-        [1.0],
-        False,
-    ),
     "tanh": (
         [-4.5, -2.25, 0.0, 2.25, 4.5],
         2,
