@@ -100,31 +100,20 @@ def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return x.with_shares(out)
 
 
-# -- max / argmax over the last dim by a pairwise tree -------------------------------------
+# -- max / argmax over the last dim by a tree of pairs and groups of four ---------------
 
 
 def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTensor | None]:
     """Max (and argmax, :func:`_max_with_index`) over the last dim of x; indices are shared
     integers.
 
-    Groups of four first (:func:`_radix4_max`, 4 rounds a level), then the last two or
-    three entries pairwise: max(a, b) = b + (a - b) msb(b - a), the product riding on the
-    comparison (4 rounds a level)."""
+    The levels of :func:`_plan` (4 rounds each): pairs while that costs no level
+    (:func:`_pair_level`), then groups of four (:func:`_group_level`)."""
     if with_index:
         return _max_with_index(x)
-    vals = _radix4_max(x)  # groups of four in one comparison each (issue 25)
-    k = vals.shape[-1]
-    while k > 1:
-        h = k // 2
-        a, b = vals[..., :h], vals[..., h : 2 * h]
-        d = _diff(b, a)
-        (sel,) = select_by_msb(x.session, d.shares, [_neg(d).shares])
-        new_vals = _add(b, vals.with_shares(sel), 1)
-        if k % 2:
-            # (a cat of shared tensors is shared; torch's stubs say Tensor)
-            new_vals = cast(SharedTensor, torch.cat([new_vals, vals[..., 2 * h :]], dim=-1))
-        vals, k = new_vals, h + (k % 2)
-    return vals, None
+    for kind, _ in _plan(x.shape[-1]):
+        x = _pair_level(x) if kind == PAIR else _group_level(x, kind == PADDED)
+    return x, None
 
 
 def _max_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
@@ -183,49 +172,87 @@ def _pairwise_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
     return vals, idx
 
 
+# one level of a max tree: (kind, k) with kind PAIR (halves paired, an odd last entry
+# joins the next level), GROUP (the i-th entries of four quarters, a remainder of one to
+# three entries joins the next level) or PADDED (GROUP after copies of the first entries
+# fill the last quarter)
+PAIR, GROUP, PADDED = "pair", "group", "padded"
+
+
 @cache
-def _levels(k: int) -> tuple[int, bool]:
-    """(comparison levels to reduce k entries to one, whether the next level pads k up to
-    a multiple of four): a level takes groups of four (one comparison run each) or, for the
-    last two entries, a pair. Unpadded, a remainder of one to three entries joins the next
-    level; padding (with copies of entries: the max is unchanged) is chosen where it saves
-    a level (k = 3: one group instead of two pairwise levels; k = 6: 2 levels, not 3)."""
+def _plan(k: int) -> tuple[tuple[str, int], ...]:
+    """The levels that reduce k entries to one: the fewest levels (each level is one
+    comparison run, 4 rounds), then the fewest comparisons. A level of pairs costs k / 2
+    comparisons and halves k; one of groups of four costs 6 k / 4 (all pairs of a group:
+    :func:`mpc.protocols.compare.max_of_four`) and quarters it. So pairs go first, where
+    k is largest, as long as they cost no level: over 128 entries one level of pairs and
+    three of groups (190 comparisons a row) where four levels of groups and the last pair
+    took 253, in the same 16 rounds."""
     if k <= 1:
-        return 0, False
-    if k == 2:
-        return 1, False
-    plain = 1 + _levels(k // 4 + k % 4)[0] if k >= 4 else k  # (k = 3: two pairwise levels)
-    padded = 1 + _levels(-(-k // 4))[0]
-    return (padded, True) if padded < plain else (plain, False)
+        return ()
+    options = [(PAIR, k // 2 + k % 2, k // 2)]
+    if k >= 4:
+        options.append((GROUP, k // 4 + k % 4, 6 * (k // 4)))
+    if k >= 3:
+        options.append((PADDED, -(-k // 4), 6 * -(-k // 4)))
+    best: tuple[int, int, tuple[tuple[str, int], ...]] | None = None
+    for kind, rest, cost in options:
+        tail = _plan(rest)
+        cand = (1 + len(tail), cost + _plan_cost(tail), ((kind, k), *tail))
+        if best is None or cand[:2] < best[:2]:
+            best = cand
+    assert best is not None
+    return best[2]
 
 
-def _radix4_max(x: SharedTensor) -> SharedTensor:
-    """Reduce the last dim by groups of four while it has three or more entries: the i-th
-    entries of its four quarters form a group, whose max one comparison run gives
-    (:func:`mpc.protocols.compare.max_of_four`: 4 rounds where two pairwise levels take 8);
-    a remainder of one to three entries joins the next level, or the quarters are padded
-    with copies where that saves a level (:func:`_levels`). Values only (the argmax packs
-    the indices into the values: :func:`_max_with_index`)."""
+def _plan_cost(plan: tuple[tuple[str, int], ...]) -> int:
+    per = {PAIR: lambda k: k // 2, GROUP: lambda k: 6 * (k // 4), PADDED: lambda k: 6 * -(-k // 4)}
+    return sum(per[kind](k) for kind, k in plan)
+
+
+def _levels(k: int) -> tuple[int, bool]:
+    """(comparison levels to reduce k entries to one, whether the first level pads k up to
+    a multiple of four): see :func:`_plan`."""
+    plan = _plan(k)
+    return len(plan), bool(plan) and plan[0][0] == PADDED
+
+
+def _pair_level(x: SharedTensor) -> SharedTensor:
+    """max(a, b) = b + (a - b) msb(b - a) of the two halves of the last dim (an odd last
+    entry joins the result), the product riding on the comparison."""
+    k = x.shape[-1]
+    h = k // 2
+    a, b = x[..., :h], x[..., h : 2 * h]
+    d = _diff(b, a)
+    (sel,) = select_by_msb(x.session, d.shares, [_neg(d).shares])
+    out = _add(b, x.with_shares(sel), 1)
+    if k % 2:
+        # (a cat of shared tensors is shared; torch's stubs say Tensor)
+        out = cast(SharedTensor, torch.cat([out, x[..., 2 * h :]], dim=-1))
+    return out
+
+
+def _group_level(x: SharedTensor, padded: bool) -> SharedTensor:
+    """The max of each group of four: the i-th entries of the last dim's four quarters
+    (:func:`mpc.protocols.compare.max_of_four`: 4 rounds where two pairwise levels take
+    8); ``padded``: copies of the first entries fill the last quarter first (the max is
+    unchanged), else a remainder of one to three entries joins the result."""
     from mpc.protocols.compare import max_of_four
 
-    while x.shape[-1] >= 3:
-        k = x.shape[-1]
-        if _levels(k)[1]:  # copies of the first entries fill the last quarter
-            pad = -k % 4
-            x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
-            k += pad
-        elif k < 4:
-            break
-        h = k // 4
-        quarters = torch.stack([x[..., q * h : (q + 1) * h] for q in range(4)], dim=-1)
-        flat = cast(SharedTensor, quarters.reshape(-1, 4))
-        flat.materialize()
-        best, _ = max_of_four(x.session, flat.shares)
-        out = flat.with_shares(best).reshape(*x.shape[:-1], h)
-        if k % 4:
-            out = cast(SharedTensor, torch.cat([out, x[..., 4 * h :]], dim=-1))
-        x = out
-    return x
+    k = x.shape[-1]
+    if padded:
+        pad = -k % 4
+        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1)) if pad else x
+        k += pad
+    h = k // 4
+    quarters = torch.stack([x[..., q * h : (q + 1) * h] for q in range(4)], dim=-1)
+    flat = cast(SharedTensor, quarters.reshape(-1, 4))
+    flat.materialize()
+    best, _ = max_of_four(x.session, flat.shares)
+    out = flat.with_shares(best).reshape(*x.shape[:-1], h)
+    if k % 4:
+        out = cast(SharedTensor, torch.cat([out, x[..., 4 * h :]], dim=-1))
+    return out
 
 
 def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
