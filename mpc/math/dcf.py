@@ -64,6 +64,7 @@ _LOW = np.uint64(3)
 _CLEAR = np.uint64(~3 & ((1 << 64) - 1))
 _ONE = np.uint64(1)
 _ALL = np.uint64((1 << 64) - 1)
+_TWO = np.uint64(2)
 
 
 def key_words(bits: int) -> int:
@@ -95,13 +96,13 @@ class _MMO:
     """H(u) = AES_K(u) xor u over a buffer of 16-byte blocks (fixed public key K)."""
 
     def __init__(self) -> None:
-        self._enc = Cipher(algorithms.AES(FIXED_KEY), modes.ECB()).encryptor()
+        self.encryptor = Cipher(algorithms.AES(FIXED_KEY), modes.ECB()).encryptor()
 
     def __call__(self, u: np.ndarray) -> np.ndarray:
         # (update_into wants room for one more block than the payload: a fresh buffer a
         # block longer, of which the result is a view)
         buf = np.empty(u.nbytes + 16, dtype=np.uint8)
-        self._enc.update_into(u.data.cast("B"), buf.data)  # (ndarray.data: its memoryview)
+        self.encryptor.update_into(u.data.cast("B"), buf.data)  # (ndarray.data: its memoryview)
         out = buf[: u.nbytes].view(_U64).reshape(u.shape)
         out ^= u
         return out
@@ -212,28 +213,38 @@ def evaluate(
 def _eval_chunk(
     mmo: _MMO, party: int, root: np.ndarray, cw: np.ndarray, x: np.ndarray, bits: int
 ) -> np.ndarray:
+    # The state lives in the AES input itself: u[:, 0] is the seed block (s | side) of
+    # the child taken, u[:, 1] its value block (s | side | 2). Every step writes into a
+    # buffer made once (no temporaries in the level loop), and the three correction words
+    # of a level are masked by the control bit in one pass over their rows.
     m = x.shape[0]
+    u = np.empty((m, 2, 2), dtype=_U64)  # [element, seed block | value block, word]
     s_lo = root[:, 0] & _CLEAR
-    s_hi = root[:, 1].copy()
+    u[:, 0, 1] = root[:, 1]  # the seed's high word, kept in place
     mask = np.full(m, _ALL if party else 0, dtype=_U64)  # all ones where t = 1
     acc = np.zeros(m, dtype=_U64)
-    u = np.empty((m, 2, 2), dtype=_U64)  # [element, seed block | value block, word]
+    side = np.empty(m, dtype=_U64)
+    corr = np.empty((3, m), dtype=_U64)
+    buf = np.empty(u.nbytes + 16, dtype=np.uint8)  # (update_into: one block of room)
+    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
+    src, dst, enc = u.data.cast("B"), buf.data, mmo.encryptor
     for level in range(bits):
-        side = _bit(x, bits - 1 - level)
-        np.bitwise_or(s_lo, side, out=u[:, 0, 0])
-        u[:, 0, 1] = s_hi
-        side |= np.uint64(2)
-        np.bitwise_or(s_lo, side, out=u[:, 1, 0])
-        u[:, 1, 1] = s_hi
-        h = mmo(u)
-        acc += h[:, 1, 0]
-        acc += cw[3 * level + 2] & mask
-        s_lo = h[:, 0, 0] ^ (cw[3 * level] & mask)
-        s_hi = h[:, 0, 1] ^ (cw[3 * level + 1] & mask)
+        np.right_shift(x, np.uint64(bits - 1 - level), out=side)
         side &= _ONE
-        t = (s_lo >> side) & _ONE
+        np.bitwise_or(s_lo, side, out=u[:, 0, 0])
+        np.bitwise_or(u[:, 0, 0], _TWO, out=u[:, 1, 0])
+        u[:, 1, 1] = u[:, 0, 1]
+        enc.update_into(src, dst)  # H(u) = AES_K(u) xor u
+        h ^= u
+        np.bitwise_and(cw[3 * level : 3 * level + 3], mask, out=corr)
+        acc += h[:, 1, 0]
+        acc += corr[2]
+        np.bitwise_xor(h[:, 0, 0], corr[0], out=s_lo)
+        np.bitwise_xor(h[:, 0, 1], corr[1], out=u[:, 0, 1])
+        np.right_shift(s_lo, side, out=mask)  # the child's control bit t ...
+        mask &= _ONE
+        np.negative(mask, out=mask)  # ... as a mask: all ones where t = 1
         s_lo &= _CLEAR
-        np.subtract(np.uint64(0), t, out=mask)
-    acc += s_hi
+    acc += u[:, 0, 1]
     acc += cw[3 * bits] & mask
     return acc
