@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.math.fourier import MAX_TERMS, Series, fit_series, harmonics, ring_angle
+from mpc.math.fourier import (
+    MAX_TERMS,
+    Series,
+    fit_series,
+    harmonic_steps,
+    harmonics,
+    ring_angle,
+)
 from mpc.protocols import approx, arith, trig
 from pointers.wire.messages import Describe
 
@@ -93,6 +100,9 @@ def test_fit_and_harmonics() -> None:
     k = torch.arange(1, 8, dtype=torch.float64)[:, None]
     assert torch.allclose(h.real, torch.cos(k * ang), atol=1e-14)
     assert torch.allclose(h.imag, torch.sin(k * ang), atol=1e-14)
+    for dtype in (torch.float64, torch.float32):  # one at a time: the same values, bit for bit
+        a = ang.to(dtype)
+        assert torch.equal(torch.stack(list(harmonic_steps(a, 7))), harmonics(a, 7))
     z = torch.tensor([0, 1 << 20, -(1 << 20), (1 << 21) + 5, -1], dtype=torch.int64)
     want = torch.tensor([0, 2**20, 2**20, 5, 2**21 - 1], dtype=torch.float64) * 2 * math.pi / 2**21
     assert torch.allclose(ring_angle(z, 21), want)

@@ -24,10 +24,11 @@ from mpc.material.streams import (
     TAG_U,
     consume,
     derive,
+    stream,
     sum_derived,
 )
 from mpc.math import carry4, group4
-from mpc.math.fourier import check_series_params, harmonics, ring_angle
+from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
 from mpc.math.prg import PRG
 from mpc.math.ring import ring_bilinear
 from pointers.worker.sealing import protocol_function
@@ -285,8 +286,11 @@ def dealer_fourier(
     consume(ctx, seeds, nonce, TAG_R, TAG_TRIG)
     r = sum_derived(seeds, nonce, TAG_R, shape)
     angle = ring_angle(r, bits, torch.float32 if single else torch.float64)
-    pairs = torch.view_as_real(harmonics(angle, terms))
-    out = pairs.mul(2.0**scale).round_().to(torch.int64)
-    for s in seeds[:-1]:
-        out -= derive(s, nonce, TAG_TRIG, [terms, *shape, 2])
+    out = torch.empty([terms, *shape, 2], dtype=torch.int64)
+    others = [stream(s, nonce, TAG_TRIG) for s in seeds[:-1]]  # their shares, harmonic by
+    for k, h in enumerate(harmonic_steps(angle, terms)):  # harmonic (no K-sized temporary)
+        piece = out[k]
+        piece.copy_(torch.view_as_real(h).mul(2.0**scale).round_())
+        for other in others:
+            piece -= other.int64(piece.shape)
     return out

@@ -66,13 +66,19 @@ def consume(ctx: Any, seeds: list[torch.Tensor], nonce: int, *tags: int) -> None
         used.setdefault(key, set()).update((nonce, tag) for tag in tags)
 
 
-def derive(seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
-    """Uniform int64 tensor from ``seed`` for the public ``(nonce, tag)``."""
+def stream(seed: torch.Tensor, nonce: int, tag: int) -> PRG:
+    """The stream of ``seed`` for the public ``(nonce, tag)``: successive ``int64`` calls
+    continue it, so pieces drawn in order are the pieces of one :func:`derive` of their
+    whole (what lets a step work through a large tensor a slice at a time)."""
     key = _seed_bytes(seed)
     block = nonce.to_bytes(12, "little", signed=False) + tag.to_bytes(4, "little")
     enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    sub = enc.update(block) + enc.finalize()
-    return PRG(sub).int64(tuple(shape))
+    return PRG(enc.update(block) + enc.finalize())
+
+
+def derive(seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    """Uniform int64 tensor from ``seed`` for the public ``(nonce, tag)``."""
+    return stream(seed, nonce, tag).int64(tuple(shape))
 
 
 def sum_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int]) -> torch.Tensor:

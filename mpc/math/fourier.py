@@ -12,7 +12,7 @@ element modulo 2^(s + p), which is what makes the series cheap on shares (see
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +95,19 @@ def harmonics(angle: torch.Tensor, terms: int) -> torch.Tensor:
     for k in range(1, terms):
         torch.mul(out[k - 1], out[0], out=out[k])
     return out
+
+
+def harmonic_steps(angle: torch.Tensor, terms: int) -> Iterator[torch.Tensor]:
+    """e^(i k a) for k = 1..K one at a time: the values of :func:`harmonics` (the same
+    products in the same order, so the same roundings), without its [K, *angle.shape]
+    array. A step that consumes each harmonic at once then keeps its temporaries the size
+    of one harmonic: large ones cost a page fault a page each time they are allocated."""
+    base = torch.polar(torch.ones_like(angle), angle)
+    h = base
+    for k in range(terms):
+        if k:
+            h = h * base
+        yield h
 
 
 def ring_angle(z: torch.Tensor, bits: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
