@@ -193,7 +193,7 @@ def fourier_finish(
         raise ValueError("a series' coefficients must be finite, at most 2^20 in magnitude")
     consume(ctx, [seed], nonce, TAG_TRIG)
     piece = [*c.shape, 2]  # one harmonic's (cos, sin) pairs
-    pieces = stream(seed, nonce, TAG_TRIG) if trig is None else None
+    pieces = stream(seed, nonce, TAG_TRIG)  # (read only where the dealer sent none)
     if trig is not None and list(trig.shape) != [terms, *piece]:
         raise ValueError(f"series material of shape {list(trig.shape)} for {list(c.shape)}")
     real = torch.float32 if single else torch.float64
@@ -205,7 +205,7 @@ def fourier_finish(
     buf = torch.empty(piece, dtype=torch.int64)
     for k, h in enumerate(harmonic_steps(ring_angle(c, bits, real), terms)):
         buf.copy_(torch.view_as_real(h * g[k]).round_())
-        buf.mul_(trig[k] if pieces is None else pieces.int64(piece))
+        buf.mul_(pieces.int64(piece) if trig is None else trig[k])
         out += buf[..., 0]
         out += buf[..., 1]
     if first:
