@@ -112,7 +112,7 @@ def unpack(packed: torch.Tensor, count: int, level: int) -> list[torch.Tensor]:
     shift = 1 if level == 0 else SPACING[level]
     shifts = torch.arange(0, 4 * shift, shift, dtype=packed.dtype, device=packed.device)
     shifts = shifts.view(1, 4, *([1] * (packed.dim() - 1)))
-    out = (packed.unsqueeze(1) >> shifts) & MASKS[level]  # all four offsets at once
+    out = (packed.unsqueeze(1) >> shifts).bitwise_and_(MASKS[level])  # four offsets at once
     return list(out.flatten(0, 1)[:count].unbind(0))
 
 
@@ -169,17 +169,15 @@ def add(*polys: Poly) -> Poly:
 def evaluate(poly: Poly, shares: dict[frozenset[str], torch.Tensor], first: bool) -> torch.Tensor:
     """This party's XOR share of the polynomial from its shares of the monomials (the
     constant term at the first party)."""
-    out: torch.Tensor | None = None
+    out: torch.Tensor | None = None  # (a fresh tensor of this call's, updated in place)
     for t, coef in poly.items():
         if not t:
-            if not first:
-                continue
-            term = coef if isinstance(coef, torch.Tensor) else None
-            if term is None:
+            if not first or not isinstance(coef, torch.Tensor):
                 continue  # (a constant coefficient is never produced: c is a word)
+            out = coef.clone() if out is None else out.bitwise_xor_(coef)
         else:
             term = shares[t] & coef
-        out = term if out is None else out ^ term
+            out = term if out is None else out.bitwise_xor_(term)
     assert out is not None
     return out
 
