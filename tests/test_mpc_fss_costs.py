@@ -7,12 +7,13 @@ before (offline) and are not rounds. ``lt`` costs one round: the opening of c = 
 after which each party evaluates its DCF key locally and holds its share of the bit. A
 comparison that selects values (ReLU, max, max-pool) costs two: c (with the selections'
 masked values) and then d = msb ^ t (a sum of the two parties' shares), as in the default
-protocol's last round. ReLU of a product: the Beaver round, then these two (the
-truncation's opening rides in the first).
+protocol's last round. ReLU of a product: the Beaver round, then one: the opening of
+c = z + r, after which each party's local step gives its share of relu(z >> f) (the
+truncation rides on the same c; :mod:`mpc.material.fss_relu`).
 
 Bytes per party (payload, 8-byte words; the header allowance as in test_mpc_costs.py):
-lt 8 an element (c), relu 24 (c, the product's e, d), relu of a product 16 + 32 (the
-Beaver e and f; then c, the truncation's c, the product's e and d), a 2x2 max pool 128
+lt 8 an element (c), relu 24 (c, the product's e, d), relu of a product 16 + 8 (the
+Beaver e and f; then c), a 2x2 max pool 128
 a window (six c, four masked values, six d: 16 words; 32 bytes an input element). The dealer ships each party its DCF correction
 words, 1,520 bytes an element at 64 bits (190 words: 3 per level of the 63-bit domain and
 one), and the last party 8 bytes more (its share of u), 8 more for the daBit and 8 per
@@ -41,9 +42,9 @@ KEY = 1520  # bytes of one element's correction words at 64 bits (mpc.math.dcf.k
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int | None]] = {
     "lt": (lambda a, b: a < b, [(N,), (N,)], 1, 8 * N, (2 * KEY + 8) * N),
     "relu": (F.relu, [(N,)], 2, 24 * N, (2 * KEY + 8 + 8 + 8) * N),
-    # Beaver (e, f), truncation (c) riding with the comparison's c, then the truncated
-    # value's product e riding with d
-    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 3, 48 * N, None),
+    # Beaver (e, f), then c = z + r (the truncation rides on it; mpc.material.fss_relu);
+    # 3 rounds and 48 bytes an element before (c with the truncation's c, then d and e)
+    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 2, 24 * N, None),
     # three levels of max over 8: a max of four (2 rounds) then pairs (2 rounds each)
     "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 6, 115_072, None),
     # one window: six comparisons (c and d, 16 words) and four masked values
@@ -110,6 +111,15 @@ def test_fss_softmax_and_layer_norm_rounds(
     assert max(fss.bytes_per_party.values()) < max(default.bytes_per_party.values())
 
 
+STEPS = (
+    "mpc.dealer_fss",
+    "mpc.fss_eval",
+    "mpc.fss_unpack",
+    "mpc.dealer_fss_relu",
+    "mpc.fss_relu_eval",
+)
+
+
 def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     """The FSS steps' peak memory (VmHWM, reset before each call) against what they declare
     (mpc/material/sizes.py), over a comparison, a ReLU and a max-pool of ``n`` elements in
@@ -147,7 +157,7 @@ def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
         run.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
         return run
 
-    for name in ("mpc.dealer_fss", "mpc.fss_eval", "mpc.fss_unpack"):
+    for name in STEPS:
         FUNCTIONS[name] = wrap(name, FUNCTIONS[name])
     a, b, c = (pt.VirtualWorker(w, concurrent=False) for w in ("a", "b", "c"))
     config = MPCConfig(comparison="fss")
@@ -177,6 +187,6 @@ def test_fss_steps_allocate_at_most_what_they_declare() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(seen) == {"mpc.dealer_fss", "mpc.fss_eval", "mpc.fss_unpack"}
+    assert set(seen) == set(STEPS)
     over = {k: v for k, v in seen.items() if v[0] > v[1]}
     assert not over, over

@@ -20,6 +20,7 @@ from mpc.material.dealer import (
     new_seed,
 )
 from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
+from mpc.material.fss_relu import FUNCTIONS as FSS_RELU_FUNCTIONS
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
 from mpc.material.party import (
@@ -98,6 +99,7 @@ FUNCTIONS.update(
     {"mpc.dealer_trunc_products": dealer_trunc_products, "mpc.trunc_products": trunc_products}
 )
 
+FUNCTIONS.update(FSS_RELU_FUNCTIONS)  # (the one-round ReLU of a product; sized there)
 FUNCTIONS.update(HELD_FUNCTIONS)  # (the model owner's step: sized where it is defined)
 
 declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.sizes)
@@ -106,6 +108,7 @@ declare(FUNCTIONS)  # what each allocates, checked before it runs (mpc.material.
 MAKES_MATERIAL = frozenset(
     {
         "mpc.dealer_fss",
+        "mpc.dealer_fss_relu",
         "mpc.dealer_trunc_products",
         "mpc.fss_unpack",  # (mpc.fss_eval: sealed only when it selects; see rules.py)
         "mpc.new_seed",

@@ -74,6 +74,10 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     the product (z >> bits) * t opens with the first carry-tree level. This saves the
     round a separate truncation would cost before every ReLU of a linear layer.
     """
+    fused = _RELU_TRUNCATING.get(session.config.comparison)
+    out = fused(session, z, bits) if fused is not None else None
+    if out is not None:  # (a mode's own protocol: FSS, one round)
+        return out  # type: ignore[no-any-return]
     run = _run(session, z, [], trunc=TruncRun(session, z, bits))
     return run.finish_select(complement=True)[0]
 
@@ -124,6 +128,16 @@ def _run(
 
 # comparison modes other than the default: name -> the run's factory (see _run)
 _MODES: dict[str, Callable[..., Any]] = {}
+
+
+# a mode's own relu_truncating (None where it does not apply: the comparison run then)
+_RELU_TRUNCATING: dict[str, Callable[..., Any]] = {}
+
+
+def register_relu_truncating(name: str, fn: Callable[..., Any]) -> None:
+    """Make ``fn(session, z, bits)`` (Shares or None) the ReLU of a pending truncation of
+    sessions whose config says ``comparison=name``."""
+    _RELU_TRUNCATING[name] = fn
 
 
 def register_mode(name: str, factory: Callable[..., Any]) -> None:

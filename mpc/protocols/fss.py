@@ -22,10 +22,17 @@ from __future__ import annotations
 from typing import Any
 
 from mpc.material import fss as material
+from mpc.material import fss_relu
 from mpc.material.dealer import MAX_SELECTED
 from mpc.math import group4
 from mpc.protocols.arith import I64, Round, Shares, TruncRun, at_parties, call
-from mpc.protocols.compare import _MsbRun, _numel, _TProduct, register_mode
+from mpc.protocols.compare import (
+    _MsbRun,
+    _numel,
+    _TProduct,
+    register_mode,
+    register_relu_truncating,
+)
 from mpc.session import Session
 
 
@@ -139,6 +146,41 @@ class FssRun(_MsbRun):
         return self.bit
 
 
+def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
+    """[relu(z >> bits)] for a product z not yet truncated, |z| < 2^62, in one round: the
+    opening of c = z + r, then each party's local step (:mod:`mpc.material.fss_relu`).
+    None where it does not apply (a narrower comparison domain than 64 bits: the
+    two-round run then takes it)."""
+    if session.n != 2 or session.config.fss_bits != 64 or not 1 <= bits <= 61:
+        return None
+    nonce = session.next_nonce()
+    shape = list(z[0].shape)
+    n = _numel(shape)
+    seed = session.party_seeds
+    dealer = session.require_dealer("comparison of secret values")
+    cw, consts = call(
+        dealer,
+        "mpc.dealer_fss_relu",
+        [session.dealer_seeds, nonce, shape, bits],
+        out=[([fss_relu.key_words(n)], I64), ([fss_relu.CONSTS * n], I64)],
+    )
+    cws = [cw.copy_to(party, lend=True) for party in session.parties]
+    dealt = [None, consts.move(session.parties[1])]
+    (masked,) = at_parties(
+        session, "mpc.cmp_mask", lambda i: [seed[i], nonce, z[i]], [(shape, I64)]
+    )
+    round1 = Round(session)
+    c = round1.add(masked)
+    round1.open()
+    (out,) = at_parties(
+        session,
+        "mpc.fss_relu_eval",
+        lambda i: [seed[i], nonce, i == 0, cws[i], dealt[i], c.value[i], bits],
+        [(shape, I64)],
+    )
+    return out
+
+
 def run(
     session: Session,
     x: Shares,
@@ -151,5 +193,6 @@ def run(
 
 
 register_mode("fss", run)
+register_relu_truncating("fss", relu_truncating)
 
-__all__ = ["FssRun", "run"]
+__all__ = ["FssRun", "relu_truncating", "run"]
