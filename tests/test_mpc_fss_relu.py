@@ -45,10 +45,9 @@ def test_dcf_vec_at_the_edges(bits: int, words: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     n = 12
     hi = (1 << bits) - 1
+    alpha = torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen)
     if bits < 64:
-        alpha = torch.randint(0, 2**bits, (n,), generator=gen)
-    else:
-        alpha = torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen)
+        alpha &= hi
     alpha[0], alpha[1] = 0, hi if bits < 64 else -1
     # x = alpha - 1, alpha, alpha + 1, 0 and 2^bits - 1, wrapped into the domain
     x = torch.cat([alpha - 1, alpha, alpha + 1, torch.tensor([0, hi if bits < 64 else -1])])

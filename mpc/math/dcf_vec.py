@@ -188,9 +188,11 @@ def _eval_chunk(
 ) -> np.ndarray:
     m = x.shape[0]
     row = 2 + p
-    u = np.empty((m, 2, 2), dtype=_U64)  # [element, seed block | value block, word]
+    # the AES input: the seed blocks (s | side) of the children taken, then their value
+    # blocks (s | side | 2), each a contiguous run of m blocks (K2 reads the second one)
+    u = np.empty((2, m, 2), dtype=_U64)
     s_lo = root[:, 0] & _CLEAR
-    u[:, 0, 1] = root[:, 1]
+    u[0, :, 1] = root[:, 1]  # the seed's high word, kept in place
     mask = np.full(m, _ALL if party else 0, dtype=_U64)
     acc = np.zeros((p, m), dtype=_U64)
     side = np.empty(m, dtype=_U64)
@@ -198,30 +200,32 @@ def _eval_chunk(
     buf = np.empty(u.nbytes + 16, dtype=np.uint8)
     h = buf[: u.nbytes].view(_U64).reshape(u.shape)
     src, dst, enc = u.data.cast("B"), buf.data, mmo.encryptor
+    buf2 = np.empty(u[1].nbytes + 16, dtype=np.uint8)
+    h2 = buf2[: u[1].nbytes].view(_U64).reshape(u[1].shape)
+    src2, dst2, enc2 = u[1].data.cast("B"), buf2.data, mmo2.encryptor
     for level in range(bits):
         np.right_shift(x, np.uint64(bits - 1 - level), out=side)
         side &= _ONE
-        np.bitwise_or(s_lo, side, out=u[:, 0, 0])
-        np.bitwise_or(u[:, 0, 0], _TWO, out=u[:, 1, 0])
-        u[:, 1, 1] = u[:, 0, 1]
-        if p > 2:  # (the value block under K2, before u changes)
-            h2 = mmo2(np.ascontiguousarray(u[:, 1]))
+        np.bitwise_or(s_lo, side, out=u[0, :, 0])
+        np.bitwise_or(u[0, :, 0], _TWO, out=u[1, :, 0])
+        u[1, :, 1] = u[0, :, 1]
         enc.update_into(src, dst)
         h ^= u
         np.bitwise_and(cw[row * level : row * (level + 1)], mask, out=corr)
-        acc[0] += h[:, 1, 0]
+        acc[0] += h[1, :, 0]
         if p > 1:
-            acc[1] += h[:, 1, 1]
+            acc[1] += h[1, :, 1]
         if p > 2:
-            acc[2] += h2[:, 0]
+            enc2.update_into(src2, dst2)  # AES_K2 of the value blocks (u[1], unchanged)
+            acc[2] += h2[:, 0] ^ u[1, :, 0]  # H_K2(v) = AES_K2(v) xor v
         acc += corr[2:]
-        np.bitwise_xor(h[:, 0, 0], corr[0], out=s_lo)
-        np.bitwise_xor(h[:, 0, 1], corr[1], out=u[:, 0, 1])
+        np.bitwise_xor(h[0, :, 0], corr[0], out=s_lo)
+        np.bitwise_xor(h[0, :, 1], corr[1], out=u[0, :, 1])
         np.right_shift(s_lo, side, out=mask)
         mask &= _ONE
         np.negative(mask, out=mask)
         s_lo &= _CLEAR
-    s = np.stack([s_lo, u[:, 0, 1]], axis=-1)[None]  # [1, m, 2]
+    s = np.stack([s_lo, u[0, :, 1]], axis=-1)[None]  # [1, m, 2]
     for q, leaf in enumerate(_leaf(mmo2, s, p)):
         acc[q] += leaf[0]
     acc += cw[row * bits :] & mask
