@@ -213,14 +213,15 @@ def evaluate(
 def _eval_chunk(
     mmo: _MMO, party: int, root: np.ndarray, cw: np.ndarray, x: np.ndarray, bits: int
 ) -> np.ndarray:
-    # The state lives in the AES input itself: u[:, 0] is the seed block (s | side) of
-    # the child taken, u[:, 1] its value block (s | side | 2). Every step writes into a
-    # buffer made once (no temporaries in the level loop), and the three correction words
-    # of a level are masked by the control bit in one pass over their rows.
+    # The state lives in the AES input itself: u[0] holds the seed blocks (s | side) of
+    # the children taken, u[1] their value blocks (s | side | 2), each a contiguous run of
+    # blocks. Every step writes into a buffer made once (no temporaries in the level
+    # loop), and the three correction words of a level are masked by the control bit in
+    # one pass over their rows.
     m = x.shape[0]
-    u = np.empty((m, 2, 2), dtype=_U64)  # [element, seed block | value block, word]
+    u = np.empty((2, m, 2), dtype=_U64)  # [seed block | value block, element, word]
     s_lo = root[:, 0] & _CLEAR
-    u[:, 0, 1] = root[:, 1]  # the seed's high word, kept in place
+    u[0, :, 1] = root[:, 1]  # the seed's high word, kept in place
     mask = np.full(m, _ALL if party else 0, dtype=_U64)  # all ones where t = 1
     acc = np.zeros(m, dtype=_U64)
     side = np.empty(m, dtype=_U64)
@@ -231,20 +232,20 @@ def _eval_chunk(
     for level in range(bits):
         np.right_shift(x, np.uint64(bits - 1 - level), out=side)
         side &= _ONE
-        np.bitwise_or(s_lo, side, out=u[:, 0, 0])
-        np.bitwise_or(u[:, 0, 0], _TWO, out=u[:, 1, 0])
-        u[:, 1, 1] = u[:, 0, 1]
+        np.bitwise_or(s_lo, side, out=u[0, :, 0])
+        np.bitwise_or(u[0, :, 0], _TWO, out=u[1, :, 0])
+        u[1, :, 1] = u[0, :, 1]
         enc.update_into(src, dst)  # H(u) = AES_K(u) xor u
         h ^= u
         np.bitwise_and(cw[3 * level : 3 * level + 3], mask, out=corr)
-        acc += h[:, 1, 0]
+        acc += h[1, :, 0]
         acc += corr[2]
-        np.bitwise_xor(h[:, 0, 0], corr[0], out=s_lo)
-        np.bitwise_xor(h[:, 0, 1], corr[1], out=u[:, 0, 1])
+        np.bitwise_xor(h[0, :, 0], corr[0], out=s_lo)
+        np.bitwise_xor(h[0, :, 1], corr[1], out=u[0, :, 1])
         np.right_shift(s_lo, side, out=mask)  # the child's control bit t ...
         mask &= _ONE
         np.negative(mask, out=mask)  # ... as a mask: all ones where t = 1
         s_lo &= _CLEAR
-    acc += u[:, 0, 1]
+    acc += u[0, :, 1]
     acc += cw[3 * bits] & mask
     return acc
