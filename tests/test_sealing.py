@@ -258,3 +258,29 @@ def test_a_client_cannot_store_or_smuggle_material(trio: Any) -> None:
         own.add_(session.party_seeds[0])
         _sync(alice)
     assert torch.equal(x.get(), torch.ones(3))
+
+
+def test_spent_material_lets_go_of_its_memory() -> None:
+    """A step's consumed material keeps only its shape and dtype in the store (a BERT-base
+    party held gigabytes of spent material until the client deleted the ids), while the
+    values that are not material, and the result, are whole."""
+    from pointers.worker.sealing import SPENT, Label
+
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    a, b = torch.rand(4096) - 0.5, torch.rand(4096) - 0.5
+    x = mpc.share(a, alice, bob, crypto_provider=carol)
+    y = mpc.share(b, alice, bob, crypto_provider=carol)
+    z = x * y
+    spent = [
+        e.value
+        for w in (alice, bob)
+        for e in w.store._entries.values()
+        if (label := Label.of(e.sealed)) is not None and label.kind == SPENT
+    ]
+    tensors = [v for v in spent if isinstance(v, torch.Tensor) and v.dim() > 0]
+    assert tensors, "a product consumes material at each party"
+    for v in tensors:
+        assert v.untyped_storage().nbytes() <= 8, (tuple(v.shape), v.untyped_storage().nbytes())
+        assert v.shape[-1] >= 1 and v.dtype == torch.int64
+    assert torch.allclose(z.get(), a * b, atol=1e-3)
+    assert torch.allclose(x.get(), a, atol=1e-4)  # the operands are not material: whole
