@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             approvals=approvals,
             **({} if args.data_plane is None else {"data_plane": args.data_plane}),
         )
-        serve(config, watch_stdin=args.watch_stdin)
+        serve(config, watch_stdin=args.watch_stdin, exit_when_stopped=True)
     except (ValueError, OSError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -246,3 +246,38 @@ def test_a_hung_worker_is_reported_within_seconds(cluster, tmp_path):
         bob.close()
     finally:
         server.kill()
+
+
+def test_a_stopped_worker_exits_while_a_call_still_runs(tmp_path):
+    """A served worker whose launcher goes away (its standard input closes) ends at once,
+    even while a handler still runs: the interpreter used to wait for gRPC's handler
+    threads, so a call waiting out its deadline kept the process, and its memory, alive
+    for minutes after the client had died."""
+    import threading
+
+    c = Cluster(tmp_path, ["alice"], args=["--latency-ms", "9000"])  # each call sleeps 9 s
+    c.start()
+    server = c.servers["alice"]
+    try:
+        busy = threading.Thread(
+            target=lambda: _quietly(lambda: pt.send(torch.ones(2), c.connect("alice"))),
+            daemon=True,
+        )
+        busy.start()
+        time.sleep(2.0)  # the call is now asleep in its handler
+        assert server.proc is not None and server.proc.stdin is not None
+        start = time.monotonic()
+        server.proc.stdin.close()
+        server.proc.wait(timeout=30)
+        took = time.monotonic() - start
+        assert took < 5.0, f"the stopped worker lived {took:.1f} s more"
+        assert "stopped" in server.output()
+    finally:
+        c.stop()
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception:
+        pass  # the worker went away under the call: expected here

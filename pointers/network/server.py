@@ -539,9 +539,16 @@ def serve(
     *,
     ready: Callable[[WorkerServer], None] | None = None,
     watch_stdin: bool = False,
+    exit_when_stopped: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or, with ``watch_stdin``, until standard input
-    closes); prints one line with the address once listening."""
+    closes); prints one line with the address once listening.
+
+    ``exit_when_stopped`` (``python -m pointers serve``): then end the process at once.
+    Handlers still running are abandoned rather than waited for: the interpreter joins
+    gRPC's handler threads at exit, so one call waiting out its ``--deadline`` (600 s for
+    the transformer benchmarks) kept a stopped worker, and the gigabytes it held, alive
+    that long after its launcher had died."""
     _limit_arenas()  # before the server's threads allocate
     server = WorkerServer(config)
     server.start()
@@ -580,6 +587,9 @@ def serve(
         pass
     server.stop(grace=0.5)
     print(f"pointers: worker {server.id!r} stopped", file=sys.stderr, flush=True)
+    if exit_when_stopped:
+        sys.stdout.flush()
+        os._exit(0)
 
 
 __all__ = ["WorkerServer", "serve"]
