@@ -396,13 +396,59 @@ def test_measured_speeds_pick_a_way_that_is_exact() -> None:
 
     for row_major in (True, False):
         speeds = ring.measured_speeds(row_major)
-        assert min(speeds.many, speeds.one, speeds.mv, speeds.copy) > 0
+        assert min(speeds.many, speeds.one, speeds.mv, speeds.copy, speeds.limbs) > 0
         assert ring.measured_speeds(row_major) is speeds
     a = ring_values(b"rows" * 4, (40, 700), "uniform")
     b = ring_values(b"cols" * 4, (700, 60), "uniform")
     for bb in (b, b.t().contiguous().t()):
         assert torch.equal(ring_matmul(a, bb), np_matmul(a, b))
         assert torch.equal(ring_matmul(a[:1], bb), np_matmul(a[:1], b))
+
+
+@pytest.mark.parametrize(
+    "sa, sb",
+    [
+        ((64, 300), (300, 64)),
+        ((4, 40, 64), (64, 129)),
+        ((12, 32, 64), (12, 64, 48)),
+        ((20, 2100), (2100, 60)),
+    ],
+)
+@pytest.mark.parametrize("mode", ["uniform", "edge"])
+@pytest.mark.parametrize("limbs_faster", [False, True])
+def test_ring_matmul_takes_the_limbs_where_this_cpu_measured_them_faster(
+    sa: tuple[int, ...],
+    sb: tuple[int, ...],
+    mode: str,
+    limbs_faster: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large product (from _COLUMNS_FROM rows and _RELAYOUT_FROM multiply-adds) takes the
+    float64 limbs where the measured speeds say they beat torch's int64 kernel (one CPU of
+    this project: 5x), and the int64 kernel otherwise: the same wrap-around sums either way,
+    batched or not, for a row-major b and a transposed view, past the 2048-wide chunk."""
+    import mpc.math.ring as ring
+
+    fast, slow = 1e-12, 1e-9
+    speeds = ring.Speeds(
+        many=slow, one=slow, mv=slow, copy=slow, limbs=fast if limbs_faster else slow
+    )
+    monkeypatch.setattr(ring, "measured_speeds", lambda row_major: speeds)
+    taken: list[str] = []
+    by_limbs = ring._limb_matmul
+    monkeypatch.setattr(
+        ring, "_limb_matmul", lambda a, b, w: taken.append("limbs") or by_limbs(a, b, w)
+    )
+    a = ring_values(b"rows" * 4, sa, mode)
+    b = ring_values(b"cols" * 4, sb, mode)
+    want = np_matmul(a, b)
+    for bb in (b, b.transpose(-1, -2).contiguous().transpose(-1, -2)):
+        taken.clear()
+        assert torch.equal(ring_matmul(a, bb), want)
+        assert bool(taken) == limbs_faster
+    taken.clear()
+    assert torch.equal(ring_matmul(a[..., :1, :], b), np_matmul(a[..., :1, :], b))
+    assert not taken  # one row (or a batch of few rows): never the limbs
 
 
 @pytest.mark.parametrize("shape", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((2, 0, 5), (5, 1))])

@@ -99,7 +99,12 @@ def bilinear(op: Any, params: Any, a_shape: Any, b_shape: Any) -> tuple[int, int
             a2 = list(a_shape) if len(a_shape) > 1 else [1, *a_shape]
             b2 = list(b_shape) if len(b_shape) > 1 else [*b_shape, 1]
             batch = max(out.numel() // max(a2[-2] * b2[-1], 1), 1)
-            return out.numel() * WORD, batch * (numel(a2[-2:]) + numel(b2[-2:])) * WORD
+            int64 = batch * (numel(a2[-2:]) + numel(b2[-2:]))
+            # the float64 limb method, where this CPU measured it faster (mpc.math.ring.
+            # _limbs_pay): three limbs of each operand, the products in float64 and in
+            # int64, the sum (and a chunked one's output)
+            limbs = 3 * numel(a2) + 3 * numel(b2) + 8 * out.numel()
+            return out.numel() * WORD, max(int64, limbs) * WORD
         if op == "conv2d" and isinstance(params, dict):
             out = ring_conv2d(
                 a,

@@ -241,18 +241,20 @@ class Speeds:
     one: float  # torch.matmul, one row
     mv: float  # torch.mv, one row
     copy: float  # laying ``b`` out the other way
+    limbs: float = float("inf")  # the float64 limb method (BLAS), 64 rows of ``a``
 
 
 @functools.cache
 def measured_speeds(row_major: bool) -> Speeds:
     """:class:`Speeds` for a row-major ``b`` (or a column-major one), measured once per
-    process on products of a typical size (about 40 ms in all), then kept. Which way is
+    process on products of a typical size (about 40-100 ms in all), then kept. Which way is
     fastest differs by CPU, by 2 to 13 times either way, so it is measured, not assumed
     (one thread: (128, 768) x (768, 3072) with ``b`` copied column-major first was 2.4x
     faster on one machine of this project and 2.3x slower on another; one row times a
     row-major (768, 768) by ``torch.mv``, 4x faster on the first and 1.8x slower on the
-    second). Timing only picks the way: every way gives the same wrap-around sums. The
-    measurement holds about 13 MB for a moment, once per process (not counted in any
+    second), and so does the float64 limb method against the int64 kernel (:func:`_limbs_pay`).
+    Timing only picks the way: every way gives the same wrap-around sums. The
+    measurement holds about 35 MB for a moment, once per process (not counted in any
     step's declared temporaries: tests/test_limits_memory.py measures after it)."""
     rows, k, n = 64, 768, 1024
     a = torch.arange(rows * k, dtype=torch.int64).view(rows, k).mul_(0x9E3779B97F4A7C15 >> 2)
@@ -265,7 +267,28 @@ def measured_speeds(row_major: bool) -> Speeds:
         one=_seconds(lambda: torch.matmul(row, b)) / (k * n),
         mv=_seconds(lambda: _rows_by_mv(row, b)) / (k * n),
         copy=_seconds(lambda: _relaid(b)) / (k * n),
+        limbs=_seconds(lambda: _limb_matmul(a, b, _plan(k))) / (rows * k * n),
     )
+
+
+_LIMBS_MARGIN = 0.7  # the limb method is taken where it measured at most this times int64's
+
+
+def _limbs_pay(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a large CPU product (at least :data:`_COLUMNS_FROM` rows and
+    :data:`_RELAYOUT_FROM` multiply-adds, ``b`` a matrix or a batch of them) is faster by
+    float64 limbs than by torch's int64 kernel on this CPU, as measured. CPUs differ by
+    20 times here: one machine of this project ran (128, 768) x (768, 768) in 10 ms by the
+    int64 kernel, another in 150-260 ms, where the limbs took 30 ms (BLAS is fast on
+    both). The limbs' temporaries are larger (see :func:`mpc.material.sizes.bilinear`)."""
+    if a.device.type != "cpu" or b.dim() < 2 or b.shape[-1] < 2:
+        return False
+    rows = a.numel() // max(a.shape[-1], 1)
+    if rows < _COLUMNS_FROM or rows * b.shape[-2] * b.shape[-1] < _RELAYOUT_FROM:
+        return False
+    row_major = b.stride(-1) == 1
+    here, other = measured_speeds(row_major), measured_speeds(not row_major)
+    return here.limbs < _LIMBS_MARGIN * min(here.many, other.many)
 
 
 def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -299,7 +322,8 @@ def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") ->
 
     Same shape rules as ``torch.matmul`` (1-D, 2-D, batched with broadcasting). ``method``
     is ``"int64"`` (torch's int64 kernel), ``"limbs"`` (float64 limb split) or ``"auto"``
-    (``"int64"`` on CPU, ``"limbs"`` elsewhere).
+    (``"int64"`` on CPU unless this CPU measured the limbs faster for a product this large,
+    :func:`_limbs_pay`; ``"limbs"`` elsewhere).
     """
     _check_ring("a", a)
     _check_ring("b", b)
@@ -323,7 +347,7 @@ def ring_matmul(a: torch.Tensor, b: torch.Tensor, *, method: Method = "auto") ->
             f"ring_matmul batch dimensions do not broadcast: a {tuple(a.shape)} and b "
             f"{tuple(b.shape)}"
         ) from e
-    if _resolve(method, a.device) == "int64":
+    if _resolve(method, a.device) == "int64" and not (method == "auto" and _limbs_pay(a2, b2)):
         return _int64_matmul(a, b)
 
     if k <= _CHUNK_K:
