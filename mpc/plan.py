@@ -59,6 +59,7 @@ class _Programs:
                 out = fn(*inputs)
                 if not isinstance(out, SharedTensor):
                     raise MPCError("a plan must return one SharedTensor")
+                out.resolve()  # (a deferred ReLU runs in the recording)
         self.rounds = counted.rounds
         self.output = out  # the recording run's own result
         input_ids = [s.id_at_location for x in inputs for s in x.shares]

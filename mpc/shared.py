@@ -7,6 +7,8 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -24,6 +26,47 @@ SEEDED_FROM = 64
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
 
 
+class Deferred:
+    """Shares computed at their first read (a ReLU's, :mod:`mpc.ops.relu_pool`): ``source``
+    is what they are computed from, until then (an op that can do better with it, a 2x2
+    max-pool, takes it instead; nothing else sees the difference but the rounds)."""
+
+    def __init__(
+        self,
+        session: Session,
+        source: SharedTensor,
+        compute: Callable[[], list[Any]],
+        kind: str = "",
+    ) -> None:
+        self.session, self.kind = session, kind
+        self.source: SharedTensor | None = source
+        self._compute: Callable[[], list[Any]] | None = compute
+        self._value: list[Any] | None = None
+        _DEFERRED.add(self)
+
+    def value(self) -> list[Any]:
+        if self._value is None:
+            compute = self._compute
+            assert compute is not None
+            self._value = compute()
+            self._compute = self.source = None
+            _DEFERRED.discard(self)
+        return self._value
+
+
+# the deferred shares not yet computed (an in-place write runs them first: see
+# SharedTensor.__torch_dispatch__)
+_DEFERRED: weakref.WeakSet[Deferred] = weakref.WeakSet()
+
+
+def run_deferred(session: Session) -> None:
+    """Compute every deferred value of ``session`` still alive (before an in-place write
+    could change what one is computed from)."""
+    for d in list(_DEFERRED):
+        if d.session is session:
+            d.value()
+
+
 class SharedTensor(torch.Tensor):
     """A secret-shared tensor: ``shares[i]`` is held by ``session.parties[i]``.
 
@@ -31,9 +74,12 @@ class SharedTensor(torch.Tensor):
     ``pending`` is a truncation not yet applied: the value's precision is
     ``frac_bits - pending`` bits. Ops that cannot use it truncate first (one round);
     ReLU fuses it into its comparison, and reconstruction decodes at full scale for free.
+    ``deferred``: shares not computed yet (:class:`Deferred`); reading ``shares``
+    computes them.
     """
 
-    shares: list[pt.PointerTensor]
+    _shares: list[pt.PointerTensor]
+    deferred: Deferred | None
     session: Session
     frac_bits: int
     pending: int
@@ -79,8 +125,28 @@ class SharedTensor(torch.Tensor):
         t.weight_epoch = 0
         return t
 
+    @property
+    def shares(self) -> list[pt.PointerTensor]:
+        d = self.deferred
+        if d is not None:
+            self._shares = d.value()
+            self.deferred = None
+        return self._shares
+
+    @shares.setter
+    def shares(self, value: list[pt.PointerTensor]) -> None:
+        self._shares = value
+        self.deferred = None
+
+    def resolve(self) -> SharedTensor:
+        """Compute deferred shares now (see :class:`Deferred`)."""
+        self.shares  # noqa: B018  (the read computes them)
+        return self
+
     def materialize(self) -> SharedTensor:
-        """Apply a pending truncation now (in place; the value is unchanged)."""
+        """Apply a pending truncation now (in place; the value is unchanged), and compute
+        deferred shares (:meth:`resolve`)."""
+        self.resolve()
         if self.pending:
             from mpc.protocols.arith import truncate
 
@@ -181,6 +247,8 @@ class SharedTensor(torch.Tensor):
         if session is None:
             return handler(func, args, kwargs or {})
         with session.concurrently(numel):
+            if func._schema.is_mutable and _DEFERRED:  # (what a deferred value reads)
+                run_deferred(session)
             for a in args:
                 for t in a if isinstance(a, list | tuple) else (a,):
                     if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:

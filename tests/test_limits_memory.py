@@ -449,6 +449,8 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     (x * y).get()  # beaver, truncation
     (x > y).get()  # the comparison's steps
     x.relu().get()  # selection
+    pool = mpc.share(torch.rand(1, 4, 64, n // 256) - 0.5, a, b, crypto_provider=c)
+    torch.nn.functional.max_pool2d(torch.relu(pool * pool), 2).get()  # fused, [G, 10]
     torch.sigmoid(x).get()  # a Fourier series
     torch.softmax(x.reshape(1024, n // 1024), -1).get()  # products of truncated values
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)

@@ -71,6 +71,24 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # selection on their daBits (mpc/math/group4.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes
     "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 4, 161_792),
+    # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): the six differences and
+    # the four values compared (10 x 21 bytes a window) and the four masked values (32): 4
+    # rounds, where the ReLU's run and then the max's took 8 and 280,839 bytes
+    "relu then max pool 2x2": (
+        lambda a: F.max_pool2d(F.relu(a), 2),
+        [(1, 1, 64, 64)],
+        4,
+        242 * 64 * 64 // 4,
+    ),
+    # of a product: the Beaver round, then the same run with the truncation's opening in
+    # its first round (the truncated values' masked opening rides on its second); 9 rounds
+    # before (Beaver, the ReLU with the truncation fused, the max)
+    "relu of a product then max pool 2x2": (
+        lambda a, b: F.max_pool2d(F.relu(a * b), 2),
+        [(1, 1, 64, 64), (1, 1, 64, 64)],
+        5,
+        (16 + 8) * 64 * 64 + 242 * 64 * 64 // 4,
+    ),
 }
 HEADER_ALLOWANCE = 80  # bytes of message headers per round
 
@@ -140,3 +158,22 @@ def test_a_fused_truncation_costs_the_dealer_the_same_as_a_separate_one() -> Non
     fused = _measure(2, *CASES["relu of a product"][:2]).dealer_bytes
     payload = (8 + TRUNC_DEALER_BYTES) * N
     assert payload <= fused - relu <= payload + DEALER_HEADER_ALLOWANCE, (relu, fused)
+
+
+def test_lenet_batch_1_rounds() -> None:
+    """W5 (benchmarks/workloads/protocol.py), batch 1: per conv block the conv (1) and its
+    ReLU and 2x2 max-pool in one run (4), then the linear layers (1 + 4 + 1): 16 rounds;
+    24 while the ReLU and the max-pool took a run each (issue 25)."""
+    from benchmarks.workloads.protocol import lenet
+
+    model = lenet()
+    img = torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(img)
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
+    x = mpc.share(img, *parties, crypto_provider=pt.VirtualWorker("dealer"))
+    shared = mpc.share(model, session=x.session)
+    with mpc.stats() as s, torch.no_grad():
+        got = shared(x).get()
+    assert s.rounds == 16
+    assert torch.allclose(got, want, atol=1e-3)

@@ -49,6 +49,26 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int 
     "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 6, 115_072, None),
     # one window: six comparisons (c and d, 16 words) and four masked values
     "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 2, 8 * 16 * N // 4, None),
+    # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): ten comparisons a
+    # window (the six differences and the four values: c and d, 20 words) and the four
+    # masked values; 4 rounds and 229,376 bytes as a ReLU's run then the max's
+    "relu then max pool 2x2": (
+        lambda a: F.max_pool2d(F.relu(a), 2),
+        [(1, 1, 64, 64)],
+        2,
+        8 * 24 * N // 4,
+        None,
+    ),
+    # of a product: Beaver (e, f), then the run with the truncation's c in its first round
+    # and the truncated values' masked opening in its second; 4 rounds before (Beaver, the
+    # one-round ReLU of a product, the max's 2)
+    "relu of a product then max pool 2x2": (
+        lambda a, b: F.max_pool2d(F.relu(a * b), 2),
+        [(1, 1, 64, 64), (1, 1, 64, 64)],
+        3,
+        24 * N + 8 * 24 * N // 4,
+        None,
+    ),
 }
 HEADER_ALLOWANCE = 96  # bytes of message headers per round (the Beaver round sends two)
 DEALER_HEADER_ALLOWANCE = 512
@@ -111,6 +131,26 @@ def test_fss_softmax_and_layer_norm_rounds(
     assert max(fss.bytes_per_party.values()) < max(default.bytes_per_party.values())
 
 
+def test_fss_lenet_batch_1_rounds() -> None:
+    """W5 (benchmarks/workloads/protocol.py), batch 1, FSS: per conv block the conv (1)
+    and its ReLU and 2x2 max-pool in one run (2), then the linear layers (1 + 1 + 1): 9
+    rounds; 11 while the ReLU of a product (1) and the max-pool (2) ran apart (issue 25)."""
+    from benchmarks.workloads.protocol import lenet
+
+    model = lenet()
+    img = torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(img)
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
+    config = MPCConfig(comparison="fss")
+    x = mpc.share(img, *parties, crypto_provider=pt.VirtualWorker("dealer"), config=config)
+    shared = mpc.share(model, session=x.session)
+    with mpc.stats() as s, torch.no_grad():
+        got = shared(x).get()
+    assert s.rounds == 9
+    assert torch.allclose(got, want, atol=1e-3)
+
+
 STEPS = (
     "mpc.dealer_fss",
     "mpc.fss_eval",
@@ -167,6 +207,7 @@ def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     F.relu(x * y).get()
     img = mpc.share(torch.rand(1, 4, 64, n // 256), a, b, crypto_provider=c, config=config)
     F.max_pool2d(img, 2).get()
+    F.max_pool2d(F.relu(img * img), 2).get()  # a ReLU and the max in one run ([G, 10])
     return seen
 
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -317,12 +318,26 @@ class CommandLog:
         raise AssertionError(f"{party} never delivered to a peer")
 
 
+def _now(t: Any) -> Any:
+    """A ReLU's comparison runs at its first read (mpc/ops/relu_pool.py): read it now."""
+    return t.materialize() if isinstance(t, mpc.SharedTensor) else t
+
+
+def _images(a: Any, b: Any) -> tuple[Any, Any]:
+    return a.reshape(1, 3, 10, 10) * b.reshape(1, 3, 10, 10), b
+
+
 CMP_OPS = {  # (before the comparison, the comparison): shared -> shared, plain alike
     "lt": (lambda a, b: (a, b), lambda a, b: a < b),
-    "relu": (lambda a, b: (a, b), lambda a, b: torch.relu(a)),
+    "relu": (lambda a, b: (a, b), lambda a, b: _now(torch.relu(a))),
     # the product's truncation is pending, so ReLU fuses it into its first round
-    "relu of a product": (lambda a, b: (a * b, b), lambda p, b: torch.relu(p)),
+    "relu of a product": (lambda a, b: (a * b, b), lambda p, b: _now(torch.relu(p))),
     "max over a dim": (lambda a, b: (a, b), lambda a, b: a.reshape(100, 3).max(dim=1).values),
+    # a ReLU and the 2x2 max-pool after it in one run, the product's truncation fused too
+    "max pool of a relu of a product": (
+        _images,
+        lambda p, b: torch.nn.functional.max_pool2d(torch.relu(p), 2),
+    ),
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -195,7 +195,9 @@ def w4_relu(n: int, parties: int = 2, factory: WorkerFactory | None = None) -> W
         "W4",
         "relu",
         size_label(n),
-        run=lambda: torch.relu(x),
+        # materialize(): run the ReLU now (its comparison otherwise waits for its first
+        # read, which a 2x2 max-pool may fuse into its own: mpc/ops/relu_pool.py)
+        run=lambda: cast(mpc.SharedTensor, torch.relu(x)).materialize(),
         plain=lambda: torch.relu(a),
         check=check,
         workers=ws,

@@ -214,11 +214,16 @@ def dealer_compare(
 
 def check_selection(shape: list[int], product_nonces: Any, group_nonce: Any) -> None:
     """A comparison's selections: at most :data:`MAX_SELECTED` products (an int nonce
-    each), and a group nonce only for the six pairs of groups of four ([G, 6])."""
+    each), and a group nonce only for the six pairs of groups of four ([G, 6]), or the six
+    pairs and the four values of a max after a ReLU ([G, 10])."""
     if group_nonce is not None and (
-        type(group_nonce) is not int or len(shape) != 2 or shape[-1] != len(group4.PAIRS)
+        type(group_nonce) is not int
+        or len(shape) != 2
+        or shape[-1] not in (group4.PLAIN, group4.RELU)
     ):
-        raise ValueError("a comparison of groups of four takes an int nonce and a [G, 6] shape")
+        raise ValueError(
+            "a comparison of groups of four takes an int nonce and a [G, 6] or [G, 10] shape"
+        )
     if not (
         isinstance(product_nonces, list)
         and len(product_nonces) <= MAX_SELECTED
@@ -252,7 +257,7 @@ def selection_material(
         consume(ctx, seeds, group_nonce, TAG_A, TAG_C, TAG_U)
         groups = shape[0]
         alpha = sum_derived(seeds, group_nonce, TAG_A, [groups, 4])
-        tt, at = group4.dealer_monomials(t.view(groups, len(group4.PAIRS)), alpha)
+        tt, at = group4.dealer_monomials(t.view(groups, shape[1]), alpha)
         for s in seeds[:-1]:
             tt -= derive(s, group_nonce, TAG_C, list(tt.shape))
             at -= derive(s, group_nonce, TAG_U, list(at.shape))

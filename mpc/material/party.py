@@ -438,21 +438,26 @@ def group_select(
 ) -> list[torch.Tensor]:
     """The party's share of the max of each group of four (first index on ties) and, with
     ``onehot``, of its one-hot argmax, from the comparison of the six pairs (the opened d
-    and its daBits' shares t, [G, 6]), the opened e = a - alpha ([G, 4]) and the products of
+    and its daBits' shares t, [G, 6]; [G, 10]: the pairs and the four values, the max of
+    0 and the four, :data:`mpc.math.group4.RELU`), the opened e = a - alpha ([G, 4]) and the products of
     the daBits (and of the masks with them): the dealer's ``material`` at the last party,
     derived elsewhere (:func:`mpc.math.group4.select`). Local."""
     groups = a.shape[0] if a.dim() == 2 else -1
-    pairs = len(group4.PAIRS)
+    bits = d.shape[-1] if d.dim() == 2 else -1  # 6, or 10 for the max after a ReLU
     if not (
         a.dim() == 2
         and a.shape[1] == 4
         and list(e.shape) == [groups, 4]
-        and list(d.shape) == list(t.shape) == [groups, pairs]
+        and list(d.shape) == list(t.shape) == [groups, bits]
+        and bits in (group4.PLAIN, group4.RELU)
         and type(onehot) is bool
     ):
-        raise ValueError("a selection of groups of four takes [G, 4] values and [G, 6] bits")
+        raise ValueError(
+            "a selection of groups of four takes [G, 4] values and [G, 6] or [G, 10] bits"
+        )
     consume(ctx, [seed], nonce, TAG_C, TAG_U)
-    n_t, n_at = len(group4.T_MONOMIALS), len(group4.AT_MONOMIALS)
+    _, t_monomials, at_monomials = group4.layout(bits)
+    n_t, n_at = len(t_monomials), len(at_monomials)
     if material is None:
         tt = derive(seed, nonce, TAG_C, [groups, n_t])
         at = derive(seed, nonce, TAG_U, [groups, n_at])

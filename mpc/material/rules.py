@@ -282,7 +282,7 @@ def unpack(call: ProtocolCall) -> Any:
     ]
     want = [shape] * 3 + tree + [shape] * len(products)
     if group is not None:
-        want += [[(len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)) * shape[0]]]
+        want += [[_group_terms(call, shape)]]
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's comparison material")
     nonce = label.nonce
@@ -293,6 +293,15 @@ def unpack(call: ProtocolCall) -> Any:
     if group is not None:  # the selection's products (see group_select)
         seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
     return seals
+
+
+def _group_terms(call: ProtocolCall, shape: Any) -> int:
+    """The dealer's selection words of groups of four of ``shape`` ([G, 6] or [G, 10])."""
+    if not (
+        isinstance(shape, list) and len(shape) == 2 and shape[1] in (group4.PLAIN, group4.RELU)
+    ):
+        raise call.refuse("groups of four are compared as [G, 6] or [G, 10]")
+    return group4.terms(shape[1]) * int(shape[0])
 
 
 def _links(call: ProtocolCall) -> dict[int, int]:
@@ -529,7 +538,7 @@ def fss_unpack(call: ProtocolCall) -> Any:
     if select:
         want += [shape] * (1 + len(products))
         if group is not None:
-            want += [[(len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)) * shape[0]]]
+            want += [[_group_terms(call, shape)]]
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's FSS key")
     seals = [seal("fss.u", nonce, seed.index, extra=(select, bits))]

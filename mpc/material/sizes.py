@@ -188,6 +188,7 @@ def _selected(p: dict[str, Any]) -> int:
 
 def dealer_compare(p: dict[str, Any]) -> int:
     group = 30 if p.get("group_nonce") is not None else 0  # (groups of four: group4.py)
+    # (per element of [G, 6]: 180 words a group for 44 terms; [G, 10]: 300 for 104)
     return (2 * _selected(p) + 64 + group) * WORD * numel(p.get("shape")) + SLACK
 
 
@@ -279,10 +280,12 @@ def share_update(p: dict[str, Any]) -> int:
 
 
 def group_select(p: dict[str, Any]) -> int:
-    """The max of groups of four: the daBits' products ([G, 44] derived or viewed), the
-    expansion's coefficients and terms (a few [G] words per product)."""
+    """The max of groups of four: the daBits' products ([G, 44] derived or viewed; [G, 104]
+    after a ReLU, d [G, 10]), the expansion's coefficients and terms (a few [G] words per
+    product)."""
     groups = elems(p.get("a")) // 4 + 1
-    return 160 * WORD * groups + SLACK
+    per = 160 if elems(p.get("d")) <= 6 * groups else 200  # (measured 127 at 2^18)
+    return per * WORD * groups + SLACK
 
 
 def dealer_weight(p: dict[str, Any]) -> int:

@@ -19,11 +19,18 @@ party derives) and the dealer's shares of t_T (|T| >= 2; a single t_c is the daB
 and of alpha_i t_T. All local once d is open: the max of four costs one comparison's rounds
 (the pairwise tree costs two). Cf. the daBit products of :func:`mpc.protocols.compare.
 select_by_msb`, here with monomials of several daBits.
+
+The max of four after a ReLU, max(0, a_0, .., a_3) = sum_i w_i s_i a_i with
+s_i = [a_i >= 0] = 1 - msb(a_i), runs in the same comparison: four more comparisons (of the
+values themselves, columns 6-9) and a fourth factor per value, so (``RELU`` layout, 10
+comparisons a group) 11 products of daBits and 15 masked products per value, where the
+plain layout (6 comparisons) takes 4 and 7. The zero candidate needs no term.
 """
 
 from __future__ import annotations
 
 from itertools import combinations
+from typing import Any
 
 import torch
 
@@ -36,6 +43,9 @@ def _factors(i: int) -> tuple[tuple[int, bool], ...]:
 
 
 FACTORS = tuple(_factors(i) for i in range(4))
+# after a ReLU: comparison 6 + i is msb(a_i), value i's factor 1 - b
+RELU_FACTORS = tuple(f + ((len(PAIRS) + i, False),) for i, f in enumerate(FACTORS))
+PLAIN, RELU = len(PAIRS), len(PAIRS) + 4  # comparisons per group of each layout
 
 
 def _subsets(items: tuple[int, ...], smallest: int) -> list[tuple[int, ...]]:
@@ -50,14 +60,37 @@ T_MONOMIALS = tuple(
 AT_MONOMIALS = tuple(
     (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in FACTORS[i]), 1)
 )  # 28
+RELU_T_MONOMIALS = tuple(
+    (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in RELU_FACTORS[i]), 2)
+)  # 44
+RELU_AT_MONOMIALS = tuple(
+    (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in RELU_FACTORS[i]), 1)
+)  # 60
+
+
+def layout(comparisons: int) -> tuple[Any, Any, Any]:
+    """(factors, T monomials, AT monomials) of groups of ``comparisons`` comparisons:
+    :data:`PLAIN` (the max of four) or :data:`RELU` (the max of four after a ReLU)."""
+    if comparisons == PLAIN:
+        return FACTORS, T_MONOMIALS, AT_MONOMIALS
+    if comparisons == RELU:
+        return RELU_FACTORS, RELU_T_MONOMIALS, RELU_AT_MONOMIALS
+    raise ValueError(f"a group of four takes {PLAIN} or {RELU} comparisons, got {comparisons}")
+
+
+def terms(comparisons: int) -> int:
+    """The dealer's selection words per group (T and AT monomials)."""
+    _, tm, atm = layout(comparisons)
+    return len(tm) + len(atm)
 
 
 def dealer_monomials(t: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The dealer's values: t_T for :data:`T_MONOMIALS` ([G, 16]) and alpha_i t_T for
     :data:`AT_MONOMIALS` ([G, 28]), from the daBits t ([G, 6], 0/1) and the masks alpha
-    ([G, 4], ring elements)."""
-    tt = torch.stack([_prod(t, cs) for _, cs in T_MONOMIALS], dim=-1)
-    at = torch.stack([alpha[:, i] * _prod(t, cs) for i, cs in AT_MONOMIALS], dim=-1)
+    ([G, 4], ring elements); the RELU layout's ([G, 44] and [G, 60]) for t [G, 10]."""
+    _, t_monomials, at_monomials = layout(t.shape[1])
+    tt = torch.stack([_prod(t, cs) for _, cs in t_monomials], dim=-1)
+    at = torch.stack([alpha[:, i] * _prod(t, cs) for i, cs in at_monomials], dim=-1)
     return tt, at
 
 
@@ -72,7 +105,7 @@ def _coefficients(d: torch.Tensor, i: int) -> dict[tuple[int, ...], torch.Tensor
     """w_i's expansion in its daBits: subset T (sorted comparisons) -> public coefficient
     ([G] int64), from the opened d ([G, 6], 0/1)."""
     poly: dict[tuple[int, ...], torch.Tensor] = {(): torch.ones_like(d[:, 0])}
-    for c, is_b in FACTORS[i]:
+    for c, is_b in layout(d.shape[1])[0][i]:
         dc = d[:, c]
         slope = 1 - 2 * dc
         const, lin = (dc, slope) if is_b else (1 - dc, -slope)
@@ -97,9 +130,11 @@ def select(
     """This party's share of the max of each group ([G]) and, with ``onehot``, of the
     one-hot w ([G, 4], integers), from the opened d ([G, 6]) and e ([G, 4]), its shares of
     the daBits t ([G, 6]), of :data:`T_MONOMIALS` (tt) and :data:`AT_MONOMIALS` (at), and
-    of the values a ([G, 4])."""
-    t_index = {m: k for k, m in enumerate(T_MONOMIALS)}
-    at_index = {m: k for k, m in enumerate(AT_MONOMIALS)}
+    of the values a ([G, 4]). With d [G, 10] (the RELU layout) the max of 0 and the four
+    (``onehot`` then selects the one-hot argmax times [a_i >= 0])."""
+    _, t_monomials, at_monomials = layout(d.shape[1])
+    t_index = {m: k for k, m in enumerate(t_monomials)}
+    at_index = {m: k for k, m in enumerate(at_monomials)}
     out = torch.zeros_like(a[:, 0])
     w = torch.zeros_like(a) if onehot else None
     for i in range(4):

@@ -18,7 +18,8 @@ from mpc.errors import UnsupportedOpError
 from mpc.ops.backward import keep_pool_argmax, relu_keeping_mask
 from mpc.ops.common import aten, check_public
 from mpc.ops.local import _add, _neg
-from mpc.protocols.compare import msb, relu_truncating, select_by_msb
+from mpc.ops.relu_pool import deferred_relu, pool_of_relu
+from mpc.protocols.compare import msb, select_by_msb
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -93,11 +94,9 @@ def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     if x.requires_grad and torch.is_grad_enabled():  # keep the bit for the backward
         return relu_keeping_mask(x)
-    if x.pending:  # fuse the pending truncation into the comparison's rounds
-        out = relu_truncating(x.session, x.shares, x.pending)
-        return x.with_shares(out, frac_bits=x.frac_bits - x.pending)
-    (out,) = select_by_msb(x.session, x.shares, [x.shares], complement=True)
-    return x.with_shares(out)
+    # its comparison (a pending truncation fused) runs when its shares are first read,
+    # unless a 2x2 max-pool takes it into its own (mpc.ops.relu_pool)
+    return deferred_relu(x)
 
 
 # -- max / argmax over the last dim by a tree of pairs and groups of four ---------------
@@ -401,6 +400,9 @@ def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise UnsupportedOpError(str(func), "dilation and ceil_mode are not supported")
     if x.dim() != 4:
         raise UnsupportedOpError(str(func), "expects (N, C, H, W) input")
+    fused = pool_of_relu(x, kernel, stride, padding)  # of a ReLU not run yet: one run
+    if fused is not None:
+        return fused, torch.empty(tuple(fused.shape), dtype=torch.int64, device="meta")
     if any(padding):
         big = -float(2 ** (40 - x.frac_bits)) if x.frac_bits else -float(2**40)
         x = aten.constant_pad_nd.default(x, [padding[1], padding[1], padding[0], padding[0]], big)

@@ -86,17 +86,32 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
 _PAIR_DIFFERENCES = torch.tensor(
     [[(k == i) - (k == j) for i, j in group4.PAIRS] for k in range(4)], dtype=torch.int64
 )
+# after a ReLU: the six differences, then the four values (msb(a_i) = [a_i < 0])
+_PAIRS_AND_VALUES = torch.cat([_PAIR_DIFFERENCES, torch.eye(4, dtype=torch.int64)], dim=1)
 
 
-def max_of_four(session: Session, groups: Shares, onehot: bool = False) -> Any:
+def max_of_four(
+    session: Session, groups: Shares, onehot: bool = False, relu: bool = False, pending: int = 0
+) -> Any:
     """[max] of each group of four values (``groups``: [G, 4] shares), and with
     ``onehot`` its one-hot argmax ([G, 4] shared 0/1 integers, first index on ties), in one
     comparison's 4 rounds: the six pairwise comparisons at once, the selection riding on
-    their daBits (:mod:`mpc.math.group4`). A pairwise tree takes two comparisons' rounds."""
+    their daBits (:mod:`mpc.math.group4`). A pairwise tree takes two comparisons' rounds.
+
+    ``relu``: the max of 0 and the four, max(relu(a_0), .., relu(a_3)), in the same run
+    (the four values' own comparisons join the six: :data:`mpc.math.group4.RELU`), where a
+    ReLU and then the max took two runs. ``pending``: of the groups truncated by that many
+    bits (a product not yet truncated, as :func:`relu_truncating`: the comparisons run on
+    the product, the truncation opens in round 1 and the truncated values' masked opening
+    rides on round 2)."""
+    if onehot and relu:
+        raise ValueError("max_of_four: the one-hot argmax is of the values, not of a ReLU's")
     # x_c = a_i - a_j (msb(x_c) = [a_i < a_j]) for all six pairs: one product by a public
     # matrix of 1, -1 and 0 at each party (exact in the ring), not 18 ops and a stack
-    x = [g @ _PAIR_DIFFERENCES for g in groups]
-    run = _run(session, x, [], group=groups)  # type: ignore[arg-type]
+    matrix = _PAIRS_AND_VALUES if relu else _PAIR_DIFFERENCES
+    x = [g @ matrix for g in groups]
+    trunc = TruncRun(session, groups, pending) if pending else None
+    run = _run(session, x, [], trunc=trunc, group=groups)  # type: ignore[arg-type]
     return run.finish_group(onehot)
 
 
@@ -168,16 +183,12 @@ class _MsbRun:
         self.session = session
         self.shape = shape = list(x[0].shape)
         self.group, self.group_nonce = group, None
+        self.group_e: Shares | None = None
         self.values = list(values)
         for v in values:
             if list(v[0].shape) != shape:
                 raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
-        selected = len(values) + (trunc is not None)  # products [v t]
-        if selected > MAX_SELECTED:
-            raise ValueError(
-                f"select_by_msb selects at most {MAX_SELECTED} values in one comparison, "
-                f"got {len(values)}: split them over several calls"
-            )
+        selected = _selected(values, trunc, group)  # products [v t]
         self.nonce = nonce = session.next_nonce()
         seed = session.party_seeds
 
@@ -194,8 +205,7 @@ class _MsbRun:
         shapes = [shape] * 3 + packed + [shape] * selected
         if group is not None:  # the max of groups of four (mpc.math.group4)
             self.group_nonce = session.next_nonce()
-            terms = len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)
-            shapes.append([terms * shape[0]])
+            shapes.append([group4.terms(shape[1]) * shape[0]])
         (corr,) = deal(
             session,
             "comparison of secret values",
@@ -222,11 +232,7 @@ class _MsbRun:
             prod.finish(o.value, t, c_last)
             for prod, o, c_last in zip(products, product_openings, c_products)
         ]
-        late: list[_TProduct] = []
-        if trunc is not None and trunc_opening is not None:  # its result is selected too
-            truncated = trunc.finish(trunc_opening.value)
-            self.values.append(truncated)
-            late.append(_TProduct(session, product_nonces[-1], truncated))
+        late, late_group = self._late(trunc, trunc_opening, product_nonces)
 
         # generate / propagate words of c - r after the radix-4 tree's local level 0,
         # masked for level 1; then rounds 2-3: levels 1 and 2, each step finishing one
@@ -243,8 +249,11 @@ class _MsbRun:
             last_level = level == carry4.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
             late_openings = [ride.add(prod.e) for prod in late] if level == 1 else []
+            group_opening = ride.add(late_group) if level == 1 and late_group is not None else None
             ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
             ride.open(count=False)  # (the same round's arithmetic openings)
+            if group_opening is not None:
+                self.group_e = group_opening.value
             self.vt += [
                 prod.finish(o.value, t, c_products[-1]) for prod, o in zip(late, late_openings)
             ]
@@ -300,18 +309,37 @@ class _MsbRun:
         product_openings = [round1.add(prod.e) for prod in products]
         trunc_opening = trunc.open_in(round1) if trunc is not None else None
         group_opening = None
-        if group is not None:
-            gn = self.group_nonce
-            (masked_group,) = at_parties(
-                session,
-                "mpc.group_mask",
-                lambda i: [seed[i], gn, group[i]],
-                [(list(group[0].shape), I64)],
-            )
-            group_opening = round1.add(masked_group)
+        if group is not None and trunc is None:  # (truncated: opened in round 2, _late)
+            group_opening = round1.add(self._group_mask(group))
         round1.open()
         self.group_e = group_opening.value if group_opening is not None else None
         return c, products, product_openings, trunc_opening
+
+    def _group_mask(self, group: Shares) -> Shares:
+        """The parties' groups masked for their selection (opened as e)."""
+        seed, gn = self.session.party_seeds, self.group_nonce
+        (masked,) = at_parties(
+            self.session,
+            "mpc.group_mask",
+            lambda i: [seed[i], gn, group[i]],
+            [(list(group[0].shape), I64)],
+        )
+        return masked
+
+    def _late(
+        self, trunc: TruncRun | None, opening: Opened | None, product_nonces: list[int]
+    ) -> tuple[list[_TProduct], Shares | None]:
+        """After round 1, a truncation's result: selected too (its product [v t], opened in
+        round 2), or the groups of four themselves (their masked values, opened in round 2,
+        ``group_e``)."""
+        if trunc is None or opening is None:
+            return [], None
+        truncated = trunc.finish(opening.value)
+        if self.group is not None:
+            self.group = truncated
+            return [], self._group_mask(truncated)
+        self.values.append(truncated)
+        return [_TProduct(self.session, product_nonces[-1], truncated)], None
 
     def _t_shares(self) -> Shares:
         """The parties' arithmetic shares of the daBit t (the last party's is dealt)."""
@@ -405,6 +433,18 @@ class _TProduct:
             [(self.shape, I64)],
         )
         return vt
+
+
+def _selected(values: list[Shares], trunc: TruncRun | None, group: Shares | None) -> int:
+    """The products [v t] of a run: the values, and a truncated value unless the
+    truncation is of the groups of four (whose selection has its own material)."""
+    selected = len(values) + (trunc is not None and group is None)
+    if selected > MAX_SELECTED:
+        raise ValueError(
+            f"select_by_msb selects at most {MAX_SELECTED} values in one comparison, "
+            f"got {len(values)}: split them over several calls"
+        )
+    return selected
 
 
 def _masked(words: int) -> list[tuple[Any, torch.dtype]]:

@@ -23,13 +23,12 @@ from typing import Any
 
 from mpc.material import fss as material
 from mpc.material import fss_relu
-from mpc.material.dealer import MAX_SELECTED
 from mpc.math import group4
 from mpc.protocols.arith import I64, Round, Shares, TruncRun, at_parties, call
 from mpc.protocols.compare import (
     _MsbRun,
     _numel,
-    _TProduct,
+    _selected,
     register_mode,
     register_relu_truncating,
 )
@@ -58,12 +57,7 @@ class FssRun(_MsbRun):
         for v in values:
             if list(v[0].shape) != shape:
                 raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
-        selected = len(values) + (trunc is not None)
-        if selected > MAX_SELECTED:
-            raise ValueError(
-                f"select_by_msb selects at most {MAX_SELECTED} values in one comparison, "
-                f"got {len(values)}: split them over several calls"
-            )
+        selected = _selected(values, trunc, group)
         self.select = select = selected > 0 or group is not None
         self.nonce = nonce = session.next_nonce()
         product_nonces = [session.next_nonce() for _ in range(selected)]
@@ -80,8 +74,7 @@ class FssRun(_MsbRun):
         if select:
             shapes += [shape] * (1 + selected)
             if group is not None:
-                terms = len(group4.T_MONOMIALS) + len(group4.AT_MONOMIALS)
-                shapes.append([terms * shape[0]])
+                shapes.append([group4.terms(shape[1]) * shape[0]])
         dealer = session.require_dealer("comparison of secret values")
         cw, key1 = call(
             dealer,
@@ -125,18 +118,18 @@ class FssRun(_MsbRun):
             prod.finish(o.value, t, c_last)
             for prod, o, c_last in zip(products, product_openings, c_products)
         ]
-        late: list[_TProduct] = []
-        if trunc is not None and trunc_opening is not None:  # its result is selected too
-            truncated = trunc.finish(trunc_opening.value)
-            self.values.append(truncated)
-            late.append(_TProduct(session, product_nonces[-1], truncated))
+        late, late_group = self._late(trunc, trunc_opening, product_nonces)
 
         # round 2: d = msb(x) ^ t (a sum of the parties' shares), with the late products
+        # (and a truncated group's masked values)
         round2 = Round(session)
         opened_d = round2.add(out)
         late_openings = [round2.add(prod.e) for prod in late]
+        group_opening = round2.add(late_group) if late_group is not None else None
         round2.open()
         self.d = opened_d.value
+        if group_opening is not None:
+            self.group_e = group_opening.value
         self.vt += [prod.finish(o.value, t, c_products[-1]) for prod, o in zip(late, late_openings)]
 
     def finish_bit(self) -> Shares:
