@@ -54,18 +54,17 @@ def _subsets(items: tuple[int, ...], smallest: int) -> list[tuple[int, ...]]:
 
 # per value i: the products of two or three of its comparisons' daBits (the dealer's), and
 # every non-empty subset T of its comparisons (the dealer's alpha_i t_T)
-T_MONOMIALS = tuple(
-    (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in FACTORS[i]), 2)
-)  # 16
-AT_MONOMIALS = tuple(
-    (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in FACTORS[i]), 1)
-)  # 28
-RELU_T_MONOMIALS = tuple(
-    (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in RELU_FACTORS[i]), 2)
-)  # 44
-RELU_AT_MONOMIALS = tuple(
-    (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in RELU_FACTORS[i]), 1)
-)  # 60
+def _monomials(factors: Any, smallest: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """(value i, T) for every subset T of at least ``smallest`` of value i's comparisons."""
+    return tuple(
+        (i, t) for i in range(4) for t in _subsets(tuple(c for c, _ in factors[i]), smallest)
+    )
+
+
+T_MONOMIALS = _monomials(FACTORS, 2)  # 16
+AT_MONOMIALS = _monomials(FACTORS, 1)  # 28
+RELU_T_MONOMIALS = _monomials(RELU_FACTORS, 2)  # 44
+RELU_AT_MONOMIALS = _monomials(RELU_FACTORS, 1)  # 60
 
 
 def layout(comparisons: int) -> tuple[Any, Any, Any]:
