@@ -97,6 +97,9 @@ class Session:
         # which run of each worker process the seeds were dealt in (network workers)
         self._incarnations: list[Any] = [None] * len(self._workers())
         self.party_seeds: list[pt.PointerTensor] = []
+        # shares computed at their first read, not computed yet (mpc.shared.Deferred): an
+        # in-place write in this session computes them first
+        self.deferred: weakref.WeakSet[Any] = weakref.WeakSet()
         self.dealer_seeds: list[pt.PointerTensor] = []
         if crypto_provider is not None:
             for i, p in enumerate(parties):

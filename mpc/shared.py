@@ -7,7 +7,6 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,7 +41,7 @@ class Deferred:
         self.source: SharedTensor | None = source
         self._compute: Callable[[], list[Any]] | None = compute
         self._value: list[Any] | None = None
-        _DEFERRED.add(self)
+        session.deferred.add(self)
 
     def value(self) -> list[Any]:
         if self._value is None:
@@ -50,21 +49,15 @@ class Deferred:
             assert compute is not None
             self._value = compute()
             self._compute = self.source = None
-            _DEFERRED.discard(self)
+            self.session.deferred.discard(self)
         return self._value
 
 
-# the deferred shares not yet computed (an in-place write runs them first: see
-# SharedTensor.__torch_dispatch__)
-_DEFERRED: weakref.WeakSet[Deferred] = weakref.WeakSet()
-
-
 def run_deferred(session: Session) -> None:
-    """Compute every deferred value of ``session`` still alive (before an in-place write
-    could change what one is computed from)."""
-    for d in list(_DEFERRED):
-        if d.session is session:
-            d.value()
+    """Compute every deferred value of ``session`` still alive (``session.deferred``),
+    before an in-place write could change what one is computed from."""
+    for d in list(session.deferred):
+        d.value()
 
 
 class SharedTensor(torch.Tensor):
@@ -247,7 +240,7 @@ class SharedTensor(torch.Tensor):
         if session is None:
             return handler(func, args, kwargs or {})
         with session.concurrently(numel):
-            if func._schema.is_mutable and _DEFERRED:  # (what a deferred value reads)
+            if func._schema.is_mutable and session.deferred:  # (what they read)
                 run_deferred(session)
             for a in args:
                 for t in a if isinstance(a, list | tuple) else (a,):
