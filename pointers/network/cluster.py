@@ -96,10 +96,13 @@ class ServerProcess:
                 log.flush()
                 self._lines.append(line)
                 m = _ADDRESS.search(line)
-                if m and not self._ready.is_set():
+                if m and proc is self.proc and not self._ready.is_set():
                     self.address = m.group(1)
                     self._ready.set()
-        self._ready.set()  # the process ended
+        # the process ended: wake a wait for it, unless it was replaced meanwhile (a
+        # restart: the killed process's reader must not end the new process's wait)
+        if proc is self.proc:
+            self._ready.set()
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> str:
         """The address once the server listens; RuntimeError (with its output) if it
