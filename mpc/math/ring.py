@@ -267,7 +267,12 @@ def measured_speeds(row_major: bool) -> Speeds:
         one=_seconds(lambda: torch.matmul(row, b)) / (k * n),
         mv=_seconds(lambda: _rows_by_mv(row, b)) / (k * n),
         copy=_seconds(lambda: _relaid(b)) / (k * n),
-        limbs=_seconds(lambda: _limb_matmul(a, b, _plan(k))) / (rows * k * n),
+        # the limbs copy ``b`` into new float64 limbs whatever its layout: measured once
+        limbs=(
+            _seconds(lambda: _limb_matmul(a, b, _plan(k))) / (rows * k * n)
+            if row_major
+            else measured_speeds(True).limbs
+        ),
     )
 
 
