@@ -8,6 +8,7 @@ only each next token to the client, and the one-hot sharing of private token ids
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -63,6 +64,15 @@ def _embedding(model: nn.Module) -> Any:
     return emb
 
 
+def _keeps_last_logits(model: nn.Module) -> dict[str, Any]:
+    """``{"logits_to_keep": 1}`` where ``model``'s forward takes it, else nothing."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
 def greedy_generate(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -97,6 +107,12 @@ def greedy_generate(
     if lookup not in ("one_hot", "compare", "public"):
         raise ValueError(f"lookup={lookup!r}: 'one_hot', 'compare' or 'public'")
 
+    # only the last position's logits are used: a model that can skip the others (GPT-2,
+    # Llama: ``logits_to_keep``, as transformers' own ``generate`` passes it) computes the
+    # LM head for one position, not for the whole prompt (at GPT-2 small and a 128-token
+    # prompt, 127 products of a row with the 50,257 x 768 head fewer)
+    keep = _keeps_last_logits(model)
+
     def inputs(tokens: Any) -> dict[str, Any]:
         if lookup == "one_hot":
             return {"inputs_embeds": private_embeddings(model, tokens)}
@@ -109,7 +125,7 @@ def greedy_generate(
     new: list[torch.Tensor] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            out = model(**step, attention_mask=mask, past_key_values=cache, use_cache=True)
+            out = model(**step, attention_mask=mask, past_key_values=cache, use_cache=True, **keep)
             cache = out.past_key_values
             token = out.logits[:, -1].argmax(-1, keepdim=True).get()  # the one value revealed
             new.append(token)

@@ -4,6 +4,7 @@ back into the model."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -47,13 +48,16 @@ def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
         return get(self)
 
     shared_ids: list[bool] = []
+    logits_rows: list[int] = []
     forward = type(model).forward
 
+    @functools.wraps(forward)  # (its signature too: greedy_generate reads it)
     def spy_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         given = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
         shared_ids.append(isinstance(given, mpc.SharedTensor))
         cache = kwargs["past_key_values"]
         out = forward(self, *args, **kwargs)
+        logits_rows.append(out.logits.shape[1])
         layer = cache.layers[0]
         assert isinstance(layer.keys, mpc.SharedTensor) and isinstance(
             layer.values, mpc.SharedTensor
@@ -65,10 +69,13 @@ def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
     for lookup in ("one_hot", "compare"):
         revealed.clear()
         shared_ids.clear()
+        logits_rows.clear()
         tokens = greedy_generate(model, prompt, 4, lookup=lookup)
         assert torch.equal(tokens, expected[:, 6:]), lookup
         assert revealed == [(1, 1)] * 4  # the client opens each next token, nothing else
         assert shared_ids == [True] * 4  # the prompt and every token go in shared
+        # the prefill computes the LM head for the prompt's last position only
+        assert logits_rows == [1] * 4
 
 
 def test_greedy_decoding_with_a_padded_batch_and_eos(group: Any) -> None:

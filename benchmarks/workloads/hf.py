@@ -90,7 +90,11 @@ def _prefill(
     """W14 (BERT, last hidden state) and W15 (GPT-2 prefill, logits): one forward over a
     ``(1, seq)`` prompt of private ids. The ids' owner shares them as one-hot rows
     (``mpc.hf.share_one_hot``, before the timer, as every input); the timed run looks them
-    up (the one-hot rows times the shared embedding table) and runs the model."""
+    up (the one-hot rows times the shared embedding table) and runs the model. GPT-2's
+    prefill computes the logits of the prompt's last position only (``logits_to_keep=1``,
+    as transformers' ``generate`` and ``mpc.hf.greedy_generate`` call it): the next token
+    is all a prefill is for, and the other 127 rows of the 50,257-wide LM head would cost
+    as much as the embedding lookup."""
     from mpc.hf import private_embeddings, share_one_hot
 
     model, shared, ws, carol = _hf_shared(kind, tiny, parties, factory)
@@ -98,16 +102,18 @@ def _prefill(
     ids = torch.randint(0, vocab, (1, seq), generator=_gen())
     onehot = share_one_hot(ids, shared)
 
+    keep: dict[str, Any] = {} if kind == "bert" else {"logits_to_keep": 1}
+
     def output(out: Any) -> Any:
         return out.last_hidden_state if kind == "bert" else out.logits
 
     def run() -> Any:
         with torch.no_grad():
-            return output(shared(inputs_embeds=private_embeddings(shared, onehot)))
+            return output(shared(inputs_embeds=private_embeddings(shared, onehot), **keep))
 
     def plain() -> torch.Tensor:
         with torch.no_grad():
-            return output(model(input_ids=ids))
+            return output(model(input_ids=ids, **keep))
 
     ref = plain()
 
@@ -143,7 +149,8 @@ def w15_gpt2(
     seq: int, parties: int = 2, factory: WorkerFactory | None = None, tiny: bool = False
 ) -> Workload:
     """W15: ``GPT2LMHeadModel`` at GPT-2 small shape, one forward over a prompt of ``seq``
-    private ids (prefill); the logits stay shared. Throughput counts tokens."""
+    private ids (prefill: the KV cache and the last position's logits, which stay shared).
+    Throughput counts tokens."""
     return _prefill("W15", "gpt2", seq, parties, factory, tiny)
 
 
