@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
+
+
+def trim_heap() -> None:
+    """Give the memory earlier cases freed back to the system: a collection (their
+    workers, sessions and pointers refer to each other), then glibc's ``malloc_trim``
+    (its arenas keep freed blocks, and a case's new lane threads allocate from other
+    arenas than the last case's did: W16 after W14 peaked at 15.9 GB, 8.97 GB alone).
+    Elsewhere the collection only."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
 
 def reset_peak_rss() -> bool:
     """Start counting this process's peak resident memory afresh (Linux:
-    ``/proc/self/clear_refs``); False where that is not possible (the peak is then the
-    process's peak since it started)."""
+    ``/proc/self/clear_refs``), after :func:`trim_heap`; False where that is not possible
+    (the peak is then the process's peak since it started)."""
+    trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
