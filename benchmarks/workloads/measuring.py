@@ -223,8 +223,17 @@ def measure(
     after = None
     if sync is not None and w.revealed:  # the result in hand ends the run (see Workload)
         sync, after = None, sync
-    w.run()  # warm-up
-    w.sync()
+    if w.kind == "mpc" and w.track_rss:
+        # W14-W16: the first query also opens each weight's F = W - B (a weight instance,
+        # mpc.protocols.weights), what every query would send without the masks' reuse
+        with mpc.stats() as first:
+            w.run()  # warm-up
+            w.sync()
+        first_bytes: int | None = first.max_bytes_per_party
+    else:
+        w.run()  # warm-up
+        w.sync()
+        first_bytes = None
     tick()
     inner = _calibrate(w.run, 0.01, sync) if w.kind == "pointer" else 1
     times, cpu_times = [], []
@@ -238,6 +247,8 @@ def measure(
     if cpu_clock is not None:  # (other processes' CPU comes in ticks of 10 ms: the mean)
         cpu_times = [(clock() - start) / (repeat * inner)]
     row = finish(profile(w, repeat), times, cpu_times if local or cpu_clock else None)
+    if first_bytes is not None:
+        row["first_run_max_bytes_per_party"] = first_bytes
     tick()
     return row
 

@@ -43,6 +43,8 @@ def _fmt_err(row: dict[str, Any]) -> str:
             parts.append(f"{short} {row[key]}")
     if "upload_bytes_per_client" in row:
         parts.append(f"upload/client {_fmt_bytes(row['upload_bytes_per_client'])}")
+    if row.get("first_run_max_bytes_per_party") is not None:  # (W14-W16: masks opened)
+        parts.append(f"first run {_fmt_bytes(row['first_run_max_bytes_per_party'])}/party")
     if row.get("peak_rss_bytes") is not None:
         parts.append(f"peak RSS {_fmt_bytes(row['peak_rss_bytes'])}")
     return ", ".join(parts)
