@@ -75,6 +75,7 @@ from benchmarks.workloads import (
     worker_names,
 )
 from mpc.config import MPCConfig
+from pointers.worker.lanes import release_idle_lanes
 
 LATENCY_NEEDS_NETWORK = (
     "--latency-ms needs --network: the latency is added by the served worker processes "
@@ -395,9 +396,11 @@ def _run(
             bad += failures(row)
             # the case's workers, shared model and stores go before the next case builds:
             # W16 after W14 in one run peaked at 17.5 GB (8.97 GB alone) while W14's
-            # workload stayed bound here (its parties, sessions and pointers refer to each
-            # other, so only a collection frees them)
+            # workload stayed bound here and its in-process workers were held by their
+            # lane threads (for 2 s idle); parties, sessions and pointers refer to each
+            # other, so only a collection frees them
             del w
+            release_idle_lanes()
             gc.collect()
     finally:
         workloads.workers.CONFIG = None  # (back to the default config for whatever runs next)

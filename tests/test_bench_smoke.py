@@ -402,11 +402,13 @@ def test_cli_lets_go_of_each_case_before_building_the_next(
     def spy(self: wl.Case, factory: Any = None) -> Any:
         alive_at_build.append(sum(r() is not None for r in built))
         w = original(self, factory)
-        built.append(weakref.ref(w))
+        # the workload and its workers (their lanes hold them while they run)
+        built.extend(weakref.ref(o) for o in [w, *w.everyone])
         return w
 
     monkeypatch.setattr(wl.Case, "build", spy)
-    argv = ["--workloads", "W1,W3", "--sizes", "100", "--repeat", "1", "--no-progress"]
+    # 2^15 elements: the parties run in lanes
+    argv = ["--workloads", "W1,W3", "--sizes", "32768", "--repeat", "1", "--no-progress"]
     assert main(argv) == 0
-    assert len(built) == 2 and alive_at_build == [0, 0]
+    assert len(built) == 8 and alive_at_build == [0, 0]
     assert all(r() is None for r in built)

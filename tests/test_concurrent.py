@@ -134,6 +134,31 @@ def test_blocks_nest_and_skip_other_workers(monkeypatch: pytest.MonkeyPatch) -> 
     assert not any(lane.thread.is_alive() for lane in lanes)  # ... until idle too long
 
 
+def test_idle_lanes_end_on_request_and_let_go_of_their_workers() -> None:
+    import gc
+    import weakref
+
+    a, b, c = trio()
+    x = pt.send(torch.ones(2), a)
+    with pt.concurrently(a, b):
+        x.add_(1)
+    lanes = [a._lane, b._lane]
+    with pt.concurrently(b) as busy:  # a lane a block holds is left running
+        lane_module.release_idle_lanes()
+        assert busy.lanes[id(b)].thread.is_alive()
+        assert not lanes[0].thread.is_alive()
+    lane_module.release_idle_lanes()
+    assert not any(lane.thread.is_alive() for lane in lanes)
+    with pt.concurrently(a):  # the next block starts a new lane
+        x.add_(1)
+    assert a._lane is not lanes[0] and torch.equal(x.get(), torch.full((2,), 3.0))
+    lane_module.release_idle_lanes()
+    refs = [weakref.ref(w) for w in (a, b, c)]
+    del a, b, c, x, busy
+    gc.collect()
+    assert all(r() is None for r in refs)  # no lane thread holds the dropped workers
+
+
 def test_a_large_secure_product_runs_concurrently_and_matches_the_serial_one() -> None:
     parties, dealer = trio()[:2], pt.VirtualWorker("dealer")
     x = torch.randn(1 << 16, dtype=torch.float64)

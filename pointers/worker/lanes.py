@@ -48,7 +48,7 @@ from pointers.wire.messages import (
     encode_message,
 )
 
-__all__ = ["ConcurrentBlock", "concurrently"]
+__all__ = ["ConcurrentBlock", "concurrently", "release_idle_lanes"]
 
 
 LANE_IDLE_SECONDS = 2.0  # a lane's thread ends after this long without a block
@@ -76,6 +76,12 @@ class _LiveLanes:
             lanes = list(self._lanes)
         for lane in lanes:
             lane.stop()
+
+    def stop_idle(self) -> None:
+        with self._lock:
+            lanes = list(self._lanes)
+        for lane in lanes:
+            lane.stop_if_idle()
 
 
 _LIVE_LANES = _LiveLanes()
@@ -109,9 +115,18 @@ class _Lane:
             self.cond.notify_all()
         self.thread.join(timeout=10)
 
+    def stop_if_idle(self) -> None:
+        """End the thread now if no block holds the lane (else leave it running)."""
+        with self.cond:
+            if self.block is not None or self.items or not self.alive:
+                return
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join(timeout=10)
+
     def claim(self, block: ConcurrentBlock) -> bool:
         with self.cond:
-            if not self.alive:
+            if not self.alive or self.stopping:
                 return False
             self.block = block
             return True
@@ -288,6 +303,14 @@ class ConcurrentBlock:
         for peer, ids in by_store.values():
             peer.store.release_promises(ids)
         self.promised = []
+
+
+def release_idle_lanes() -> None:
+    """End now every lane thread that no block is using (each ends by itself after
+    :data:`LANE_IDLE_SECONDS` without a block). A lane holds its worker: until its thread
+    ends, a dropped worker and everything in its store stay in memory. The next block
+    of a worker starts a new lane."""
+    _LIVE_LANES.stop_idle()
 
 
 def concurrently(*workers: Any) -> ConcurrentBlock:
