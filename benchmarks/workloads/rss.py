@@ -8,11 +8,12 @@ import sys
 
 
 def trim_heap() -> None:
-    """Give the memory earlier cases freed back to the system: a collection (their
-    workers, sessions and pointers refer to each other), then glibc's ``malloc_trim``
-    (its arenas keep freed blocks, and a case's new lane threads allocate from other
-    arenas than the last case's did: W16 after W14 peaked at 15.9 GB, 8.97 GB alone).
-    Elsewhere the collection only."""
+    """Give the memory earlier cases freed back to the system, so that a peak counted
+    from here starts from what is in use: a collection (workers, sessions and pointers
+    refer to each other), then glibc's ``malloc_trim`` (its arenas keep freed blocks:
+    after W14, 7.9 -> 6.4 GB resident while W14's parties were still alive). Elsewhere
+    the collection only. (The parties' lane threads must have ended first:
+    ``pointers.worker.lanes.release_idle_lanes``.)"""
     gc.collect()
     if sys.platform.startswith("linux"):
         try:
