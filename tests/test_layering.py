@@ -93,6 +93,7 @@ POINTERS_ORDER = [
     "pointers.plans.trace",
     "pointers.plans.wire",
     # what a worker is made of, and what its clients see of it
+    "pointers.worker.memory",
     "pointers.worker.sealing",
     "pointers.worker.holding",
     "pointers.worker.store",

@@ -5,6 +5,7 @@ clocks the CPU of served worker processes too."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -223,17 +224,12 @@ def measure(
     after = None
     if sync is not None and w.revealed:  # the result in hand ends the run (see Workload)
         sync, after = None, sync
-    if w.kind == "mpc" and w.track_rss:
-        # W14-W16: the first query also opens each weight's F = W - B (a weight instance,
-        # mpc.protocols.weights), what every query would send without the masks' reuse
-        with mpc.stats() as first:
-            w.run()  # warm-up
-            w.sync()
-        first_bytes: int | None = first.max_bytes_per_party
-    else:
+    # W14-W16: the first query also opens each weight's F = W - B (a weight instance,
+    # mpc.protocols.weights), what every query would send without the masks' reuse
+    with mpc.stats() if w.kind == "mpc" and w.track_rss else contextlib.nullcontext() as first:
         w.run()  # warm-up
         w.sync()
-        first_bytes = None
+    first_bytes = None if first is None else first.max_bytes_per_party
     tick()
     inner = _calibrate(w.run, 0.01, sync) if w.kind == "pointer" else 1
     times, cpu_times = [], []

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import sys
-
-
-def trim_heap() -> None:
-    """Give the memory earlier cases freed back to the system, so that a peak counted
-    from here starts from what is in use: a collection (workers, sessions and pointers
-    refer to each other), then glibc's ``malloc_trim`` (its arenas keep freed blocks:
-    after W14, 7.9 -> 6.4 GB resident while W14's parties were still alive). Elsewhere
-    the collection only. (The parties' lane threads must have ended first:
-    ``pointers.worker.lanes.release_idle_lanes``.)"""
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
+from pointers.worker.memory import trim_heap
 
 
 def reset_peak_rss() -> bool:
     """Start counting this process's peak resident memory afresh (Linux:
-    ``/proc/self/clear_refs``), after :func:`trim_heap`; False where that is not possible
-    (the peak is then the process's peak since it started)."""
+    ``/proc/self/clear_refs``), after :func:`~pointers.worker.memory.trim_heap`, so that
+    the count starts from what is in use (the parties of an earlier case must be dropped
+    and their lane threads ended first: ``pointers.worker.lanes.release_idle_lanes``);
+    False where that is not possible (the peak is then the process's peak since it
+    started)."""
     trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:

@@ -12,8 +12,6 @@ tokens and the wire helpers; never :mod:`pointers.network.server`.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import sys
 import threading
 import time
@@ -30,6 +28,7 @@ from pointers.network.quotas import FairProgramPool
 from pointers.network.served import ServedWorker
 from pointers.network.transport import IDENTITY_METADATA
 from pointers.worker import holding
+from pointers.worker.memory import trim_heap
 
 
 class Sessions(PeerLinks):
@@ -119,7 +118,7 @@ class Sessions(PeerLinks):
                 except Exception as e:  # never let the reaper die
                     print(f"pointers: freeing a session failed: {e!r}", file=sys.stderr)
                     continue
-                _trim_heap()  # hand the freed memory back to the system where possible
+                trim_heap()  # hand the freed memory back to the system where possible
                 print(
                     f"pointers: worker {self.id!r}: the lease of client {client!r} session "
                     f"{session[:8] or '-'} expired ({idle:.1f} s without a call): freed "
@@ -186,14 +185,3 @@ class Sessions(PeerLinks):
     def _client(self, context: grpc.ServicerContext, what: str) -> ServedWorker:
         """The caller's namespace, busy until :meth:`_leave`."""
         return self._enter(*self._client_key(context, what))
-
-
-def _trim_heap() -> None:
-    """glibc keeps freed small blocks for reuse; malloc_trim returns them to the system
-    (a no-op elsewhere)."""
-    gc.collect()  # request buffers caught in reference cycles (tracebacks) go now
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass

@@ -9,6 +9,7 @@
 - sealing: protocol material that no client may read, and how functions declare it;
 - program: recorded command lists replayed with one message per worker;
 - lanes: in-process workers running side by side (:func:`pointers.concurrently`);
+- memory: handing freed memory back to the system (:func:`memory.trim_heap`);
 - chains: pointer chains between in-process workers (loaded here: a pointer's chain
   methods reach them through :func:`pointers.pointer_tensor.use_chains`).
 """
