@@ -123,6 +123,15 @@ def _registered(model: nn.Module, frac_bits: int) -> dict[str, tuple[torch.Tenso
     return out
 
 
+def registered_values(model: nn.Module, frac_bits: int) -> dict[str, str]:
+    """Per parameter name, the digest of ``model``'s value at ``frac_bits`` (what an
+    approval names: :func:`pointers.worker.holding.param_digest`)."""
+    return {
+        n: v.digest
+        for n, v in holding.make_policy({}, _registered(model, frac_bits)).params.items()
+    }
+
+
 def approve(
     model: nn.Module,
     *examples: torch.Tensor,
@@ -140,13 +149,12 @@ def approve(
     :func:`save_offer`). The client's plan must be recorded with the same ``call``, config
     and input shapes; its outputs open, nothing else does."""
     cfg = config or MPCConfig()
-    values = holding.make_policy({}, _registered(model, cfg.frac_bits)).params
+    digests = registered_values(model, cfg.frac_bits)
     workers = [pt.VirtualWorker(p) for p in parties]
     dealer = pt.VirtualWorker(crypto_provider)
     session = Session(workers, dealer, cfg)
     shared = [share_tensor(e, session) for e in examples]
     plan = HeldPlan(model, *shared, call=call, owner_session=session)
-    digests = {n: v.digest for n, v in values.items()}
     approval = Approval({p.id: plan.digests(p, digests) for p in workers})
     approval.frac_bits, approval.params = cfg.frac_bits, digests
     del plan, shared, session, workers, dealer
@@ -431,5 +439,6 @@ __all__ = [
     "approve",
     "offer",
     "plan",
+    "registered_values",
     "save_offer",
 ]
