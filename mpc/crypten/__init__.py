@@ -32,7 +32,13 @@ from torch import nn as _torch_nn
 from mpc.config import MPCConfig
 from mpc.crypten import _world, common, communicator, nn, optim
 from mpc.crypten import mpc as mpc  # (CrypTen's crypten.mpc)
-from mpc.crypten._errors import NotAvailableError, lookup, unavailable
+from mpc.crypten._errors import (
+    CollectiveMismatchError,
+    NotAvailableError,
+    NotInitializedError,
+    lookup,
+    unavailable,
+)
 from mpc.crypten._setup import Setup
 from mpc.crypten.cryptensor import CrypTensor, MPCTensor, where
 
@@ -268,9 +274,11 @@ def __getattr__(name: str) -> NoReturn:
 
 
 __all__ = [
+    "CollectiveMismatchError",
     "CrypTensor",
     "MPCTensor",
     "NotAvailableError",
+    "NotInitializedError",
     "cat",
     "common",
     "communicator",

@@ -318,7 +318,7 @@ class MPCTensor(CrypTensor):
         """The binary cross-entropy of sigmoid(self)."""
         return _fn(
             "binary_cross_entropy_with_logits",
-            lambda x, y: _bce(x.sigmoid(), y),
+            _bce_with_logits,
             self,
             target,
         )
@@ -402,7 +402,7 @@ class MPCTensor(CrypTensor):
 
 # CrypTen tensor methods that torch spells as torch.nn.functional functions
 _FUNCTIONAL: dict[str, Callable[..., Any]] = {
-    "conv1d": F.conv1d,
+    "conv1d": lambda *a, **k: conv1d(*a, **k),
     "conv2d": F.conv2d,
     "conv_transpose1d": F.conv_transpose1d,
     "conv_transpose2d": F.conv_transpose2d,
@@ -416,6 +416,34 @@ _FUNCTIONAL: dict[str, Callable[..., Any]] = {
     "gelu": F.gelu,
     "silu": F.silu,
 }
+
+
+def conv1d(
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Any:
+    """``F.conv1d`` as a 2-D convolution of height 1 (the engine's convolution is 2-D)."""
+
+    def one(v: Any) -> int:
+        return int(v[0]) if isinstance(v, list | tuple) else int(v)
+
+    if isinstance(padding, str):
+        raise ValueError("conv1d here takes a numeric padding")
+    out = F.conv2d(
+        x.unsqueeze(-2),
+        weight.unsqueeze(-2),
+        bias,
+        (1, one(stride)),
+        (0, one(padding)),
+        (1, one(dilation)),
+        groups,
+    )
+    return out.squeeze(-2)
 
 
 def _unwrap(v: Any) -> Any:
@@ -451,6 +479,28 @@ def _wrap(v: Any) -> Any:
 
 def _cross_entropy(x: Any, y: Any) -> Any:
     return -(y * x.log_softmax(1)).sum(1).mean()
+
+
+class _BCEWithLogits(torch.autograd.Function):
+    """The binary cross-entropy of sigmoid(x), its gradient (sigmoid(x) - y) / n (torch's
+    sigmoid backward is not an op of the engine)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, y: Any) -> Any:
+        s = x.sigmoid()
+        ctx.save_for_backward(s, y)
+        return _bce(s, y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        s, y = ctx.saved_tensors
+        return (s - y) * (grad / s.numel()), None
+
+
+def _bce_with_logits(x: Any, y: Any) -> Any:
+    if isinstance(y, torch.Tensor) and not isinstance(y, SharedTensor):
+        y = y.to(x.dtype)
+    return _BCEWithLogits.apply(x, y)
 
 
 def _bce(x: Any, y: Any) -> Any:

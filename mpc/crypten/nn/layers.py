@@ -10,7 +10,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from mpc.crypten.cryptensor import _bce, _cross_entropy
+from mpc.crypten.cryptensor import _bce, _bce_with_logits, _cross_entropy, _fn, conv1d
 from mpc.crypten.nn.module import Module
 
 
@@ -19,7 +19,13 @@ class Linear(Module, nn.Linear):
 
 
 class Conv1d(Module, nn.Conv1d):
-    pass
+    """torch's Conv1d, run as a 2-D convolution of height 1 (the engine's convolution is
+    2-D); zero padding only."""
+
+    def _conv_forward(self, input: Any, weight: Any, bias: Any) -> Any:  # noqa: A002
+        if self.padding_mode != "zeros":
+            raise ValueError(f"padding_mode={self.padding_mode!r}: only 'zeros' here")
+        return conv1d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class Conv2d(Module, nn.Conv2d):
@@ -121,10 +127,12 @@ class MSELoss(_Loss):
 
 
 class L1Loss(_Loss):
-    """mean(|x - y|)."""
+    """mean(|x - y|), as (x - y) * sign(x - y): abs's own backward needs torch's sgn, which
+    the engine lacks."""
 
     def loss(self, x: Any, y: Any) -> Any:
-        return (x - y).abs().mean()
+        d = x - y
+        return (d * d.sign().detach()).mean()
 
 
 class BCELoss(_Loss):
@@ -138,7 +146,7 @@ class BCEWithLogitsLoss(_Loss):
     """The binary cross-entropy of sigmoid(x)."""
 
     def loss(self, x: Any, y: Any) -> Any:
-        return _bce(x.sigmoid(), y)
+        return _fn("BCEWithLogitsLoss", _bce_with_logits, x, y)
 
 
 class CrossEntropyLoss(_Loss):
