@@ -137,7 +137,7 @@ def test_tutorial_1_basics(notebook: Any, capsys: pytest.CaptureFixture[str]) ->
 # -- tutorial 2: inside CrypTensors -----------------------------------------------------------
 
 
-BINARY = (crypten.NotAvailableError, r"binary \(XOR\) secret sharing is not a tensor type here")
+BINARY = (crypten.NotAvailableError, r"binary \(XOR\) sharing exists only inside the comparison")
 
 
 def _tutorial_2(run: Any, capsys: pytest.CaptureFixture[str]) -> None:

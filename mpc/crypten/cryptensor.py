@@ -40,10 +40,10 @@ class ptype(enum.Enum):  # noqa: N801  (CrypTen's name)
 
 
 _BINARY = (
-    "binary (XOR) secret sharing is not a tensor type here: the comparison protocol "
-    "converts to XOR shares inside itself (x < y, relu, max, sign use it), and bitwise ops "
-    "on shared values are not offered; share integers with the arithmetic ptype (exact in "
-    "Z/2^64 with mpc.share(torch.tensor([...]), ...), or as crypten.cryptensor(x))"
+    "binary (XOR) sharing exists only inside the comparison protocol here (x < y, relu, max "
+    "and sign use it), and bitwise ops on shared values are not offered: share integers with "
+    "the arithmetic ptype (crypten.cryptensor(x), or exactly in Z/2^64 with "
+    "mpc.share(torch.tensor([...]), parties..., crypto_provider=...))"
 )
 
 # CrypTen MPCTensor names with no honest equivalent here, and what to use instead
