@@ -511,3 +511,11 @@ def test_parties_given_as_served_workers(network_cluster: Any) -> None:
             run_multiprocess(world_size=3)(lambda: None)()
     finally:
         network_cluster.close_connections()
+
+
+def test_requires_grad_after_encryption_fills_grad() -> None:
+    x = torch.tensor([0.5, -1.0, 2.0])
+    x_enc = enc(x).requires_grad_()
+    assert x_enc.requires_grad and x_enc.grad is None
+    (x_enc * x_enc).sum().backward()
+    assert torch.allclose(x_enc.grad.get_plain_text(), 2 * x, atol=4 * UNIT)

@@ -23,6 +23,7 @@ import mpc
 import pointers as pt
 from mpc.crypten import _world
 from mpc.crypten._errors import EncryptedBoolError, lookup, unavailable
+from mpc.ops.backward import track_grad
 from mpc.shared import SharedTensor
 
 
@@ -231,6 +232,13 @@ class MPCTensor(CrypTensor):
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> MPCTensor:
+        def compute(_: Any) -> None:
+            track_grad(self._shared.requires_grad_(requires_grad))
+
+        _world.collective("requires_grad_", compute)
+        return self
 
     @property
     def grad(self) -> MPCTensor | None:
