@@ -6,7 +6,11 @@ crypten_notebook_cells.py. What each tutorial prints is checked against plaintex
 
 Tutorial 2's three cells on binary (XOR) sharing raise :class:`mpc.crypten.NotAvailableError`,
 which names what to use instead: XOR sharing is internal to the comparison protocol here.
-The rest of tutorial 2 runs, showing each rank's share and each source's value."""
+The rest of tutorial 2 runs, showing each rank's share and each source's value.
+
+Tutorials 3 and 7 run as written under ``-m slow`` (20-45 s each here), and with 15 epochs
+and 20 images in the default run (a line run after the cell that sets them). Tutorials 2 and
+4 run on served worker processes too (``crypten.init(served=True)`` after cell 1)."""
 
 from __future__ import annotations
 
@@ -226,8 +230,8 @@ def test_tutorial_4_encrypted_classification(
 # -- tutorial 7: training an encrypted network ------------------------------------------------
 
 
-def test_tutorial_7_encrypted_training(notebook: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    ns = notebook("tutorial7")
+def _tutorial_7(run: Any, capsys: pytest.CaptureFixture[str], **kwargs: Any) -> None:
+    ns = run("tutorial7", **kwargs)
     out = capsys.readouterr().out
     losses = [float(v) for v in re.findall(r"Epoch: \d Loss: (\d+\.\d+)", out)]
     # cell 9's training, in plaintext, from the same weights and data
@@ -250,6 +254,23 @@ def test_tutorial_7_encrypted_training(notebook: Any, capsys: pytest.CaptureFixt
     assert "torch.Size([100, 28, 20])\ntorch.Size([100, 28, 8])" in out
 
 
+@pytest.mark.slow
+def test_tutorial_7_encrypted_training_as_written(
+    notebook: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tutorial_7(notebook, capsys)  # 100 images: 8-30 s here
+
+
+# the default run trains on 20 of cell 8's 100 random images
+TWENTY = "x_small, y_one_hot = x_small[:20], y_one_hot[:20]; x_train, y_train = x_train[:20], y_train[:20]"
+
+
+def test_tutorial_7_encrypted_training_twenty_images(
+    notebook: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _tutorial_7(notebook, capsys, after={8: TWENTY})
+
+
 # -- the same notebooks on served worker processes ---------------------------------------------------
 
 
@@ -265,6 +286,7 @@ def test_tutorial_2_on_served_workers(notebook: Any, capsys: pytest.CaptureFixtu
     assert [p.id for p in parties] == ["party0", "party1", "party2"]
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_tutorial_4_on_served_workers(
     notebook: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
