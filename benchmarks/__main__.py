@@ -1,10 +1,9 @@
-"""``python -m benchmarks``: measure the protocol workloads (docs/workloads.md W1-W6, max-pool W7,
-secure aggregation W8) and the pointer overhead (P1, P2) without pytest, and print the
-results table.
+"""``python -m benchmarks``: measure the workloads of docs/workloads.md (W1-W16) and the
+pointer overhead (P1, P2) without pytest, and print the results table.
 
 Examples::
 
-    python -m benchmarks                          # every workload at its docs/workloads.md sizes
+    python -m benchmarks                          # every default case
     python -m benchmarks --quick                  # without the 1e6-element and batch-64 cases
     python -m benchmarks --workloads W3,W4 --sizes 1e4,1e5,1e6 --parties 3
     python -m benchmarks --sizes 1e3,1e4 --sizes W2=32,64 --sizes W5=1 --repeat 3 \\
@@ -166,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="Sizes: "
         + "; ".join(f"{w}: {SIZE_UNIT[w]}" for w in _ids())
-        + ". See benchmarks/README.md.",
+        + ". See docs/benchmarks.md and docs/workloads.md.",
     )
     ap.add_argument("--quick", action="store_true", help="skip the big (1e6, batch 64) cases")
     ap.add_argument("-k", default="", help="only the cases whose id contains this text")

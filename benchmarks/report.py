@@ -245,10 +245,26 @@ def plot_results(data: dict[str, Any], path: str | Path) -> Path:
     right.grid(True, axis="x", which="both", alpha=0.3)
     if pairs:
         right.legend(fontsize="x-small")
+    fig.suptitle(_runs_line(data), fontsize="x-small")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, metadata={"Software": None})
     return path
+
+
+def _runs_line(data: dict[str, Any]) -> str:
+    """Which runs the plot shows: engine, date, commit and load average before each."""
+    parts = []
+    for run in data["runs"]:
+        m = run["meta"]
+        load = m.get("load_before") or []
+        parts.append(
+            f"{m.get('engine', 'tessera-mpc')} {str(m.get('date', '?'))[:16].replace('T', ' ')}"
+            f" UTC, commit {m.get('commit', '?')}, load {load[0] if load else '?'}"
+        )
+    return (
+        "; ".join(parts) + f"; {data['runs'][0]['meta'].get('nproc', '?')} cores" if parts else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
