@@ -13,8 +13,10 @@ from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
-from mpc.held import HeldError, HeldShared, approve, offer, plan
+from mpc.generation import approve_generation, generate
+from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save_offer
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
+from mpc.offered import offered
 from mpc.plan import SharedPlan, preprocess
 from mpc.protocols import fss as _fss  # noqa: F401  (registers comparison="fss")
 from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
@@ -25,6 +27,7 @@ from mpc.shared import SharedTensor
 _compat.install()  # PySyft 0.2 compatible names on SharedTensor
 
 __all__ = [
+    "Approval",
     "CryptoProviderRequired",
     "EncodingError",
     "FixedPointRangeWarning",
@@ -43,11 +46,15 @@ __all__ = [
     "SharedTensor",
     "UnsupportedOpError",
     "approve",
+    "approve_generation",
+    "generate",
     "get",
     "offer",
+    "offered",
     "secure_fedavg",
     "plan",
     "preprocess",
+    "save_offer",
     "share",
     "stats",
 ]

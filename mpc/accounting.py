@@ -4,11 +4,17 @@
 ``s.rounds`` (sequential openings among the parties), ``s.bytes_per_party`` (bytes each
 party sent to its peers), ``s.dealer_bytes`` (what the crypto provider shipped) and
 ``s.client_messages`` (commands the orchestrating client sent).
+
+Work deferred inside the block (a ReLU computed at its first read,
+:class:`mpc.shared.Deferred`) does not outlive it: what is still deferred when the block
+ends runs then, inside the block, so the figures are those of the work the block caused
+whether or not its results are read before it ends.
 """
 
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,11 +31,21 @@ class Recorder:
     _start: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     _roles: dict[int, str] = field(default_factory=dict)
     _end: dict[int, Any] = field(default_factory=dict)
+    # work deferred while the block ran (weakly: a value dropped unread costs nothing)
+    _deferred: list[weakref.ref[Any]] = field(default_factory=list)
 
     def watch(self, worker: Any, role: str) -> None:
         if id(worker) not in self._start:
             self._start[id(worker)] = (worker, worker.stats.snapshot())
             self._roles[id(worker)] = role
+
+    def flush(self) -> None:
+        """Run the work deferred inside the block that is still pending (see the module
+        docstring); its rounds and bytes count here and in every enclosing block."""
+        while self._deferred:
+            d = self._deferred.pop()()
+            if d is not None:
+                d.value()
 
     def close(self) -> None:
         for key, (worker, _) in self._start.items():
@@ -80,6 +96,7 @@ def stats() -> Iterator[Recorder]:
     token = _active.set(_active.get() + (rec,))
     try:
         yield rec
+        rec.flush()  # (not after an error: the block's own error is the one to see)
     finally:
         _active.reset(token)
         rec.close()
@@ -91,6 +108,19 @@ def watch(parties: list[Any], dealer: Any | None) -> None:
             rec.watch(p, "party")
         if dealer is not None:
             rec.watch(dealer, "dealer")
+
+
+def note_deferred(work: Any) -> None:
+    """``work`` (with a ``value()`` that runs it, once) was deferred: every active block
+    runs it at its end if it is still pending then."""
+    for rec in _active.get():
+        if len(rec._deferred) >= 4096:  # (a long block: drop what was run or dropped)
+            rec._deferred = [r for r in rec._deferred if _pending(r())]
+        rec._deferred.append(weakref.ref(work))
+
+
+def _pending(work: Any) -> bool:
+    return work is not None and not work.done
 
 
 def count_round(n: int = 1) -> None:

@@ -11,6 +11,7 @@ from torch import nn
 from mpc.compat import check_protocol, share_remote, unwrap_fixed_precision
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
+from mpc.offered import buffer_is_secret, is_offered, share_offered
 from mpc.ops.backward import track_grad
 from mpc.protocols.weights import mark_fixed
 from mpc.session import Session, session_for
@@ -85,7 +86,7 @@ def share(
     """
     check_protocol(protocol)
     x, frac_bits = unwrap_fixed_precision(x, frac_bits)
-    remote = isinstance(x, nn.Module) and _is_remote(x)
+    remote = isinstance(x, nn.Module) and _is_offered(x)
     if session is None:
         if len(parties) == 1 and isinstance(parties[0], list | tuple):
             parties = tuple(parties[0])
@@ -105,14 +106,14 @@ def share(
                 "their shares and seeds died with the old process: share without session= "
                 "(the group then gets a new session), or make a new mpc.Session"
             )
-    if remote:  # the owner's worker splits it: its held weights (mpc.held)
+    if remote:  # the owner's worker splits its registered values: held weights (mpc.held)
         if public_buffers or shared_buffers or requires_grad:
             raise MPCError(
                 "a model shared from its owner's worker takes the owner's rule for its "
                 "buffers and is not trained on (public_buffers, shared_buffers and "
                 "requires_grad are refused)"
             )
-        return _REMOTE_MODELS[0](x, session, frac_bits)
+        return share_offered(x, session, frac_bits)
     if isinstance(x, nn.Module):
         return _share_module(x, session, set(public_buffers), set(shared_buffers))
     if public_buffers or shared_buffers:
@@ -165,33 +166,17 @@ def share_method(self: Any, *parties: Any, **kwargs: Any) -> Any:
 _FOLDED = ("running_mean", "running_var", "num_batches_tracked")
 
 
-def buffer_is_secret(module: nn.Module, name: str, buffer: torch.Tensor) -> bool:
-    """The default rule for a buffer (``module._buffers[name]``) of a shared model: secret
-    if it is floating point and saved with the model (in its ``state_dict``); public if it
-    is an integer or bool tensor (an index or a mask: structure) or a non-persistent
-    buffer (computed from the config when the model is built, e.g. rotary ``inv_freq``)."""
-    if not buffer.is_floating_point():
-        return False
-    return name not in module._non_persistent_buffers_set
-
-
-# how a model at its owner's worker is shared (mpc.held registers it on import)
-_REMOTE_MODELS: list[Any] = []
-
-
-def register_remote_models(share_fn: Any) -> None:
-    """Set the function that shares a model whose parameters live at a worker."""
-    _REMOTE_MODELS[:] = [share_fn]
-
-
-def _is_remote(model: nn.Module) -> bool:
-    remote = [n for n, p in model.named_parameters() if isinstance(p, PointerTensor)]
-    if remote and len(remote) != len(list(model.parameters())):
+def _is_offered(model: nn.Module) -> bool:
+    if is_offered(model):
+        return True
+    if any(isinstance(p, PointerTensor) for p in model.parameters()):
         raise MPCError(
-            "some of the model's parameters live at a worker and some here: share a model "
-            "wholly from its owner's worker, or wholly from this process"
+            "the model's parameters are pointers to a worker: a model at a worker is shared "
+            "by its owner, who registers its values there (mpc.offer, or serve --offer) and "
+            "hands the client mpc.offered(model, owner); bring a model you sent back with "
+            ".get() to share it from here"
         )
-    return bool(remote)
+    return False
 
 
 def _share_module(

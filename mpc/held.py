@@ -3,13 +3,18 @@
 The querying client never holds the weights. The owner, at its side:
 
 1. records the computation it approves, with :func:`approve` (an in-process recording on
-   stand-in weights, under the deployment's worker names): a digest per party;
-2. puts the model and its approvals at its worker with :func:`offer`.
+   stand-in weights, under the deployment's worker names): a digest per party, each
+   naming the digest of every parameter's value and scale;
+2. registers the model's values and its approvals at its worker: :func:`offer` in
+   process, :func:`save_offer` and ``python -m pointers serve --offer FILE`` on a served
+   worker.
 
-The client then shares the model from there, ``mpc.share(model_ptr, alice, bob,
-crypto_provider=carol)``: the owner's worker splits each parameter with its own CSPRNG
-(``mpc.held_share``) and moves each share to its party, sealed as the owner's *held share*
-(:mod:`pointers.worker.holding`). On the client, the model's parameters are
+The client holds the architecture only (``mpc.offered(model, owner)``: placeholders for
+the owner's values) and shares the model from there, ``mpc.share(model_ptr, alice, bob,
+crypto_provider=carol)``: the owner's worker splits each *registered* value, at the
+owner's scale, with its own CSPRNG (``mpc.held_share``, by name: never a tensor the client
+names) and moves each share to its party, sealed as the owner's *held share*
+(:mod:`pointers.worker.holding`), with the digest of the value it is a share of. On the client, the model's parameters are
 :class:`HeldShared`: no op runs on one (each would be a computation the owner did not
 approve) and none opens. ``mpc.plan(model, x)`` records the same computation the owner
 recorded (on stand-in weights, in the client's own session) and runs it with the owner's
@@ -51,107 +56,25 @@ import torch
 from torch import nn
 
 import pointers as pt
-from mpc.api import buffer_is_secret, register_remote_models
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
-from mpc.plan import SharedPlan, _Programs, _signature, _slots_of
+from mpc.offered import (
+    HeldError,
+    HeldShared,
+    offered,
+    secret_slots,
+    tensor_at,
+)
+from mpc.plan import Programs, SharedPlan, signature, slots_of
 from mpc.plan import plan as plain_plan
 from mpc.protocols import weights
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
-from pointers.module import _module_location
-from pointers.pointer_tensor import PointerTensor
-from pointers.pointer_tensor import call_function as pt_call_function
 from pointers.worker import holding
 
-HELD_SHARE_FUNCTION = "mpc.held_share"
 RUN_WAIT = 600.0  # seconds a held plan's call waits for the parties' runs, at most
 Call = Callable[..., Any]
-
-
-class HeldError(MPCError):
-    """Using an owner's held weights outside a computation it approved."""
-
-
-class HeldShared(SharedTensor):
-    """A parameter its owner shared from its worker: usable only inside an approved plan
-    (``mpc.plan(model, x)``), never opened."""
-
-    owner: str
-    param_name: str
-
-    def get(self) -> torch.Tensor:  # type: ignore[override]
-        raise HeldError(
-            f"parameter {self.param_name!r} is {self.owner!r}'s, shared from its worker: it never "
-            "opens; run the model as the plan its owner approved (mpc.plan(model, x)) and "
-            "open that plan's output"
-        )
-
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
-        return (
-            f"HeldShared({self.param_name!r}, shape={tuple(self.shape)}, owner={self.owner!r}, "
-            f"parties={[p.id for p in self.session.parties]})"
-        )
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        names = [a.param_name for a in args if isinstance(a, HeldShared)]
-        raise HeldError(
-            f"{func} on {names or 'a held parameter'}: a model its owner shared from its "
-            "worker runs only as the plan the owner approved: record it with "
-            "mpc.plan(model, x) and call the plan (the workers refuse anything else)"
-        )
-
-
-def _held(
-    shares: list[PointerTensor], session: Session, frac_bits: int, dtype: Any, owner: str, name: str
-) -> HeldShared:
-    s0 = shares[0]
-    t = torch.Tensor._make_wrapper_subclass(
-        HeldShared, s0.shape, strides=s0.stride(), dtype=dtype, device=torch.device("cpu")
-    )
-    t.shares, t.session, t.frac_bits, t.pending = shares, session, frac_bits, 0
-    t.views_of_pending, t.keep_alive, t.fixed, t.weight_epoch = False, None, None, 0
-    t.owner, t.param_name = owner, name
-    return t  # type: ignore[no-any-return]
-
-
-# -- which tensors of a model are the owner's ------------------------------------------------
-
-
-def _secret_slots(model: nn.Module) -> list[tuple[nn.Module, str, bool, str]]:
-    """(module, attribute, is_parameter, qualified name) of every parameter and secret
-    buffer, each tensor once (tied weights under their first name), in a fixed order."""
-    out: list[tuple[nn.Module, str, bool, str]] = []
-    seen: set[int] = set()
-    for prefix, m in model.named_modules(remove_duplicate=False):
-        for attr, p in m._parameters.items():
-            if p is not None:
-                out.append((m, attr, True, f"{prefix}.{attr}" if prefix else attr))
-    for prefix, m in model.named_modules(remove_duplicate=False):
-        for attr, b in m._buffers.items():
-            if b is None or not _floating(b) or not buffer_is_secret(m, attr, b):
-                continue
-            out.append((m, attr, False, f"{prefix}.{attr}" if prefix else attr))
-    first: list[tuple[nn.Module, str, bool, str]] = []
-    names: dict[int, str] = {}
-    for m, attr, is_param, name in out:
-        t = (m._parameters if is_param else m._buffers)[attr]
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        names[id(t)] = name
-        first.append((m, attr, is_param, name))
-    return first
-
-
-def _floating(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
-
-
-def _tensor_at(m: nn.Module, attr: str, is_param: bool) -> Any:
-    return (m._parameters if is_param else m._buffers)[attr]
 
 
 class _Swapped:
@@ -179,6 +102,36 @@ class _Swapped:
 # -- the owner's side ------------------------------------------------------------------------
 
 
+class Approval(dict[str, list[str]]):
+    """What :func:`approve` returns: per party id, the digests of the programs the owner
+    approves there (a plain ``{party: [digest, ...]}`` as JSON), with the scale and the
+    digests of the values they were approved for (``frac_bits``, ``params``: per
+    parameter name, :func:`pointers.worker.holding.param_digest`)."""
+
+    frac_bits: int = 16
+    params: dict[str, str]
+
+
+def _registered(model: nn.Module, frac_bits: int) -> dict[str, tuple[torch.Tensor, int]]:
+    """The owner's values of ``model`` by parameter name, each at ``frac_bits``."""
+    out = {}
+    for m, attr, is_param, name in secret_slots(model):
+        t = tensor_at(m, attr, is_param)
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.is_meta:
+            raise MPCError(f"{name!r}: the owner offers its own values (a floating tensor here)")
+        out[name] = (t.detach(), frac_bits)
+    return out
+
+
+def registered_values(model: nn.Module, frac_bits: int) -> dict[str, str]:
+    """Per parameter name, the digest of ``model``'s value at ``frac_bits`` (what an
+    approval names: :func:`pointers.worker.holding.param_digest`)."""
+    return {
+        n: v.digest
+        for n, v in holding.make_policy({}, _registered(model, frac_bits)).params.items()
+    }
+
+
 def approve(
     model: nn.Module,
     *examples: torch.Tensor,
@@ -186,79 +139,86 @@ def approve(
     crypto_provider: str,
     config: MPCConfig | None = None,
     call: Call | None = None,
-) -> dict[str, list[str]]:
+) -> Approval:
     """The owner records ``call(model, *inputs)`` (default ``model(*inputs)``) on inputs
     shaped as ``examples`` (plain tensors; shared in the recording) with stand-in weights,
     on in-process workers named as the deployment's ``parties`` and ``crypto_provider``,
-    and returns, per party, the digest of the program it approves there. Pass the result
-    to :func:`offer`. The client's plan must be recorded with the same ``call``, config
+    and returns, per party, the digest of the program it approves there, for the model's
+    own values at ``config``'s scale (each program digest names the digest of every
+    parameter's value and scale). Pass the result to :func:`offer` (or
+    :func:`save_offer`). The client's plan must be recorded with the same ``call``, config
     and input shapes; its outputs open, nothing else does."""
+    cfg = config or MPCConfig()
+    digests = registered_values(model, cfg.frac_bits)
     workers = [pt.VirtualWorker(p) for p in parties]
     dealer = pt.VirtualWorker(crypto_provider)
-    session = Session(workers, dealer, config or MPCConfig())
+    session = Session(workers, dealer, cfg)
     shared = [share_tensor(e, session) for e in examples]
     plan = HeldPlan(model, *shared, call=call, owner_session=session)
-    digests = {p.id: plan.digests(p) for p in workers}
+    approval = Approval({p.id: plan.digests(p, digests) for p in workers})
+    approval.frac_bits, approval.params = cfg.frac_bits, digests
     del plan, shared, session, workers, dealer
     gc.collect()  # (the recording's workers and what they hold go now, not at a later gc)
-    return digests
+    return approval
 
 
-def offer(model: nn.Module, worker: Any, approvals: dict[str, Sequence[str]]) -> nn.Module:
-    """The owner's side: put ``model`` at its own ``worker`` (its parameters move there)
-    with the approvals of :func:`approve` as the worker's policy, and register the step
-    that splits its parameters there. Returns the model, whose parameters now point there
-    (the pointer the client shares: ``mpc.share(model_ptr, ...)``)."""
+def _policy(
+    model: nn.Module, approvals: dict[str, Sequence[str]], frac_bits: int | None
+) -> holding.Policy:
+    f = frac_bits if frac_bits is not None else getattr(approvals, "frac_bits", None)
+    f = MPCConfig().frac_bits if f is None else f
+    policy = holding.make_policy(dict(approvals), _registered(model, f))
+    expected = getattr(approvals, "params", None)
+    if expected is not None:
+        changed = sorted(n for n, d in expected.items() if policy.params[n].digest != d)
+        if changed or set(expected) != set(policy.params):
+            raise MPCError(
+                f"the model's values {changed or sorted(set(expected) ^ set(policy.params))} "
+                "are not the ones approved (or not at the approved scale): approve the model "
+                "as it is offered (mpc.approve)"
+            )
+    return policy
+
+
+def offer(
+    model: nn.Module,
+    worker: Any,
+    approvals: dict[str, Sequence[str]],
+    frac_bits: int | None = None,
+) -> nn.Module:
+    """The owner's side, in process: register ``model``'s values (each parameter and
+    secret buffer, by name, at ``frac_bits``: default the scale :func:`approve` used) at
+    its own in-process ``worker``, with the approvals of :func:`approve` as the worker's
+    policy, and register the step that splits them there. Returns the model, its values
+    replaced in place by placeholders (:func:`mpc.offered`): the pointer the client shares
+    (``mpc.share(model_ptr, ...)``). A served owner's worker takes the same policy from a
+    file instead (:func:`save_offer`, ``serve --offer``)."""
     functions = getattr(worker, "functions", None)
-    if functions is not None:
-        functions.register_all(HELD_FUNCTIONS)
-    holding.set_policy(worker, dict(approvals))
-    return pt.send(model, worker)  # type: ignore[no-any-return]
+    if functions is None:
+        raise MPCError(
+            "mpc.offer registers the values at an in-process worker; a served worker takes "
+            "them from its owner's file (mpc.save_offer, then python -m pointers serve --offer)"
+        )
+    policy = _policy(model, approvals, frac_bits)
+    functions.register_all(HELD_FUNCTIONS)
+    holding.set_policy(worker, policy)
+    return offered(model, worker)
+
+
+def save_offer(
+    model: nn.Module,
+    approvals: dict[str, Sequence[str]],
+    path: Any,
+    frac_bits: int | None = None,
+) -> None:
+    """The owner's side, for a served worker: write ``model``'s values (by parameter name,
+    at ``frac_bits``: default the scale :func:`approve` used) and the approvals of
+    :func:`approve` to ``path``, which ``python -m pointers serve --offer PATH`` takes as
+    that worker's policy. The client then shares ``mpc.offered(model, owner)``."""
+    holding.save_offer(path, _policy(model, approvals, frac_bits))
 
 
 # -- the client's side -----------------------------------------------------------------------
-
-
-def share_held_model(model: nn.Module, session: Session, frac_bits: int | None) -> nn.Module:
-    """``mpc.share(model_ptr, ...)`` for a model at its owner's worker: each parameter and
-    secret buffer split there and moved to the parties as the owner's held shares; integer
-    buffers (structure: position ids, masks) come back public. In place."""
-    owner = _module_location(model)
-    if owner is None:
-        raise MPCError("the model's parameters do not live at a worker")
-    f = session.config.frac_bits if frac_bits is None else frac_bits
-    session.watch()
-    functions = getattr(owner, "functions", None)
-    if functions is not None and HELD_SHARE_FUNCTION not in functions:
-        functions.register_all(HELD_FUNCTIONS)
-    done: dict[int, HeldShared] = {}
-    for m, attr, is_param, name in _secret_slots(model):
-        ptr = _tensor_at(m, attr, is_param)
-        if not isinstance(ptr, PointerTensor) or not ptr.is_floating_point():
-            raise MPCError(f"{name!r} is not a floating tensor at worker {owner.id!r}")
-        shape = tuple(ptr.shape)
-        shares = pt_call_function(
-            owner,
-            HELD_SHARE_FUNCTION,
-            [ptr, name, f, session.n],
-            out=[(shape, torch.int64)] * session.n,
-        )
-        moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]
-        done[id(ptr)] = _held(moved, session, f, ptr.dtype, owner.id, name)
-    sync = getattr(owner, "sync", None)
-    if sync is not None:  # (a network owner's refusal is told now, not at a later call)
-        sync()
-    for m in model.modules():
-        dicts: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
-        for d in dicts:
-            for attr, t in list(d.items()):
-                if t is None:
-                    continue
-                if id(t) in done:
-                    d[attr] = done[id(t)]
-                elif isinstance(t, PointerTensor):  # an integer buffer: public structure
-                    d[attr] = t.get()
-    return model
 
 
 class HeldPlan(SharedPlan):
@@ -280,18 +240,24 @@ class HeldPlan(SharedPlan):
         *examples: SharedTensor,
         call: Call | None = None,
         owner_session: Session | None = None,
+        later_call: Call | None = None,
+        later_examples: tuple[SharedTensor, ...] | None = None,
     ) -> None:
         self.model = model
         self.call = call or (lambda m, *xs: m(*xs))
-        self.slots_of = _secret_slots(model)
+        # the later program: the same call on inputs of the same shapes by default (a
+        # generation's later program is its step, on one token: mpc.generation)
+        self.later_call = later_call or self.call
+        later_inputs = examples if later_examples is None else later_examples
+        self.slots_of = secret_slots(model)
         session = examples[0].session if examples else owner_session
         if session is None:
             raise TypeError("mpc.plan needs example SharedTensor inputs")
         self.names = [name for _, _, _, name in self.slots_of]
-        self.k_inputs = len(examples)
+        self.k_inputs, self.k_later = len(examples), len(later_inputs)
         stand_ins, originals = [], []
         for m, attr, is_param, _ in self.slots_of:
-            t = _tensor_at(m, attr, is_param)
+            t = tensor_at(m, attr, is_param)
             originals.append(t)
             # a public pattern (not secret, not a share): the values never enter the program
             value = torch.linspace(-0.05, 0.05, t.numel()).reshape(tuple(t.shape))
@@ -299,49 +265,52 @@ class HeldPlan(SharedPlan):
             weights.mark_fixed(stand_in)  # (its products make, then use, an instance)
             stand_ins.append(stand_in)
         swap = {id(t): s for t, s in zip(originals, stand_ins)}
-        model, call_fn = self.model, self.call
 
-        def recorded(*inputs: SharedTensor) -> Any:
-            with _Swapped(model, swap):
-                return call_fn(model, *inputs[: self.k_inputs])
+        def swapped(fn: Call, k: int) -> Call:
+            def recorded(*inputs: SharedTensor) -> Any:
+                with _Swapped(model, swap):
+                    return fn(model, *inputs[:k])
+
+            return recorded
 
         with torch.no_grad(), weights.held_instances():
-            super().__init__(recorded, *examples, *stand_ins)  # the first query
+            # the first query
+            super().__init__(swapped(self.call, self.k_inputs), *examples, *stand_ins)
             first = self._first
-            self.later = _Programs(recorded, self.workers, (*examples, *stand_ins), first)
+            self.later = Programs(
+                swapped(self.later_call, self.k_later),
+                self.workers,
+                (*later_inputs, *stand_ins),
+                first,
+            )
         self.later.output = None  # type: ignore[assignment]
         self.made = False  # whether the first query ran (or has its material dealt)
         self.example_output = None  # type: ignore[assignment]  # (stand-ins' output)
         # the later program's carried slots (slot there -> slot of the first program), and
-        # per party, the first program's slots whose objects it keeps (made at that party)
-        # and which of those are the weights' copies (held: read as the owner's)
+        # per party, the first program's slots whose objects it keeps (made at that party,
+        # each under the role of the later slot that carries it), and which of those are
+        # held objects (read as the owner's: the weights' copies, a generation's caches and
+        # position) rather than protocol material (a weight instance's opened F)
         self.carried = {
             k2: arg for k2, (kind, arg) in enumerate(self.later.slots.kind) if kind == "carried"
         }
-        inst_w: set[tuple[str, int]] = set()
+        self.role = {k1: f"c{k2}" for k2, k1 in self.carried.items()}
         inst_f: set[tuple[str, int]] = set()
         for st in stand_ins:
             for inst in weights.instances_of(st):
-                inst_w |= {(p.location.id, p.id_at_location) for p in inst.w}
                 inst_f |= {(p.location.id, p.id_at_location) for p in inst.f}
         recorded_value = {k: v for v, k in first.slots.index.items()}
         self.keeps: dict[str, list[int]] = {}
-        self.uses: dict[str, dict[int, int]] = {}
+        self.uses: dict[str, set[int]] = {}
         for party in self.session.parties:
-            mine = _slots_of(self.later.programs[party.id])
-            keeps, uses = set(), {}
+            mine = slots_of(self.later.programs[party.id])
+            keeps, uses = set(), set()
             for k2, k1 in self.carried.items():
                 if first.slots.kind[k1] != ("new", party.id):
                     continue
                 keeps.add(k1)
-                made = (party.id, recorded_value[k1])
-                if made not in inst_w and made not in inst_f:  # (the digests assume so)
-                    raise MPCError(
-                        f"internal: the later queries' program at {party.id!r} refers to an "
-                        "object the first query made that is no weight instance's"
-                    )
-                if k2 in mine and made in inst_w:
-                    uses[k2] = k1
+                if k2 in mine and (party.id, recorded_value[k1]) not in inst_f:
+                    uses.add(k2)
             self.keeps[party.id] = sorted(keeps)
             self.uses[party.id] = uses
         # recorded: the stand-ins and their instances are not needed again (a held plan
@@ -352,44 +321,43 @@ class HeldPlan(SharedPlan):
         del stand_ins, st
         gc.collect()
 
-    def _held_fields(self, variant: _Programs) -> dict[str, tuple[list[Any], list[int]]]:
+    def _held_fields(self, variant: Programs) -> dict[str, tuple[list[Any], list[int]]]:
         """Per party: its [slot, name] pairs of the inputs, the weights and the kept or
         carried slots, and its output slot."""
         out = {}
         n = self.session.n
+        k_inputs = self.k_later if variant is self.later else self.k_inputs
         for i, party in enumerate(self.session.parties):
             pairs: list[list[Any]] = []
-            for j in range(self.k_inputs):  # the client's inputs (name None)
+            for j in range(k_inputs):  # the client's inputs (name None)
                 pairs.append([variant.slots.kind.index(("input", j * n + i)), None])
             for j, name in enumerate(self.names):
-                k = (self.k_inputs + j) * n + i  # the flattened inputs' index of that share
+                k = (k_inputs + j) * n + i  # the flattened inputs' index of that share
                 slot = variant.slots.kind.index(("input", k))
                 pairs.append([slot, name])
             if variant is self.later:
-                mine = _slots_of(variant.programs[party.id])
+                mine = slots_of(variant.programs[party.id])
                 pairs += [[k2, holding.CARRIED] for k2 in sorted(self.carried) if k2 in mine]
             else:
-                pairs += [[k1, holding.KEEP] for k1 in self.keeps[party.id]]
+                pairs += [[k1, holding.keep(self.role[k1])] for k1 in self.keeps[party.id]]
             out[party.id] = (pairs, [variant.out_slots[i]])
         return out
 
-    def digests(self, party: Any) -> list[str]:
+    def digests(self, party: Any, params: dict[str, str]) -> list[str]:
         """The digests of ``party``'s two programs, the first query's and the later
         queries' (as :func:`pointers.worker.holding.begin` computes them there; ``party``:
-        an in-process worker of this plan's session)."""
+        an in-process worker of this plan's session), for the values whose digests
+        ``params`` gives by parameter name."""
         first = self._first
         held, outputs = self._held_fields(first)[party.id]
         program = party.store.get(first.program_ids[party.id])
-        d1 = holding.program_digest(program.raw, held, outputs, party.id, party.store)
+        store = party.store
+        d1 = holding.program_digest(program.raw, held, outputs, party.id, store, None, params)
         held, outputs = self._held_fields(self.later)[party.id]
         program = party.store.get(self.later.program_ids[party.id])
-        uses = {k2: holding.instance_key(d1, k1) for k2, k1 in self.uses[party.id].items()}
-        d2 = holding.program_digest(program.raw, held, outputs, party.id, party.store, uses)
+        uses = {k2: f"c{k2}" for k2 in self.uses[party.id]}
+        d2 = holding.program_digest(program.raw, held, outputs, party.id, store, uses, params)
         return [d1, d2]
-
-    def digest(self, party: Any) -> str:
-        """The digest of ``party``'s first-query program (see :meth:`digests`)."""
-        return self.digests(party)[0]
 
     def preprocess(self, calls: int = 1, *examples: SharedTensor) -> None:
         """Deal the crypto provider's material for the next ``calls`` queries (see
@@ -398,7 +366,7 @@ class HeldPlan(SharedPlan):
         refer to: they are fixed once its set is dealt)."""
         if calls < 0:
             raise ValueError(f"calls must be at least 0, got {calls}")
-        if examples and _signature(examples) not in self._variants:
+        if examples and signature(examples) not in self._variants:
             raise MPCError("no program set was recorded for that signature")
         if calls and not self.made:
             self._preprocess(self._first, 1)
@@ -422,7 +390,7 @@ class HeldPlan(SharedPlan):
     def __call__(self, *inputs: SharedTensor) -> SharedTensor:
         if len(inputs) != self.k_inputs:
             raise TypeError(f"this plan takes {self.k_inputs} inputs, got {len(inputs)}")
-        weights_ = [_tensor_at(m, a, p) for m, a, p, _ in self.slots_of]
+        weights_ = [tensor_at(m, a, p) for m, a, p, _ in self.slots_of]
         if not all(isinstance(w, HeldShared) for w in weights_):
             raise HeldError("this plan runs on the owner's held weights (mpc.share(model_ptr))")
         for x in inputs:
@@ -431,7 +399,7 @@ class HeldPlan(SharedPlan):
             self.session.check_compatible(x.session)
             x.materialize()
         all_inputs = (*inputs, *weights_)
-        if _signature(all_inputs) not in self._variants:
+        if signature(all_inputs) not in self._variants:
             raise MPCError(
                 "this held plan was recorded for inputs of another shape, dtype or scale: "
                 "record (and have its owner approve) one for these"
@@ -463,6 +431,14 @@ def plan(fn: Callable[..., Any], *examples: SharedTensor, call: Call | None = No
     return plain_plan(fn, *examples)
 
 
-register_remote_models(share_held_model)
-
-__all__ = ["HeldError", "HeldPlan", "HeldShared", "approve", "offer", "plan", "share_held_model"]
+__all__ = [
+    "Approval",
+    "HeldError",
+    "HeldPlan",
+    "HeldShared",
+    "approve",
+    "offer",
+    "plan",
+    "registered_values",
+    "save_offer",
+]

@@ -39,11 +39,11 @@ from pointers.worker.program import Recording, Slots, build_programs, run_progra
 Signature = tuple[tuple[tuple[int, ...], torch.dtype, int], ...]
 
 
-def _signature(inputs: tuple[SharedTensor, ...]) -> Signature:
+def signature(inputs: tuple[SharedTensor, ...]) -> Signature:
     return tuple((tuple(x.shape), x.dtype, x.frac_bits) for x in inputs)
 
 
-class _Programs:
+class Programs:
     """The program set recorded for one input signature."""
 
     def __init__(
@@ -51,7 +51,7 @@ class _Programs:
         fn: Callable[..., Any],
         workers: list[Any],
         inputs: tuple[SharedTensor, ...],
-        carried_from: _Programs | None = None,
+        carried_from: Programs | None = None,
     ) -> None:
         # (inference: no autograd graph, whose saved values no program would delete)
         with recording_nonces() as nonces, accounting.stats() as counted, torch.no_grad():
@@ -127,14 +127,14 @@ class SharedPlan:
             [session.dealer] if session.dealer is not None else []
         )
         self.n_inputs = len(examples)
-        first = _Programs(fn, self.workers, examples)
-        self._variants: dict[Signature, _Programs] = {_signature(examples): first}
+        first = Programs(fn, self.workers, examples)
+        self._variants: dict[Signature, Programs] = {signature(examples): first}
         self.example_output = first.output
         first.output = None  # type: ignore[assignment]
 
     # the figures of the program set recorded for the examples
     @property
-    def _first(self) -> _Programs:
+    def _first(self) -> Programs:
         return next(iter(self._variants.values()))
 
     @property
@@ -166,17 +166,17 @@ class SharedPlan:
                 raise TypeError(f"plan inputs must be SharedTensors, got {type(x).__name__}")
             self.session.check_compatible(x.session)
             x.materialize()
-        sig = _signature(inputs)
+        sig = signature(inputs)
         variant = self._variants.get(sig)
         if variant is None:  # a new signature: record it, running fn op by op this once
-            variant = _Programs(self.fn, self.workers, inputs)
+            variant = Programs(self.fn, self.workers, inputs)
             self._variants[sig] = variant
             out, variant.output = variant.output, None  # type: ignore[assignment]
             return out
         return self._run(variant, inputs)
 
     def _bindings(
-        self, variant: _Programs, input_ids: list[int] | None
+        self, variant: Programs, input_ids: list[int] | None
     ) -> tuple[list[int], dict[str, list[int]]]:
         """Fresh bindings for one call (``input_ids`` None: input slots 0, bound later)
         and, per worker, the ids its program will produce."""
@@ -212,17 +212,17 @@ class SharedPlan:
         once; an unused set stays at the parties until the session ends."""
         if calls < 0:
             raise ValueError(f"calls must be at least 0, got {calls}")
-        variant = self._variants.get(_signature(examples)) if examples else self._first
+        variant = self._variants.get(signature(examples)) if examples else self._first
         if variant is None:
             raise MPCError("no program set was recorded for that signature: call the plan once")
         self._preprocess(variant, calls)
 
-    def _preprocess(self, variant: _Programs, calls: int) -> None:
+    def _preprocess(self, variant: Programs, calls: int) -> None:
         dealer = self.session.dealer
         if dealer is None or variant.dealer_id is None:
             raise MPCError("this plan has no crypto provider: there is nothing to deal ahead")
         inputs_used = any(
-            variant.slots.kind[i][0] == "input" for i in _slots_of(variant.programs[dealer.id])
+            variant.slots.kind[i][0] == "input" for i in slots_of(variant.programs[dealer.id])
         )
         if inputs_used:  # (the dealer never sees inputs; a program that did is not dealt)
             raise MPCError("the crypto provider's program reads the plan's inputs")
@@ -279,12 +279,12 @@ class SharedPlan:
     def prepared(self, *examples: SharedTensor) -> int:
         """How many calls (of the examples' signature; default the recorded one) have
         their material dealt ahead."""
-        variant = self._variants.get(_signature(examples)) if examples else self._first
+        variant = self._variants.get(signature(examples)) if examples else self._first
         return 0 if variant is None else len(variant.prepared)
 
     def _run(
         self,
-        variant: _Programs,
+        variant: Programs,
         inputs: tuple[SharedTensor, ...],
         held: dict[str, tuple[list[Any], list[int]]] | None = None,
     ) -> SharedTensor:
@@ -336,14 +336,14 @@ PREPROCESS_BATCH = 128  # calls' material a network dealer is sent at once, at m
 PREPROCESS_WAIT = 60.0  # seconds preprocess waits for a dealer to run one batch
 
 
-def _slots_of(raw: Any) -> set[int]:
+def slots_of(raw: Any) -> set[int]:
     """The slot numbers a program's commands use."""
     if isinstance(raw, Slot | SlotRef):
         return {raw.index}
     if isinstance(raw, list | tuple):
-        return set().union(*(_slots_of(x) for x in raw)) if raw else set()
+        return set().union(*(slots_of(x) for x in raw)) if raw else set()
     if isinstance(raw, dict):
-        return set().union(*(_slots_of(x) for x in raw.values())) if raw else set()
+        return set().union(*(slots_of(x) for x in raw.values())) if raw else set()
     return set()
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 import pointers as pt
-from mpc import config
+from mpc import accounting, config
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
@@ -42,6 +42,11 @@ class Deferred:
         self._compute: Callable[[], list[Any]] | None = compute
         self._value: list[Any] | None = None
         session.deferred.add(self)
+        accounting.note_deferred(self)  # (an mpc.stats block runs it by its end)
+
+    @property
+    def done(self) -> bool:
+        return self._value is not None
 
     def value(self) -> list[Any]:
         if self._value is None:

@@ -136,10 +136,10 @@ def _parser() -> argparse.ArgumentParser:
         "--data-port", type=int, default=0, help="TCP port of the data plane (0: a free one)"
     )
     s.add_argument(
-        "--approvals",
+        "--offer",
         metavar="FILE",
-        help="a model owner's policy for the values it shares from this worker: a JSON "
-        "object {party id: [program digest, ...]}, as mpc.approve returns it (held values, "
+        help="a model owner's policy for the values it shares from this worker: its "
+        "approvals and its registered values, as mpc.save_offer writes them (held values, "
         "docs/security.md)",
     )
     return p
@@ -150,20 +150,6 @@ def _peer(text: str) -> tuple[str, str]:
     if not sep or not name or not address:
         raise ValueError(f"--peer takes NAME=HOST:PORT, got {text!r}")
     return name, address
-
-
-def _approvals(path: str) -> tuple[tuple[str, str], ...]:
-    """(party, digest) pairs from a JSON file {party: [digest, ...]}."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    if not isinstance(doc, dict) or not all(
-        isinstance(k, str) and isinstance(v, list) and all(isinstance(d, str) for d in v)
-        for k, v in doc.items()
-    ):
-        raise ValueError(f"--approvals {path}: expected a JSON object {{party: [digest, ...]}}")
-    return tuple(sorted((party, d) for party, ds in doc.items() for d in ds))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     try:
-        approvals: tuple[tuple[str, str], ...] = ()
-        if args.approvals:
-            approvals = _approvals(args.approvals)
+        offer = None
+        if args.offer:
+            from pointers.worker.holding import load_offer
+
+            offer = load_offer(args.offer)
         config = ServerConfig(
             worker_id=args.id,
             host=args.host,
@@ -216,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             programs_per_worker=args.programs_per_worker,
             max_queued_programs=args.max_queued_programs,
             data_port=args.data_port,
-            approvals=approvals,
+            offer=offer,
             **({} if args.data_plane is None else {"data_plane": args.data_plane}),
         )
         serve(config, watch_stdin=args.watch_stdin, exit_when_stopped=True)

@@ -17,7 +17,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
-from mpc.plan import _slots_of
+from mpc.plan import slots_of
 from mpc.protocols.arith import Round
 from mpc.protocols.weights import WeightInstance, WeightRun
 from mpc.shared import SharedTensor, share_tensor
@@ -187,7 +187,7 @@ def _carried_at(dep: Deployment, worker: str, kind: str) -> list[int]:
         for k, v in inst.items():
             values[v] = k
     assert q.later.carry is not None
-    mine = _slots_of(q.later.programs[worker])
+    mine = slots_of(q.later.programs[worker])
     carry = q.later.carry
     return [k2 for k2, k1 in q.carried.items() if k2 in mine and values.get(carry[k1]) == kind]
 
@@ -290,10 +290,10 @@ def test_kept_objects_are_their_owners_only() -> None:
     kept object is never sent."""
     w = pt.VirtualWorker("alice-unit")
     approvals = [["alice-unit", "0" * 64]]
-    share = Label(holding.HELD_SHARE, 0, 0, "o1", 0, ("o1", "p", approvals)).wire()
+    share = Label(holding.HELD_SHARE, 0, 0, "o1", 0, ("o1", "p", "d" * 64, approvals)).wire()
     w.store.put(1, torch.zeros(2), None, "", share)
     w.store.put(2, torch.zeros(2), None, "", seal(holding.HELD_INSTANCE, deliveries=0,
-                                                  extra=("o2", "k")))  # fmt: skip
+                                                  extra=("o2", "k", "t")))  # fmt: skip
     with pytest.raises(NotAllowedError, match="another owner"):
         holding.begin("alice-unit", w.store, {}, [], [1, 2], [[0, "p"], [1, holding.CARRIED]], [])
     with pytest.raises(NotAllowedError, match="refused"):

@@ -6,7 +6,6 @@ would send them."""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from torch import nn
 import mpc
 import pointers as pt
 from mpc.held import HeldError, HeldShared
+from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from pointers.errors import NotAllowedError, PointerError, RemoteError
 from pointers.wire.messages import ExecuteOp, RunProgram
 from pointers.wire.serde import Ref
@@ -28,6 +28,11 @@ PARTIES = ["alice", "bob"]
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def _model_shaped() -> nn.Module:
+    """The client's copy of the architecture: other (random) values."""
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
 
 
@@ -221,10 +226,78 @@ def test_a_run_reads_only_its_inputs_and_what_it_made() -> None:
 
 def test_an_owner_without_approvals_shares_nothing() -> None:
     owner = pt.VirtualWorker("owner2")
-    model_ptr = pt.send(_model(), owner)
+    owner.functions.register_all(HELD_FUNCTIONS)  # (as a served worker has them)
+    model_ptr = mpc.offered(_model(), owner)
     alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
     with pytest.raises((RemoteError, NotAllowedError), match="approves no computation"):
         mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+
+
+def test_a_model_the_client_sent_is_not_an_owners() -> None:
+    """A model the client put at a worker is the client's: it is not shared as held."""
+    w = pt.VirtualWorker("somewhere")
+    model_ptr = pt.send(_model(), w)
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    with pytest.raises(mpc.MPCError, match="shared by its owner"):
+        mpc.share(model_ptr, alice, bob, crypto_provider=carol)
+
+
+def _held_share(owner: Any, args: list[Any], n: int = 2) -> list[Any]:
+    shape = args[1] if len(args) > 1 and isinstance(args[1], list) else [1]
+    return pt.call_function(  # type: ignore[no-any-return]
+        owner, "mpc.held_share", args, out=[(tuple(shape), torch.int64)] * n
+    )
+
+
+def test_a_client_tensor_never_becomes_a_held_share(dep: Deployment) -> None:
+    """The red team's swap: the client stores T at the owner's worker and asks for held
+    shares of it under an approved parameter's name (and zeros as its bias), to put them
+    in place of the model's last layer. The step takes a registered name, never a
+    tensor: every form of the request is refused before anything is shared."""
+    t = pt.send(torch.eye(3, 8), dep.owner)
+    for args in (
+        [t, "2.weight", 16, 2],  # the old form: a tensor, then the name
+        ["2.weight", t, 16, 2],
+        ["2.weight", [3, 8], t, 2],
+    ):
+        with pytest.raises((RemoteError, NotAllowedError, PointerError, TypeError)):
+            _held_share(dep.owner, args)[0].move(dep.parties[0])
+    with pytest.raises((RemoteError, NotAllowedError), match="no parameter its owner registered"):
+        _held_share(dep.owner, ["my.weight", [3, 8], 16, 2])[0].move(dep.parties[0])
+    with pytest.raises((RemoteError, NotAllowedError), match="shape"):
+        _held_share(dep.owner, ["2.weight", [8, 3], 16, 2])[0].move(dep.parties[0])
+    with pytest.raises((RemoteError, NotAllowedError), match="frac_bits=16"):
+        _held_share(dep.owner, ["2.weight", [3, 8], 20, 2])[0].move(dep.parties[0])
+
+
+def test_a_parameter_bound_to_another_value_is_refused(dep: Deployment) -> None:
+    """Shares of an approved parameter made from another registered value (the owner
+    offered a changed model after approving) carry another value digest: no party
+    approves the run."""
+    other = _model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    approval = mpc.approve(_model(), dep.x, parties=PARTIES, crypto_provider="carol")
+    with pytest.raises(mpc.MPCError, match="not the ones approved"):
+        mpc.offer(copy.deepcopy(other), pt.VirtualWorker("owner3"), approval)
+    # the owner's worker registers the changed values under the old approvals anyway
+    owner = pt.VirtualWorker("owner4")
+    model_ptr = mpc.offer(other, owner, dict(approval), frac_bits=16)
+    held = mpc.share(model_ptr, *dep.parties, crypto_provider=dep.carol)
+    query = mpc.plan(held, dep.share(dep.x))
+    with pytest.raises((RemoteError, NotAllowedError, PointerError), match="approved"):
+        query(dep.share(dep.x)).get()
+
+
+def test_the_scale_is_the_owners() -> None:
+    model = _model()
+    x = torch.randn(8, 4)
+    approval = mpc.approve(model, x, parties=PARTIES, crypto_provider="carol")
+    model_ptr = mpc.offer(model, pt.VirtualWorker("owner5"), approval)
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    with pytest.raises((RemoteError, NotAllowedError), match="frac_bits=16"):
+        mpc.share(model_ptr, alice, bob, crypto_provider=carol, frac_bits=20)
 
 
 def test_policy_takes_digests_only() -> None:
@@ -269,7 +342,7 @@ def _from_its_owner(model: nn.Module, x: torch.Tensor, call: Any) -> tuple[torch
 
 def test_network_workers(tmp_path: Path) -> None:
     """The same deployment on served workers: the owner's worker holds its approvals
-    from ``serve --approvals``; the parties check every run; the client opens only the
+    from ``serve --offer``; the parties check every run; the client opens only the
     output."""
     from network_fixtures import Cluster
 
@@ -277,13 +350,18 @@ def test_network_workers(tmp_path: Path) -> None:
     plain = copy.deepcopy(model)
     x = torch.randn(8, 4)
     approval = mpc.approve(model, x, parties=PARTIES, crypto_provider="carol")
-    path = tmp_path / "approvals.json"
-    path.write_text(json.dumps(approval))
-    cluster = Cluster(tmp_path, ["owner", "alice", "bob", "carol"], args=["--approvals", str(path)])
+    path = tmp_path / "offer.bin"
+    mpc.save_offer(model, approval, path)  # the owner's side: its values and approvals
+    cluster = Cluster(tmp_path, ["owner", "alice", "bob", "carol"], args=["--offer", str(path)])
     cluster.start()
     try:
         owner, alice, bob, carol = (cluster.connect(w) for w in ("owner", "alice", "bob", "carol"))
-        model_ptr = pt.send(model, owner)  # (the owner's own model at its worker)
+        # the client's side: the architecture only (its own random values are not used)
+        model_ptr = mpc.offered(_model_shaped(), owner)
+        with pytest.raises((RemoteError, NotAllowedError), match="no parameter its owner"):
+            pt.call_function(owner, "mpc.held_share", ["9.weight", [3], 16, 2],
+                             out=[((3,), torch.int64)] * 2)  # fmt: skip
+            owner.sync()
         held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
         xs = mpc.share(x, alice, bob, crypto_provider=carol)
         query = mpc.plan(held, xs)

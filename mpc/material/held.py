@@ -1,6 +1,9 @@
-"""The model owner's step (:mod:`mpc.held`): its worker splits a parameter it holds into
-one additive share per party with its own CSPRNG, sealed as the owner's held shares
-(:mod:`pointers.worker.holding`), which only the runs the owner approved may use."""
+"""The model owner's step (:mod:`mpc.held`): its worker splits a value its owner
+registered for a parameter name (``mpc.offer`` in process, ``serve --offer`` on a served
+worker) into one additive share per party with its own CSPRNG, at the scale the owner
+chose, sealed as the owner's held shares (:mod:`pointers.worker.holding`), which only the
+runs the owner approved may use. No tensor of a client's, and no scale of its choosing,
+ever becomes a held share."""
 
 from __future__ import annotations
 
@@ -8,47 +11,63 @@ from typing import Any
 
 import torch
 
-from mpc.material.sizes import SLACK, WORD, elems, nbytes
+from mpc.material.sizes import SLACK, WORD
 from mpc.math.encoding import encode
 from mpc.math.prg import split_additive
 from pointers.worker import holding
 from pointers.worker.functions import sized
 from pointers.worker.sealing import ProtocolCall, protocol_function
 
-MAX_NAME = 512  # characters of a parameter's name
+MAX_DIMS = 8  # dimensions of a parameter's shape
+
+
+def _shape(shape: Any) -> list[int] | None:
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        return None
+    if not all(type(s) is int and 0 <= s < 1 << 40 for s in shape):
+        return None
+    return list(shape)
 
 
 def held_share_rule(call: ProtocolCall) -> Any:
-    """The owner's worker splits one of its own (ordinary) tensors; every share is sealed
-    with the owner, the parameter's name and the owner's approvals (its policy, set at
-    the worker), and may leave the worker once, to its party."""
-    value = call.share("value")
-    name = call.value("name")
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-        raise call.refuse("parameter 'value' takes a floating tensor")
-    if type(name) is not str or not 0 < len(name) <= MAX_NAME:
-        raise call.refuse(f"a parameter's name is a str of 1 to {MAX_NAME} characters")
+    """The owner's worker splits the value its owner registered under ``name`` (of the
+    shape the client expects); every share is sealed with the owner, the parameter's
+    name, the digest of its value and scale, and the owner's approvals (its policy, set
+    at the worker), and may leave the worker once, to its party."""
+    name, shape = call.value("name"), _shape(call.value("shape"))
+    if shape is None:
+        raise call.refuse("a parameter's shape is a list of at most 8 sizes")
+    param = holding.held_param(call.policy, call.worker_id, name, shape)  # (refuses others)
+    if call.value("frac_bits") != param.frac_bits:
+        raise call.refuse(
+            f"parameter {name!r} is registered at frac_bits={param.frac_bits}, not "
+            f"{call.value('frac_bits')!r}: its owner fixed the scale (share with that "
+            "frac_bits)"
+        )
     return holding.share_seal(call.worker_id, name, call.policy)
 
 
 def _peak(p: dict[str, Any]) -> int:
     n = p.get("n_shares")
     n = n if type(n) is int and 2 <= n <= 5 else 5
-    return (n + 3) * WORD * elems(p.get("value")) + nbytes(p.get("value")) + SLACK
+    numel = 1
+    for s in _shape(p.get("shape")) or [0]:
+        numel *= s
+    return (n + 3) * WORD * numel + SLACK
 
 
 @sized(_peak)
 @protocol_function(held_share_rule)
 def held_share(
-    ctx: Any, value: torch.Tensor, name: str, frac_bits: int, n_shares: int
+    ctx: Any, name: str, shape: list[int], frac_bits: int, n_shares: int
 ) -> list[torch.Tensor]:
-    """Run at the owner's worker: ``value`` in fixed point, split into ``n_shares``
-    additive shares (uniform but for the last)."""
+    """Run at the owner's worker: the registered value of ``name`` in fixed point at its
+    registered scale (``frac_bits``: the client's expectation, checked by the rule),
+    split into ``n_shares`` additive shares (uniform but for the last)."""
     if isinstance(n_shares, bool) or not isinstance(n_shares, int) or not 2 <= n_shares <= 5:
         raise ValueError(f"n_shares must be an int in [2, 5], got {n_shares!r}")
-    if isinstance(frac_bits, bool) or not isinstance(frac_bits, int) or not 0 <= frac_bits <= 32:
-        raise ValueError(f"frac_bits must be an int in [0, 32], got {frac_bits!r}")
-    return split_additive(encode(value.detach(), frac_bits), n_shares)
+    param = holding.held_param(getattr(ctx, "holding_policy", None), ctx.id, name, shape)
+    return split_additive(encode(param.value, param.frac_bits), n_shares)
 
 
 FUNCTIONS = {"mpc.held_share": held_share}

@@ -64,16 +64,15 @@ class ServerConfig:
     # (then every delivery goes over gRPC); never with --insecure
     data_plane: bool = field(default_factory=lambda: os.environ.get(DATA_PLANE_ENV) != "0")
     data_port: int = 0  # the data plane's TCP port (0: a free one, told to peers over gRPC)
-    # a model owner's approvals (party, program digest) for the values it shares from here
-    # (serve --approvals; pointers.worker.holding): set on every session's namespace
-    approvals: tuple[tuple[str, str], ...] = ()
+    # a model owner's policy for the values it shares from here: its approvals and its
+    # registered values (serve --offer FILE; pointers.worker.holding.Policy), the same
+    # object on every session's namespace
+    offer: Any = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         check_identity(self.worker_id)
-        for party, digest in self.approvals:
+        for party in getattr(self.offer, "approvals", {}):
             check_identity(party)
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError(f"an approval is a program digest (64 hex digits), not {digest!r}")
         if self.insecure:
             if self.certs is not None:
                 raise ValueError("choose either --certs (mutual TLS) or --insecure, not both")

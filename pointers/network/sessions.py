@@ -70,11 +70,8 @@ class Sessions(PeerLinks):
                     programs=self.programs,
                     max_held_bytes=cfg.max_held_bytes,
                 )
-                if cfg.approvals:  # the owner's policy (held values), not the client's
-                    by_party: dict[str, list[str]] = {}
-                    for party, digest in cfg.approvals:
-                        by_party.setdefault(party, []).append(digest)
-                    holding.set_policy(ns, by_party)
+                if cfg.offer is not None:  # the owner's policy (held values), not the client's
+                    holding.set_policy(ns, cfg.offer)
                 if self._expired.pop(key, None) is not None:
                     ns.store.note = (
                         f" (this client's earlier objects here were freed when its session's "

@@ -3,8 +3,10 @@ open only as those computations' outputs.
 
 A model owner shares its weights from its own worker (``mpc.share(model_ptr, ...)``). Its
 shares reach the parties *sealed* (:mod:`pointers.worker.sealing`) with a
-:data:`HELD_SHARE` label: the owner, the parameter's name and the owner's approvals, a list
-of ``[party, digest]``. Sealed, no client can fetch one, run an op on one or send it on
+:data:`HELD_SHARE` label: the owner, the parameter's name, the digest of the value it is a
+share of (:func:`param_digest`: the value and scale the owner registered under that name,
+:class:`Policy`; the owner's worker shares no other) and the owner's approvals, a list of
+``[party, digest]``. Sealed, no client can fetch one, run an op on one or send it on
 (a share leaves its owner once, to its party). The one way to use them is an **approved
 run**: a stored program (:mod:`pointers.worker.program`) started with ``held`` (which input
 slots take which of the owner's parameters, by name) and ``outputs`` (the slots whose
@@ -22,7 +24,8 @@ approved for this party. During such a run, at this party:
   objects, which the client reconstructs.
 
 The digest covers the program's commands (ops, functions, constants, peers), the
-declared parameter names by slot, the output slots and the party: a client that records
+declared parameter names by slot with the digests of their values, the output slots and
+the party: a client that records
 another computation, binds another parameter to a slot or asks for another output gets
 no approval. What the digest does not fix is what the client binds to the other input
 slots (its own query) and the public values it sends with them. A worker's approvals are
@@ -32,6 +35,7 @@ its owner's policy (:func:`set_policy`), set at the worker, never by a client's 
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,33 +44,80 @@ import msgpack
 import torch
 
 from pointers.errors import NotAllowedError
+from pointers.wire import serde
 from pointers.wire.serde import Slot, SlotRef, ref_id
 from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
 
-HELD_SHARE = "held_share"  # an owner's share: extra (owner, parameter name, approvals)
+# an owner's share: extra (owner, parameter name, the value's digest, approvals)
+HELD_SHARE = "held_share"
 HELD = "held"  # made by an approved run: extra (owner, run token)
-# kept by an approved run for the owner's later runs: extra (owner, key); see begin()
+# kept by an approved run for the owner's later runs: extra (owner, role, maker run token)
 HELD_INSTANCE = "held_instance"
-KEEP = ["keep"]  # a declared slot whose object the run keeps for later approved runs
+KEEP = "keep"  # [KEEP, role]: a declared slot whose object the run keeps for later runs
 CARRIED = ["carried"]  # a declared slot bound to what an earlier approved run kept
+MAX_ROLE = 64  # characters of a kept object's role
+
+
+def keep(role: str) -> list[str]:
+    """The declaration of a kept slot: the run keeps its object for the owner's later
+    approved runs under ``role`` (a later run's digest names the role each of its carried
+    slots takes)."""
+    return [KEEP, role]
+
+
+def _kept_role(name: Any) -> str | None:
+    """The role of a kept-slot declaration (None: not one)."""
+    if type(name) is list and len(name) == 2 and name[0] == KEEP and type(name[1]) is str:
+        if 0 < len(name[1]) <= MAX_ROLE:
+            return name[1]
+    return None
+
+
 _TOKENS = "pointers.holding.tokens"  # function-state key: the run tokens a namespace used
 _BOUND = "pointers.holding.bound"  # function-state key: value bound in a run -> its token
 
 
+@dataclass(frozen=True)
+class HeldParam:
+    """A value the owner registered for one parameter name: the tensor, the fixed-point
+    scale the owner chose for it, and their digest (:func:`param_digest`)."""
+
+    value: torch.Tensor
+    frac_bits: int
+    digest: str
+
+
+def param_digest(value: torch.Tensor, frac_bits: int) -> str:
+    """The digest of a parameter's value and scale: its dtype, shape, bytes and
+    ``frac_bits``. An approval names the parameters by these (see :func:`program_digest`)."""
+    t = value.detach().contiguous().reshape(-1)
+    h = hashlib.sha256()
+    h.update(msgpack.packb(["held-param", str(value.dtype), list(value.shape), int(frac_bits)]))
+    if t.numel():
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 @dataclass
 class Policy:
-    """A worker owner's approvals: per party id, the program digests it approves."""
+    """A worker owner's approvals: per party id, the program digests it approves; and the
+    values it registered, by parameter name (the only values its shares are made of)."""
 
     approvals: dict[str, set[str]] = field(default_factory=dict)
+    params: dict[str, HeldParam] = field(default_factory=dict)
 
     def wire(self) -> list[list[str]]:
         return sorted([party, d] for party, ds in self.approvals.items() for d in ds)
 
 
-def set_policy(worker: Any, approvals: dict[str, Any]) -> None:
-    """The owner of ``worker`` approves, per party id, the program digests in
-    ``approvals`` (an iterable of hex digests each) for the values it shares from there.
-    A local call at the worker's side, never a message."""
+MAX_FRAC_BITS = 32  # the largest fixed-point scale an owner may register
+
+
+def make_policy(
+    approvals: dict[str, Any], params: dict[str, tuple[torch.Tensor, int]] | None = None
+) -> Policy:
+    """A :class:`Policy` from ``approvals`` (per party id, an iterable of hex digests) and
+    ``params`` (per parameter name, its value and fixed-point scale), both checked."""
     policy = Policy()
     for party, digests in approvals.items():
         if type(party) is not str:
@@ -75,18 +126,118 @@ def set_policy(worker: Any, approvals: dict[str, Any]) -> None:
         if not all(type(d) is str and len(d) == 64 for d in ds):
             raise ValueError("an approval is a program digest: 64 hex digits")
         policy.approvals.setdefault(party, set()).update(ds)
-    worker.holding_policy = policy
+    for name, (value, frac_bits) in (params or {}).items():
+        if type(name) is not str or not 0 < len(name) <= MAX_NAME:
+            raise ValueError(f"a parameter's name is a str of 1 to {MAX_NAME} characters")
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise TypeError(f"parameter {name!r}: the owner registers a floating tensor")
+        if type(frac_bits) is not int or not 0 <= frac_bits <= MAX_FRAC_BITS:
+            raise ValueError(f"parameter {name!r}: frac_bits is an int in [0, {MAX_FRAC_BITS}]")
+        v = value.detach().clone()
+        policy.params[name] = HeldParam(v, frac_bits, param_digest(v, frac_bits))
+    return policy
 
 
-def share_seal(owner: str, name: str, policy: Policy | None) -> list[Any]:
-    """The label of a share the owner's worker made of its parameter ``name``: delivered
-    once, to its party, carrying the owner's approvals."""
+MAX_NAME = 512  # characters of a parameter's name
+
+
+def set_policy(
+    worker: Any,
+    approvals: dict[str, Any] | Policy,
+    params: dict[str, tuple[torch.Tensor, int]] | None = None,
+) -> None:
+    """The owner of ``worker`` approves, per party id, the program digests in
+    ``approvals`` (an iterable of hex digests each) for the values it shares from there,
+    and registers ``params`` (per parameter name, its value and fixed-point scale): the
+    worker makes held shares of these values only. A local call at the worker's side,
+    never a message."""
+    worker.holding_policy = (
+        approvals if isinstance(approvals, Policy) else make_policy(approvals, params)
+    )
+
+
+OFFER_MAGIC = b"pointers-offer-1\n"
+
+
+def save_offer(path: Any, policy: Policy) -> None:
+    """Write an owner's policy (its approvals and its registered values with their
+    scales) to ``path``, for ``python -m pointers serve --offer PATH``: a msgpack document
+    (:mod:`pointers.wire.serde`, never pickle) and the tensors' bytes."""
+    doc = {
+        "approvals": {party: sorted(ds) for party, ds in policy.approvals.items()},
+        "params": {n: [p.value, p.frac_bits] for n, p in policy.params.items()},
+    }
+    header, buffers = serde.encode(doc)
+    with open(path, "wb") as f:
+        f.write(OFFER_MAGIC)
+        f.write(struct.pack("<QQ", len(header), len(buffers)))
+        f.write(header)
+        for b in buffers:
+            raw = b.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+
+
+def load_offer(path: Any) -> Policy:
+    """The policy :func:`save_offer` wrote (checked as :func:`make_policy` checks it)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    where = f"offer file {str(path)!r}"
+    if not data.startswith(OFFER_MAGIC):
+        raise ValueError(f"{where}: not an offer (write it with mpc.save_offer)")
+    at = len(OFFER_MAGIC)
+    try:
+        n_header, n_buffers = struct.unpack_from("<QQ", data, at)
+        at += 16
+        if n_header > serde.MAX_HEADER_BYTES or n_buffers > serde.MAX_BUFFERS:
+            raise ValueError("too large")
+        header = data[at : at + n_header]
+        at += n_header
+        buffers = []
+        for _ in range(n_buffers):
+            (n,) = struct.unpack_from("<Q", data, at)
+            at += 8
+            if at + n > len(data):
+                raise ValueError("truncated")
+            buffers.append(memoryview(data)[at : at + n])
+            at += n
+        doc = serde.decode(header, buffers)
+        approvals, params = doc["approvals"], doc["params"]
+        pairs = {n: (v[0], v[1]) for n, v in params.items()}
+    except Exception as e:
+        raise ValueError(f"{where} is malformed: {type(e).__name__}: {e}") from None
+    if at != len(data):
+        raise ValueError(f"{where} is malformed: {len(data) - at} bytes after its end")
+    return make_policy(approvals, pairs)
+
+
+def held_param(policy: Policy | None, owner: str, name: Any, shape: Any) -> HeldParam:
+    """The value the owner registered as ``name``, of ``shape``; refused otherwise."""
     if policy is None or not policy.approvals:
         raise NotAllowedError(
             f"worker {owner!r} approves no computation on its values: its owner approves "
             "a plan first (mpc.approve, then mpc.offer at the owner's side); " + RULE
         )
-    return seal(HELD_SHARE, deliveries=1, extra=(owner, name, policy.wire()))
+    param = policy.params.get(name) if type(name) is str else None
+    if param is None:
+        raise NotAllowedError(
+            f"worker {owner!r}: {name!r} is no parameter its owner registered (mpc.offer, or "
+            "serve --offer): a held share is made only of the owner's own values; " + RULE
+        )
+    if list(param.value.shape) != shape:
+        raise NotAllowedError(
+            f"worker {owner!r}: parameter {name!r} has shape {list(param.value.shape)}, "
+            f"not {shape!r}"
+        )
+    return param
+
+
+def share_seal(owner: str, name: str, policy: Policy) -> list[Any]:
+    """The label of a share the owner's worker made of its registered parameter ``name``:
+    delivered once, to its party, carrying the parameter's digest and the owner's
+    approvals."""
+    param = policy.params[name]
+    return seal(HELD_SHARE, deliveries=1, extra=(owner, name, param.digest, policy.wire()))
 
 
 def program_digest(
@@ -96,13 +247,16 @@ def program_digest(
     party: str,
     store: Any,
     uses: dict[int, str] | None = None,
+    params: dict[str, str] | None = None,
 ) -> str:
     """The digest an owner approves: a program's commands as this party stores them, with
     each reference to an object that exists before the run replaced by its kind (its
     sealed label's kind in ``store``, or "ordinary"), the declared parameter, input, kept
     and carried slots, the output slots and the party. ``uses``: per carried slot bound to
     an object an earlier run kept, that object's key (the kept slot of the approved
-    program that made it: the digest fixes which kept object each carried slot takes)."""
+    program that made it: the digest fixes which kept object each carried slot takes).
+    ``params``: per parameter name, the digest of the registered value and scale its slot
+    takes (:func:`param_digest`): the owner approves a computation on those values."""
 
     def kind_of(obj_id: int) -> str:
         label = Label.of(store.entry(obj_id).sealed)
@@ -128,26 +282,23 @@ def program_digest(
             return o
         return ["other", type(o).__name__, repr(o)]
 
-    slots = sorted([int(s), _slot_name(s, n, uses or {})] for s, n in held)
+    slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
     doc = [party, canon(raw), slots, sorted(outputs)]
     return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
 
 
-def _slot_name(slot: int, name: Any, uses: dict[int, str]) -> str:
-    """A declared slot in the digest: "" an input, a parameter's name, or (NUL-prefixed:
-    no parameter's name) kept, carried, or carried and bound to the kept object ``key``."""
+def _slot_name(slot: int, name: Any, uses: dict[int, str], params: dict[str, str]) -> str:
+    """A declared slot in the digest: "" an input, a parameter's name and its value's
+    digest, or (NUL-prefixed: no parameter's name) kept under a role, carried, or carried
+    and bound to the object kept under the role ``uses[slot]``."""
     if name is None:
         return ""
-    if name == KEEP:
-        return "\x00keep"
+    role = _kept_role(name)
+    if role is not None:
+        return "\x00keep:" + role
     if name == CARRIED:
         return "\x00use:" + uses[slot] if slot in uses else "\x00carried"
-    return str(name)
-
-
-def instance_key(digest: str, slot: int) -> str:
-    """The key of an object kept by a run of the program of ``digest`` from its ``slot``."""
-    return f"{digest}:{slot}"
+    return f"{name}\x00{params.get(str(name), '')}"
 
 
 @dataclass
@@ -162,9 +313,9 @@ class HeldRun:
     # constants (everything else it reads it made itself, sealed held, or is material)
     readable: set[int] = field(default_factory=set)
     digest: str = ""
-    # (slot, id) of the objects the run keeps for the owner's later runs (KEEP slots);
+    # (role, id) of the objects the run keeps for the owner's later runs (kept slots);
     # at release, the protocol material among them is kept too (not spent at the end)
-    keep: list[tuple[int, int]] = field(default_factory=list)
+    keep: list[tuple[str, int]] = field(default_factory=list)
     kept: set[int] = field(default_factory=set)
 
     def check_read(self, obj_id: int) -> None:
@@ -235,14 +386,16 @@ def begin(
     approvals: Any = None
     admitted: set[int] = set()
     readable: set[int] = set()
-    keeps: list[int] = []
+    keeps: list[tuple[int, str]] = []
     carried: list[int] = []
     declared: set[int] = set()
+    values: dict[str, str] = {}  # parameter name -> the digest of the value its shares are of
     for item in held:
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
             raise NotAllowedError("held parameter slots are [slot, name] pairs")
         slot, name = item
-        ok_name = name is None or type(name) is str or name in (KEEP, CARRIED)
+        role = _kept_role(name)
+        ok_name = name is None or type(name) is str or name == CARRIED or role is not None
         if not 0 <= slot < len(bindings) or not ok_name:
             raise NotAllowedError(f"held parameter slot {slot} is out of range")
         if slot in declared:
@@ -252,19 +405,19 @@ def begin(
         if name is None:  # one of the client's inputs (an ordinary object)
             readable.add(obj_id)
             continue
-        if name == KEEP:
-            keeps.append(slot)
+        if role is not None:
+            keeps.append((slot, role))
             continue
         if name == CARRIED:
             carried.append(slot)
             continue
         label = Label.of(store.entry(obj_id).sealed)
-        if label is None or label.kind != HELD_SHARE or len(label.extra) != 3:
+        if label is None or label.kind != HELD_SHARE or len(label.extra) != 4:
             raise NotAllowedError(
                 f"worker {worker_id!r}: slot {slot} ({name!r}) is bound to object {obj_id}, "
                 f"which is not an owner's held share; {RULE}"
             )
-        o, n, a = label.extra
+        o, n, value_digest, a = label.extra
         if label.origin != o:
             raise NotAllowedError(f"a held share of {o!r} must be delivered by {o!r}; {RULE}")
         if n != name:
@@ -276,6 +429,8 @@ def begin(
             owner, approvals = o, a
         elif o != owner:
             raise NotAllowedError("one run uses the held parameters of one owner")
+        if values.setdefault(n, value_digest) != value_digest:
+            raise NotAllowedError(f"parameter {n!r} is bound to shares of two values; {RULE}")
         admitted.add(obj_id)
     if owner is None:
         raise NotAllowedError("a held run declares at least one held parameter slot")
@@ -283,6 +438,7 @@ def begin(
     # (admitted to this run), and its key (which kept slot of which approved program made
     # it) enters the digest: the owner approved which kept object each carried slot takes
     uses: dict[int, str] = {}
+    makers: set[str] = set()  # the runs that kept the carried objects: one
     for slot in carried:
         obj_id = bindings[slot]
         if obj_id not in store:
@@ -290,13 +446,19 @@ def begin(
         label = Label.of(store.entry(obj_id).sealed)
         if label is None or label.kind != HELD_INSTANCE:
             continue  # (protocol material, or nothing the run can read: its steps' rules)
-        if len(label.extra) != 2 or label.extra[0] != owner:
+        if len(label.extra) != 3 or label.extra[0] != owner:
             raise NotAllowedError(
                 f"worker {worker_id!r}: slot {slot} is bound to an object kept for another "
                 f"owner; {RULE}"
             )
         uses[slot] = str(label.extra[1])
+        makers.add(str(label.extra[2]))
         admitted.add(obj_id)
+    if len(makers) > 1:  # (a generation's caches and position are one run's, together)
+        raise NotAllowedError(
+            f"worker {worker_id!r}: the carried slots are bound to objects kept by "
+            f"{len(makers)} different runs; one run takes what one earlier run kept; {RULE}"
+        )
     param_slots = {item[0] for item in held if type(item[1]) is str} | set(uses)
     for k, b in enumerate(bindings):  # a parameter is bound to its own slots only
         if b in admitted and k not in param_slots:
@@ -307,12 +469,12 @@ def begin(
     for s in outputs:  # an output's id is bound to no other slot (it would hold that too)
         if bindings.count(bindings[s]) != 1:
             raise NotAllowedError(f"output slot {s} must be bound to an id of its own; {RULE}")
-    for s in keeps:  # (a kept object is made by the run: an id of its own, as an output)
+    for s, _ in keeps:  # (a kept object is made by the run: an id of its own, as an output)
         if bindings.count(bindings[s]) != 1 or bindings[s] in store:
             raise NotAllowedError(f"kept slot {s} must be bound to a new id of its own; {RULE}")
     readable |= _constants(program_raw)
 
-    digest = program_digest(program_raw, held, outputs, worker_id, store, uses)
+    digest = program_digest(program_raw, held, outputs, worker_id, store, uses, values)
     if [worker_id, digest] not in (approvals or []):
         raise NotAllowedError(
             f"worker {worker_id!r}: this program (digest {digest[:16]}...) is not a "
@@ -330,7 +492,7 @@ def begin(
         if k not in skip:
             bound.setdefault(int(b), token)
     run = HeldRun(owner, token, admitted, [bindings[s] for s in outputs], readable)
-    run.digest, run.keep = digest, [(s, bindings[s]) for s in keeps]
+    run.digest, run.keep = digest, [(role, bindings[s]) for s, role in keeps]
     return run
 
 
@@ -349,15 +511,16 @@ def _constants(raw: Any) -> set[int]:
 def release(store: Any, run: HeldRun) -> None:
     """After a run without error: its output objects become ordinary objects, and the
     objects in its kept slots are kept for the owner's later approved runs: one the run
-    made (held) becomes :data:`HELD_INSTANCE` with its key (this program's digest and
-    the slot), which only a later approved run of the same owner that declares the key
-    reads; protocol material among them stays as it is (not spent at the run's end)."""
+    made (held) becomes :data:`HELD_INSTANCE` with its role and this run's token (the
+    maker), which only a later approved run of the same owner reads, one whose digest
+    names that role for the slot it binds it to and whose carried objects one run kept;
+    protocol material among them stays as it is (not spent at the run's end)."""
     for obj_id in run.outputs:
         if obj_id in store:
             entry = store.entry(obj_id)
             if run.admits(entry.sealed):
                 entry.sealed = False
-    for slot, obj_id in run.keep:
+    for role, obj_id in run.keep:
         if obj_id not in store:
             continue
         entry = store.entry(obj_id)
@@ -366,8 +529,8 @@ def release(store: Any, run: HeldRun) -> None:
             continue
         if label.kind == HELD:
             if run.admits(entry.sealed):
-                key = instance_key(run.digest, slot)
-                entry.sealed = seal(HELD_INSTANCE, deliveries=0, extra=(run.owner, key))
+                extra = (run.owner, role, run.token)
+                entry.sealed = seal(HELD_INSTANCE, deliveries=0, extra=extra)
         else:
             run.kept.add(obj_id)
 
@@ -433,6 +596,7 @@ __all__ = [
     "HELD_SHARE",
     "CARRIED",
     "KEEP",
+    "HeldParam",
     "HeldRun",
     "any_bound",
     "Policy",
@@ -441,7 +605,12 @@ __all__ = [
     "check_send",
     "current",
     "end",
-    "instance_key",
+    "held_param",
+    "keep",
+    "load_offer",
+    "save_offer",
+    "make_policy",
+    "param_digest",
     "program_digest",
     "release",
     "running",
