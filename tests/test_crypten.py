@@ -519,3 +519,10 @@ def test_requires_grad_after_encryption_fills_grad() -> None:
     assert x_enc.requires_grad and x_enc.grad is None
     (x_enc * x_enc).sum().backward()
     assert torch.allclose(x_enc.grad.get_plain_text(), 2 * x, atol=4 * UNIT)
+
+
+def test_a_gradient_that_depends_on_no_secret_comes_back_encrypted() -> None:
+    x_enc = enc([1.0, 2.0, 3.0, 4.0]).requires_grad_()
+    x_enc.mean().backward()  # d mean / dx = 1/4: torch computes it in the clear
+    assert crypten.is_encrypted_tensor(x_enc.grad)
+    assert torch.allclose(x_enc.grad.get_plain_text(), torch.full((4,), 0.25), atol=UNIT)

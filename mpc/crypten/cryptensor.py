@@ -242,8 +242,17 @@ class MPCTensor(CrypTensor):
 
     @property
     def grad(self) -> MPCTensor | None:
-        g = self._shared.grad
-        return None if g is None else _wrap(g)
+        """The gradient, encrypted (one that depends on no secret, such as a mean's, comes
+        back from torch as a plain tensor: it is shared among the same parties, as CrypTen's
+        would be)."""
+
+        def compute(_: Any) -> MPCTensor | None:
+            g = self._shared.grad
+            if g is None or isinstance(g, SharedTensor):
+                return None if g is None else _wrap(g)
+            return MPCTensor._of(mpc.share(g, session=self._shared.session))
+
+        return _world.collective("grad", compute)  # type: ignore[no-any-return]
 
     def backward(self, grad_input: Any = None, **kwargs: Any) -> None:
         _world.collective(
