@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from mpc.material import rules, sizes
-from mpc.material.dealer import unpack_trunc_correction
 from mpc.math import carry4, group4
 from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
 from mpc.math.prg import PRG, SEED_BYTES
@@ -20,7 +19,6 @@ from mpc.protocols.step import SUM, XOR, step
 from mpc.protocols.streams import (
     TAG_A,
     TAG_C,
-    TAG_D,
     TAG_PAIRS,
     TAG_R,
     TAG_RBITS,
@@ -46,59 +44,6 @@ def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list
     """The party's share of the dealer's material ``(nonce, tag)`` (e.g. a daBit's [t])."""
     consume(ctx, [seed], nonce, tag)
     return derive(seed, nonce, tag, shape)
-
-
-@step(
-    rule=rules.trunc_mask,
-    size=elementwise(3, "z"),
-    keeps=stream_records(1),
-    makes_material=True,
-    opens={"trunc.c": SUM},
-)
-def trunc_mask(ctx: Any, seed: torch.Tensor, nonce: int, z: torch.Tensor) -> torch.Tensor:
-    """Party i: c_i = z_i + r_i."""
-    consume(ctx, [seed], nonce, TAG_R)
-    return derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
-
-
-@step(rule=rules.trunc_finish, size=elementwise(5, "c"), keeps=stream_records(2))
-def trunc_finish(
-    ctx: Any,
-    seed: torch.Tensor,
-    nonce: int,
-    first: bool,
-    corrections: torch.Tensor | None,
-    c: torch.Tensor,
-    bits: int,
-) -> torch.Tensor:
-    """Party i's share of z >> bits from the opened c = z + r = (z + 2^62) + r'.
-
-    With w = z + 2^62 (in [0, 2^63) for |z| < 2^62), h = msb(r') and b = msb(c) xor h,
-    the carry out of the low 63 bits of w + r': w = (c mod 2^63) - (r' mod 2^63) + 2^63 b.
-    Shifting by f (floor(A / 2^f) - floor(B / 2^f) is floor((A - B) / 2^f) or one more)
-    and writing x mod 2^63 >> f = (x >> f) + 2^(63-f) msb(x) for the arithmetic shift:
-    z >> f ~ (c >> f) - (r' >> f) - 2^(62-f) + 2^(63-f) (msb(c) - h + b)
-           = (c >> f) + U + msb(c) D,
-    since msb(c) - h + b = 2 msb(c) (1 - h). The public msb(c) selects [D] or 0, so:
-    [z >> f] = [U] + ([D] & (c >> 63)) (+ c >> f at party 0).
-
-    D's shares are D_i = 2^(64-f) s_i (see :func:`~mpc.material.dealer.dealer_trunc`):
-    s_i is the derived word (its low f bits count) here, the dealer's narrow correction
-    s_{n-1} (f bits, int16 at f = 16) at the last party, packed with its U in one tensor
-    (:func:`~mpc.material.dealer.pack_trunc_correction`); both are shifted left by 64 - f.
-    """
-    consume(ctx, [seed], nonce, TAG_U, TAG_D)
-    if corrections is None:
-        u = derive(seed, nonce, TAG_U, list(c.shape))
-        s = derive(seed, nonce, TAG_D, list(c.shape))
-    else:
-        u, s = unpack_trunc_correction(corrections, list(c.shape), bits)
-        s = s.to(torch.int64)  # widen the dealer's f-bit s_{n-1}
-    d = s.bitwise_left_shift_(64 - bits)  # D_i = 2^(64-f) s_i
-    u += d.bitwise_and_(c >> 63)  # c >> 63: all ones where msb(c) = 1, else 0
-    if first:  # c is the opened copy, this call's own
-        u += c.bitwise_right_shift_(bits)
-    return u
 
 
 # -- trigonometric series, party side -------------------------------------------------

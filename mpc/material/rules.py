@@ -51,11 +51,6 @@ def new_seed(call: ProtocolCall) -> Any:
     return [seal(SEED, 0, index, deliveries=1, extra=(parties,))]
 
 
-def dealer_trunc(call: ProtocolCall) -> Any:
-    dealer_seeds(call)
-    return [seal("dealer.trunc", nonce_of(call), int_of(call, "bits"), deliveries=1)]
-
-
 def dealer_fourier(call: ProtocolCall) -> Any:
     dealer_seeds(call)
     return [seal("dealer.fourier", nonce_of(call), deliveries=1)]
@@ -136,25 +131,6 @@ def weight_product(call: ProtocolCall) -> Any:
 
 
 # -- truncation and series ---------------------------------------------------------------
-
-
-def trunc_mask(call: ProtocolCall) -> Any:
-    nonce = nonce_of(call)
-    party_seed(call)
-    call.share("z")
-    return [seal("trunc.c", nonce)]
-
-
-def trunc_finish(call: ProtocolCall) -> Any:
-    nonce = nonce_of(call)
-    party_seed(call, "corrections")
-    corr = call.material(
-        "corrections", "dealer.trunc", nonce, local=False, optional=True, consume=True
-    )
-    if corr is not None and corr.index != call.value("bits"):
-        raise call.refuse(f"the dealer's correction is for {corr.index} bits")
-    call.material("c", OPENED + "trunc.c", nonce, local=True, consume=True)
-    return None
 
 
 def fourier_finish(call: ProtocolCall) -> Any:

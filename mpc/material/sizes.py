@@ -45,10 +45,6 @@ from pointers.worker.functions import SizeFunction, sized
 # -- the dealer ----------------------------------------------------------------------------
 
 
-def dealer_trunc(p: dict[str, Any]) -> int:
-    return 8 * WORD * numel(p.get("shape")) + SLACK
-
-
 def _selected(p: dict[str, Any]) -> int:
     nonces = p.get("product_nonces")
     return min(len(nonces), 16) if isinstance(nonces, list) else 0

@@ -42,10 +42,10 @@ from mpc.material.party import (
     unpack,
 )
 from mpc.math import carry4, group4
-from mpc.protocols.arith import TruncRun
 from mpc.protocols.opening.run import Opened, Round, exchange
 from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
 from mpc.protocols.streams import TAG_T_ARITH
+from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
 
 

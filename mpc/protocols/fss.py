@@ -27,7 +27,6 @@ from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
 from mpc.material.fss_relu import dealer_fss_relu, fss_relu_eval
 from mpc.material.party import cmp_mask
 from mpc.math import group4
-from mpc.protocols.arith import TruncRun
 from mpc.protocols.compare import (
     _MsbRun,
     _numel,
@@ -37,6 +36,7 @@ from mpc.protocols.compare import (
 )
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares, at_parties, run_step
+from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
 
 

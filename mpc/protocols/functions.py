@@ -18,9 +18,10 @@ from mpc.material.owned import release_sum
 from mpc.protocols.beaver import steps as beaver
 from mpc.protocols.opening import steps as opening
 from mpc.protocols.step import making_material, table
+from mpc.protocols.truncation import steps as truncation
 
 #: the modules that define protocol steps
-STEP_MODULES = (opening, beaver, party, dealer, weights, fss, fss_relu, tprod)
+STEP_MODULES = (opening, beaver, truncation, party, dealer, weights, fss, fss_relu, tprod)
 
 FUNCTIONS: dict[str, Callable[..., Any]] = table(STEP_MODULES)
 # the steps of modules that declare them by hand (a model owner's, an owner's release)
