@@ -37,6 +37,7 @@ from mpc.errors import MPCError
 from mpc.generation import attention
 from mpc.generation.cache import PartyPositions, Rotary, SharedStaticCache, positional_kind
 from mpc.plan import Programs, SharedPlan
+from mpc.protocols import weights
 from mpc.session import Session
 from mpc.shared import SharedTensor
 
@@ -164,7 +165,8 @@ class PlainPrograms:
         if self.plan is None or (self.later is None and self.prefills):
             # (a step not yet recorded records on the state of the prefill recorded last)
             model, dec = self.model, self.decoder
-            self.plan = SharedPlan(lambda x: dec.run_prefill(model, x), rows)
+            with weights.held_instances():  # (the step takes the instances the prefill made)
+                self.plan = SharedPlan(lambda x: dec.run_prefill(model, x), rows)
             self.later = None
             out: SharedTensor = self.plan.example_output
             self.plan.example_output = None  # type: ignore[assignment]
@@ -182,9 +184,10 @@ class PlainPrograms:
             raise MPCError("a step runs after its generation's prefill")
         if self.later is None:
             model, dec = self.model, self.decoder
-            self.later = Programs(
-                lambda x: dec.run_step(model, x), self.plan.workers, (rows,), self.plan._first
-            )
+            with weights.held_instances():
+                self.later = Programs(
+                    lambda x: dec.run_step(model, x), self.plan.workers, (rows,), self.plan._first
+                )
             self.later.carry = self.carry
             out: SharedTensor = self.later.output
             self.later.output = None  # type: ignore[assignment]

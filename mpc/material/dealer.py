@@ -9,12 +9,15 @@ from typing import Any
 
 import torch
 
-from mpc.material import rules
-from mpc.material.streams import (
+from mpc.material import rules, sizes
+from mpc.math import carry4, group4
+from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
+from mpc.math.prg import PRG
+from mpc.protocols.sizes import stream_records
+from mpc.protocols.step import step
+from mpc.protocols.streams import (
     TAG_A,
-    TAG_B,
     TAG_C,
-    TAG_D,
     TAG_PAIRS,
     TAG_R,
     TAG_RBITS,
@@ -27,129 +30,25 @@ from mpc.material.streams import (
     stream,
     sum_derived,
 )
-from mpc.math import carry4, group4
-from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
-from mpc.math.prg import PRG
-from mpc.math.ring import ring_bilinear
-from pointers.worker.sealing import protocol_function
 
 
-@protocol_function(rules.new_seed)
+@step(rule=rules.new_seed, size=sizes.new_seed, makes_material=True)
 def new_seed(ctx: Any, index: int, parties: int) -> torch.Tensor:
     """A fresh 16-byte seed from the operating system (stored at the dealer) for party
     ``index`` of ``parties`` (its label records the party's place)."""
     return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
 
 
-@protocol_function(rules.dealer_triple)
-def dealer_triple(
-    ctx: Any,
-    seeds: list[torch.Tensor],
-    nonce: int,
-    a_shape: list[int],
-    b_shape: list[int],
-    op: str,
-    params: dict[str, Any],
-) -> torch.Tensor:
-    """Beaver triple c = op(a, b): the last party's share of c (the others derive theirs)."""
-    consume(ctx, seeds, nonce, TAG_A, TAG_B, TAG_C)
-    a = sum_derived(seeds, nonce, TAG_A, a_shape)
-    b = sum_derived(seeds, nonce, TAG_B, b_shape)
-    c = a.mul_(b) if op == "mul" and a_shape == b_shape else ring_bilinear(op, params, a, b)
-    for s in seeds[:-1]:
-        c -= derive(s, nonce, TAG_C, list(c.shape))
-    return c
-
-
-def trunc_correction_dtype(bits: int) -> torch.dtype:
-    """The narrowest integer dtype that holds ``bits`` bits (two's complement): the dtype
-    in which the dealer ships the last party's share of [D] (see :func:`dealer_trunc`)."""
-    if bits <= 8:
-        return torch.int8
-    if bits <= 16:
-        return torch.int16
-    if bits <= 32:
-        return torch.int32
-    return torch.int64
-
-
-def trunc_correction_words(numel: int, bits: int) -> int:
-    """int64 words of the last party's packed truncation correction for ``numel``
-    elements (see :func:`pack_trunc_correction`)."""
-    narrow = numel * trunc_correction_dtype(bits).itemsize
-    return numel + (narrow + 7) // 8
-
-
-def pack_trunc_correction(u: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """U (int64) and the narrow s of D in one flat int64 tensor, s's bytes padded to whole
-    words: the dealer's truncation correction travels as one delivery, not two."""
-    raw = s.reshape(-1).view(torch.uint8)
-    pad = (-raw.numel()) % 8
-    words = torch.cat([raw, raw.new_zeros(pad)]).view(torch.int64)
-    return torch.cat([u.reshape(-1), words])
-
-
-def unpack_trunc_correction(
-    packed: torch.Tensor, shape: list[int], bits: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(U, s) from :func:`pack_trunc_correction`'s tensor, as views of it, in ``shape``."""
-    n = 1
-    for d in shape:
-        n *= d
-    if (
-        packed.dtype != torch.int64
-        or packed.dim() != 1
-        or packed.numel() != trunc_correction_words(n, bits)
-    ):
-        raise ValueError(
-            f"a truncation correction for {n} elements at {bits} bits is "
-            f"{trunc_correction_words(n, bits)} int64 words, got {packed.dtype} "
-            f"{list(packed.shape)}"
-        )
-    dtype = trunc_correction_dtype(bits)
-    u = packed[:n].view(shape)
-    s = packed[n:].view(torch.uint8)[: n * dtype.itemsize].view(dtype).view(shape)
-    return u, s
-
-
-@protocol_function(rules.dealer_trunc)
-def dealer_trunc(
-    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
-) -> torch.Tensor:
-    """Truncation material for the mask r = sum of derived shares (see :func:`trunc_finish`):
-    the last party's shares of U = -(r' >> f) - 2^(62-f) and D = 2^(64-f) (1 - msb(r')),
-    where r' = r - 2^62 and f = ``bits``.
-
-    D is a multiple of 2^(64-f), so it is shared as D_i = 2^(64-f) s_i with s_i in Z/2^f:
-    party i < n-1 takes s_i from its seed (its derived word shifted left by 64 - f keeps
-    the word's low f bits as the top f bits of D_i), and the last party gets only
-    s_{n-1} = (1 - h) - sum_{i<n-1} s_i mod 2^f, f bits, in the narrowest dtype that holds
-    them (:func:`trunc_correction_dtype`: int16 at f = 16, 2 bytes an element instead of
-    8); it widens it and shifts it left by 64 - f where it uses it. Nothing leaks: s_0 is
-    uniform in Z/2^f and independent of h and of the other s_i, so s_{n-1} is uniform in
-    Z/2^f given everything the last party holds besides it (a one-time pad of 1 - h), and
-    any n - 1 of the s_i are independent and uniform, as the full-width shares were.
-    Both travel packed in one int64 tensor (:func:`pack_trunc_correction`): one delivery."""
-    if type(bits) is not int or not 1 <= bits <= 62:
-        raise ValueError(f"a truncation drops 1 to 62 bits, got {bits!r}")
-    consume(ctx, seeds, nonce, TAG_R, TAG_U, TAG_D)
-    r = sum_derived(seeds, nonce, TAG_R, shape).sub_(1 << 62)
-    d = (r >> 63).add_(1)  # s = 1 - h, in Z/2^f
-    u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
-    for s in seeds[:-1]:
-        u -= derive(s, nonce, TAG_U, shape)
-        d -= derive(s, nonce, TAG_D, shape)
-    # s_{n-1} mod 2^f as a signed f-bit value (sign-extended from bit f - 1): it fits the
-    # narrow dtype exactly, and widened and shifted left by 64 - f it is D_{n-1} mod 2^64
-    d = d.bitwise_left_shift_(64 - bits).bitwise_right_shift_(64 - bits)
-    return pack_trunc_correction(u, d.to(trunc_correction_dtype(bits)))
-
-
 # the most values one comparison selects (:func:`mpc.protocols.compare.select_by_msb`)
 MAX_SELECTED = 16
 
 
-@protocol_function(rules.dealer_compare)
+@step(
+    rule=rules.dealer_compare,
+    size=sizes.dealer_compare,
+    keeps=sizes.dealer_compare_keeps,
+    makes_material=True,
+)
 def dealer_compare(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -277,7 +176,12 @@ def _last_share(
     return out.reshape(-1)
 
 
-@protocol_function(rules.dealer_fourier)
+@step(
+    rule=rules.dealer_fourier,
+    size=sizes.dealer_fourier,
+    keeps=stream_records(2),
+    makes_material=True,
+)
 def dealer_fourier(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int, terms: int,
     scale: int, single: bool,

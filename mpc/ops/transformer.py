@@ -55,17 +55,6 @@ def _one_hot(ids: SharedTensor, n: int) -> SharedTensor:
     return eq(aten.eq.Tensor, (wide, rows), {})
 
 
-@register(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
-def isin(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Not on shared values; ``transformers``' ``model.generate`` calls it first."""
-    raise UnsupportedOpError(
-        str(func),
-        "if this comes from transformers' model.generate(...), generate with "
-        "mpc.generate(model, input_ids, max_new_tokens=...) instead: greedy decoding that "
-        "reveals only the new tokens, one recorded program per token",
-    )
-
-
 @register(aten.embedding.default)
 def embedding(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """weight[ids]. Public ids: the lookup on every share (local). Shared ids: their
