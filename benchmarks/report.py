@@ -254,9 +254,14 @@ def plot_results(data: dict[str, Any], path: str | Path) -> Path:
 
 def _runs_line(data: dict[str, Any]) -> str:
     """Which runs the plot shows: engine, date, commit and load average before each."""
+    from benchmarks.results import OURS, setting
+
+    shown = setting({"parties": 2})
     parts = []
     for run in data["runs"]:
         m = run["meta"]
+        if m.get("engine", OURS) == OURS and setting(m) != shown:
+            continue  # (not in the plot)
         load = m.get("load_before") or []
         parts.append(
             f"{m.get('engine', 'tessera-mpc')} {str(m.get('date', '?'))[:16].replace('T', ' ')}"
