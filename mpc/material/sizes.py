@@ -28,13 +28,11 @@ import torch
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
-    bilinear,
     elems,
     int_param,
     nbytes,
     numel,
     records,
-    shape_of,
     tensor_elems,
     tensors,
 )
@@ -74,24 +72,6 @@ def share_update(p: dict[str, Any]) -> int:
     n = int_param(p.get("n_shares"), "n_shares", 2, 5)
     update = p.get("update")
     return (n + 5) * WORD * elems(update) + 2 * nbytes(update) + SLACK
-
-
-def dealer_weight(p: dict[str, Any]) -> int:
-    return 3 * WORD * numel(p.get("shape")) + SLACK
-
-
-def dealer_weight_triple(p: dict[str, Any]) -> int:
-    x_shape, b = p.get("x_shape"), shape_of(p.get("b"))
-    first, second = (b, x_shape) if p.get("w_first") is True else (x_shape, b)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 2 * WORD * numel(x_shape, "x_shape") + 3 * out + temp + SLACK
-
-
-def weight_product(p: dict[str, Any]) -> int:
-    x, w = shape_of(p.get("a")), shape_of(p.get("w"))
-    first, second = (w, x) if p.get("w_first") is True else (x, w)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 3 * out + 2 * temp + SLACK
 
 
 def new_seed(p: dict[str, Any]) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpc.material import dealer, party, sizes, tprod, weights
+from mpc.material import dealer, party, sizes, tprod
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
 from mpc.protocols.beaver import steps as beaver
@@ -24,6 +24,7 @@ from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
 from mpc.protocols.step import making_material, table
 from mpc.protocols.truncation import steps as truncation
+from mpc.protocols.weights import steps as weights
 
 #: the modules that define protocol steps
 STEP_MODULES = (
