@@ -21,7 +21,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from mpc.protocols.max_of_four.steps import group_terms
 from mpc.protocols.rules import (
     OPENED,
     SEED,
@@ -131,68 +130,3 @@ def fourier_finish(call: ProtocolCall) -> Any:
 
 
 # -- the comparison by function secret sharing (mpc.material.fss) -----------------------
-
-
-def dealer_fss(call: ProtocolCall) -> Any:
-    """The correction words, common to both keys (one object, a delivery to each of the
-    2 parties), and the last party's part (index 1: the party's place)."""
-    dealer_seeds(call)
-    if len(call.materials("seeds", SEED, "the dealer's seeds")) != 2:
-        raise call.refuse("the FSS comparison is for 2 parties")
-    select = call.value("select")
-    if type(select) is not bool:
-        raise call.refuse("parameter 'select' is a bool")
-    keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
-    extra = tuple(call.value(k) for k in keys)
-    nonce = nonce_of(call)
-    return [
-        seal("dealer.fss.cw", nonce, deliveries=2, extra=extra[:2]),
-        seal("dealer.fss", nonce, 1, deliveries=1, extra=extra),
-    ]
-
-
-def fss_unpack(call: ProtocolCall) -> Any:
-    """The last party splits its own part of the key (the index the dealer gave it) once."""
-    nonce = nonce_of(call)
-    seed = party_seed(call)
-    label = call.material("packed", "dealer.fss", nonce, local=False, consume=True)
-    assert label is not None
-    if label.index != seed.index or seed.index != 1:
-        raise call.refuse(f"party {seed.index} takes the key of party {label.index}")
-    select, bits, shape, products, group = label.extra
-    n = 1
-    for d in shape:
-        n *= d
-    want = [[n]]
-    if select:
-        want += [shape] * (1 + len(products))
-        if group is not None:
-            want += [[group_terms(call, shape)]]
-    if call.value("shapes") != want:
-        raise call.refuse("the shapes do not split the dealer's FSS key")
-    seals = [seal("fss.u", nonce, seed.index, extra=(select, bits))]
-    if select:
-        seals.append(seal("dealer.cmp.tarith", nonce))
-        seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
-        if group is not None:
-            seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
-    return seals
-
-
-def fss_eval(call: ProtocolCall) -> Any:
-    """A party evaluates the key once, at the opened c of the same instance: the
-    correction words delivered to it (each party its own copy, consumed), and at the last
-    party its share of u that it split from its own part. With a selection the result is
-    d's share (opened next), else the comparison's result."""
-    nonce = nonce_of(call)
-    seed = party_seed(call, "u")
-    key = call.material("key", "dealer.fss.cw", nonce, local=False, consume=True)
-    assert key is not None
-    u = call.material("u", "fss.u", nonce, local=True, optional=True, consume=True)
-    if u is not None and u.index != seed.index:
-        raise call.refuse(f"party {seed.index} takes its own key, not party {u.index}'s")
-    select, bits = key.extra[0], key.extra[1]
-    if call.value("bits") != bits:
-        raise call.refuse(f"the key reads {bits} bits")
-    call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
-    return [seal("fss.d", nonce)] if select else None

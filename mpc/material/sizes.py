@@ -25,8 +25,6 @@ from typing import Any
 
 import torch
 
-from mpc.protocols.comparison.selection import selected_count
-from mpc.protocols.max_of_four.steps import group_words
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
@@ -117,36 +115,6 @@ def declare(functions: dict[str, Any]) -> None:
 
 
 # -- the comparison by function secret sharing (mpc.material.fss) -----------------------
-
-DCF_CHUNK_BYTES = 4 << 20  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf)
-
-
-def _fss_words(p: dict[str, Any], n: int) -> int:
-    """Words of the correction words of ``n`` elements' keys (3 per compared bit)."""
-    bits = int_param(p.get("bits"), "bits", 2, 64)
-    return (3 * (bits - 1) + 1) * n
-
-
-def dealer_fss(p: dict[str, Any]) -> int:
-    """The correction words once (one object for both parties) and half again for the
-    copies on the way (measured: 1.14 times the correction words of a max-pool's 98,304
-    comparisons, all included, where it was 2.15 while the last party's copy was packed
-    with its share of u; tests/test_mpc_fss_costs.py), the mask, roots and payloads (a few
-    words an element) and the selections."""
-    n = numel(p.get("shape"))
-    extra = (2 * selected_count(p) + 24 + group_words(p)) * n
-    return WORD * (3 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
-
-
-def dealer_fss_keeps(p: dict[str, Any]) -> int:
-    return records(p.get("seeds"), 4 + 2 * selected_count(p) + 3)
-
-
-def fss_eval(p: dict[str, Any]) -> int:
-    """The root seeds, the input's low bits, the output and its terms (a few words an
-    element) and one chunk of the level loop."""
-    return 12 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
-
 
 # -- products of truncated values (mpc.material.tprod) ---------------------------------
 
