@@ -300,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     changed = results.rewrite_docs(data, args.docs)
     print(f"{args.docs}: {'rewritten' if changed else 'already up to date'}", file=sys.stderr)
     if not args.no_plot:
-        print(f"wrote {plot_results(data, args.plot)}", file=sys.stderr)
+        try:
+            print(f"wrote {plot_results(data, args.plot)}", file=sys.stderr)
+        except ImportError as e:  # matplotlib is an extra (dev)
+            print(f"plot not drawn: {e} (pip install matplotlib)", file=sys.stderr)
+            return 1
     return 0
 
 
