@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
-from mpc.material import fss_relu
-from mpc.math import dcf_vec
-from mpc.protocols import fss
+from mpc.math import dcf as dcf_vec
+from mpc.protocols.fss import relu as fss_relu
+from mpc.protocols.fss import run as fss
 from pointers.wire.messages import Describe
 
 FSS = MPCConfig(comparison="fss")
@@ -71,7 +71,7 @@ def test_dcf_vec_refuses_bad_shapes() -> None:
             torch.zeros(3, dtype=torch.int64), torch.zeros(4, 3, dtype=torch.int64), 8, roots
         )
     with pytest.raises(ValueError, match="shape"):
-        dcf_vec.gen(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 8, roots)
+        dcf_vec.gen(torch.zeros(3, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), 8, roots)
 
 
 def _relu_ring(z: torch.Tensor, f: int) -> tuple[torch.Tensor, int]:

@@ -10,23 +10,13 @@ from typing import Any
 import torch
 
 from mpc.material import rules, sizes
-from mpc.math import carry4, group4
 from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
-from mpc.math.prg import PRG
 from mpc.protocols.sizes import stream_records
 from mpc.protocols.step import step
 from mpc.protocols.streams import (
-    TAG_A,
-    TAG_C,
-    TAG_PAIRS,
     TAG_R,
-    TAG_RBITS,
-    TAG_T_ARITH,
-    TAG_T_BIN,
     TAG_TRIG,
-    TAG_U,
     consume,
-    derive,
     stream,
     sum_derived,
 )
@@ -40,142 +30,6 @@ def new_seed(ctx: Any, index: int, parties: int) -> torch.Tensor:
 
 
 # the most values one comparison selects (:func:`mpc.protocols.compare.select_by_msb`)
-MAX_SELECTED = 16
-
-
-@step(
-    rule=rules.dealer_compare,
-    size=sizes.dealer_compare,
-    keeps=sizes.dealer_compare_keeps,
-    makes_material=True,
-)
-def dealer_compare(
-    ctx: Any,
-    seeds: list[torch.Tensor],
-    nonce: int,
-    shape: list[int],
-    level_nonces: list[int],
-    product_nonces: list[int],
-    group_nonce: int | None = None,
-) -> torch.Tensor:
-    """Comparison material, the last party's part as one flat tensor (one delivery): its
-    binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
-    random bit t (a "daBit"), its XOR share of the products of ~r's bits within each group
-    of four that make the radix-4 carry tree's level 0 local (packed, over the padded
-    element count; :mod:`mpc.math.carry4`), then per other level (``level_nonces``: one
-    each, levels 1 and 2) its share of the products of the level's masks (the masks a are
-    derived by every party), then per ``product_nonces`` entry its share of c = a t, a
-    derived by every party: the pair (a, c) turns a product [v t] into one opening of
-    e = v - a (see :func:`~mpc.material.party.dabit_product`). With ``group_nonce`` the
-    comparison is the six pairs of groups of four (``shape`` [G, 6]) and last come its
-    shares of the daBits' products and of their products with the groups' masks
-    (:mod:`mpc.math.group4`; see :func:`~mpc.material.party.group_select`)."""
-    check_selection(shape, product_nonces, group_nonce)
-    if not (
-        isinstance(level_nonces, list)
-        and len(level_nonces) == carry4.LEVELS - 1
-        and all(type(v) is int for v in level_nonces)
-    ):
-        raise ValueError(
-            f"a comparison takes {carry4.LEVELS - 1} level nonces, got {level_nonces!r}"
-        )
-    consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
-    r = sum_derived(seeds, nonce, TAG_R, shape)
-    r_bits = r.clone()
-    for s in seeds[:-1]:
-        r_bits ^= derive(s, nonce, TAG_RBITS, shape)
-    t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
-    t_arith = t.clone()
-    t_bin = t.clone()
-    for s in seeds[:-1]:
-        t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
-        t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
-    y = ~r.reshape(-1)
-    words = carry4.padded(y.numel())
-    y = torch.cat([y, y.new_zeros(words - y.numel())])
-    parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1)]
-    mono = torch.stack(carry4.bit_monomials(y))  # bit planes: every bit is used
-    for s in seeds[:-1]:
-        mono ^= derive(s, nonce, TAG_PAIRS, list(mono.shape))
-    parts.append(mono.reshape(-1))
-    count = len(carry4.VARS)
-    for level, level_nonce in enumerate(level_nonces, start=1):
-        consume(ctx, seeds, level_nonce, TAG_A, TAG_C)
-        w = carry4.words(words, level)
-        packed = derive(seeds[0], level_nonce, TAG_A, [carry4.packed_words(count), w])
-        for s in seeds[1:]:  # every party's masks (the last party's too: it derives its own)
-            packed ^= derive(s, level_nonce, TAG_A, list(packed.shape))
-        products = carry4.mask_monomials(carry4.unpack(packed, count, level))
-        parts.append(_last_share(seeds, level_nonce, TAG_C, products, level))
-    parts += selection_material(ctx, seeds, t, shape, product_nonces, group_nonce)
-    return torch.cat(parts)
-
-
-def check_selection(shape: list[int], product_nonces: Any, group_nonce: Any) -> None:
-    """A comparison's selections: at most :data:`MAX_SELECTED` products (an int nonce
-    each), and a group nonce only for the six pairs of groups of four ([G, 6]), or the six
-    pairs and the four values of a max after a ReLU ([G, 10])."""
-    if group_nonce is not None and (
-        type(group_nonce) is not int
-        or len(shape) != 2
-        or shape[-1] not in (group4.PLAIN, group4.RELU)
-    ):
-        raise ValueError(
-            "a comparison of groups of four takes an int nonce and a [G, 6] or [G, 10] shape"
-        )
-    if not (
-        isinstance(product_nonces, list)
-        and len(product_nonces) <= MAX_SELECTED
-        and all(type(v) is int for v in product_nonces)
-    ):
-        raise ValueError(
-            f"a comparison selects at most {MAX_SELECTED} values, one nonce each, "
-            f"got {product_nonces!r}"
-        )
-
-
-def selection_material(
-    ctx: Any,
-    seeds: list[torch.Tensor],
-    t: torch.Tensor,
-    shape: list[int],
-    product_nonces: list[int],
-    group_nonce: int | None,
-) -> list[torch.Tensor]:
-    """The last party's shares of what a comparison's selections ride on, given the daBits
-    ``t``: per product nonce c = a t (a derived by every party), and for groups of four
-    the daBits' products and their products with the groups' masks (flat tensors)."""
-    parts = []
-    for product_nonce in product_nonces:
-        consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
-        c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
-        for s in seeds[:-1]:
-            c -= derive(s, product_nonce, TAG_C, shape)
-        parts.append(c.reshape(-1))
-    if group_nonce is not None:
-        consume(ctx, seeds, group_nonce, TAG_A, TAG_C, TAG_U)
-        groups = shape[0]
-        alpha = sum_derived(seeds, group_nonce, TAG_A, [groups, 4])
-        tt, at = group4.dealer_monomials(t.view(groups, shape[1]), alpha)
-        for s in seeds[:-1]:
-            tt -= derive(s, group_nonce, TAG_C, list(tt.shape))
-            at -= derive(s, group_nonce, TAG_U, list(at.shape))
-        parts += [tt.reshape(-1), at.reshape(-1)]
-    return parts
-
-
-def _last_share(
-    seeds: list[torch.Tensor], nonce: int, tag: int, values: list[torch.Tensor], level: int
-) -> torch.Tensor:
-    """The last party's XOR share of aligned ``values``, packed flat: the others derive
-    theirs as packed random words (:func:`mpc.math.carry4.unpack` aligns them)."""
-    out = carry4.pack(values, level)  # (packing is linear: the others' shares are packed)
-    for s in seeds[:-1]:
-        share = derive(s, nonce, tag, list(out.shape))
-        out ^= carry4.pack(carry4.unpack(share, len(values), level), level)
-    return out.reshape(-1)
-
-
 @step(
     rule=rules.dealer_fourier,
     size=sizes.dealer_fourier,

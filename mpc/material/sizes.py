@@ -28,38 +28,17 @@ import torch
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
-    all_bytes,
-    bilinear,
     elems,
     int_param,
-    largest,
     nbytes,
     numel,
     records,
-    shape_of,
     tensor_elems,
     tensors,
 )
 from pointers.worker.functions import SizeFunction, sized
 
 # -- the dealer ----------------------------------------------------------------------------
-
-
-def _selected(p: dict[str, Any]) -> int:
-    nonces = p.get("product_nonces")
-    return min(len(nonces), 16) if isinstance(nonces, list) else 0
-
-
-def dealer_compare(p: dict[str, Any]) -> int:
-    group = 30 if p.get("group_nonce") is not None else 0  # (groups of four: group4.py)
-    # (per element of [G, 6]: 180 words a group for 44 terms; [G, 10]: 300 for 104)
-    return (2 * _selected(p) + 64 + group) * WORD * numel(p.get("shape")) + SLACK
-
-
-def dealer_compare_keeps(p: dict[str, Any]) -> int:
-    levels = p.get("level_nonces")
-    n_levels = min(len(levels), 16) if isinstance(levels, list) else 0
-    return records(p.get("seeds"), 5 + 3 * n_levels + 2 * _selected(p))
 
 
 def _terms(p: dict[str, Any]) -> int:
@@ -84,29 +63,6 @@ def fourier_finish(p: dict[str, Any]) -> int:
     return (8 * _terms(p) + 6) * WORD * tensor_elems(p, "c") + SLACK
 
 
-def comparison_step(p: dict[str, Any]) -> int:
-    """A carry-tree step (cmp_init, carry_step): a few copies of everything it is given,
-    and of the largest of them."""
-    return 4 * all_bytes(p) + 128 * WORD * largest(p) + SLACK
-
-
-def cmp_bit_mask(p: dict[str, Any]) -> int:
-    return WORD * (6 * tensor_elems(p, "top") + 2 * tensor_elems(p, "g")) + SLACK
-
-
-def dabit_product(p: dict[str, Any]) -> int:
-    return 3 * WORD * max(tensor_elems(p, "t"), tensor_elems(p, "e")) + SLACK
-
-
-def cmp_select_finish(p: dict[str, Any]) -> int:
-    shapes = [shape_of(p.get(x)) for x in ("d", "v", "vt")]
-    try:
-        n = numel(list(torch.broadcast_shapes(*shapes)))
-    except RuntimeError as e:
-        raise ValueError(f"the shares of a selection do not broadcast: {e}") from None
-    return 6 * WORD * n + SLACK
-
-
 def release_sum(p: dict[str, Any]) -> int:
     ts = tensors(p.get("parts"))
     return 2 * (nbytes(ts[0]) if ts else WORD) + SLACK
@@ -116,33 +72,6 @@ def share_update(p: dict[str, Any]) -> int:
     n = int_param(p.get("n_shares"), "n_shares", 2, 5)
     update = p.get("update")
     return (n + 5) * WORD * elems(update) + 2 * nbytes(update) + SLACK
-
-
-def group_select(p: dict[str, Any]) -> int:
-    """The max of groups of four: the daBits' products ([G, 44] derived or viewed; [G, 104]
-    after a ReLU, d [G, 10]), the expansion's coefficients and terms (a few [G] words per
-    product)."""
-    groups = elems(p.get("a")) // 4 + 1
-    per = 160 if elems(p.get("d")) <= 6 * groups else 200  # (measured 127 at 2^18)
-    return per * WORD * groups + SLACK
-
-
-def dealer_weight(p: dict[str, Any]) -> int:
-    return 3 * WORD * numel(p.get("shape")) + SLACK
-
-
-def dealer_weight_triple(p: dict[str, Any]) -> int:
-    x_shape, b = p.get("x_shape"), shape_of(p.get("b"))
-    first, second = (b, x_shape) if p.get("w_first") is True else (x_shape, b)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 2 * WORD * numel(x_shape, "x_shape") + 3 * out + temp + SLACK
-
-
-def weight_product(p: dict[str, Any]) -> int:
-    x, w = shape_of(p.get("a")), shape_of(p.get("w"))
-    first, second = (w, x) if p.get("w_first") is True else (x, w)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 3 * out + 2 * temp + SLACK
 
 
 def new_seed(p: dict[str, Any]) -> int:
@@ -166,37 +95,6 @@ def declare(functions: dict[str, Any]) -> None:
 
 
 # -- the comparison by function secret sharing (mpc.material.fss) -----------------------
-
-DCF_CHUNK_BYTES = 4 << 20  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf)
-
-
-def _fss_words(p: dict[str, Any], n: int) -> int:
-    """Words of the correction words of ``n`` elements' keys (3 per compared bit)."""
-    bits = int_param(p.get("bits"), "bits", 2, 64)
-    return (3 * (bits - 1) + 1) * n
-
-
-def dealer_fss(p: dict[str, Any]) -> int:
-    """The correction words once (one object for both parties) and half again for the
-    copies on the way (measured: 1.14 times the correction words of a max-pool's 98,304
-    comparisons, all included, where it was 2.15 while the last party's copy was packed
-    with its share of u; tests/test_mpc_fss_costs.py), the mask, roots and payloads (a few
-    words an element) and the selections."""
-    n = numel(p.get("shape"))
-    group = 30 if p.get("group_nonce") is not None else 0
-    extra = (2 * _selected(p) + 24 + group) * n
-    return WORD * (3 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
-
-
-def dealer_fss_keeps(p: dict[str, Any]) -> int:
-    return records(p.get("seeds"), 4 + 2 * _selected(p) + 3)
-
-
-def fss_eval(p: dict[str, Any]) -> int:
-    """The root seeds, the input's low bits, the output and its terms (a few words an
-    element) and one chunk of the level loop."""
-    return 12 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
-
 
 # -- products of truncated values (mpc.material.tprod) ---------------------------------
 

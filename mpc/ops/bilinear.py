@@ -19,7 +19,7 @@ from mpc.ops.local import _add, mul_public
 from mpc.protocols.beaver.run import beaver
 from mpc.protocols.beaver.steps import bilinear_public
 from mpc.protocols.parties import I64, at_parties
-from mpc.protocols.weights import fixed_product
+from mpc.protocols.weights.run import fixed_product
 from mpc.registry import register
 from mpc.shared import SharedTensor
 

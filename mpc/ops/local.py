@@ -26,7 +26,7 @@ from mpc.ops.common import (
 )
 from mpc.ops.masking import add_mask, mask_of
 from mpc.protocols.truncation.run import truncate
-from mpc.protocols.weights import view_of
+from mpc.protocols.weights.run import view_of
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
