@@ -16,13 +16,30 @@ from mpc.hf import session_of
 from mpc.offered import HeldShared
 from mpc.shared import share_tensor
 
+_CACHE = "_mpc_generation_programs"  # a model's programs by their shape (see programs())
+MAX_CACHED = 8
+
 
 def programs(
     model: nn.Module, prompt_length: int, max_length: int, batch: int = 1, drafts: int = 0
 ) -> PlainPrograms | HeldPrograms:
     """The prefill's and the step's programs of ``model`` (held: as its owner approved
     them, for that prompt length, maximum length, batch and drafts). ``drafts``: the step
-    verifies that many drafts (:mod:`mpc.generation.speculative`)."""
+    verifies that many drafts (:mod:`mpc.generation.speculative`). Recorded once per
+    model and shape: a later call with the same shape reuses them (each generation's
+    prefill then starts a new cache and position at the parties)."""
+    cache: dict[Any, Any] = model.__dict__.setdefault(_CACHE, {})
+    key = (session_of(model), prompt_length, max_length, batch, drafts)
+    if key not in cache:
+        if len(cache) >= MAX_CACHED:
+            cache.pop(next(iter(cache)))
+        cache[key] = _new_programs(model, prompt_length, max_length, batch, drafts)
+    return cache[key]  # type: ignore[no-any-return]
+
+
+def _new_programs(
+    model: nn.Module, prompt_length: int, max_length: int, batch: int, drafts: int
+) -> PlainPrograms | HeldPrograms:
     session = session_of(model)
     if any(isinstance(p, HeldShared) for p in model.parameters()):
         return HeldPrograms(model, session, prompt_length, max_length, batch, drafts)
