@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     import copy
 
     owners = copy.deepcopy(plain_model)
-    model_ptr = mpc.offer(owners, pt.VirtualWorker("owner"), approval)  # type: ignore[arg-type]
+    model_ptr = mpc.offer(owners, pt.VirtualWorker("owner"), approval)
     alice, bob, carol = (pt.VirtualWorker(p) for p in (*parties, "carol"))
     held = mpc.share(model_ptr, alice, bob, crypto_provider=carol)
 

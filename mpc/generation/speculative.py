@@ -73,16 +73,19 @@ class SpeculativeDecoder(Decoder):
             raise ValueError(f"drafts must be in [1, {capacity}), got {drafts}")
         self.drafts = drafts
         self.session = session
+        # the logical positions a token may take: the position table's rows (a pass takes
+        # k + 1 cache rows, but a token only one position)
+        self.npos = min(capacity, model.transformer.wpe.weight.shape[0])  # type: ignore[union-attr]
         self.valid: SharedTensor | None = None  # (C,) 0/1: the rows holding accepted tokens
         self.where: SharedTensor | None = None  # (C,) one-hot of the next token's position
         self.validity: SharedTensor | None = None  # (this pass: v and the pass's own rows)
 
     def _made(self, like: SharedTensor, party0: torch.Tensor) -> SharedTensor:
-        """A sharing of the public vector ``party0`` (C,) made by the run: party 0 holds
-        it, every other party zeros (from a share of the run's input)."""
+        """A sharing of the public vector ``party0`` made by the run: party 0 holds it,
+        every other party zeros (from a share of the run's input)."""
         shares = []
         for i, s in enumerate(like.shares):
-            z = s.new_zeros(self.capacity)
+            z = s.new_zeros(len(party0))
             shares.append(z + party0 if i == 0 else z)
         return SharedTensor(shares, self.session, 0, torch.int64)
 
@@ -91,7 +94,7 @@ class SpeculativeDecoder(Decoder):
         length = rows.shape[1]
         c = torch.arange(self.capacity)
         self.valid = self._made(rows, (c < length).to(torch.int64))
-        self.where = self._made(rows, (c == length).to(torch.int64))
+        self.where = self._made(rows, (torch.arange(self.npos) == length).to(torch.int64))
         return out
 
     def mask_extra(self, scores: SharedTensor) -> SharedTensor:
@@ -122,7 +125,7 @@ class SpeculativeDecoder(Decoder):
         ]
         one_hot = self.where.with_shares(rows_of)  # (L, C): each position's one-hot, shared
         base = wpe.with_shares([w[0] for w in wpe.shares])
-        embeds = embeds + (one_hot @ wpe[: self.capacity] - base)
+        embeds = embeds + (one_hot @ wpe[: self.npos] - base)
         mask = torch.zeros(b, 1, length, self.capacity)
         with attention.selected(model):
             out = model(
