@@ -15,10 +15,10 @@ import torch
 import pointers as pt
 from mpc import accounting, config
 from mpc.errors import MPCError, UnsupportedOpError
-from mpc.material.party import share_from_seed
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.protocols.parties import run_step
+from mpc.protocols.seeds.steps import share_from_seed
 from mpc.protocols.truncation.run import truncate
 from mpc.session import Session
 
