@@ -45,10 +45,12 @@ STEP_MODULES = (
     fss_relu,
 )
 
-FUNCTIONS: dict[str, Callable[..., Any]] = table(STEP_MODULES)
-# the steps of modules that declare them by hand (a model owner's, an owner's release)
-FUNCTIONS.update(HELD_FUNCTIONS)
-FUNCTIONS["mpc.release_sum"] = release_sum
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    **table(STEP_MODULES),
+    # the steps of modules that declare them by hand (a model owner's, an owner's release)
+    **HELD_FUNCTIONS,
+    "mpc.release_sum": release_sum,
+}
 sizes.declare(FUNCTIONS)
 
 #: the steps whose outputs are protocol material (sealed at the workers)
