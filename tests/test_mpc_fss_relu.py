@@ -1,4 +1,4 @@
-"""The one-round ReLU of a product by FSS (mpc.material.fss_relu) and the DCF with a
+"""The one-round ReLU of a product by FSS (mpc.protocols.fss.relu) and the DCF with a
 payload of several words it rests on (mpc.math.dcf_vec), against plaintext: the DCF at
 the edges of its domain, the ReLU over its whole exact range [-2^62, 2^62) and at its
 edges, for every truncation width LeNet and the transformers use and at the extremes."""

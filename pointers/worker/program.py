@@ -374,7 +374,7 @@ def start_program(worker: Worker, msg: RunProgram) -> None:
     run = held_run(worker, program, msg)
     worker.store.promise(msg.promised)
     thread = threading.Thread(
-        target=_run_program,
+        target=run_program,
         args=(worker, program, list(msg.bindings), list(msg.promised), run),
         name=f"program-{worker.id}",
         daemon=True,
@@ -399,7 +399,7 @@ def held_run(worker: Worker, program: Program, msg: RunProgram) -> holding.HeldR
         )
 
 
-def _run_program(
+def run_program(
     worker: Worker,
     program: Program,
     bindings: list[int],
