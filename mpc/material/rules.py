@@ -37,6 +37,14 @@ XOR_OPENED = frozenset({"cmp.d"})
 OPENED = "open:"
 
 
+def kept(kind: str, nonce: int = 0, index: int = 0, extra: tuple[Any, ...] = ()) -> list[Any]:
+    """The label of material that stays at the party that made it: its share of a mask,
+    the dealer's material once it is split, a value opened here. It is never delivered:
+    a client that hands one party another party's share of a mask (or an opened value to
+    the dealer, who knows the mask) would show it the masked value."""
+    return seal(kind, nonce, index, deliveries=0, extra=extra)
+
+
 def _instances(call: ProtocolCall) -> dict[tuple[str, int], Any]:
     out: dict[tuple[str, int], Any] = call.state.setdefault("mpc.instances", {})
     return out
@@ -149,7 +157,7 @@ def beaver_mask(call: ProtocolCall) -> Any:
     _party_seed(call)
     call.share("x")
     _record(call, ("beaver", nonce), call.share("y"))
-    return [seal("beaver.ef", nonce), seal("beaver.a", nonce)]
+    return [seal("beaver.ef", nonce), kept("beaver.a", nonce)]
 
 
 def beaver_combine(call: ProtocolCall) -> Any:
@@ -205,7 +213,7 @@ def weight_product_mask(call: ProtocolCall) -> Any:
     nonce = _nonce(call)
     _party_seed(call)
     call.share("x")
-    return [seal("wprod.e", nonce), seal("wprod.a", nonce)]
+    return [seal("wprod.e", nonce), kept("wprod.a", nonce)]
 
 
 def weight_product(call: ProtocolCall) -> Any:
@@ -286,12 +294,12 @@ def unpack(call: ProtocolCall) -> Any:
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's comparison material")
     nonce = label.nonce
-    seals = [seal(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
-    seals.append(seal("dealer.cmp.monomials", nonce))
-    seals += [seal("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
-    seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+    seals = [kept(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
+    seals.append(kept("dealer.cmp.monomials", nonce))
+    seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
+    seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
     if group is not None:  # the selection's products (see group_select)
-        seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
+        seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals
 
 
@@ -313,7 +321,7 @@ def _masked_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: 
     if type(level_nonce) is not int:
         raise call.refuse("a carry-tree level's nonce is an int")
     _links(call)[level_nonce] = comparison
-    return [seal(k, level_nonce, level) for k in ("carry.ef", "carry.a")]
+    return [seal("carry.ef", level_nonce, level), kept("carry.a", level_nonce, level)]
 
 
 def cmp_init(call: ProtocolCall) -> Any:
@@ -324,7 +332,7 @@ def cmp_init(call: ProtocolCall) -> Any:
     if (rb is None) != (mo is None):
         raise call.refuse("the dealer's r bits and bit products go together")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
-    out = [seal("cmp.g", nonce, 1), seal("cmp.p", nonce, 1), seal("cmp.top", nonce)]
+    out = [kept("cmp.g", nonce, 1), kept("cmp.p", nonce, 1), kept("cmp.top", nonce)]
     return out + _masked_level(call, nonce, call.value("next_nonce"), 1)
 
 
@@ -352,8 +360,8 @@ def carry_step(call: ProtocolCall) -> Any:
         if lb.index != level:
             raise call.refuse(f"parameter {name!r} belongs to another level")
     if level == LEVELS - 1:
-        return [seal("cmp.g", comparison, LEVELS)]
-    out = [seal("cmp.g", comparison, level + 1), seal("cmp.p", comparison, level + 1)]
+        return [kept("cmp.g", comparison, LEVELS)]
+    out = [kept("cmp.g", comparison, level + 1), kept("cmp.p", comparison, level + 1)]
     return out + _masked_level(call, comparison, call.value("next_nonce"), level + 1)
 
 
@@ -386,7 +394,7 @@ def party_derive(call: ProtocolCall) -> Any:
         raise call.refuse("the last party's daBit share is the dealer's, not derived")
     if call.value("tag") != TAG_T_ARITH:
         raise call.refuse("a party derives only the daBit's arithmetic share here")
-    return [seal("cmp.t", nonce)]
+    return [kept("cmp.t", nonce)]
 
 
 def dabit_mask(call: ProtocolCall) -> Any:
@@ -405,7 +413,7 @@ def dabit_product(call: ProtocolCall) -> Any:
     if c is not None and c.extra != (t.nonce,):
         raise call.refuse("the dealer's product correction belongs to another comparison")
     call.material("e", OPENED + "dabit.e", nonce, local=True, consume=True)
-    return [seal("cmp.vt", nonce, extra=(t.nonce,))]
+    return [kept("cmp.vt", nonce, extra=(t.nonce,))]
 
 
 def cmp_select_finish(call: ProtocolCall) -> Any:
@@ -496,7 +504,7 @@ def open_unpack(call: ProtocolCall) -> Any:
     xor = {p[0] in XOR_OPENED for p in parts} == {True}
     if call.value("xor") is not xor:
         raise call.refuse("the opening's sum or XOR does not fit its values")
-    return [seal(OPENED + p[0], p[1], p[2]) for p in parts]
+    return [kept(OPENED + p[0], p[1], p[2]) for p in parts]
 
 
 # -- the comparison by function secret sharing (mpc.material.fss) -----------------------
@@ -541,12 +549,12 @@ def fss_unpack(call: ProtocolCall) -> Any:
             want += [[_group_terms(call, shape)]]
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's FSS key")
-    seals = [seal("fss.u", nonce, seed.index, extra=(select, bits))]
+    seals = [kept("fss.u", nonce, seed.index, extra=(select, bits))]
     if select:
-        seals.append(seal("dealer.cmp.tarith", nonce))
-        seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+        seals.append(kept("dealer.cmp.tarith", nonce))
+        seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
         if group is not None:
-            seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
+            seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals
 
 
