@@ -40,6 +40,7 @@ from pointers.pointer_tensor import PointerTensor, call_function, is_pointer
 from pointers.worker.base import VirtualWorker, Worker
 from pointers.worker.client import WorkerStats
 from pointers.worker.lanes import concurrently
+from pointers.worker.owners import DataPolicy, OwnedData, own, save_data
 
 _install_compat()  # PySyft 0.2 compatible names: worker._objects, ptr.owner
 
@@ -61,6 +62,10 @@ if TYPE_CHECKING:  # the lazily loaded names (_LAZY, __getattr__), for type chec
 __all__ = [
     "Aggregator",
     "concurrently",
+    "DataPolicy",
+    "OwnedData",
+    "own",
+    "save_data",
     "DecodeError",
     "FixedPrecisionTensor",
     "Optims",

@@ -570,5 +570,8 @@ class ServedWorker(Worker):
             self.store.clear()
             self.function_state.clear()
             self.stats = WorkerStats()
+            policy = getattr(self, "data_policy", None)
+            if policy is not None:  # the owner's data stays (its sharing record too)
+                policy.place(self, self.client)
         with self._lost_lock:
             self._lost_deliveries = []
