@@ -13,6 +13,7 @@ from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
 from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from mpc.generation import approve_generation, generate
 from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save_offer
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.offered import offered
@@ -45,6 +46,8 @@ __all__ = [
     "SharedTensor",
     "UnsupportedOpError",
     "approve",
+    "approve_generation",
+    "generate",
     "get",
     "offer",
     "offered",

@@ -1,4 +1,4 @@
-"""The benchmark workloads of ``WORKLOADS.md`` (W1-W6), max-pooling (W7) and secure
+"""The benchmark workloads of docs/workloads.md (W1-W6), max-pooling (W7) and secure
 aggregation (W8), both from issue 6, one training step (W12), the non-linear functions and
 the transformer layer of issue 13 (W9-W11, W13), the Hugging Face models of issue 23
 (W14-W16) and the pointer per-op overhead (P1, P2).

@@ -41,7 +41,7 @@ TINY_GPT2: dict[str, Any] = {
 
 
 def hf_model(kind: str, tiny: bool = False) -> Any:
-    """WORKLOADS.md's W14 (``kind="bert"``: ``BertModel(BertConfig())``) or W15/W16 model
+    """docs/workloads.md's W14 (``kind="bert"``: ``BertModel(BertConfig())``) or W15/W16 model
     (``"gpt2"``: ``GPT2LMHeadModel(GPT2Config())``), random weights after
     ``torch.manual_seed(0)``; nothing is downloaded. ``tiny``: the tiny configs above."""
     import transformers

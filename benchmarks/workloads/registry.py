@@ -118,7 +118,7 @@ class Case:
         return f"{self.workload}-{OPS[self.workload]}-{'tiny-' if self.tiny else ''}{size}"
 
 
-# The sizes of WORKLOADS.md (W7, max-pool, is issue 6's addition). W6 at 1e6 takes a few
+# The sizes of docs/workloads.md (W7, max-pool, is issue 6's addition). W6 at 1e6 takes a few
 # tens of ms, so it is not "big".
 MPC_CASES: list[Case] = [
     Case("W1", 10**5, repeats=10),

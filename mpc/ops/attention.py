@@ -23,7 +23,7 @@ from mpc.registry import register
 from mpc.shared import SharedTensor
 
 
-def _repeat_heads(t: Any, heads: int) -> Any:
+def repeat_heads(t: Any, heads: int) -> Any:
     """Grouped-query attention: each of t's key/value heads (dim -3) serves heads / h query
     heads (``repeat_interleave``; a view and a copy on every share)."""
     h = t.shape[-3]
@@ -47,12 +47,12 @@ def attention(
     attention)."""
     heads = q.shape[-3] if q.dim() >= 3 else 1
     if q.dim() >= 3:
-        k, v = _repeat_heads(k, heads), _repeat_heads(v, heads)
+        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {})
     if not isinstance(scores, SharedTensor):
         raise UnsupportedOpError("scaled_dot_product_attention", "expects a shared operand")
-    scores = _scaled(scores, scale)
+    scores = scaled_scores(scores, scale)
     lq, lk = q.shape[-2], k.shape[-2]
     if causal:  # torch's is_causal: the upper-left triangle (position i sees 0..i)
         keep = torch.ones(lq, lk, dtype=torch.bool).tril()
@@ -70,7 +70,7 @@ def attention(
     return bilinear_op(attn, v, "matmul", {})
 
 
-def _scaled(scores: SharedTensor, scale: float) -> SharedTensor:
+def scaled_scores(scores: SharedTensor, scale: float) -> SharedTensor:
     """scores * scale. A power of two 2^-j on scores still to be truncated (a product's)
     joins that truncation: the same shares read at j more bits (no round; a separate
     product with the scale took one)."""

@@ -410,6 +410,13 @@ class Worker(Execution):
     def add_peer_link(self, peer_id: str, link: Any) -> None:
         self._peer_links[peer_id] = link
 
+    def delivery_failed(self, obj_id: int, why: str) -> None:
+        """A peer in this process will not deliver ``obj_id`` (its program failed): a
+        command of ours waiting for it fails now, with ``why``, instead of at the
+        deadline (a direct call between in-process workers, never a message)."""
+        with self._lock:
+            self.store.fail_promises([obj_id], why)
+
     def peer_link(self, peer_id: str) -> Any | None:
         """The link this worker delivers to peer ``peer_id`` through (None: no link)."""
         return self._peer_links.get(peer_id)
@@ -432,7 +439,15 @@ class VirtualWorker(Worker):
     :class:`pointers.worker.owners.DataPolicy`. ``concurrent=False``: the worker runs
     every command in the caller's thread even inside :func:`pointers.concurrently` (one
     party after the other, e.g. to measure the work of a protocol on one core).
+
+    A command that needs an object a program or a peer is still to produce waits for it
+    at most :attr:`DELIVERY_WAIT` seconds (``store.wait_seconds``): the peers run in this
+    process, and a failed program tells its peers at once, so the bound only catches a
+    peer that stopped; a long program (a language model's decoding step) on a loaded
+    machine may lag its peers by several seconds.
     """
+
+    DELIVERY_WAIT = 120.0
 
     def __init__(
         self,
@@ -442,6 +457,7 @@ class VirtualWorker(Worker):
         owners: Iterable[str] | DataPolicy | None = None,
     ) -> None:
         super().__init__(id)
+        self.store.wait_seconds = self.DELIVERY_WAIT
         if owners is not None:
             policy = owners if isinstance(owners, DataPolicy) else DataPolicy(owners)
             if id in policy.owners:
