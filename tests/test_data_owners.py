@@ -296,7 +296,9 @@ def test_in_process_owners() -> None:
     pt.own(emma, v, "#update", count=1)
     pt.own(emma, torch.ones(2), "#mine", allowed_users=("me",))
     (x,) = dave.search("#update")
-    with pytest.raises(pt.RemoteError, match="the owner's data at worker 'dave': fetching it is refused"):
+    with pytest.raises(
+        pt.RemoteError, match="the owner's data at worker 'dave': fetching it is refused"
+    ):
         x.get(delete=False)
     with pytest.raises(pt.RemoteError, match="sealed"):
         (x + 0).get()

@@ -162,6 +162,7 @@ class DataPolicy:
         for obj_id, item in list(self.data):
             if only is not None and obj_id != only:
                 continue
+            sealed: Any
             if client in item.allowed_users:  # (a copy of its own: the user may write it)
                 value, sealed = item.value.clone(), False
             else:
