@@ -15,8 +15,10 @@ import torch
 import pointers as pt
 from mpc import accounting, config
 from mpc.errors import MPCError, UnsupportedOpError
+from mpc.material.party import share_from_seed
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
+from mpc.protocols.parties import run_step
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
@@ -295,9 +297,7 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
         if seeded:  # party i expands a 16-byte seed into its share (no tensor travels)
             seed = new_seed()
             r = PRG(seed).int64(shape)
-            (ptr,) = pt.call_function(
-                p, "mpc.share_from_seed", [seed, list(shape)], out=[(shape, torch.int64)]
-            )
+            (ptr,) = run_step(p, share_from_seed, [seed, list(shape)], [(shape, torch.int64)])
             assert ptr is not None  # (out= given: a pointer per output)
         else:
             r = random_ring(shape)

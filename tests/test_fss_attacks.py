@@ -22,10 +22,11 @@ import pointers as pt
 from mpc.config import MPCConfig
 from mpc.material import fss as material
 from mpc.material import fss_relu
-from mpc.protocols.arith import I64, Round, at_parties
+from mpc.protocols.opening.run import Round
 from pointers.wire.messages import Describe
 
 FSS = MPCConfig(comparison="fss")
+I64 = torch.int64
 N = 4
 REFUSED = "protocol material|takes a|belongs to|instance|spent|already used|must be"
 
@@ -44,6 +45,12 @@ class Dealt:
     cws: list[Any]
     u1: Any
     c: list[Any]
+
+
+def at_parties(s: Any, name: str, args: Callable[[int], list[Any]], out: Any) -> list[Any]:
+    """Step ``name`` at every party, by its wire name (as a client sends it)."""
+    per_party = [pt.call_function(p, name, args(i), out=out) for i, p in enumerate(s.parties)]
+    return [list(col) for col in zip(*per_party)]
 
 
 def _session(trio: Any) -> tuple[Any, Any]:

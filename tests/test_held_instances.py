@@ -18,7 +18,7 @@ from torch import nn
 import mpc
 import pointers as pt
 from mpc.plan import slots_of
-from mpc.protocols.arith import Round
+from mpc.protocols.opening.run import Round
 from mpc.protocols.weights import WeightInstance, WeightRun
 from mpc.shared import SharedTensor, share_tensor
 from pointers.errors import NotAllowedError, PointerError, RemoteError

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
+from mpc.material.party import cmp_mask
 from mpc.math.fourier import (
     MAX_TERMS,
     Series,
@@ -26,7 +27,9 @@ from mpc.math.fourier import (
     harmonics,
     ring_angle,
 )
-from mpc.protocols import approx, arith, trig
+from mpc.protocols import approx, trig
+from mpc.protocols import parties as party_calls
+from mpc.protocols.opening.run import open_among
 from pointers.wire.messages import Describe
 
 U = 2.0**-16
@@ -160,13 +163,13 @@ def test_a_worker_refuses_bad_series_steps(group: Any) -> None:
     def opened() -> tuple[int, Any]:
         """A masked x opened among the parties for a fresh instance (the step's input)."""
         nonce = session.next_nonce()
-        (masked,) = arith.at_parties(
+        (masked,) = party_calls.at_parties(
             session,
-            "mpc.cmp_mask",
+            cmp_mask,
             lambda i: [session.party_seeds[i], nonce, x.shares[i]],
             [((3,), torch.int64)],
         )
-        (c,) = arith.open_among(session, [masked])
+        (c,) = open_among(session, [masked])
         return nonce, c[0]
 
     ok = [21, 0.5, [0.1] * 3, [0.2] * 3, 24, 30, False]

@@ -167,7 +167,7 @@ def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     import inspect
     from pathlib import Path
 
-    from mpc.material import FUNCTIONS
+    from mpc.protocols.functions import FUNCTIONS
     from pointers.worker.functions import bind_arguments, function_size
 
     def status(key: str) -> int:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.protocols import arith
+from mpc.protocols import parties as party_calls
 from mpc.protocols.compare import max_of_four
 
 
@@ -67,13 +67,13 @@ def test_the_selection_runs_once_on_its_own_instance(monkeypatch: pytest.MonkeyP
     """Called again, with other values, or with another comparison's bits: refused."""
     parties, dealer = _group(2)
     calls: list[tuple[Any, str, list[Any]]] = []
-    orig = arith.call
+    orig = party_calls.call
 
     def spy(worker: Any, name: str, args: list[Any], out: Any) -> Any:
         calls.append((worker, name, list(args)))
         return orig(worker, name, args, out)
 
-    monkeypatch.setattr(arith, "call", spy)
+    monkeypatch.setattr(party_calls, "call", spy)
     x = mpc.share(torch.randn(3, 4), *parties, crypto_provider=dealer)
     max_of_four(x.session, x.shares)
     (worker, _, args) = next(c for c in calls if c[1] == "mpc.group_select")

@@ -25,6 +25,7 @@ from mpc.material import party
 from mpc.material.party import MAX_SEEDED_BYTES
 from mpc.math import carry4
 from mpc.math.prg import PRG
+from mpc.protocols.opening import steps as opening
 from mpc.session import install
 from mpc.shared import SEEDED_FROM
 from pointers.wire.messages import SendToPeer
@@ -233,7 +234,7 @@ def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
         with pytest.raises(ValueError, match=match):
             party.unpack(None, torch.arange(6), shapes)
     with pytest.raises(TypeError, match="one dtype"):
-        party.pack(None, [torch.arange(6), torch.ones(2)])
+        opening.pack(None, [torch.arange(6), torch.ones(2)])
     # at a worker: a client's own tensors are not protocol material (issue 27)
     alice, _, _ = _workers(kind, request)
     flat = pt.send(torch.arange(6), alice)
@@ -246,10 +247,10 @@ def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
 @pytest.mark.parametrize("kind", KINDS)
 def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
     one, two = torch.arange(6), torch.arange(6) * 10
-    u, v = party.open_unpack(None, [one, two], [[2], [2, 2]], False)
+    u, v = opening.open_unpack(None, [one, two], [[2], [2, 2]], False)
     assert torch.equal(u, torch.tensor([0, 11]))
     assert torch.equal(v, torch.tensor([[22, 33], [44, 55]]))
-    (w,) = party.open_unpack(None, [one, two], [[6]], True)
+    (w,) = opening.open_unpack(None, [one, two], [[6]], True)
     assert torch.equal(w, torch.arange(6) ^ (torch.arange(6) * 10))
     assert torch.equal(one, torch.arange(6))  # the pieces are not modified
     short = torch.arange(4)
@@ -260,7 +261,7 @@ def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
         ([[one, two], [[5]], False], "6 elements|5 elements"),
     ):
         with pytest.raises((ValueError, TypeError), match=match):
-            party.open_unpack(None, *args)
+            opening.open_unpack(None, *args)
     # at a worker: an opening takes its own piece and its peers', never a client's values
     alice, _, _ = _workers(kind, request)
     p1, p2 = pt.send(one, alice), pt.send(two, alice)

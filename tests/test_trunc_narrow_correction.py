@@ -27,9 +27,9 @@ from mpc.material.dealer import (
     trunc_correction_dtype,
     unpack_trunc_correction,
 )
-from mpc.material.streams import TAG_D, TAG_R, TAG_U, derive
 from mpc.math.encoding import product_safe_value
 from mpc.protocols.arith import truncate
+from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, derive
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 # shifts at and around the dtype boundaries of the correction (8, 16, 32 bits) and beyond

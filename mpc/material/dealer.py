@@ -9,10 +9,14 @@ from typing import Any
 
 import torch
 
-from mpc.material import rules
-from mpc.material.streams import (
+from mpc.material import rules, sizes
+from mpc.math import carry4, group4
+from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
+from mpc.math.prg import PRG
+from mpc.protocols.sizes import stream_records
+from mpc.protocols.step import step
+from mpc.protocols.streams import (
     TAG_A,
-    TAG_B,
     TAG_C,
     TAG_D,
     TAG_PAIRS,
@@ -27,38 +31,13 @@ from mpc.material.streams import (
     stream,
     sum_derived,
 )
-from mpc.math import carry4, group4
-from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
-from mpc.math.prg import PRG
-from mpc.math.ring import ring_bilinear
-from pointers.worker.sealing import protocol_function
 
 
-@protocol_function(rules.new_seed)
+@step(rule=rules.new_seed, size=sizes.new_seed, makes_material=True)
 def new_seed(ctx: Any, index: int, parties: int) -> torch.Tensor:
     """A fresh 16-byte seed from the operating system (stored at the dealer) for party
     ``index`` of ``parties`` (its label records the party's place)."""
     return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
-
-
-@protocol_function(rules.dealer_triple)
-def dealer_triple(
-    ctx: Any,
-    seeds: list[torch.Tensor],
-    nonce: int,
-    a_shape: list[int],
-    b_shape: list[int],
-    op: str,
-    params: dict[str, Any],
-) -> torch.Tensor:
-    """Beaver triple c = op(a, b): the last party's share of c (the others derive theirs)."""
-    consume(ctx, seeds, nonce, TAG_A, TAG_B, TAG_C)
-    a = sum_derived(seeds, nonce, TAG_A, a_shape)
-    b = sum_derived(seeds, nonce, TAG_B, b_shape)
-    c = a.mul_(b) if op == "mul" and a_shape == b_shape else ring_bilinear(op, params, a, b)
-    for s in seeds[:-1]:
-        c -= derive(s, nonce, TAG_C, list(c.shape))
-    return c
 
 
 def trunc_correction_dtype(bits: int) -> torch.dtype:
@@ -112,7 +91,9 @@ def unpack_trunc_correction(
     return u, s
 
 
-@protocol_function(rules.dealer_trunc)
+@step(
+    rule=rules.dealer_trunc, size=sizes.dealer_trunc, keeps=stream_records(3), makes_material=True
+)
 def dealer_trunc(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int
 ) -> torch.Tensor:
@@ -149,7 +130,12 @@ def dealer_trunc(
 MAX_SELECTED = 16
 
 
-@protocol_function(rules.dealer_compare)
+@step(
+    rule=rules.dealer_compare,
+    size=sizes.dealer_compare,
+    keeps=sizes.dealer_compare_keeps,
+    makes_material=True,
+)
 def dealer_compare(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -277,7 +263,12 @@ def _last_share(
     return out.reshape(-1)
 
 
-@protocol_function(rules.dealer_fourier)
+@step(
+    rule=rules.dealer_fourier,
+    size=sizes.dealer_fourier,
+    keeps=stream_records(2),
+    makes_material=True,
+)
 def dealer_fourier(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], bits: int, terms: int,
     scale: int, single: bool,

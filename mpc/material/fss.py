@@ -37,10 +37,14 @@ from typing import Any
 
 import torch
 
-from mpc.material import rules
+from mpc.material import rules, sizes
 from mpc.material.dealer import check_selection, selection_material
 from mpc.material.party import unpack
-from mpc.material.streams import (
+from mpc.math import dcf
+from mpc.math.prg import PRG, new_seed
+from mpc.protocols.sizes import fixed, stream_records
+from mpc.protocols.step import SUM, step
+from mpc.protocols.streams import (
     TAG_FSS_ROOT,
     TAG_R,
     TAG_T_ARITH,
@@ -49,9 +53,6 @@ from mpc.material.streams import (
     derive,
     sum_derived,
 )
-from mpc.math import dcf
-from mpc.math.prg import PRG, new_seed
-from pointers.worker.sealing import protocol_function
 
 
 def check_bits(bits: Any) -> int:
@@ -70,7 +71,9 @@ def _low(bits: int) -> int:
     return (1 << (bits - 1)) - 1
 
 
-@protocol_function(rules.dealer_fss)
+@step(
+    rule=rules.dealer_fss, size=sizes.dealer_fss, keeps=sizes.dealer_fss_keeps, makes_material=True
+)
 def dealer_fss(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -111,7 +114,7 @@ def dealer_fss(
     return [cw, torch.cat(parts) if len(parts) > 1 else parts[0]]
 
 
-@protocol_function(rules.fss_unpack)
+@step(rule=rules.fss_unpack, size=fixed, makes_material=True)
 def fss_unpack(
     ctx: Any, seed: torch.Tensor, nonce: int, packed: torch.Tensor, shapes: list[list[int]]
 ) -> list[torch.Tensor]:
@@ -120,7 +123,7 @@ def fss_unpack(
     return unpack(ctx, packed, shapes)
 
 
-@protocol_function(rules.fss_eval)
+@step(rule=rules.fss_eval, size=sizes.fss_eval, keeps=stream_records(2), opens={"fss.d": SUM})
 def fss_eval(
     ctx: Any,
     seed: torch.Tensor,

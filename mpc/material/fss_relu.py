@@ -36,11 +36,13 @@ from typing import Any
 
 import torch
 
-from mpc.material.rules import OPENED, _dealer_seeds, _nonce, _party_seed
-from mpc.material.sizes import DCF_CHUNK_BYTES, DECLARED, SLACK, WORD, _keeps, _t, numel, records
-from mpc.material.streams import TAG_FSS_ROOT, TAG_R, TAG_U, consume, derive, sum_derived
+from mpc.material.sizes import DCF_CHUNK_BYTES
 from mpc.math import dcf_vec
-from pointers.worker.sealing import ProtocolCall, protocol_function, seal
+from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.sizes import SLACK, WORD, numel, records, stream_records, tensor_elems
+from mpc.protocols.step import step
+from mpc.protocols.streams import TAG_FSS_ROOT, TAG_R, TAG_U, consume, derive, sum_derived
+from pointers.worker.sealing import ProtocolCall, seal
 
 BITS = 62  # the DCF's domain: the low 62 bits of c
 WORDS = 3  # payload words: lambda, mu_H, mu_R
@@ -66,10 +68,10 @@ def _check_f(f: Any) -> int:
 def rule_dealer(call: ProtocolCall) -> Any:
     """The correction words (one object, a delivery to each of the 2 parties) and the
     last party's five words (index 1: its place)."""
-    _dealer_seeds(call)
+    dealer_seeds(call)
     if len(call.materials("seeds", "seed", "the dealer's seeds")) != 2:
         raise call.refuse("the FSS ReLU is for 2 parties")
-    nonce = _nonce(call)
+    nonce = nonce_of(call)
     extra = (call.value("f"), call.value("shape"))
     return [
         seal("dealer.fssrelu.cw", nonce, deliveries=2, extra=extra),
@@ -80,8 +82,8 @@ def rule_dealer(call: ProtocolCall) -> Any:
 def rule_eval(call: ProtocolCall) -> Any:
     """A party evaluates its key once, at the opened c of the same instance, with the
     truncation the dealer dealt for; the last party with its own five words."""
-    nonce = _nonce(call)
-    seed = _party_seed(call, "consts")
+    nonce = nonce_of(call)
+    seed = party_seed(call, "consts")
     key = call.material("key", "dealer.fssrelu.cw", nonce, local=False, consume=True)
     assert key is not None
     consts = call.material(
@@ -95,10 +97,30 @@ def rule_eval(call: ProtocolCall) -> Any:
     return None  # the result: an ordinary share
 
 
+# -- sizes (see mpc.material.sizes) ------------------------------------------------------
+
+
+def _dealer_bytes(p: dict[str, Any]) -> int:
+    """The correction words once and half again for the copies on the way (as the
+    comparison's), the mask, roots, payloads and the five words (a few words an element)."""
+    n = numel(p.get("shape"))
+    return WORD * (3 * key_words(n) // 2 + 24 * n) + DCF_CHUNK_BYTES + SLACK
+
+
+def _dealer_keeps(p: dict[str, Any]) -> int:
+    return records(p.get("seeds"), 3)
+
+
+def _eval_bytes(p: dict[str, Any]) -> int:
+    """The root seeds, the input's low bits, the three outputs, the five words and the
+    terms (about 20 words an element) and one chunk of the level loop."""
+    return 20 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
+
+
 # -- the steps ---------------------------------------------------------------------------
 
 
-@protocol_function(rule_dealer)
+@step(rule=rule_dealer, size=_dealer_bytes, keeps=_dealer_keeps, makes_material=True)
 def dealer_fss_relu(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], f: int
 ) -> list[torch.Tensor]:
@@ -127,7 +149,7 @@ def dealer_fss_relu(
     return [cw, last.reshape(-1)]
 
 
-@protocol_function(rule_eval)
+@step(rule=rule_eval, size=_eval_bytes, keeps=stream_records(2))
 def fss_relu_eval(
     ctx: Any,
     seed: torch.Tensor,
@@ -170,33 +192,4 @@ def fss_relu_eval(
     return out.view(c.shape)
 
 
-# -- sizes (see mpc.material.sizes) ------------------------------------------------------
-
-
-def _dealer_bytes(p: dict[str, Any]) -> int:
-    """The correction words once and half again for the copies on the way (as the
-    comparison's), the mask, roots, payloads and the five words (a few words an element)."""
-    n = numel(p.get("shape"))
-    return WORD * (3 * key_words(n) // 2 + 24 * n) + DCF_CHUNK_BYTES + SLACK
-
-
-def _dealer_keeps(p: dict[str, Any]) -> int:
-    return records(p.get("seeds"), 3)
-
-
-def _eval_bytes(p: dict[str, Any]) -> int:
-    """The root seeds, the input's low bits, the three outputs, the five words and the
-    terms (about 20 words an element) and one chunk of the level loop."""
-    return 20 * WORD * _t(p, "c") + DCF_CHUNK_BYTES + SLACK
-
-
-DECLARED.update(
-    {
-        "mpc.dealer_fss_relu": (_dealer_bytes, _dealer_keeps),
-        "mpc.fss_relu_eval": (_eval_bytes, _keeps(2)),
-    }
-)
-
-FUNCTIONS = {"mpc.dealer_fss_relu": dealer_fss_relu, "mpc.fss_relu_eval": fss_relu_eval}
-
-__all__ = ["FUNCTIONS", "dealer_fss_relu", "fss_relu_eval", "key_words"]
+__all__ = ["dealer_fss_relu", "fss_relu_eval", "key_words"]

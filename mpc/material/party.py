@@ -9,11 +9,16 @@ from typing import Any
 
 import torch
 
-from mpc.material import rules
+from mpc.material import rules, sizes
 from mpc.material.dealer import unpack_trunc_correction
-from mpc.material.streams import (
+from mpc.math import carry4, group4
+from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
+from mpc.math.prg import PRG, SEED_BYTES
+from mpc.protocols.opening.steps import open_pieces, split
+from mpc.protocols.sizes import INPUT_SEED_BYTES, elementwise, fixed, stream_records
+from mpc.protocols.step import SUM, XOR, step
+from mpc.protocols.streams import (
     TAG_A,
-    TAG_B,
     TAG_C,
     TAG_D,
     TAG_PAIRS,
@@ -27,83 +32,36 @@ from mpc.material.streams import (
     derive,
     stream,
 )
-from mpc.math import carry4, group4
-from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
-from mpc.math.prg import PRG, SEED_BYTES
-from mpc.math.ring import ring_bilinear
 from pointers.errors import LimitExceeded, NotAllowedError
-from pointers.worker.sealing import protocol_function
 
 
-@protocol_function(rules.party_derive)
+@step(
+    rule=rules.party_derive,
+    size=sizes.derive,
+    keeps=stream_records(1),
+    makes_material=True,
+    name="mpc.derive",
+)
 def party_derive(ctx: Any, seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> Any:
     """The party's share of the dealer's material ``(nonce, tag)`` (e.g. a daBit's [t])."""
     consume(ctx, [seed], nonce, tag)
     return derive(seed, nonce, tag, shape)
 
 
-@protocol_function(rules.beaver_mask)
-def beaver_mask(
-    ctx: Any,
-    seed: torch.Tensor,
-    nonce: int,
-    x: torch.Tensor,
-    y: torch.Tensor,
-) -> list[torch.Tensor]:
-    """Party i: the masked e_i = x_i - a_i and f_i = y_i - b_i packed flat in one tensor
-    [e_i | f_i] (one value to open), and its triple share a_i."""
-    consume(ctx, [seed], nonce, TAG_A, TAG_B)
-    a = derive(seed, nonce, TAG_A, list(x.shape))
-    b = derive(seed, nonce, TAG_B, list(y.shape))
-    nx = a.numel()
-    ef = torch.empty(nx + b.numel(), dtype=torch.int64)
-    torch.sub(x.reshape(-1), a.reshape(-1), out=ef[:nx])
-    torch.sub(y.reshape(-1), b.reshape(-1), out=ef[nx:])
-    return [ef, a]
-
-
-@protocol_function(rules.beaver_combine)
-def beaver_combine(
-    ctx: Any,
-    seed: torch.Tensor,
-    nonce: int,
-    c: torch.Tensor | None,
-    y: torch.Tensor,
-    a: torch.Tensor,
-    ef: torch.Tensor,
-    op: str,
-    params: dict[str, Any],
-) -> torch.Tensor:
-    """Party i's share of op(x, y) = c + op(e, y) + op(a, f), summed over the parties:
-    c + op(e, b + f) + op(a, f) = op(a + e, b + f). No party needs a special term.
-
-    ``c`` is the dealer's correction at the last party, None elsewhere (then derived).
-    ``ef`` is the opened [e | f] (e of a's shape, f of y's), this call's own temporary
-    (opened here), like ``a`` (derived for this nonce): the elementwise case works in
-    their buffers.
-    """
-    consume(ctx, [seed], nonce, TAG_C)
-    nx = a.numel()
-    if ef.dim() != 1 or ef.numel() != nx + y.numel():
-        raise ValueError(f"an opened [e | f] of {ef.numel()} elements for {nx} + {y.numel()}")
-    e, f = ef[:nx].view(a.shape), ef[nx:].view(y.shape)
-    if op == "mul" and e.shape == y.shape == a.shape == f.shape:
-        z = e.mul_(y).addcmul_(a, f)
-    else:
-        z = ring_bilinear(op, params, e, y)
-        z += ring_bilinear(op, params, a, f)
-    z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
-    return z
-
-
-@protocol_function(rules.trunc_mask)
+@step(
+    rule=rules.trunc_mask,
+    size=elementwise(3, "z"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"trunc.c": SUM},
+)
 def trunc_mask(ctx: Any, seed: torch.Tensor, nonce: int, z: torch.Tensor) -> torch.Tensor:
     """Party i: c_i = z_i + r_i."""
     consume(ctx, [seed], nonce, TAG_R)
     return derive(seed, nonce, TAG_R, list(z.shape)).add_(z)
 
 
-@protocol_function(rules.trunc_finish)
+@step(rule=rules.trunc_finish, size=elementwise(5, "c"), keeps=stream_records(2))
 def trunc_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -143,24 +101,10 @@ def trunc_finish(
     return u
 
 
-def bilinear_public(
-    ctx: Any,
-    share: torch.Tensor,
-    public: torch.Tensor,
-    public_first: bool,
-    op: str,
-    params: dict[str, Any],
-) -> torch.Tensor:
-    """A share times an (encoded) public operand, in the ring: local to each party."""
-    if public_first:
-        return ring_bilinear(op, params, public, share)
-    return ring_bilinear(op, params, share, public)
-
-
 # -- trigonometric series, party side -------------------------------------------------
 
 
-@protocol_function(rules.fourier_finish)
+@step(rule=rules.fourier_finish, size=sizes.fourier_finish, keeps=stream_records(1))
 def fourier_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -216,14 +160,20 @@ def fourier_finish(
 # -- comparison (MSB extraction), party side ---------------------------------------------
 
 
-@protocol_function(rules.cmp_mask)
+@step(
+    rule=rules.cmp_mask,
+    size=elementwise(3, "x"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"cmp.c": SUM},
+)
 def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
     """c_i = x_i + r_i: the party's share of x masked by the dealer's r."""
     consume(ctx, [seed], nonce, TAG_R)
     return x + derive(seed, nonce, TAG_R, list(x.shape))
 
 
-@protocol_function(rules.cmp_init)
+@step(rule=rules.cmp_init, size=sizes.comparison_step, keeps=stream_records(4), makes_material=True)
 def cmp_init(
     ctx: Any,
     seed: torch.Tensor,
@@ -278,7 +228,9 @@ def _mask_level(
     return [e.reshape(-1), a.reshape(-1)]
 
 
-@protocol_function(rules.carry_step)
+@step(
+    rule=rules.carry_step, size=sizes.comparison_step, keeps=stream_records(3), makes_material=True
+)
 def carry_step(
     ctx: Any,
     seed: torch.Tensor,
@@ -298,7 +250,7 @@ def carry_step(
     products (``c``: the dealer's, packed, at the last party; derived elsewhere): the next
     (G, P) (:func:`mpc.math.carry4.combine`); and, but after the last level, the next
     level's masked operands (:func:`_mask_level` with ``next_nonce``)."""
-    ef = _open_pieces(ef_pieces, xor=True)
+    ef = open_pieces(ef_pieces, xor=True)
     if type(level) is not int or not 1 <= level < carry4.LEVELS:
         raise ValueError(f"a carry-tree level is 1 to {carry4.LEVELS - 1}, got {level!r}")
     last = level == carry4.LEVELS - 1
@@ -328,7 +280,13 @@ def carry_step(
     return [g_new, p_new, *_mask_level(ctx, seed, next_nonce, g_new, p_new, level + 1)]
 
 
-@protocol_function(rules.cmp_bit_mask)
+@step(
+    rule=rules.cmp_bit_mask,
+    size=sizes.cmp_bit_mask,
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"cmp.d": XOR},
+)
 def cmp_bit_mask(
     ctx: Any,
     seed: torch.Tensor,
@@ -344,7 +302,7 @@ def cmp_bit_mask(
     return carry.bitwise_xor_(top).bitwise_xor_(t)
 
 
-@protocol_function(rules.cmp_bit_finish)
+@step(rule=rules.cmp_bit_finish, size=elementwise(5, "d"), keeps=stream_records(1))
 def cmp_bit_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -362,7 +320,13 @@ def cmp_bit_finish(
     return out
 
 
-@protocol_function(rules.dabit_mask)
+@step(
+    rule=rules.dabit_mask,
+    size=elementwise(3, "v"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"dabit.e": SUM},
+)
 def dabit_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> torch.Tensor:
     """e_i = v_i - a_i: the party's share of v masked for a product with the daBit's t
     (see :func:`dabit_product`)."""
@@ -375,7 +339,9 @@ def _minus_mask(ctx: Any, seed: torch.Tensor, nonce: int, v: torch.Tensor) -> to
     return v - derive(seed, nonce, TAG_A, list(v.shape))
 
 
-@protocol_function(rules.dabit_product)
+@step(
+    rule=rules.dabit_product, size=sizes.dabit_product, keeps=stream_records(1), makes_material=True
+)
 def dabit_product(
     ctx: Any,
     seed: torch.Tensor,
@@ -397,7 +363,7 @@ def dabit_product(
     return z
 
 
-@protocol_function(rules.cmp_select_finish)
+@step(rule=rules.cmp_select_finish, size=sizes.cmp_select_finish)
 def cmp_select_finish(
     ctx: Any,
     complement: bool,
@@ -414,7 +380,13 @@ def cmp_select_finish(
     return d * v + coef * vt
 
 
-@protocol_function(rules.group_mask)
+@step(
+    rule=rules.group_mask,
+    size=elementwise(3, "a"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"group.e": SUM},
+)
 def group_mask(ctx: Any, seed: torch.Tensor, nonce: int, a: torch.Tensor) -> torch.Tensor:
     """e_i = a_i - alpha_i: the party's share of the groups of four (``a``: [G, 4]) masked
     for their selection (see :func:`group_select`)."""
@@ -423,7 +395,7 @@ def group_mask(ctx: Any, seed: torch.Tensor, nonce: int, a: torch.Tensor) -> tor
     return _minus_mask(ctx, seed, nonce, a)
 
 
-@protocol_function(rules.group_select)
+@step(rule=rules.group_select, size=sizes.group_select, keeps=stream_records(2))
 def group_select(
     ctx: Any,
     seed: torch.Tensor,
@@ -475,6 +447,7 @@ def group_select(
 MAX_SEEDED_BYTES = 1 << 30
 
 
+@step(size=sizes.derive, keeps=INPUT_SEED_BYTES)
 def share_from_seed(ctx: Any, seed: bytes, shape: list[int]) -> torch.Tensor:
     """Party i's input share, expanded from a 16-byte seed the data owner drew (os.urandom)
     and sent it instead of the share itself: the owner expands the same seed to compute the
@@ -504,71 +477,7 @@ def share_from_seed(ctx: Any, seed: bytes, shape: list[int]) -> torch.Tensor:
     return PRG(seed).int64(tuple(shape))
 
 
-@protocol_function(rules.pack)
-def pack(ctx: Any, parts: list[torch.Tensor]) -> torch.Tensor:
-    """A party's shares of the values one round opens, as one flat tensor: they reach
-    each peer in one delivery instead of one per value (see :func:`unpack`)."""
-    if not (isinstance(parts, list) and parts and all(isinstance(p, torch.Tensor) for p in parts)):
-        raise TypeError("pack takes a non-empty list of tensors")
-    if any(p.dtype != parts[0].dtype for p in parts):
-        raise TypeError("pack takes tensors of one dtype")
-    return torch.cat([p.reshape(-1) for p in parts])
-
-
-@protocol_function(rules.unpack)
+@step(rule=rules.unpack, size=fixed, makes_material=True)
 def unpack(ctx: Any, packed: torch.Tensor, shapes: list[list[int]]) -> list[torch.Tensor]:
-    """The values :func:`pack` put in ``packed``, with their ``shapes`` (views: no copy)."""
-    if not isinstance(packed, torch.Tensor) or packed.dim() != 1:
-        raise TypeError("unpack takes the flat tensor pack made")
-    if not (isinstance(shapes, list) and shapes):
-        raise ValueError("unpack takes a non-empty list of shapes")
-    sizes = []
-    for shape in shapes:
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise ValueError(f"a shape is a list of sizes, got {shape!r}")
-        n = 1
-        for d in shape:
-            n *= d
-        sizes.append(n)
-    if sum(sizes) != packed.numel():
-        raise ValueError(f"shapes of {sum(sizes)} elements for a packed tensor of {packed.numel()}")
-    return [part.view(shape) for part, shape in zip(packed.split(sizes), shapes)]
-
-
-@protocol_function(rules.open_unpack)
-def open_unpack(
-    ctx: Any, pieces: list[torch.Tensor], shapes: list[list[int]], xor: bool
-) -> list[torch.Tensor]:
-    """Open a round's packed values (or one value) at this party: the sum (``xor``: the
-    XOR) of its own packed share and the ones its peers sent it (``pieces``; not modified: in process they
-    are the senders' own tensors), split into the values with their ``shapes`` (views of
-    one new tensor; see :func:`pack` and :func:`unpack`)."""
-    if type(xor) is not bool:
-        raise TypeError("open_unpack's xor flag is a bool")
-    if not (isinstance(pieces, list) and all(isinstance(t, torch.Tensor) for t in pieces)):
-        raise ValueError("the pieces of an opening are tensors")
-    total = _open_pieces([t.reshape(-1) for t in pieces], xor)
-    return unpack(ctx, total, shapes)
-
-
-def _open_pieces(pieces: list[torch.Tensor], xor: bool) -> torch.Tensor:
-    """The sum (``xor``: the XOR) of a party's own share and the ones its peers sent it,
-    in a new tensor (the pieces are not modified: in process they are the senders' own)."""
-    if not (
-        isinstance(pieces, list)
-        and len(pieces) >= 2
-        and all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in pieces)
-        and all(t.shape == pieces[0].shape and t.dtype == pieces[0].dtype for t in pieces)
-    ):
-        raise ValueError(
-            "the pieces of an opening are two or more flat tensors of one shape and dtype"
-        )
-    if xor:
-        total = torch.bitwise_xor(pieces[0], pieces[1])
-        for piece in pieces[2:]:
-            total ^= piece
-    else:
-        total = torch.add(pieces[0], pieces[1])
-        for piece in pieces[2:]:
-            total += piece
-    return total
+    """The last party splits the dealer's comparison material (views: no copy)."""
+    return split(packed, shapes)

@@ -22,86 +22,20 @@ import weakref
 from typing import Any
 
 from mpc.math import carry4, group4
-from pointers.worker.sealing import Label, ProtocolCall, seal
-
-SEED = "seed"
-LEVELS = carry4.LEVELS
-
-# values opened among the parties: by a sum (arithmetic) or an XOR (binary); the FSS
-# comparison's d = m ^ t opens by a sum (its selections take it where the default
-# comparison's XOR-opened d goes)
-ADD_OPENED = frozenset(
-    {"beaver.ef", "trunc.c", "cmp.c", "dabit.e", "group.e", "weight.f", "wprod.e", "fss.d"}
+from mpc.protocols.rules import (
+    OPENED,
+    SEED,
+    dealer_seeds,
+    int_of,
+    kept,
+    nonce_of,
+    party_seed,
+    record,
+    same,
 )
-XOR_OPENED = frozenset({"cmp.d"})
-OPENED = "open:"
+from pointers.worker.sealing import ProtocolCall, seal
 
-
-def kept(kind: str, nonce: int = 0, index: int = 0, extra: tuple[Any, ...] = ()) -> list[Any]:
-    """The label of material that stays at the party that made it: its share of a mask,
-    the dealer's material once it is split, a value opened here. It is never delivered:
-    a client that hands one party another party's share of a mask (or an opened value to
-    the dealer, who knows the mask) would show it the masked value."""
-    return seal(kind, nonce, index, deliveries=0, extra=extra)
-
-
-def _instances(call: ProtocolCall) -> dict[tuple[str, int], Any]:
-    out: dict[tuple[str, int], Any] = call.state.setdefault("mpc.instances", {})
-    return out
-
-
-def _record(call: ProtocolCall, key: tuple[str, int], share: Any) -> None:
-    """Remember the share an instance's first step masked (see the module docstring)."""
-    _instances(call)[key] = (weakref.ref(share), share._version)
-
-
-def _same(call: ProtocolCall, key: tuple[str, int], name: str) -> None:
-    """The share parameter ``name`` must be the one the instance's first step masked."""
-    share = call.share(name)
-    rec = _instances(call).pop(key, None)
-    if rec is None:
-        raise call.refuse(f"no {key[0]} instance {key[1]} is waiting for its {name!r} here")
-    if rec[0]() is not share or rec[1] != share._version:
-        raise call.refuse(
-            f"parameter {name!r} must be the share that instance {key[1]}'s first step "
-            "masked, unmodified"
-        )
-
-
-def _nonce(call: ProtocolCall) -> int:
-    nonce = call.value("nonce")
-    if type(nonce) is not int:
-        raise call.refuse("a protocol step takes an int nonce")
-    return nonce
-
-
-def _party_seed(call: ProtocolCall, *last_only: str) -> Label:
-    """A party's step runs on the seed the dealer delivered to it. The seed tells the
-    party's place (its index among the session's parties), so the client cannot make two
-    parties, or none, the first (``first``), nor leave out or add the dealer's corrections
-    (``last_only``: given at the last party, None elsewhere)."""
-    seed = call.material("seed", SEED, local=False)
-    assert seed is not None
-    parties = seed.extra[0] if len(seed.extra) == 1 and type(seed.extra[0]) is int else 0
-    if "first" in call.args and call.value("first") is not (seed.index == 0):
-        raise call.refuse(f"'first' must be {seed.index == 0} at party {seed.index}")
-    last = seed.index == parties - 1
-    for name in last_only:
-        a = call.args.get(name)
-        given = a is not None and not (a.entry is None and a.entries is None and a.value is None)
-        if given != last:
-            where = "the last party takes" if last else "only the last party takes"
-            raise call.refuse(f"{where} the dealer's {name!r}")
-    return seed
-
-
-def _dealer_seeds(call: ProtocolCall) -> None:
-    """A dealer's step runs on the seeds it made, each party's in its place."""
-    seeds = call.materials("seeds", SEED, "the dealer's seeds", local=True)
-    n = len(seeds)
-    for k, seed in enumerate(seeds):
-        if seed.index != k or seed.extra != (n,):
-            raise call.refuse(f"the seeds must be the {n} parties' seeds, in their order")
+LEVELS = carry4.LEVELS
 
 
 # -- seeds and the dealer ----------------------------------------------------------------
@@ -118,56 +52,23 @@ def new_seed(call: ProtocolCall) -> Any:
     return [seal(SEED, 0, index, deliveries=1, extra=(parties,))]
 
 
-def dealer_triple(call: ProtocolCall) -> Any:
-    _dealer_seeds(call)
-    return [seal("dealer.triple", _nonce(call), deliveries=1)]
-
-
 def dealer_trunc(call: ProtocolCall) -> Any:
-    _dealer_seeds(call)
-    return [seal("dealer.trunc", _nonce(call), _int(call, "bits"), deliveries=1)]
+    dealer_seeds(call)
+    return [seal("dealer.trunc", nonce_of(call), int_of(call, "bits"), deliveries=1)]
 
 
 def dealer_fourier(call: ProtocolCall) -> Any:
-    _dealer_seeds(call)
-    return [seal("dealer.fourier", _nonce(call), deliveries=1)]
+    dealer_seeds(call)
+    return [seal("dealer.fourier", nonce_of(call), deliveries=1)]
 
 
 def dealer_compare(call: ProtocolCall) -> Any:
-    _dealer_seeds(call)
+    dealer_seeds(call)
     levels, products, shape, group = (
         call.value(k) for k in ("level_nonces", "product_nonces", "shape", "group_nonce")
     )
     extra = (levels, products, shape, group)
-    return [seal("dealer.compare", _nonce(call), deliveries=1, extra=extra)]
-
-
-def _int(call: ProtocolCall, name: str) -> int:
-    v = call.value(name)
-    if type(v) is not int:
-        raise call.refuse(f"parameter {name!r} is an int")
-    return v
-
-
-# -- Beaver products ---------------------------------------------------------------------
-
-
-def beaver_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call)
-    call.share("x")
-    _record(call, ("beaver", nonce), call.share("y"))
-    return [seal("beaver.ef", nonce), kept("beaver.a", nonce)]
-
-
-def beaver_combine(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "c")
-    call.material("c", "dealer.triple", nonce, local=False, optional=True, consume=True)
-    call.material("a", "beaver.a", nonce, local=True, consume=True)
-    call.material("ef", OPENED + "beaver.ef", nonce, local=True, consume=True)
-    _same(call, ("beaver", nonce), "y")
-    return None
+    return [seal("dealer.compare", nonce_of(call), deliveries=1, extra=extra)]
 
 
 # -- weight instances (mpc.material.weights) ---------------------------------------------
@@ -180,25 +81,25 @@ def _weights(call: ProtocolCall) -> dict[int, Any]:
 
 def dealer_weight(call: ProtocolCall) -> Any:
     """The instance's mask B stays at the dealer (it is never sent)."""
-    _dealer_seeds(call)
-    return [seal("dealer.weight", _int(call, "weight"), deliveries=0)]
+    dealer_seeds(call)
+    return [seal("dealer.weight", int_of(call, "weight"), deliveries=0)]
 
 
 def dealer_weight_triple(call: ProtocolCall) -> Any:
-    _dealer_seeds(call)
+    dealer_seeds(call)
     b = call.material("b", "dealer.weight", local=True)
     assert b is not None
     w_first = call.value("w_first")
     if type(w_first) is not bool:
         raise call.refuse("parameter 'w_first' is a bool")
-    return [seal("dealer.wtriple", _nonce(call), deliveries=1, extra=(b.nonce, w_first))]
+    return [seal("dealer.wtriple", nonce_of(call), deliveries=1, extra=(b.nonce, w_first))]
 
 
 def weight_mask(call: ProtocolCall) -> Any:
     """Make instance ``weight`` of the share ``w``: once per weight nonce, bound to ``w``
     (its F is combined with that tensor only, unmodified)."""
-    weight = _int(call, "weight")
-    _party_seed(call)
+    weight = int_of(call, "weight")
+    party_seed(call)
     w = call.share("w")
     records = _weights(call)
     for k in [k for k, (ref, _) in records.items() if ref() is None]:
@@ -210,15 +111,15 @@ def weight_mask(call: ProtocolCall) -> Any:
 
 
 def weight_product_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call)
+    nonce = nonce_of(call)
+    party_seed(call)
     call.share("x")
     return [seal("wprod.e", nonce), kept("wprod.a", nonce)]
 
 
 def weight_product(call: ProtocolCall) -> Any:
-    nonce, weight = _nonce(call), _int(call, "weight")
-    _party_seed(call, "c")
+    nonce, weight = nonce_of(call), int_of(call, "weight")
+    party_seed(call, "c")
     w_first = call.value("w_first")
     c = call.material("c", "dealer.wtriple", nonce, local=False, optional=True, consume=True)
     if c is not None and c.extra != (weight, w_first):
@@ -239,15 +140,15 @@ def weight_product(call: ProtocolCall) -> Any:
 
 
 def trunc_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call)
+    nonce = nonce_of(call)
+    party_seed(call)
     call.share("z")
     return [seal("trunc.c", nonce)]
 
 
 def trunc_finish(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "corrections")
+    nonce = nonce_of(call)
+    party_seed(call, "corrections")
     corr = call.material(
         "corrections", "dealer.trunc", nonce, local=False, optional=True, consume=True
     )
@@ -258,8 +159,8 @@ def trunc_finish(call: ProtocolCall) -> Any:
 
 
 def fourier_finish(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "trig")
+    nonce = nonce_of(call)
+    party_seed(call, "trig")
     call.material("trig", "dealer.fourier", nonce, local=False, optional=True, consume=True)
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
     return None
@@ -269,8 +170,8 @@ def fourier_finish(call: ProtocolCall) -> Any:
 
 
 def cmp_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call)
+    nonce = nonce_of(call)
+    party_seed(call)
     call.share("x")
     return [seal("cmp.c", nonce)]
 
@@ -325,8 +226,8 @@ def _masked_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: 
 
 
 def cmp_init(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "r_bits", "monomials")
+    nonce = nonce_of(call)
+    party_seed(call, "r_bits", "monomials")
     rb = call.material("r_bits", "dealer.cmp.rbits", nonce, optional=True, consume=True)
     mo = call.material("monomials", "dealer.cmp.monomials", nonce, optional=True, consume=True)
     if (rb is None) != (mo is None):
@@ -337,9 +238,9 @@ def cmp_init(call: ProtocolCall) -> Any:
 
 
 def carry_step(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "c")
-    level = _int(call, "level")
+    nonce = nonce_of(call)
+    party_seed(call, "c")
+    level = int_of(call, "level")
     comparison = _links(call).pop(nonce, None)
     if comparison is None:
         raise call.refuse(f"no carry-tree level waits for nonce {nonce} here")
@@ -366,8 +267,8 @@ def carry_step(call: ProtocolCall) -> Any:
 
 
 def cmp_bit_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "t_bin")
+    nonce = nonce_of(call)
+    party_seed(call, "t_bin")
     call.material("t_bin", "dealer.cmp.tbin", nonce, optional=True, consume=True)
     g = call.material("g", "cmp.g", nonce, local=True, consume=True)
     if g is not None and g.index != LEVELS:
@@ -377,8 +278,8 @@ def cmp_bit_mask(call: ProtocolCall) -> Any:
 
 
 def cmp_bit_finish(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "t_arith")
+    nonce = nonce_of(call)
+    party_seed(call, "t_arith")
     call.material("t_arith", "dealer.cmp.tarith", nonce, optional=True)
     call.material("d", OPENED + "cmp.d", nonce, local=True)
     return None
@@ -386,10 +287,10 @@ def cmp_bit_finish(call: ProtocolCall) -> Any:
 
 def party_derive(call: ProtocolCall) -> Any:
     """Only the daBit's arithmetic share t, for the products of a selection."""
-    from mpc.material.streams import TAG_T_ARITH
+    from mpc.protocols.streams import TAG_T_ARITH
 
-    nonce = _nonce(call)
-    seed = _party_seed(call)
+    nonce = nonce_of(call)
+    seed = party_seed(call)
     if seed.extra == (seed.index + 1,):
         raise call.refuse("the last party's daBit share is the dealer's, not derived")
     if call.value("tag") != TAG_T_ARITH:
@@ -398,15 +299,15 @@ def party_derive(call: ProtocolCall) -> Any:
 
 
 def dabit_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call)
-    _record(call, ("dabit", nonce), call.share("v"))
+    nonce = nonce_of(call)
+    party_seed(call)
+    record(call, ("dabit", nonce), call.share("v"))
     return [seal("dabit.e", nonce)]
 
 
 def dabit_product(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "c")
+    nonce = nonce_of(call)
+    party_seed(call, "c")
     t = call.material("t", ("cmp.t", "dealer.cmp.tarith"), local=True)
     assert t is not None
     c = call.material("c", "dealer.cmp.prod", nonce, optional=True, consume=True)
@@ -425,7 +326,7 @@ def cmp_select_finish(call: ProtocolCall) -> Any:
         call.material("vt", "cmp.vt", local=True, consume=True)
         if label.extra != (d.nonce,):
             raise call.refuse("parameter 'vt' belongs to another comparison")
-        _same(call, ("dabit", label.nonce), "v")
+        same(call, ("dabit", label.nonce), "v")
         return None
     # the selection of 1 (ReLU's mask): [t] itself, once per comparison
     call.material("vt", ("cmp.t", "dealer.cmp.tarith"), d.nonce, local=True)
@@ -438,9 +339,9 @@ def cmp_select_finish(call: ProtocolCall) -> Any:
 
 
 def group_mask(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call)
-    _record(call, ("group", nonce), call.share("a"))
+    nonce = nonce_of(call)
+    party_seed(call)
+    record(call, ("group", nonce), call.share("a"))
     return [seal("group.e", nonce)]
 
 
@@ -448,8 +349,8 @@ def group_select(call: ProtocolCall) -> Any:
     """The selection of groups of four: the comparison's opened d and its daBits t (used
     for this selection once), the opened e of the groups' instance, and the very values
     its mask step masked."""
-    nonce = _nonce(call)
-    _party_seed(call, "material")
+    nonce = nonce_of(call)
+    party_seed(call, "material")
     d = call.material("d", D_OPENED, local=True)
     assert d is not None
     mat = call.args.get("material")
@@ -466,45 +367,8 @@ def group_select(call: ProtocolCall) -> Any:
         raise call.refuse(f"comparison {d.nonce}'s daBits were used for a selection before")
     done.add(d.nonce)
     call.material("e", OPENED + "group.e", nonce, local=True, consume=True)
-    _same(call, ("group", nonce), "a")
+    same(call, ("group", nonce), "a")
     return None
-
-
-# -- openings ----------------------------------------------------------------------------
-
-
-def pack(call: ProtocolCall) -> Any:
-    """A party's shares of the values one round opens, packed: each must be a value this
-    party masked to open (one kind of opening: sums or XORs), used up here."""
-    kinds = tuple(ADD_OPENED | XOR_OPENED)
-    labels = call.materials("parts", kinds, "the values to open", local=True, consume=True)
-    parts = [
-        [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape]]
-        for lb, v in zip(labels, call.value("parts"))
-    ]
-    if len({p[0] in XOR_OPENED for p in parts}) != 1:
-        raise call.refuse("a packed opening is all sums or all XORs")
-    return [seal("packed", extra=tuple(parts))]
-
-
-def open_unpack(call: ProtocolCall) -> Any:
-    """Open one value (or a packed round of them) from this party's piece and each peer's,
-    once; the opened values are sealed, for the instances' next steps."""
-    labels = call.pieces("pieces")
-    first = labels[0]
-    shapes = call.value("shapes")
-    if first.kind == "packed":
-        parts = [list(p) for p in first.extra]
-        if [p[3] for p in parts] != shapes:
-            raise call.refuse("the shapes do not split the packed values")
-    elif first.kind in ADD_OPENED or first.kind in XOR_OPENED:
-        parts = [[first.kind, first.nonce, first.index, None]]
-    else:
-        raise call.refuse(f"a {first.kind} is not a value to open")
-    xor = {p[0] in XOR_OPENED for p in parts} == {True}
-    if call.value("xor") is not xor:
-        raise call.refuse("the opening's sum or XOR does not fit its values")
-    return [kept(OPENED + p[0], p[1], p[2]) for p in parts]
 
 
 # -- the comparison by function secret sharing (mpc.material.fss) -----------------------
@@ -515,7 +379,7 @@ D_OPENED = (OPENED + "cmp.d", OPENED + "fss.d")
 def dealer_fss(call: ProtocolCall) -> Any:
     """The correction words, common to both keys (one object, a delivery to each of the
     2 parties), and the last party's part (index 1: the party's place)."""
-    _dealer_seeds(call)
+    dealer_seeds(call)
     if len(call.materials("seeds", SEED, "the dealer's seeds")) != 2:
         raise call.refuse("the FSS comparison is for 2 parties")
     select = call.value("select")
@@ -523,7 +387,7 @@ def dealer_fss(call: ProtocolCall) -> Any:
         raise call.refuse("parameter 'select' is a bool")
     keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
     extra = tuple(call.value(k) for k in keys)
-    nonce = _nonce(call)
+    nonce = nonce_of(call)
     return [
         seal("dealer.fss.cw", nonce, deliveries=2, extra=extra[:2]),
         seal("dealer.fss", nonce, 1, deliveries=1, extra=extra),
@@ -532,8 +396,8 @@ def dealer_fss(call: ProtocolCall) -> Any:
 
 def fss_unpack(call: ProtocolCall) -> Any:
     """The last party splits its own part of the key (the index the dealer gave it) once."""
-    nonce = _nonce(call)
-    seed = _party_seed(call)
+    nonce = nonce_of(call)
+    seed = party_seed(call)
     label = call.material("packed", "dealer.fss", nonce, local=False, consume=True)
     assert label is not None
     if label.index != seed.index or seed.index != 1:
@@ -563,8 +427,8 @@ def fss_eval(call: ProtocolCall) -> Any:
     correction words delivered to it (each party its own copy, consumed), and at the last
     party its share of u that it split from its own part. With a selection the result is
     d's share (opened next), else the comparison's result."""
-    nonce = _nonce(call)
-    seed = _party_seed(call, "u")
+    nonce = nonce_of(call)
+    seed = party_seed(call, "u")
     key = call.material("key", "dealer.fss.cw", nonce, local=False, consume=True)
     assert key is not None
     u = call.material("u", "fss.u", nonce, local=True, optional=True, consume=True)

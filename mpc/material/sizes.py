@@ -10,7 +10,7 @@ call allocates at its peak, its outputs included (from the shapes of its tensor 
 and its shape parameters; int64 words of 8 bytes); ``tests/test_limits_memory.py``
 measures every step's peak against its declaration. The keeps functions give what a step
 keeps at the worker after it returned: the
-``(seed, nonce, stream)`` records of :func:`mpc.material.streams.consume`
+``(seed, nonce, stream)`` records of :func:`mpc.protocols.streams.consume`
 (:data:`RECORD_BYTES` each, never freed while the session lives) and the input seeds of
 ``share_from_seed``.
 
@@ -25,156 +25,24 @@ from typing import Any
 
 import torch
 
-from mpc.math.ring import ring_conv2d, ring_matmul
+from mpc.protocols.sizes import (
+    SLACK,
+    WORD,
+    all_bytes,
+    bilinear,
+    elems,
+    int_param,
+    largest,
+    nbytes,
+    numel,
+    records,
+    shape_of,
+    tensor_elems,
+    tensors,
+)
 from pointers.worker.functions import SizeFunction, sized
 
-WORD = 8  # bytes of an int64 ring element
-RECORD_BYTES = 192  # one (seed, nonce, stream) record (measured: about 170 bytes)
-INPUT_SEED_BYTES = 128  # one input seed remembered by share_from_seed
-# per call: small tensors, Python objects, the allocator's rounding (a CI machine measured
-# 108 KiB for a 1,024-element mpc.trunc_mask, whose tensors are 24 KiB: 64 KiB was too little)
-SLACK = 128 << 10
-MAX_DIMS = 64
-
-
-def numel(shape: Any, name: str = "shape") -> int:
-    """The element count of a shape parameter (a list of non-negative ints)."""
-    if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
-        raise ValueError(f"parameter {name!r} is a list of at most {MAX_DIMS} sizes, got {shape!r}")
-    n = 1
-    for d in shape:
-        if type(d) is not int or d < 0:
-            raise ValueError(f"parameter {name!r} is a list of non-negative sizes, got {shape!r}")
-        n *= d
-    return n
-
-
-def elems(t: Any) -> int:
-    """Elements of a tensor argument (1 for anything else: the step refuses it)."""
-    return t.numel() if isinstance(t, torch.Tensor) else 1
-
-
-def nbytes(t: Any) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else WORD
-
-
-def _tensors(ts: Any) -> list[torch.Tensor]:
-    return [t for t in ts if isinstance(t, torch.Tensor)] if isinstance(ts, list | tuple) else []
-
-
-def _count(seeds: Any) -> int:
-    return len(seeds) if isinstance(seeds, list | tuple) else 1
-
-
-def _shape(t: Any) -> list[int]:
-    return list(t.shape) if isinstance(t, torch.Tensor) else [1]
-
-
-def _int(v: Any, name: str, lo: int, hi: int) -> int:
-    """An int parameter clamped to the range the step accepts (it refuses the others)."""
-    if type(v) is not int:
-        raise ValueError(f"parameter {name!r} is an int, got {type(v).__name__}")
-    return min(max(v, lo), hi)
-
-
-def records(seeds: Any, tags: int) -> int:
-    return _count(seeds) * tags * RECORD_BYTES
-
-
-def _meta(shape: list[int]) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.int64, device="meta")
-
-
-def bilinear(op: Any, params: Any, a_shape: Any, b_shape: Any) -> tuple[int, int]:
-    """(output bytes, temporary bytes) of ``ring_bilinear(op, params, a, b)`` on int64
-    operands of these shapes (the output's shape found on the ``meta`` device)."""
-    numel(a_shape, "a_shape")
-    numel(b_shape, "b_shape")
-    a, b = _meta(list(a_shape)), _meta(list(b_shape))
-    try:
-        if op == "mul":
-            return torch.mul(a, b).numel() * WORD, 0
-        if op == "matmul":
-            out = ring_matmul(a, b, method="int64")
-            a2 = list(a_shape) if len(a_shape) > 1 else [1, *a_shape]
-            b2 = list(b_shape) if len(b_shape) > 1 else [*b_shape, 1]
-            batch = max(out.numel() // max(a2[-2] * b2[-1], 1), 1)
-            int64 = batch * (numel(a2[-2:]) + numel(b2[-2:]))
-            # the float64 limb method, where this CPU measured it faster (mpc.math.ring.
-            # _limbs_pay): three limbs of each operand, the products in float64 and in
-            # int64, the sum (and a chunked one's output)
-            limbs = 3 * numel(a2) + 3 * numel(b2) + 8 * out.numel()
-            return out.numel() * WORD, max(int64, limbs) * WORD
-        if op == "conv2d" and isinstance(params, dict):
-            out = ring_conv2d(
-                a,
-                b,
-                stride=tuple(params["stride"]),
-                padding=tuple(params["padding"]),
-                dilation=tuple(params["dilation"]),
-                groups=int(params["groups"]),
-                method="int64",
-            )
-            n = a_shape[0] if len(a_shape) == 4 else 1
-            taps = numel(list(b_shape)[1:]) * (int(params["groups"]) or 1)
-            cols = n * taps * numel(list(out.shape)[-2:])  # im2col's unfolded input
-            return out.numel() * WORD, cols * WORD
-    except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
-        raise ValueError(f"malformed operands of a {op!r} product: {e}") from None
-    raise ValueError(f"unknown bilinear op {op!r}")
-
-
-def _t(p: dict[str, Any], name: str) -> int:
-    """Elements of tensor argument ``name`` (1 if it is missing or not a tensor)."""
-    return elems(p.get(name))
-
-
-def _all_bytes(p: dict[str, Any]) -> int:
-    """Bytes of every tensor argument, lists of tensors included."""
-    total = 0
-    for v in p.values():
-        if isinstance(v, torch.Tensor):
-            total += nbytes(v)
-        elif isinstance(v, list | tuple):
-            total += sum(nbytes(t) for t in _tensors(v))
-    return total
-
-
-def _largest(p: dict[str, Any]) -> int:
-    """Elements of the largest tensor argument, lists of tensors included."""
-    n = 1
-    for v in p.values():
-        for t in [v] if isinstance(v, torch.Tensor) else _tensors(v):
-            n = max(n, t.numel())
-    return n
-
-
-def _keeps(tags: int) -> Any:
-    """The records of ``tags`` streams of each seed the step consumes."""
-
-    def keeps(p: dict[str, Any]) -> int:
-        return records(p.get("seeds", p.get("seed")), tags)
-
-    return keeps
-
-
-def _elementwise(k: int, name: str) -> Any:
-    """``k`` int64 tensors of the size of argument ``name``."""
-
-    def peak(p: dict[str, Any]) -> int:
-        return k * WORD * _t(p, name) + SLACK
-
-    return peak
-
-
 # -- the dealer ----------------------------------------------------------------------------
-
-
-def dealer_triple(p: dict[str, Any]) -> int:
-    a_shape, b_shape = p.get("a_shape"), p.get("b_shape")
-    out, temp = bilinear(p.get("op"), p.get("params"), a_shape, b_shape)
-    ea, eb = numel(a_shape, "a_shape"), numel(b_shape, "b_shape")
-    return 2 * WORD * (ea + eb) + 3 * out + temp + SLACK
 
 
 def dealer_trunc(p: dict[str, Any]) -> int:
@@ -200,7 +68,7 @@ def dealer_compare_keeps(p: dict[str, Any]) -> int:
 
 def _terms(p: dict[str, Any]) -> int:
     if "terms" in p:
-        return _int(p["terms"], "terms", 1, 1 << 12)
+        return int_param(p["terms"], "terms", 1, 1 << 12)
     sin = p.get("sin")
     return min(len(sin), 1 << 12) if isinstance(sin, list) else 1
 
@@ -216,35 +84,26 @@ def derive(p: dict[str, Any]) -> int:
     return WORD * numel(p.get("shape")) + SLACK
 
 
-def beaver_mask(p: dict[str, Any]) -> int:
-    return 3 * WORD * (_t(p, "x") + _t(p, "y")) + SLACK
-
-
-def beaver_combine(p: dict[str, Any]) -> int:
-    out, temp = bilinear(p.get("op"), p.get("params"), _shape(p.get("a")), _shape(p.get("y")))
-    return 3 * out + temp + SLACK
-
-
 def fourier_finish(p: dict[str, Any]) -> int:
-    return (8 * _terms(p) + 6) * WORD * _t(p, "c") + SLACK
+    return (8 * _terms(p) + 6) * WORD * tensor_elems(p, "c") + SLACK
 
 
 def comparison_step(p: dict[str, Any]) -> int:
     """A carry-tree step (cmp_init, carry_step): a few copies of everything it is given,
     and of the largest of them."""
-    return 4 * _all_bytes(p) + 128 * WORD * _largest(p) + SLACK
+    return 4 * all_bytes(p) + 128 * WORD * largest(p) + SLACK
 
 
 def cmp_bit_mask(p: dict[str, Any]) -> int:
-    return WORD * (6 * _t(p, "top") + 2 * _t(p, "g")) + SLACK
+    return WORD * (6 * tensor_elems(p, "top") + 2 * tensor_elems(p, "g")) + SLACK
 
 
 def dabit_product(p: dict[str, Any]) -> int:
-    return 3 * WORD * max(_t(p, "t"), _t(p, "e")) + SLACK
+    return 3 * WORD * max(tensor_elems(p, "t"), tensor_elems(p, "e")) + SLACK
 
 
 def cmp_select_finish(p: dict[str, Any]) -> int:
-    shapes = [_shape(p.get(x)) for x in ("d", "v", "vt")]
+    shapes = [shape_of(p.get(x)) for x in ("d", "v", "vt")]
     try:
         n = numel(list(torch.broadcast_shapes(*shapes)))
     except RuntimeError as e:
@@ -252,29 +111,13 @@ def cmp_select_finish(p: dict[str, Any]) -> int:
     return 6 * WORD * n + SLACK
 
 
-def bilinear_public(p: dict[str, Any]) -> int:
-    share, public = _shape(p.get("share")), _shape(p.get("public"))
-    first, second = (public, share) if p.get("public_first") is True else (share, public)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 2 * out + temp + SLACK
-
-
-def pack(p: dict[str, Any]) -> int:
-    return 2 * _all_bytes(p) + SLACK
-
-
-def open_unpack(p: dict[str, Any]) -> int:
-    sizes = [nbytes(t) for t in _tensors(p.get("pieces"))]
-    return sum(sizes) + 2 * max(sizes, default=0) + SLACK
-
-
 def release_sum(p: dict[str, Any]) -> int:
-    ts = _tensors(p.get("parts"))
+    ts = tensors(p.get("parts"))
     return 2 * (nbytes(ts[0]) if ts else WORD) + SLACK
 
 
 def share_update(p: dict[str, Any]) -> int:
-    n = _int(p.get("n_shares"), "n_shares", 2, 5)
+    n = int_param(p.get("n_shares"), "n_shares", 2, 5)
     update = p.get("update")
     return (n + 5) * WORD * elems(update) + 2 * nbytes(update) + SLACK
 
@@ -293,62 +136,27 @@ def dealer_weight(p: dict[str, Any]) -> int:
 
 
 def dealer_weight_triple(p: dict[str, Any]) -> int:
-    x_shape, b = p.get("x_shape"), _shape(p.get("b"))
+    x_shape, b = p.get("x_shape"), shape_of(p.get("b"))
     first, second = (b, x_shape) if p.get("w_first") is True else (x_shape, b)
     out, temp = bilinear(p.get("op"), p.get("params"), first, second)
     return 2 * WORD * numel(x_shape, "x_shape") + 3 * out + temp + SLACK
 
 
 def weight_product(p: dict[str, Any]) -> int:
-    x, w = _shape(p.get("a")), _shape(p.get("w"))
+    x, w = shape_of(p.get("a")), shape_of(p.get("w"))
     first, second = (w, x) if p.get("w_first") is True else (x, w)
     out, temp = bilinear(p.get("op"), p.get("params"), first, second)
     return 3 * out + 2 * temp + SLACK
 
 
-def _twice_fixed(p: dict[str, Any]) -> int:
+def new_seed(p: dict[str, Any]) -> int:
     return 2 * SLACK  # (new_seed: measured 68 KiB at its peak once, over one SLACK)
 
 
-def _fixed(p: dict[str, Any]) -> int:
-    return SLACK
-
-
-# registered name -> (peak, keeps)
+# the steps declared in modules of others' (registered name -> (peak, keeps))
 DECLARED: dict[str, tuple[SizeFunction, SizeFunction | int]] = {
-    "mpc.new_seed": (_twice_fixed, 0),
-    "mpc.dealer_triple": (dealer_triple, _keeps(3)),
-    "mpc.dealer_trunc": (dealer_trunc, _keeps(3)),
-    "mpc.dealer_compare": (dealer_compare, dealer_compare_keeps),
-    "mpc.dealer_fourier": (dealer_fourier, _keeps(2)),
-    "mpc.derive": (derive, _keeps(1)),
-    "mpc.beaver_mask": (beaver_mask, _keeps(2)),
-    "mpc.beaver_combine": (beaver_combine, _keeps(1)),
-    "mpc.trunc_mask": (_elementwise(3, "z"), _keeps(1)),
-    "mpc.trunc_finish": (_elementwise(5, "c"), _keeps(2)),
-    "mpc.bilinear_public": (bilinear_public, 0),
-    "mpc.fourier_finish": (fourier_finish, _keeps(1)),
-    "mpc.cmp_mask": (_elementwise(3, "x"), _keeps(1)),
-    "mpc.cmp_init": (comparison_step, _keeps(4)),
-    "mpc.carry_step": (comparison_step, _keeps(3)),
-    "mpc.cmp_bit_mask": (cmp_bit_mask, _keeps(1)),
-    "mpc.cmp_bit_finish": (_elementwise(5, "d"), _keeps(1)),
-    "mpc.dabit_mask": (_elementwise(3, "v"), _keeps(1)),
-    "mpc.dabit_product": (dabit_product, _keeps(1)),
-    "mpc.cmp_select_finish": (cmp_select_finish, 0),
-    "mpc.share_from_seed": (derive, INPUT_SEED_BYTES),
-    "mpc.pack": (pack, 0),
-    "mpc.unpack": (_fixed, 0),  # views of the packed tensor
-    "mpc.open_unpack": (open_unpack, 0),
     "mpc.release_sum": (release_sum, 0),
-    "mpc.group_mask": (_elementwise(3, "a"), _keeps(1)),
-    "mpc.group_select": (group_select, _keeps(2)),
     "mpc.secagg.share_update": (share_update, 0),
-    "mpc.dealer_weight": (dealer_weight, _keeps(1)),
-    "mpc.dealer_weight_triple": (dealer_weight_triple, _keeps(2)),
-    "mpc.weight_mask": (_elementwise(3, "w"), _keeps(1)),
-    "mpc.weight_product_mask": (_elementwise(3, "x"), _keeps(1)),
-    "mpc.weight_product": (weight_product, _keeps(1)),
 }
 
 
@@ -368,7 +176,7 @@ DCF_CHUNK_BYTES = 4 << 20  # the DCF's level loop: one chunk's temporaries (mpc.
 
 def _fss_words(p: dict[str, Any], n: int) -> int:
     """Words of the correction words of ``n`` elements' keys (3 per compared bit)."""
-    bits = _int(p.get("bits"), "bits", 2, 64)
+    bits = int_param(p.get("bits"), "bits", 2, 64)
     return (3 * (bits - 1) + 1) * n
 
 
@@ -391,16 +199,7 @@ def dealer_fss_keeps(p: dict[str, Any]) -> int:
 def fss_eval(p: dict[str, Any]) -> int:
     """The root seeds, the input's low bits, the output and its terms (a few words an
     element) and one chunk of the level loop."""
-    return 12 * WORD * _t(p, "c") + DCF_CHUNK_BYTES + SLACK
-
-
-DECLARED.update(
-    {
-        "mpc.dealer_fss": (dealer_fss, dealer_fss_keeps),
-        "mpc.fss_unpack": (_fixed, 0),  # views of the packed key
-        "mpc.fss_eval": (fss_eval, _keeps(2)),
-    }
-)
+    return 12 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
 
 
 # -- products of truncated values (mpc.material.tprod) ---------------------------------
@@ -414,7 +213,7 @@ def _pair_elems(shapes: list[list[int]], pairs: Any) -> int:
     for pair in pairs:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise ValueError("parameter 'pairs' is a list of index pairs")
-        i, j = (_int(k, "pairs", 0, len(shapes) - 1) for k in pair)
+        i, j = (int_param(k, "pairs", 0, len(shapes) - 1) for k in pair)
         try:
             total += torch.broadcast_shapes(tuple(shapes[i]), tuple(shapes[j])).numel()
         except RuntimeError as e:
@@ -437,7 +236,7 @@ def dealer_trunc_products(p: dict[str, Any]) -> int:
 def trunc_products(p: dict[str, Any]) -> int:
     """Per truncation a few of its elements (U, s, D, m, p, x), per product element the
     material's four terms and the product's temporaries."""
-    cs = _tensors(p.get("cs"))
+    cs = tensors(p.get("cs"))
     if not cs:
         return SLACK
     shapes = [list(c.shape) for c in cs]
@@ -445,18 +244,10 @@ def trunc_products(p: dict[str, Any]) -> int:
     return WORD * (8 * values + 10 * _pair_elems(shapes, p.get("pairs"))) + SLACK
 
 
-def _batch_keeps(per_value: int) -> Any:
+def batch_keeps(per_value: int) -> Any:
     def keeps(p: dict[str, Any]) -> int:
         tn = p.get("trunc_nonces")
         values = min(len(tn), 64) if isinstance(tn, list) else 1
         return records(p.get("seeds", p.get("seed")), 1 + per_value * values)
 
     return keeps
-
-
-DECLARED.update(
-    {
-        "mpc.dealer_trunc_products": (dealer_trunc_products, _batch_keeps(1)),
-        "mpc.trunc_products": (trunc_products, _batch_keeps(2)),
-    }
-)

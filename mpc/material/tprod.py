@@ -30,10 +30,12 @@ from typing import Any
 
 import torch
 
+from mpc.material import sizes
 from mpc.material.dealer import unpack_trunc_correction
-from mpc.material.rules import OPENED, _dealer_seeds, _nonce, _party_seed
-from mpc.material.streams import TAG_C, TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
-from pointers.worker.sealing import ProtocolCall, protocol_function, seal
+from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.step import step
+from mpc.protocols.streams import TAG_C, TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
+from pointers.worker.sealing import ProtocolCall, seal
 
 MAX_VALUES = 8  # truncations in one batch
 MAX_PAIRS = 8  # products in one batch
@@ -103,14 +105,19 @@ def _terms(ux: Any, dx: Any, uy: Any, dy: Any, bx: int, by: int) -> list[torch.T
 
 
 def rule_dealer(call: ProtocolCall) -> Any:
-    _dealer_seeds(call)
+    dealer_seeds(call)
     tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
     if not (isinstance(tn, list) and all(type(v) is int for v in tn)):
         raise call.refuse("parameter 'trunc_nonces' is a list of ints")
-    return [seal("dealer.tprod", _nonce(call), deliveries=1, extra=(tn, bits, pairs))]
+    return [seal("dealer.tprod", nonce_of(call), deliveries=1, extra=(tn, bits, pairs))]
 
 
-@protocol_function(rule_dealer)
+@step(
+    rule=rule_dealer,
+    size=sizes.dealer_trunc_products,
+    keeps=sizes.batch_keeps(1),
+    makes_material=True,
+)
 def dealer_trunc_products(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -143,8 +150,8 @@ def dealer_trunc_products(
 
 
 def rule_party(call: ProtocolCall) -> Any:
-    nonce = _nonce(call)
-    _party_seed(call, "corrections", "products")
+    nonce = nonce_of(call)
+    party_seed(call, "corrections", "products")
     tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
     if not (isinstance(tn, list) and all(type(v) is int for v in tn)):
         raise call.refuse("parameter 'trunc_nonces' is a list of ints")
@@ -168,7 +175,7 @@ def rule_party(call: ProtocolCall) -> Any:
     return None
 
 
-@protocol_function(rule_party)
+@step(rule=rule_party, size=sizes.trunc_products, keeps=sizes.batch_keeps(2))
 def trunc_products(
     ctx: Any,
     seed: torch.Tensor,

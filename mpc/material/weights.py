@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
-from mpc.material import rules
-from mpc.material.streams import TAG_A, TAG_B, TAG_C, consume, derive, sum_derived
+from mpc.material import rules, sizes
 from mpc.math.ring import ring_bilinear
-from pointers.worker.sealing import protocol_function
+from mpc.protocols.sizes import elementwise, stream_records
+from mpc.protocols.step import SUM, step
+from mpc.protocols.streams import TAG_A, TAG_B, TAG_C, consume, derive, sum_derived
 
 
 def _bilinear(op: str, params: dict[str, Any], w_first: bool, m: Any, w: Any) -> torch.Tensor:
@@ -44,7 +45,9 @@ def _bilinear(op: str, params: dict[str, Any], w_first: bool, m: Any, w: Any) ->
     return ring_bilinear(op, params, w, m) if w_first else ring_bilinear(op, params, m, w)
 
 
-@protocol_function(rules.dealer_weight)
+@step(
+    rule=rules.dealer_weight, size=sizes.dealer_weight, keeps=stream_records(1), makes_material=True
+)
 def dealer_weight(ctx: Any, seeds: list[torch.Tensor], weight: int, shape: list[int]) -> Any:
     """The weight instance's mask B = sum of the parties' ``(weight, TAG_B)`` streams, kept
     at the dealer (sealed) for the instance's products (:func:`dealer_weight_triple`)."""
@@ -52,7 +55,12 @@ def dealer_weight(ctx: Any, seeds: list[torch.Tensor], weight: int, shape: list[
     return sum_derived(seeds, weight, TAG_B, list(shape))
 
 
-@protocol_function(rules.dealer_weight_triple)
+@step(
+    rule=rules.dealer_weight_triple,
+    size=sizes.dealer_weight_triple,
+    keeps=stream_records(2),
+    makes_material=True,
+)
 def dealer_weight_triple(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -72,14 +80,26 @@ def dealer_weight_triple(
     return c
 
 
-@protocol_function(rules.weight_mask)
+@step(
+    rule=rules.weight_mask,
+    size=elementwise(3, "w"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"weight.f": SUM},
+)
 def weight_mask(ctx: Any, seed: torch.Tensor, weight: int, w: torch.Tensor) -> torch.Tensor:
     """Party i: f_i = W_i - B_i, opened once to make the instance ``weight``."""
     consume(ctx, [seed], weight, TAG_B)
     return torch.sub(w, derive(seed, weight, TAG_B, list(w.shape)))
 
 
-@protocol_function(rules.weight_product_mask)
+@step(
+    rule=rules.weight_product_mask,
+    size=elementwise(3, "x"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={"wprod.e": SUM},
+)
 def weight_product_mask(
     ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor
 ) -> list[torch.Tensor]:
@@ -89,7 +109,7 @@ def weight_product_mask(
     return [torch.sub(x, a), a]
 
 
-@protocol_function(rules.weight_product)
+@step(rule=rules.weight_product, size=sizes.weight_product, keeps=stream_records(1))
 def weight_product(
     ctx: Any,
     seed: torch.Tensor,

@@ -1,6 +1,6 @@
 """Bilinear ops: mul, mm/bmm/addmm, convolution.
 
-Shared x shared uses one generic Beaver routine (:func:`mpc.protocols.arith.beaver`) with
+Shared x shared uses one generic Beaver routine (:func:`mpc.protocols.beaver.run.beaver`) with
 the op as a parameter; shared x public is local (each party multiplies its share by the
 encoded public operand with the exact ring kernels). Both are followed by one truncation
 when both operands are fixed point.
@@ -16,7 +16,9 @@ from mpc.errors import UnsupportedOpError
 from mpc.math.encoding import check_public_product
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
 from mpc.ops.local import _add, mul_public
-from mpc.protocols.arith import I64, beaver, call
+from mpc.protocols.beaver.run import beaver
+from mpc.protocols.beaver.steps import bilinear_public
+from mpc.protocols.parties import I64, at_parties
 from mpc.protocols.weights import fixed_product
 from mpc.registry import register
 from mpc.shared import SharedTensor
@@ -62,15 +64,12 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
     if not integral:  # a warning if the public operand takes results out of the range
         check_public_product(p, f, op, public_first)
     enc = encode_public(p, f) if not integral else p.detach().to(torch.int64)
-    shares = [
-        call(
-            party,
-            "mpc.bilinear_public",
-            [x.shares[i], enc, public_first, op, params],
-            [(out_shape, I64)],
-        )[0]
-        for i, party in enumerate(x.session.parties)
-    ]
+    (shares,) = at_parties(
+        x.session,
+        bilinear_public,
+        lambda i: [x.shares[i], enc, public_first, op, params],
+        [(out_shape, I64)],
+    )
     if x.frac_bits and f:
         return SharedTensor(shares, x.session, x.frac_bits + f, result_dtype(a, b), pending=f)
     return wrap(x, shares, x.frac_bits + f, result_dtype(a, b))

@@ -26,21 +26,26 @@ from typing import Any
 import torch
 
 from mpc.errors import MPCError
-from mpc.material import TAG_T_ARITH
-from mpc.material.dealer import MAX_SELECTED
-from mpc.math import carry4, group4
-from mpc.protocols.arith import (
-    I64,
-    Opened,
-    Round,
-    Shares,
-    TruncRun,
-    at_parties,
-    call,
-    deal,
-    exchange,
-    last_only,
+from mpc.material.dealer import MAX_SELECTED, dealer_compare
+from mpc.material.party import (
+    carry_step,
+    cmp_bit_finish,
+    cmp_bit_mask,
+    cmp_init,
+    cmp_mask,
+    cmp_select_finish,
+    dabit_mask,
+    dabit_product,
+    group_mask,
+    group_select,
+    party_derive,
+    unpack,
 )
+from mpc.math import carry4, group4
+from mpc.protocols.arith import TruncRun
+from mpc.protocols.opening.run import Opened, Round, exchange
+from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
+from mpc.protocols.streams import TAG_T_ARITH
 from mpc.session import Session
 
 
@@ -209,7 +214,7 @@ class _MsbRun:
         (corr,) = deal(
             session,
             "comparison of secret values",
-            "mpc.dealer_compare",
+            dealer_compare,
             [nonce, shape, level_nonces, product_nonces, self.group_nonce],
             out=[([_total(shapes)], I64)],
         )
@@ -222,7 +227,7 @@ class _MsbRun:
         )
 
         last_party = session.parties[-1]
-        dealt = call(last_party, "mpc.unpack", [corr, shapes], out=[(sh, I64) for sh in shapes])
+        dealt = run_step(last_party, unpack, [corr, shapes], out=[(sh, I64) for sh in shapes])
         r_bits_last, self.t_arith_last, t_bin_last, mono_last, *rest = dealt
         self.group_last = rest.pop() if group is not None else None
         and_last, c_products = rest[: carry4.LEVELS - 1], rest[carry4.LEVELS - 1 :]
@@ -241,7 +246,7 @@ class _MsbRun:
         words //= 4
         g, p, top, ef, a = at_parties(
             session,
-            "mpc.cmp_init",
+            cmp_init,
             lambda i: [seed[i], nonce, i == 0, r_bits(i), mono(i), c.value[i], level_nonces[0]],
             [([words], I64), ([words], I64), (shape, I64)] + _masked(words),
         )
@@ -269,7 +274,7 @@ class _MsbRun:
                 + [g[i], p[i], level, next_nonce]
                 for i in range(session.n)
             ]
-            outs = at_parties(session, "mpc.carry_step", step_args.__getitem__, out)
+            outs = at_parties(session, carry_step, step_args.__getitem__, out)
             if last_level:
                 (g,) = outs
             else:
@@ -279,7 +284,7 @@ class _MsbRun:
         t_bin = last_only(session, t_bin_last)
         (d,) = at_parties(
             session,
-            "mpc.cmp_bit_mask",
+            cmp_bit_mask,
             lambda i: [seed[i], nonce, t_bin(i), g[i], top[i]],
             [(shape, I64)],
         )
@@ -300,9 +305,7 @@ class _MsbRun:
         and the groups' masked values, opened together (``self.group_e`` is set)."""
         session, nonce, seed = self.session, self.nonce, self.session.party_seeds
         shape = list(x[0].shape)
-        (masked,) = at_parties(
-            session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x[i]], [(shape, I64)]
-        )
+        (masked,) = at_parties(session, cmp_mask, lambda i: [seed[i], nonce, x[i]], [(shape, I64)])
         products = [_TProduct(session, pn, v) for pn, v in zip(product_nonces, values)]
         round1 = Round(session)
         c = round1.add(masked)
@@ -320,7 +323,7 @@ class _MsbRun:
         seed, gn = self.session.party_seeds, self.group_nonce
         (masked,) = at_parties(
             self.session,
-            "mpc.group_mask",
+            group_mask,
             lambda i: [seed[i], gn, group[i]],
             [(list(group[0].shape), I64)],
         )
@@ -346,7 +349,7 @@ class _MsbRun:
         session, nonce, shape = self.session, self.nonce, self.shape
         seed, last = session.party_seeds, session.n - 1
         return [
-            call(p, "mpc.derive", [seed[i], nonce, TAG_T_ARITH, shape], [(shape, I64)])[0]
+            run_step(p, party_derive, [seed[i], nonce, TAG_T_ARITH, shape], [(shape, I64)])[0]
             if i != last
             else self.t_arith_last
             for i, p in enumerate(session.parties)
@@ -363,7 +366,7 @@ class _MsbRun:
         out: list[tuple[Any, torch.dtype]] = [([g[0]], I64)] + ([(g, I64)] if onehot else [])
         got = at_parties(
             self.session,
-            "mpc.group_select",
+            group_select,
             lambda i: [seed[i], gn, i == 0, material(i), d[i], t[i], e[i], group[i], onehot],
             out,
         )
@@ -375,7 +378,7 @@ class _MsbRun:
         t_arith = last_only(self.session, self.t_arith_last)
         (out,) = at_parties(
             self.session,
-            "mpc.cmp_bit_finish",
+            cmp_bit_finish,
             lambda i: [seed[i], nonce, i == 0, t_arith(i), d[i]],
             [(self.shape, I64)],
         )
@@ -387,7 +390,7 @@ class _MsbRun:
         one = [torch.ones_like(s) if i == 0 else torch.zeros_like(s) for i, s in enumerate(self.x)]
         (out,) = at_parties(
             self.session,
-            "mpc.cmp_select_finish",
+            cmp_select_finish,
             lambda i: [True, self.d[i], one[i], self.t[i]],
             [(self.shape, I64)],
         )
@@ -401,9 +404,7 @@ class _MsbRun:
             def args(i: int, v: Shares = v, vt: Shares = vt) -> list[Any]:
                 return [complement, self.d[i], v[i], vt[i]]
 
-            (selected,) = at_parties(
-                self.session, "mpc.cmp_select_finish", args, [(self.shape, I64)]
-            )
+            (selected,) = at_parties(self.session, cmp_select_finish, args, [(self.shape, I64)])
             out.append(selected)
         return out
 
@@ -419,7 +420,7 @@ class _TProduct:
         self.shape = [int(d) for d in v[0].shape]
         seed = session.party_seeds
         (self.e,) = at_parties(
-            session, "mpc.dabit_mask", lambda i: [seed[i], nonce, v[i]], [(self.shape, I64)]
+            session, dabit_mask, lambda i: [seed[i], nonce, v[i]], [(self.shape, I64)]
         )
 
     def finish(self, e: Shares, t: Shares, c_last: Any) -> Shares:
@@ -428,7 +429,7 @@ class _TProduct:
         c = last_only(self.session, c_last)
         (vt,) = at_parties(
             self.session,
-            "mpc.dabit_product",
+            dabit_product,
             lambda i: [seed[i], nonce, c(i), t[i], e[i]],
             [(self.shape, I64)],
         )

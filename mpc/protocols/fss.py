@@ -23,8 +23,11 @@ from typing import Any
 
 from mpc.material import fss as material
 from mpc.material import fss_relu
+from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
+from mpc.material.fss_relu import dealer_fss_relu, fss_relu_eval
+from mpc.material.party import cmp_mask
 from mpc.math import group4
-from mpc.protocols.arith import I64, Round, Shares, TruncRun, at_parties, call
+from mpc.protocols.arith import TruncRun
 from mpc.protocols.compare import (
     _MsbRun,
     _numel,
@@ -32,6 +35,8 @@ from mpc.protocols.compare import (
     register_mode,
     register_relu_truncating,
 )
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, Shares, at_parties, run_step
 from mpc.session import Session
 
 
@@ -76,9 +81,9 @@ class FssRun(_MsbRun):
             if group is not None:
                 shapes.append([group4.terms(shape[1]) * shape[0]])
         dealer = session.require_dealer("comparison of secret values")
-        cw, key1 = call(
+        cw, key1 = run_step(
             dealer,
-            "mpc.dealer_fss",
+            dealer_fss,
             [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits],
             out=[([w], I64), ([sum(_numel(s) for s in shapes)], I64)],
         )
@@ -92,16 +97,16 @@ class FssRun(_MsbRun):
         )
 
         # the last party's key, split; then the local evaluation at both parties
-        dealt = call(
+        dealt = run_step(
             last_party,
-            "mpc.fss_unpack",
+            fss_unpack,
             [seed[1], nonce, key1, shapes],
             out=[(sh, I64) for sh in shapes],
         )
         us = [None, dealt[0]]
         (out,) = at_parties(
             session,
-            "mpc.fss_eval",
+            fss_eval,
             lambda i: [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits],
             [(shape, I64)],
         )
@@ -151,23 +156,21 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
     n = _numel(shape)
     seed = session.party_seeds
     dealer = session.require_dealer("comparison of secret values")
-    cw, consts = call(
+    cw, consts = run_step(
         dealer,
-        "mpc.dealer_fss_relu",
+        dealer_fss_relu,
         [session.dealer_seeds, nonce, shape, bits],
         out=[([fss_relu.key_words(n)], I64), ([fss_relu.CONSTS * n], I64)],
     )
     cws = [cw.copy_to(party, lend=True) for party in session.parties]
     dealt = [None, consts.move(session.parties[1])]
-    (masked,) = at_parties(
-        session, "mpc.cmp_mask", lambda i: [seed[i], nonce, z[i]], [(shape, I64)]
-    )
+    (masked,) = at_parties(session, cmp_mask, lambda i: [seed[i], nonce, z[i]], [(shape, I64)])
     round1 = Round(session)
     c = round1.add(masked)
     round1.open()
     (out,) = at_parties(
         session,
-        "mpc.fss_relu_eval",
+        fss_relu_eval,
         lambda i: [seed[i], nonce, i == 0, cws[i], dealt[i], c.value[i], bits],
         [(shape, I64)],
     )

@@ -37,7 +37,8 @@ from functools import lru_cache
 import torch
 
 from mpc.protocols.approx import WORK, Fx, fit, select, step_bits, truncate_many
-from mpc.protocols.arith import BeaverRun, Round
+from mpc.protocols.beaver.run import BeaverRun
+from mpc.protocols.opening.run import Round
 from mpc.protocols.truncmul import truncate_and_multiply
 
 PER_OCTAVE = 4

@@ -14,10 +14,13 @@ from dataclasses import replace
 
 import torch
 
+from mpc.material.dealer import dealer_fourier
+from mpc.material.party import cmp_mask, fourier_finish
 from mpc.math.fourier import Series, fit_series
 from mpc.protocols.approx import Fx, truncate_many
-from mpc.protocols.arith import I64, Round, at_parties, deal, last_only
 from mpc.protocols.compare import select_by_msb
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, at_parties, deal, last_only
 
 # -- clamping, and exp of non-positive values ------------------------------------------------
 
@@ -101,12 +104,12 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
     (trig_last,) = deal(
         session,
         "trigonometric series",
-        "mpc.dealer_fourier",
+        dealer_fourier,
         [nonce, shape, bits, terms, TRIG_BITS, series.single],
         out=[([terms, *shape, 2], I64)],
     )
     (masked,) = at_parties(
-        session, "mpc.cmp_mask", lambda i: [seed[i], nonce, x.shares[i]], [(shape, I64)]
+        session, cmp_mask, lambda i: [seed[i], nonce, x.shares[i]], [(shape, I64)]
     )
     one = Round(session)
     c = one.add(masked)
@@ -115,7 +118,7 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
     coefs = [series.const, list(series.cos), list(series.sin)]
     (z,) = at_parties(
         session,
-        "mpc.fourier_finish",
+        fourier_finish,
         lambda i: (
             [seed[i], nonce, i == 0, trig(i), c.value[i], bits, *coefs]
             + [TRIG_COEF_BITS, TRIG_BITS, series.single]

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mpc.material.tprod import material_words, out_shape
+from mpc.material.tprod import dealer_trunc_products, material_words, out_shape, trunc_products
 from mpc.protocols.approx import Fx
-from mpc.protocols.arith import I64, Round, TruncRun, at_parties, deal
+from mpc.protocols.arith import TruncRun
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, at_parties, deal
 
 
 def truncate_and_multiply(
@@ -38,7 +40,7 @@ def truncate_and_multiply(
     (products,) = deal(
         session,
         "products of truncated values",
-        "mpc.dealer_trunc_products",
+        dealer_trunc_products,
         [nonce, tn, shapes, bits, pair_list],
         out=[([material_words(shapes, bits, pair_list)], I64)],
     )
@@ -51,7 +53,7 @@ def truncate_and_multiply(
     metas += [(tuple(out_shape(shapes[i], shapes[j])), I64) for i, j in pair_list]
     outs = at_parties(
         session,
-        "mpc.trunc_products",
+        trunc_products,
         lambda i: [
             seed[i],
             nonce,

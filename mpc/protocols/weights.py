@@ -29,8 +29,15 @@ from typing import Any
 import torch
 
 from mpc import config
-from mpc.protocols import arith
-from mpc.protocols.arith import I64, Round, Shares, at_parties, deal, last_only
+from mpc.material.weights import (
+    dealer_weight,
+    dealer_weight_triple,
+    weight_mask,
+    weight_product,
+    weight_product_mask,
+)
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
 from mpc.session import Session, recording
 from mpc.shared import SharedTensor
 
@@ -215,11 +222,9 @@ def _make(session: Session, w: SharedTensor, base: SharedTensor) -> tuple[Weight
     weight = session.next_nonce()
     shape = [int(d) for d in w.shape]
     seed = session.party_seeds
-    (b,) = arith.call(
-        dealer, "mpc.dealer_weight", [session.dealer_seeds, weight, shape], [(shape, I64)]
-    )
+    (b,) = run_step(dealer, dealer_weight, [session.dealer_seeds, weight, shape], [(shape, I64)])
     (f,) = at_parties(
-        session, "mpc.weight_mask", lambda i: [seed[i], weight, w.shares[i]], [(shape, I64)]
+        session, weight_mask, lambda i: [seed[i], weight, w.shares[i]], [(shape, I64)]
     )
     return WeightInstance(weight, w, b, base), f
 
@@ -248,13 +253,13 @@ class WeightRun:
         (self.c_last,) = deal(
             session,
             "a product with a shared weight",
-            "mpc.dealer_weight_triple",
+            dealer_weight_triple,
             [nonce, inst.b, x_shape, w_first, op, params],
             out=[(out_shape, I64)],
         )
         self.e, self.a = at_parties(
             session,
-            "mpc.weight_product_mask",
+            weight_product_mask,
             lambda i: [seed[i], nonce, x[i]],
             [(tuple(x_shape), I64), (tuple(x_shape), I64)],
         )
@@ -271,7 +276,7 @@ class WeightRun:
         e = self.opened_e.value
         (z,) = at_parties(
             self.session,
-            "mpc.weight_product",
+            weight_product,
             lambda i: [
                 seed[i],
                 nonce,
