@@ -26,7 +26,7 @@ import pointers as pt
 from pointers.network import ClientContext, ServerConfig
 from pointers.wire.messages import Describe
 
-pytestmark = pytest.mark.network
+served = pytest.mark.network  # (the tests on the served deployment; the last runs in process)
 
 OWNERS = ("dave", "emma", "frank")
 COUNTS = {"dave": 10, "emma": 20, "frank": 30, "gina": 5}
@@ -94,6 +94,7 @@ def _exact(*terms: tuple[str, int]) -> torch.Tensor:
 # -- finding 7: the owner's data is used only as the owner allows ------------------------------
 
 
+@served
 def test_the_owners_data_is_found_but_never_read(w: dict[str, Any]) -> None:
     dave = w["dave"]
     x = _found(dave, "#u0")
@@ -123,11 +124,13 @@ def test_the_owners_data_is_found_but_never_read(w: dict[str, Any]) -> None:
     assert [tuple(p.shape) for p in dave.search("#u0")] == [(4,)]
 
 
+@served
 def test_what_the_client_sent_stays_the_clients(w: dict[str, Any]) -> None:
     mine = pt.send(torch.tensor([1.0, 2.0]), w["dave"])
     assert torch.equal((mine * 2).get(), torch.tensor([2.0, 4.0]))
 
 
+@served
 def test_allowed_users_use_the_data_as_their_own(dep: Cluster, w: dict[str, Any]) -> None:
     assert torch.equal(_found(w["dave"], "#shared-with-client").get(delete=False), torch.ones(2))
     other = dep.connect("dave", identity="mallory", context=ClientContext())
@@ -140,6 +143,7 @@ def test_allowed_users_use_the_data_as_their_own(dep: Cluster, w: dict[str, Any]
         _found(w["dave"], "#u0").get(delete=False)
 
 
+@served
 def test_an_owner_value_without_a_count_joins_no_aggregation(w: dict[str, Any]) -> None:
     agg = _agg(w)
     a = agg.share_update(_found(w["dave"], "#private"))
@@ -151,6 +155,7 @@ def test_an_owner_value_without_a_count_joins_no_aggregation(w: dict[str, Any]) 
 # -- the aggregation the owners joined opens ------------------------------------------------
 
 
+@served
 def test_the_owners_aggregate_opens(w: dict[str, Any]) -> None:
     agg = _agg(w)
     a = agg.share_update(_found(w["dave"], "#u0"), weight=COUNTS["dave"])
@@ -166,6 +171,7 @@ def test_the_owners_aggregate_opens(w: dict[str, Any]) -> None:
 # -- finding 2: the weight is the owner's count, and bounded ----------------------------------
 
 
+@served
 def test_the_weight_is_the_owners_count(w: dict[str, Any]) -> None:
     """The red team: weights 1 and 2^31 open u + 2^31 v, which reads both updates."""
     agg = _agg(w)
@@ -175,6 +181,7 @@ def test_the_weight_is_the_owners_count(w: dict[str, Any]) -> None:
         (a + b).get()
 
 
+@served
 def test_every_party_bounds_the_weights(w: dict[str, Any]) -> None:
     """An owner's count over the deployment's bound (serve --max-weight, 2^16 here) is
     refused by the parties, whatever the owner's worker said."""
@@ -186,6 +193,7 @@ def test_every_party_bounds_the_weights(w: dict[str, Any]) -> None:
         _sync(w["alice"])
 
 
+@served
 def test_one_scale_per_sum(w: dict[str, Any]) -> None:
     """Two scales weight one value against the other (u + 2^16 v): refused by the parties
     (the client API refuses it too; here the raw step)."""
@@ -203,6 +211,7 @@ def test_one_scale_per_sum(w: dict[str, Any]) -> None:
 # -- finding 3: owners are a known set --------------------------------------------------------
 
 
+@served
 def test_zeros_at_the_dealer_are_no_owner(w: dict[str, Any]) -> None:
     """The red team: zeros stored at the dealer, shared there, opened with dave's update
     as two owners' values."""
@@ -213,6 +222,7 @@ def test_zeros_at_the_dealer_are_no_owner(w: dict[str, Any]) -> None:
         (a + zeros).get()
 
 
+@served
 def test_zeros_at_a_listed_owner_are_the_clients(w: dict[str, Any]) -> None:
     agg = _agg(w)
     a = agg.share_update(_found(w["dave"], "#u5"), weight=COUNTS["dave"])
@@ -222,6 +232,7 @@ def test_zeros_at_a_listed_owner_are_the_clients(w: dict[str, Any]) -> None:
         _sync(w["bob"])
 
 
+@served
 def test_an_unlisted_worker_is_no_owner(w: dict[str, Any]) -> None:
     """gina serves data of its own, but the deployment does not list it."""
     agg = _agg(w)
@@ -231,6 +242,7 @@ def test_an_unlisted_worker_is_no_owner(w: dict[str, Any]) -> None:
         (a + g).get()
 
 
+@served
 def test_a_sum_spans_distinct_listed_owners(w: dict[str, Any]) -> None:
     agg = _agg(w)
     a = agg.share_update(_found(w["frank"], "#u4"), weight=COUNTS["frank"])
@@ -257,6 +269,7 @@ def test_a_party_or_the_dealer_is_never_listed(tmp_path: Path) -> None:
 # -- finding 4: an owner's value is shared once, bound to the value ---------------------------
 
 
+@served
 def test_an_owners_value_is_shared_once(dep: Cluster, w: dict[str, Any]) -> None:
     """The red team: after a no-op ``x.add_(0)`` or a clone, the update was shared again;
     with three owners, (s1 + s2 - s3) / 2 = u."""
