@@ -50,9 +50,11 @@ import json
 import math
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pointers as pt
@@ -73,6 +75,8 @@ from benchmarks.workloads import (
     processes_cpu,
     worker_names,
 )
+from benchmarks.workloads.generation import write_offer
+from benchmarks.workloads.workers import OWNERS
 from mpc.config import MPCConfig
 from pointers.worker.lanes import release_idle_lanes
 
@@ -522,15 +526,25 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         # grown: a BERT-base party process reached 13 GB (2 layers: 3.5 GB, 1.2 GB with this)
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
         print(
-            f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB} --deadline "
+            f"  (W14-W17: each worker serves --max-stored-mb {HF_STORED_MB} --deadline "
             f"{HF_DEADLINE}, with "
             f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']})",
             file=sys.stderr,
         )
-    return LocalCluster(names, latency_ms=latency, server_args=server_args).start()
+    with tempfile.TemporaryDirectory(prefix="benchmarks-offers-") as offers:
+        worker_args = {}
+        for c in cases:  # generation: the owner's worker serves the owner's offer file
+            if c.workload in OWNERS:
+                print(f"  ({c.workload}: the owner approves its model ...)", file=sys.stderr)
+                path = write_offer(Path(offers), c.workload, c.size, c.parties, c.tiny)
+                worker_args[OWNERS[c.workload]] = ["--offer", str(path)]
+        cluster = LocalCluster(
+            names, latency_ms=latency, server_args=server_args, worker_args=worker_args
+        )
+        return cluster.start()  # (the servers read their offer files as they start)
 
 
-HF_WORKLOADS = ("W14", "W15", "W16")
+HF_WORKLOADS = ("W14", "W15", "W16", "W17")
 HF_STORED_MB = 16384
 HF_DEADLINE = 600  # seconds (serve --deadline)
 HF_TIMEOUT = 900.0  # seconds per call of the client (connect(timeout=...); default 120)

@@ -18,7 +18,6 @@ from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.offered import offered
 from mpc.plan import SharedPlan, preprocess
-from mpc.protocols import fss as _fss  # noqa: F401  (registers comparison="fss")
 from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session

@@ -19,6 +19,7 @@ from mpc.material.party import share_from_seed
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.protocols.parties import run_step
+from mpc.protocols.truncation.run import truncate
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
@@ -148,8 +149,6 @@ class SharedTensor(torch.Tensor):
         deferred shares (:meth:`resolve`)."""
         self.resolve()
         if self.pending:
-            from mpc.protocols.arith import truncate
-
             with self.session.concurrently(self.numel()):
                 self.shares = truncate(self.session, self.shares, self.pending)
             self.frac_bits -= self.pending

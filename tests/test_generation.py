@@ -314,3 +314,34 @@ def test_an_unapproved_generation_is_refused(dep: Deployment) -> None:
         dep.programs().step(dep.rows(torch.tensor([[1]])))
     with pytest.raises(mpc.MPCError, match="prompts of 5 tokens"):
         dep.programs().prefill(dep.rows(prompt_of(13, length=PROMPT + 1)))
+
+
+@pytest.mark.network
+def test_held_generation_on_served_workers(tmp_path: Any) -> None:
+    """The owner serves its worker with its offer file; the client holds the architecture
+    only; the parties check every run against the owner's approvals (recorded in process
+    by the owner, on network workers by the client: the same programs)."""
+    from network_fixtures import Cluster
+
+    model = tiny("gpt2", seed=1)
+    plain = copy.deepcopy(model)
+    approval = mpc.approve_generation(
+        model, prompt_length=PROMPT, max_length=MAX_LENGTH, parties=PARTIES,
+        crypto_provider="carol",
+    )  # fmt: skip
+    path = tmp_path / "offer.bin"
+    mpc.save_offer(model, approval, path)
+    workers = ["owner", *PARTIES, "carol"]
+    cluster = Cluster(tmp_path, workers, worker_args={"owner": ["--offer", str(path)]})
+    cluster.start()
+    try:
+        owner, alice, bob, carol = (cluster.connect(w) for w in ("owner", *PARTIES, "carol"))
+        skeleton = tiny("gpt2", seed=2)  # the client's copy: other values, never used
+        held = mpc.share(mpc.offered(skeleton, owner), alice, bob, crypto_provider=carol)
+        prompt = prompt_of(14)
+        with mpc.stats() as s:
+            out = mpc.generate(held, prompt, 4, max_length=MAX_LENGTH)
+        assert torch.equal(out, plaintext(plain, prompt, 4))
+        assert s.rounds > 0
+    finally:
+        cluster.stop()

@@ -2,7 +2,7 @@
 
 A protocol change that costs a round, or sends more, fails here, not only in a benchmark.
 The byte figures are the payload each party sends (8-byte ring words; the comparison's
-carry tree packs bits, see mpc/math/carry4.py) as measured when this test was written, with a
+carry tree packs bits, see mpc/math/carry_tree.py) as measured when this test was written, with a
 small allowance for message headers. With n parties every opening goes to n - 1 peers,
 so a party's bytes scale with n - 1; the dealer ships one correction to the last party
 whatever n is.
@@ -31,7 +31,7 @@ N = 4096
 # name: (fn, operand shapes, rounds, payload bytes per party with 2 parties; the values a
 # round opens travel packed in one message per peer, so their headers count once). A
 # comparison is 4 rounds (issue 25): c, the two rounds of the radix-4 carry tree's
-# multi-input ANDs (its level 0 is local: mpc/math/carry4.py), and d. Each party sends c
+# multi-input ANDs (its level 0 is local: mpc/math/carry_tree.py), and d. Each party sends c
 # (8 bytes an element), the masked operands of levels 1 and 2 (4 and 1 bytes) and d (8): 21
 # bytes an element. It was 7 rounds and 190,702 bytes with the radix-2 tree (8 rounds and
 # 321,808 before its first level went local); relu 7 rounds and 223,470 bytes, relu of a
@@ -68,7 +68,7 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # 430,242 before the products rode in the truncations' rounds (8,448 words fewer)
     "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 10, 362_658),
     # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
-    # selection on their daBits (mpc/math/group4.py): 4 rounds, where two pairwise levels
+    # selection on their daBits (mpc/math/groups_of_four.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes
     "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 4, 161_792),
     # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): the six differences and

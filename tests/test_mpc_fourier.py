@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.material.party import cmp_mask
 from mpc.math.fourier import (
     MAX_TERMS,
     Series,
@@ -29,6 +28,7 @@ from mpc.math.fourier import (
 )
 from mpc.protocols import approx, trig
 from mpc.protocols import parties as party_calls
+from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.opening.run import open_among
 from pointers.wire.messages import Describe
 

@@ -18,7 +18,7 @@ import pointers as pt
 from mpc.config import MPCConfig
 from mpc.material import fss_relu
 from mpc.math import dcf_vec
-from mpc.protocols import fss
+from mpc.protocols.fss import run as fss
 from pointers.wire.messages import Describe
 
 FSS = MPCConfig(comparison="fss")

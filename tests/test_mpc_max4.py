@@ -1,4 +1,4 @@
-"""The max of four values in one comparison run (issue 25, item 2; mpc/math/group4.py):
+"""The max of four values in one comparison run (issue 25, item 2; mpc/math/groups_of_four.py):
 against plaintext torch, ties to the first index as torch's argmax, for 2 and 3 parties;
 and its steps run once, on their own instance, like every protocol step (issue 27)."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.protocols import parties as party_calls
-from mpc.protocols.compare import max_of_four
+from mpc.protocols.max_of_four.run import max_of_four
 
 
 def _group(n: int) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:

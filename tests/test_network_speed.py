@@ -21,10 +21,10 @@ import mpc
 import pointers as pt
 from benchmarks.__main__ import main as bench_main
 from benchmarks.report import floor_table
-from mpc.material import party
 from mpc.material.party import MAX_SEEDED_BYTES
-from mpc.math import carry4
+from mpc.math import carry_tree
 from mpc.math.prg import PRG
+from mpc.protocols.comparison import steps as comparison
 from mpc.protocols.opening import steps as opening
 from mpc.session import install
 from mpc.shared import SEEDED_FROM
@@ -227,12 +227,12 @@ def test_a_round_opens_its_values_in_one_delivery_per_peer(kind, request):
 @pytest.mark.parametrize("kind", KINDS)
 def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
     # the step itself (a worker runs it only on the dealer's material: below)
-    u, v = party.unpack(None, torch.arange(6), [[2], [2, 2]])
+    u, v = comparison.unpack(None, torch.arange(6), [[2], [2, 2]])
     assert torch.equal(u, torch.tensor([0, 1]))
     assert torch.equal(v, torch.tensor([[2, 3], [4, 5]]))
     for shapes, match in (([[2], [2]], "4 elements"), ([[-1]], "list of sizes"), ([], "non-empty")):
         with pytest.raises(ValueError, match=match):
-            party.unpack(None, torch.arange(6), shapes)
+            comparison.unpack(None, torch.arange(6), shapes)
     with pytest.raises(TypeError, match="one dtype"):
         opening.pack(None, [torch.arange(6), torch.ones(2)])
     # at a worker: a client's own tensors are not protocol material (issue 27)
@@ -377,7 +377,7 @@ def test_the_dealer_refuses_malformed_product_nonces(kind, request):
     alice, bob, carol = _workers(kind, request)
     s = mpc.share(torch.randn(4), alice, bob, crypto_provider=carol)
     session = s.session
-    levels = [session.next_nonce() for _ in range(carry4.LEVELS - 1)]
+    levels = [session.next_nonce() for _ in range(carry_tree.LEVELS - 1)]
     for bad in ([1.5], list(range(17)), "12"):
         with pytest.raises(pt.PointerError, match="at most 16 values"):
             pt.call_function(

@@ -17,11 +17,13 @@ import torch.nn.functional as F
 
 import mpc
 import pointers as pt
-from mpc.protocols import arith, compare
 from mpc.protocols import parties as party_calls
 from mpc.protocols.beaver import run as beaver_run
+from mpc.protocols.comparison import base as comparison_base
+from mpc.protocols.comparison import run as comparison_run
 from mpc.protocols.functions import MAKES_MATERIAL
 from mpc.protocols.opening import run as opening_run
+from mpc.protocols.truncation import run as truncation_run
 from pointers.pointer_tensor import search_worker
 from pointers.wire.messages import (
     CallFunction,
@@ -96,8 +98,9 @@ class MaterialSpy:
             party_calls,
             opening_run,
             beaver_run,
-            arith,
-            compare,
+            truncation_run,
+            comparison_base,
+            comparison_run,
         ):  # where the protocols look these names up
             for name, spy in (("call", call), ("deal", deal), ("open_among", open_among)):
                 if hasattr(module, name):

@@ -21,15 +21,15 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.material.dealer import (
+from mpc.material.dealer import new_seed
+from mpc.math.encoding import product_safe_value
+from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, derive
+from mpc.protocols.truncation.run import truncate
+from mpc.protocols.truncation.steps import (
     dealer_trunc,
-    new_seed,
     trunc_correction_dtype,
     unpack_trunc_correction,
 )
-from mpc.math.encoding import product_safe_value
-from mpc.protocols.arith import truncate
-from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, derive
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 # shifts at and around the dtype boundaries of the correction (8, 16, 32 bits) and beyond

@@ -36,7 +36,8 @@ from benchmarks.workloads.functions import (
     w11_functions,
     w13_transformer,
 )
-from benchmarks.workloads.hf import TINY_BERT, TINY_GPT2, hf_model, w14_bert, w15_gpt2, w16_decode
+from benchmarks.workloads.generation import w16_decode, w17_decode
+from benchmarks.workloads.hf import TINY_BERT, TINY_GPT2, hf_model, w14_bert, w15_gpt2
 from benchmarks.workloads.measuring import (
     RESULTS,
     _time_calls,
@@ -165,6 +166,7 @@ __all__ = [
     "w14_bert",
     "w15_gpt2",
     "w16_decode",
+    "w17_decode",
     "worker_names",
     "workers",
 ]

@@ -11,15 +11,8 @@ from torch import nn
 from mpc.errors import MPCError
 from mpc.generation.decoding import PlainPrograms, embedding, one_hot_rows
 from mpc.generation.held import HeldPrograms
+from mpc.hf import session_of
 from mpc.offered import HeldShared
-from mpc.shared import SharedTensor
-
-
-def _session(model: nn.Module) -> Any:
-    for p in model.parameters():
-        if isinstance(p, SharedTensor):
-            return p.session
-    raise MPCError("the model is not shared: call mpc.share(model, ...) first")
 
 
 def programs(
@@ -27,7 +20,7 @@ def programs(
 ) -> PlainPrograms | HeldPrograms:
     """The prefill's and the step's programs of ``model`` (held: as its owner approved
     them, for that prompt length, maximum length and batch)."""
-    session = _session(model)
+    session = session_of(model)
     if any(isinstance(p, HeldShared) for p in model.parameters()):
         return HeldPrograms(model, session, prompt_length, max_length, batch)
     return PlainPrograms(model, session, max_length)
@@ -74,7 +67,7 @@ def generate(
             f"length {max_length}"
         )
     progs = programs(model, length, max_length, batch)
-    session = _session(model)
+    session = session_of(model)
     vocab = embedding(model).weight.shape[0]
     new: list[torch.Tensor] = []
     with torch.no_grad():

@@ -38,10 +38,11 @@ from typing import Any
 import torch
 
 from mpc.material import rules, sizes
-from mpc.material.dealer import check_selection, selection_material
-from mpc.material.party import unpack
 from mpc.math import dcf
 from mpc.math.prg import PRG, new_seed
+from mpc.protocols.comparison.selection import check_selection, selection_material
+from mpc.protocols.max_of_four.steps import group_material
+from mpc.protocols.opening.steps import split
 from mpc.protocols.sizes import fixed, stream_records
 from mpc.protocols.step import SUM, step
 from mpc.protocols.streams import (
@@ -87,7 +88,7 @@ def dealer_fss(
     """The keys (see the module docstring): the correction words, one object that goes
     to both parties, and the last party's share of u, then with ``select`` its share of
     the daBit t and the selections' material
-    (:func:`~mpc.material.dealer.selection_material`), flat."""
+    (:func:`~mpc.protocols.comparison.selection.selection_material`), flat."""
     if len(seeds) != 2:
         raise ValueError("the FSS comparison is for 2 parties")
     check_bits(bits)
@@ -110,7 +111,9 @@ def dealer_fss(
     parts = [u - derive(seeds[0], nonce, TAG_U, [n])]
     if select:
         parts.append((t - derive(seeds[0], nonce, TAG_T_ARITH, shape)).reshape(-1))
-        parts += selection_material(ctx, seeds, t, shape, product_nonces, group_nonce)
+        parts += selection_material(ctx, seeds, t, shape, product_nonces)
+        if group_nonce is not None:
+            parts += group_material(ctx, seeds, t, shape, group_nonce)
     return [cw, torch.cat(parts) if len(parts) > 1 else parts[0]]
 
 
@@ -120,7 +123,7 @@ def fss_unpack(
 ) -> list[torch.Tensor]:
     """The last party splits its part of the key: its share of u, then with a selection
     its daBit share and the selections' material (views)."""
-    return unpack(ctx, packed, shapes)
+    return split(packed, shapes)
 
 
 @step(rule=rules.fss_eval, size=sizes.fss_eval, keeps=stream_records(2), opens={"fss.d": SUM})

@@ -1,9 +1,9 @@
 """ReLU of a product with its truncation in one round, by FSS (2 parties): the steps at the
 dealer and at the parties, their rules and sizes (the protocol:
-:func:`mpc.protocols.fss.relu_truncating`).
+:func:`mpc.protocols.fss.run.relu_truncating`).
 
 For a product z not yet truncated by f bits, |z| < 2^62 (the range in which the
-truncation itself is exact, :func:`mpc.protocols.arith.truncate`), the parties open
+truncation itself is exact, :func:`mpc.protocols.truncation.run.truncate`), the parties open
 c = z + r (r the dealer's mask, shared from the seeds) and nothing else. With
 r' = r - 2^62, h = msb(r'), r'' = r' mod 2^63 and z~ = z + 2^62 in [0, 2^63):
 

@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
+from mpc.protocols.comparison.selection import selected_count
+from mpc.protocols.max_of_four.steps import group_words
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
-    all_bytes,
     bilinear,
     elems,
     int_param,
-    largest,
     nbytes,
     numel,
     records,
@@ -43,27 +43,6 @@ from mpc.protocols.sizes import (
 from pointers.worker.functions import SizeFunction, sized
 
 # -- the dealer ----------------------------------------------------------------------------
-
-
-def dealer_trunc(p: dict[str, Any]) -> int:
-    return 8 * WORD * numel(p.get("shape")) + SLACK
-
-
-def _selected(p: dict[str, Any]) -> int:
-    nonces = p.get("product_nonces")
-    return min(len(nonces), 16) if isinstance(nonces, list) else 0
-
-
-def dealer_compare(p: dict[str, Any]) -> int:
-    group = 30 if p.get("group_nonce") is not None else 0  # (groups of four: group4.py)
-    # (per element of [G, 6]: 180 words a group for 44 terms; [G, 10]: 300 for 104)
-    return (2 * _selected(p) + 64 + group) * WORD * numel(p.get("shape")) + SLACK
-
-
-def dealer_compare_keeps(p: dict[str, Any]) -> int:
-    levels = p.get("level_nonces")
-    n_levels = min(len(levels), 16) if isinstance(levels, list) else 0
-    return records(p.get("seeds"), 5 + 3 * n_levels + 2 * _selected(p))
 
 
 def _terms(p: dict[str, Any]) -> int:
@@ -88,29 +67,6 @@ def fourier_finish(p: dict[str, Any]) -> int:
     return (8 * _terms(p) + 6) * WORD * tensor_elems(p, "c") + SLACK
 
 
-def comparison_step(p: dict[str, Any]) -> int:
-    """A carry-tree step (cmp_init, carry_step): a few copies of everything it is given,
-    and of the largest of them."""
-    return 4 * all_bytes(p) + 128 * WORD * largest(p) + SLACK
-
-
-def cmp_bit_mask(p: dict[str, Any]) -> int:
-    return WORD * (6 * tensor_elems(p, "top") + 2 * tensor_elems(p, "g")) + SLACK
-
-
-def dabit_product(p: dict[str, Any]) -> int:
-    return 3 * WORD * max(tensor_elems(p, "t"), tensor_elems(p, "e")) + SLACK
-
-
-def cmp_select_finish(p: dict[str, Any]) -> int:
-    shapes = [shape_of(p.get(x)) for x in ("d", "v", "vt")]
-    try:
-        n = numel(list(torch.broadcast_shapes(*shapes)))
-    except RuntimeError as e:
-        raise ValueError(f"the shares of a selection do not broadcast: {e}") from None
-    return 6 * WORD * n + SLACK
-
-
 def release_sum(p: dict[str, Any]) -> int:
     ts = tensors(p.get("parts"))
     return 2 * (nbytes(ts[0]) if ts else WORD) + SLACK
@@ -120,15 +76,6 @@ def share_update(p: dict[str, Any]) -> int:
     n = int_param(p.get("n_shares"), "n_shares", 2, 5)
     update = p.get("update")
     return (n + 5) * WORD * elems(update) + 2 * nbytes(update) + SLACK
-
-
-def group_select(p: dict[str, Any]) -> int:
-    """The max of groups of four: the daBits' products ([G, 44] derived or viewed; [G, 104]
-    after a ReLU, d [G, 10]), the expansion's coefficients and terms (a few [G] words per
-    product)."""
-    groups = elems(p.get("a")) // 4 + 1
-    per = 160 if elems(p.get("d")) <= 6 * groups else 200  # (measured 127 at 2^18)
-    return per * WORD * groups + SLACK
 
 
 def dealer_weight(p: dict[str, Any]) -> int:
@@ -187,13 +134,12 @@ def dealer_fss(p: dict[str, Any]) -> int:
     with its share of u; tests/test_mpc_fss_costs.py), the mask, roots and payloads (a few
     words an element) and the selections."""
     n = numel(p.get("shape"))
-    group = 30 if p.get("group_nonce") is not None else 0
-    extra = (2 * _selected(p) + 24 + group) * n
+    extra = (2 * selected_count(p) + 24 + group_words(p)) * n
     return WORD * (3 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
 
 
 def dealer_fss_keeps(p: dict[str, Any]) -> int:
-    return records(p.get("seeds"), 4 + 2 * _selected(p) + 3)
+    return records(p.get("seeds"), 4 + 2 * selected_count(p) + 3)
 
 
 def fss_eval(p: dict[str, Any]) -> int:

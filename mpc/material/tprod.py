@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from mpc.material import sizes
-from mpc.material.dealer import unpack_trunc_correction
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
 from mpc.protocols.step import step
 from mpc.protocols.streams import TAG_C, TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
+from mpc.protocols.truncation.steps import unpack_trunc_correction
 from pointers.worker.sealing import ProtocolCall, seal
 
 MAX_VALUES = 8  # truncations in one batch

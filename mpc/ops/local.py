@@ -25,6 +25,7 @@ from mpc.ops.common import (
     wrap,
 )
 from mpc.ops.masking import add_mask, mask_of
+from mpc.protocols.truncation.run import truncate
 from mpc.protocols.weights import view_of
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
@@ -311,8 +312,6 @@ def _mean_of_products(total: SharedTensor, count: int) -> SharedTensor | None:
     if target <= f or total.frac_bits - total.pending > target:
         return None
     if total.frac_bits > target:
-        from mpc.protocols.arith import truncate
-
         shares = truncate(total.session, total.shares, total.frac_bits - target)
     else:  # exact: a smaller scale lifted
         shares = [sh * (1 << (target - total.frac_bits)) for sh in total.shares]

@@ -19,7 +19,8 @@ from mpc.ops.backward import keep_pool_argmax, relu_keeping_mask
 from mpc.ops.common import aten, check_public
 from mpc.ops.local import _add, _neg
 from mpc.ops.relu_pool import deferred_relu, pool_of_relu
-from mpc.protocols.compare import msb, select_by_msb
+from mpc.protocols.compare import msb, relu_with_mask, select_by_msb
+from mpc.protocols.max_of_four.run import max_of_four
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -183,7 +184,7 @@ def _plan(k: int) -> tuple[tuple[str, int], ...]:
     """The levels that reduce k entries to one: the fewest levels (each level is one
     comparison run, 4 rounds), then the fewest comparisons. A level of pairs costs k / 2
     comparisons and halves k; one of groups of four costs 6 k / 4 (all pairs of a group:
-    :func:`mpc.protocols.compare.max_of_four`) and quarters it. So pairs go first, where
+    :func:`mpc.protocols.max_of_four.run.max_of_four`) and quarters it. So pairs go first, where
     k is largest, as long as they cost no level: over 128 entries one level of pairs and
     three of groups (190 comparisons a row) where four levels of groups and the last pair
     took 253, in the same 16 rounds."""
@@ -233,11 +234,9 @@ def _pair_level(x: SharedTensor) -> SharedTensor:
 
 def _group_level(x: SharedTensor, padded: bool) -> SharedTensor:
     """The max of each group of four: the i-th entries of the last dim's four quarters
-    (:func:`mpc.protocols.compare.max_of_four`: 4 rounds where two pairwise levels take
+    (:func:`mpc.protocols.max_of_four.run.max_of_four`: 4 rounds where two pairwise levels take
     8); ``padded``: copies of the first entries fill the last quarter first (the max is
     unchanged), else a remainder of one to three entries joins the result."""
-    from mpc.protocols.compare import max_of_four
-
     k = x.shape[-1]
     if padded:
         pad = -k % 4
@@ -272,8 +271,6 @@ def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
     window, e.g. zeros after a ReLU, and partial ties too: first halves against second
     halves sent a tie of entries 1 and 2 to 2).
     """
-    from mpc.protocols.compare import relu_with_mask
-
     k = x.shape[-1]
     vals = x
     onehot: Any = torch.eye(k, dtype=torch.int64).expand(*x.shape, k)  # public at first

@@ -16,11 +16,28 @@ from mpc.material import dealer, fss, fss_relu, party, sizes, tprod, weights
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
 from mpc.protocols.beaver import steps as beaver
+from mpc.protocols.comparison import selection
+from mpc.protocols.comparison import steps as comparison
+from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
 from mpc.protocols.step import making_material, table
+from mpc.protocols.truncation import steps as truncation
 
 #: the modules that define protocol steps
-STEP_MODULES = (opening, beaver, party, dealer, weights, fss, fss_relu, tprod)
+STEP_MODULES = (
+    opening,
+    beaver,
+    truncation,
+    comparison,
+    selection,
+    max_of_four,
+    party,
+    dealer,
+    weights,
+    fss,
+    fss_relu,
+    tprod,
+)
 
 FUNCTIONS: dict[str, Callable[..., Any]] = table(STEP_MODULES)
 # the steps of modules that declare them by hand (a model owner's, an owner's release)

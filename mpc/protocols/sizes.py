@@ -164,6 +164,11 @@ def elementwise(k: int, name: str) -> SizeFunction:
     return peak
 
 
+def derived(p: dict[str, Any]) -> int:
+    """One int64 tensor of the shape parameter ``shape`` (a stream derived from a seed)."""
+    return WORD * numel(p.get("shape")) + SLACK
+
+
 def fixed(p: dict[str, Any]) -> int:
     """A step that allocates nothing of its inputs' size (views, small records)."""
     return SLACK

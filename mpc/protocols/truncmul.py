@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from mpc.material.tprod import dealer_trunc_products, material_words, out_shape, trunc_products
 from mpc.protocols.approx import Fx
-from mpc.protocols.arith import TruncRun
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, at_parties, deal
+from mpc.protocols.truncation.run import TruncRun
 
 
 def truncate_and_multiply(

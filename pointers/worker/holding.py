@@ -45,6 +45,7 @@ import torch
 
 from pointers.errors import NotAllowedError
 from pointers.wire import serde
+from pointers.wire.messages import Delete
 from pointers.wire.serde import Slot, SlotRef, ref_id
 from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
 
@@ -283,7 +284,12 @@ def program_digest(
         return ["other", type(o).__name__, repr(o)]
 
     slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
-    doc = [party, canon(raw), slots, sorted(outputs)]
+    # the deletes of a run's temporaries are not part of what is approved: where they
+    # fall depends on when the client's pointers died and on its kind of connection (an
+    # in-process client deletes as it goes, a network one in batches), and a delete
+    # reveals nothing (it can only make the run, or a later one, fail)
+    commands = [c for c in raw if not (isinstance(c, list) and c and c[0] == Delete.KIND)]
+    doc = [party, canon(commands), slots, sorted(outputs)]
     return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
 
 

@@ -1,6 +1,6 @@
-"""The comparison by function secret sharing: the session option ``comparison="fss"``
-(2 parties; the steps and their algebra: :mod:`mpc.material.fss`, the DCF:
-:mod:`mpc.math.dcf`).
+"""The comparison by function secret sharing, the client's side: the session option
+``comparison="fss"`` (2 parties; the steps and their algebra: :mod:`mpc.material.fss`,
+the DCF: :mod:`mpc.math.dcf`).
 
 Offline, one dealer call deals both parties' DCF keys: the correction words, one object
 delivered to each party, and the last party's shares of the mask's top bit, of the daBit
@@ -13,36 +13,29 @@ Online:
   round 1 opens c together with the e = v - a of the products [v t] (and a pending
   truncation's opening, and the groups' masks for a max of four); the local evaluation
   gives [msb(x) ^ t]; round 2 opens d = msb(x) ^ t (and a truncated value's product
-  opening); then the selection is local, the same steps as the default protocol's last
-  one (:class:`mpc.protocols.compare._MsbRun`). 2 rounds.
+  opening); then the selection is local, the same steps as the carry tree's last one
+  (:class:`mpc.protocols.comparison.base.ComparisonRun`). 2 rounds.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from mpc.material import fss as material
 from mpc.material import fss_relu
 from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
 from mpc.material.fss_relu import dealer_fss_relu, fss_relu_eval
-from mpc.material.party import cmp_mask
-from mpc.math import group4
-from mpc.protocols.arith import TruncRun
-from mpc.protocols.compare import (
-    _MsbRun,
-    _numel,
-    _selected,
-    register_mode,
-    register_relu_truncating,
-)
+from mpc.math import groups_of_four
+from mpc.protocols.comparison.base import ComparisonRun, numel
+from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares, at_parties, run_step
+from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
 
 
-class FssRun(_MsbRun):
-    """msb([x]) by FSS, with the same optional selections as :class:`_MsbRun` (whose
-    local last steps it shares); the constructor runs the online rounds."""
+class FssRun(ComparisonRun):
+    """msb([x]) by FSS, with the same optional selections as the carry tree (whose local
+    last steps it shares, :class:`~mpc.protocols.comparison.base.ComparisonRun`); the
+    constructor runs the online rounds."""
 
     def __init__(
         self,
@@ -54,23 +47,13 @@ class FssRun(_MsbRun):
     ) -> None:
         if session.n != 2:  # (a session refuses comparison="fss" for more parties)
             raise ValueError("the FSS comparison is for 2 parties")
-        self.session = session
-        self.shape = shape = list(x[0].shape)
-        self.group, self.group_nonce = group, None
-        self.values = list(values)
-        self.x = x
-        for v in values:
-            if list(v[0].shape) != shape:
-                raise ValueError(f"select_by_msb: value shape {list(v[0].shape)} != {shape}")
-        selected = _selected(values, trunc, group)
+        super().__init__(session, x, values, trunc=trunc, group=group)
+        shape, nonce, selected = self.shape, self.nonce, self.selected
         self.select = select = selected > 0 or group is not None
-        self.nonce = nonce = session.next_nonce()
-        product_nonces = [session.next_nonce() for _ in range(selected)]
-        if group is not None:
-            self.group_nonce = session.next_nonce()
+        product_nonces = self._selection_nonces()
         bits = session.config.fss_bits
         seed = session.party_seeds
-        n = _numel(shape)
+        n = numel(shape)
 
         # offline: the correction words, one object delivered to each party (in process
         # both read the dealer's buffer), and the last party's part of its key
@@ -79,13 +62,13 @@ class FssRun(_MsbRun):
         if select:
             shapes += [shape] * (1 + selected)
             if group is not None:
-                shapes.append([group4.terms(shape[1]) * shape[0]])
+                shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
         dealer = session.require_dealer("comparison of secret values")
         cw, key1 = run_step(
             dealer,
             dealer_fss,
             [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits],
-            out=[([w], I64), ([sum(_numel(s) for s in shapes)], I64)],
+            out=[([w], I64), ([sum(numel(s) for s in shapes)], I64)],
         )
         first_party, last_party = session.parties
         cws = [cw.copy_to(party, lend=True) for party in session.parties]  # (read only)
@@ -117,25 +100,18 @@ class FssRun(_MsbRun):
         self.t_arith_last = rest[0]
         c_products = rest[1 : 1 + selected]
         self.group_last = rest[1 + selected] if group is not None else None
-        t = self._t_shares()
-        self.t = t
-        self.vt = [
-            prod.finish(o.value, t, c_last)
-            for prod, o, c_last in zip(products, product_openings, c_products)
-        ]
-        late, late_group = self._late(trunc, trunc_opening, product_nonces)
+        late, late_group = self._products(
+            products, product_openings, c_products, trunc, trunc_opening, product_nonces
+        )
 
         # round 2: d = msb(x) ^ t (a sum of the parties' shares), with the late products
         # (and a truncated group's masked values)
         round2 = Round(session)
         opened_d = round2.add(out)
-        late_openings = [round2.add(prod.e) for prod in late]
-        group_opening = round2.add(late_group) if late_group is not None else None
+        late_openings, group_opening = self._open_late(round2, late, late_group)
         round2.open()
         self.d = opened_d.value
-        if group_opening is not None:
-            self.group_e = group_opening.value
-        self.vt += [prod.finish(o.value, t, c_products[-1]) for prod, o in zip(late, late_openings)]
+        self._finish_late(late, late_openings, group_opening, c_products)
 
     def finish_bit(self) -> Shares:
         """[msb(x)]: the evaluation's result (a run without selections)."""
@@ -153,7 +129,7 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
         return None
     nonce = session.next_nonce()
     shape = list(z[0].shape)
-    n = _numel(shape)
+    n = numel(shape)
     seed = session.party_seeds
     dealer = session.require_dealer("comparison of secret values")
     cw, consts = run_step(
@@ -177,18 +153,4 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
     return out
 
 
-def run(
-    session: Session,
-    x: Shares,
-    values: list[Shares],
-    trunc: TruncRun | None = None,
-    group: Shares | None = None,
-) -> Any:
-    """An :class:`FssRun` (for :mod:`mpc.protocols.compare`)."""
-    return FssRun(session, x, values, trunc=trunc, group=group)
-
-
-register_mode("fss", run)
-register_relu_truncating("fss", relu_truncating)
-
-__all__ = ["FssRun", "relu_truncating", "run"]
+__all__ = ["FssRun", "relu_truncating"]

@@ -1,4 +1,4 @@
-"""The radix-4 carry tree of the comparison (mpc/math/carry4.py) on XOR shares, against
+"""The radix-4 carry tree of the comparison (mpc/math/carry_tree.py) on XOR shares, against
 plaintext: the carry into bit 63 of c + ~r + 1, for 2 and 3 parties, whatever the values
 (edges included) and the shares; the packing and interleaving are linear over XOR and
 their element order is a permutation."""
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpc.math import carry4 as C
+from mpc.math import carry_tree as C
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 EDGES = st.sampled_from([0, 1, -1, 2**62, -(2**62), 2**63 - 1, -(2**63), 2**31, -(2**31)])

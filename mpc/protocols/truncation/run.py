@@ -1,4 +1,5 @@
-"""Truncation with known MSB over additive shares in Z/2^64.
+"""Truncation with known MSB, the client's side: the dealer's correction, each party's
+mask, one opening, each party's finish (the steps: :mod:`mpc.protocols.truncation.steps`).
 
 Notation: [x] is an additive sharing, x = sum_i x_i mod 2^64, party i holding x_i.
 """
@@ -7,10 +8,14 @@ from __future__ import annotations
 
 import math
 
-from mpc.material.dealer import dealer_trunc, trunc_correction_words
-from mpc.material.party import trunc_finish, trunc_mask
 from mpc.protocols.opening.run import Opened, Round
 from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only
+from mpc.protocols.truncation.steps import (
+    dealer_trunc,
+    trunc_correction_words,
+    trunc_finish,
+    trunc_mask,
+)
 from mpc.session import Session
 
 
@@ -74,3 +79,6 @@ def truncate(session: Session, z: Shares, bits: int) -> Shares:
     c = run.open_in(one)
     one.open()
     return run.finish(c.value)
+
+
+__all__ = ["TruncRun", "truncate"]
