@@ -207,7 +207,10 @@ def render(data: dict[str, Any]) -> str:
         latency[where] = float(run["meta"].get("latency_ms") or 0.0)
         groups.setdefault(where, []).extend((number, r) for r in run["rows"])
     out: list[str] = []
-    for where, rows in groups.items():
+    first = {where: min(n for n, _ in rows) for where, rows in groups.items()}
+    order = sorted(groups, key=lambda w: (engines[w] != OURS, latency[w], "network" in w, first[w]))
+    for where in order:
+        rows = groups[where]
         rows.sort(key=lambda nr: _order(nr[1]))
         mpc_rows = [(n, r) for n, r in rows if "messages_per_op" not in r]
         ptr_rows = [(n, r) for n, r in rows if "messages_per_op" in r]

@@ -7,7 +7,6 @@
 tensor([3.2500, 5.0000])
 """
 
-from mpc import compat as _compat
 from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
@@ -22,8 +21,6 @@ from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session
 from mpc.shared import SharedTensor
-
-_compat.install()  # PySyft 0.2 compatible names on SharedTensor
 
 __all__ = [
     "Approval",

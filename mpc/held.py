@@ -68,7 +68,7 @@ from mpc.offered import (
 )
 from mpc.plan import Programs, SharedPlan, signature, slots_of
 from mpc.plan import plan as plain_plan
-from mpc.protocols import weights
+from mpc.protocols.weights import run as weights
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
 from pointers.worker import holding

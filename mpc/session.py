@@ -36,8 +36,8 @@ import pointers as pt
 from mpc import accounting
 from mpc.config import MPCConfig
 from mpc.errors import ComparisonModeError, CryptoProviderRequired, PartyMismatchError
-from mpc.material.dealer import new_seed
 from mpc.protocols.functions import FUNCTIONS
+from mpc.protocols.seeds.steps import new_seed
 from mpc.protocols.step import name_of
 from pointers.worker.program import RunValue
 

@@ -8,17 +8,17 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 
 import pointers as pt
 from mpc import accounting, config
 from mpc.errors import MPCError, UnsupportedOpError
-from mpc.material.party import share_from_seed
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.protocols.parties import run_step
+from mpc.protocols.seeds.steps import share_from_seed
 from mpc.protocols.truncation.run import truncate
 from mpc.session import Session
 
@@ -173,6 +173,18 @@ class SharedTensor(torch.Tensor):
     def reconstruct(self) -> torch.Tensor:
         return self.get()
 
+    # (torch's Tensor.max is overloaded in its stubs: no one signature overrides it)
+    def max(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """torch's max; over a dimension, the (values, indices) pair as a
+        :class:`MaxResult`, whose ``.get()`` gives the values (PySyft 0.2's
+        ``shared.max(dim=0).get()``)."""
+        out = torch.Tensor.max(self, *args, **kwargs)
+        return MaxResult(out[0], out[1]) if isinstance(out, tuple) else out
+
+    def copy(self) -> SharedTensor:
+        """PySyft's ``shared.copy()``: the same value, in new shares at the same parties."""
+        return self.clone()
+
     @property
     def parties(self) -> list[Any]:
         return self.session.parties
@@ -253,6 +265,19 @@ class SharedTensor(torch.Tensor):
                     if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
                         t.materialize()
             return handler(func, args, kwargs or {})
+
+
+class MaxResult(NamedTuple):
+    """``shared.max(dim)``: shared values and indices, as torch's pair (``values, indices =
+    x.max(dim=0)``). ``.get()`` reconstructs the values, as PySyft's
+    ``x.max(dim=0).get()`` did (PySyft's max over a dimension gave the values only);
+    ``.indices.get()`` gives the indices."""
+
+    values: Any
+    indices: Any
+
+    def get(self) -> Any:
+        return self.values.get()
 
 
 def _needs_get(what: str) -> MPCError:

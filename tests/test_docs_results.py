@@ -126,3 +126,23 @@ def test_the_plot_is_drawn_from_the_results_file(tmp_path: Path):
     pytest.importorskip("matplotlib")
     out = report.plot_results(results.load(results.RESULTS), tmp_path / "plot.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_line_records_a_run_and_replaces_it_when_run_again(tmp_path: Path, capsys):
+    from benchmarks.__main__ import main
+
+    path = tmp_path / "results.json"
+    argv = ["--workloads", "W1", "--sizes", "1e3", "--repeat", "1", "--no-progress"]
+    assert main([*argv, "--record", str(path)]) == 0
+    assert main([*argv, "--record", str(path)]) == 0
+    (run,) = results.load(path)["runs"]  # the second run replaced the first's row
+    assert run["meta"]["command"] == "python -m benchmarks " + " ".join(
+        [*argv, "--record", str(path)]
+    )
+    assert run["meta"]["load_before"] is not None and run["meta"]["commit"]
+    assert [r["name"] for r in run["rows"]] == ["W1-mul-1e3"]
+    page = tmp_path / "page.md"
+    page.write_text(f"{results.BEGIN}\n{results.END}\n")
+    assert report.main([str(path), "--docs", str(page), "--no-plot"]) == 0
+    assert "| W1 mul | 1e3 |" in page.read_text()
+    assert report.main([str(path), "--docs", str(page), "--check"]) == 0

@@ -20,8 +20,8 @@ import torch
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
-from mpc.material import fss as material
-from mpc.material import fss_relu
+from mpc.protocols.fss import relu as fss_relu
+from mpc.protocols.fss import steps as material
 from mpc.protocols.opening.run import Round
 from pointers.wire.messages import Describe
 

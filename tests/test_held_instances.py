@@ -19,7 +19,7 @@ import mpc
 import pointers as pt
 from mpc.plan import slots_of
 from mpc.protocols.opening.run import Round
-from mpc.protocols.weights import WeightInstance, WeightRun
+from mpc.protocols.weights.run import WeightInstance, WeightRun
 from mpc.shared import SharedTensor, share_tensor
 from pointers.errors import NotAllowedError, PointerError, RemoteError
 from pointers.pointer_tensor import PointerTensor, RemoteRef

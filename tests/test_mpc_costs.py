@@ -11,7 +11,7 @@ The dealer's bytes are pinned too, for the ops that truncate: per truncated elem
 ships the last party's share of U (8 bytes) and of D = 2^(64-f) (1 - h) only the f-bit
 s with D = 2^(64-f) s (2 bytes, int16, at the default f = 16), not a full 8-byte word:
 a truncation used to cost the dealer 16 bytes an element, now 10 (a product with its
-truncation 24, now 18; see mpc/material/dealer.py dealer_trunc).
+truncation 24, now 18; see mpc/protocols/truncation/steps.py dealer_trunc).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # e / sum by fine bins on the row sums and a cubic (mpc/protocols/inverse.py): 26
     # rounds (max 12, exp 6, division 8); 34 and 527,900 with reciprocal and product. The
     # division's products of freshly truncated values ride in the truncation's round
-    # (mpc/protocols/truncmul.py): it was 10 rounds, and the softmax 28 and 674,824 bytes
+    # (mpc/protocols/truncated_products/run.py): it was 10 rounds, and the softmax 28 and 674,824 bytes
     # (the Beaver openings of E u, u^2 and (E u) h: 8,704 words fewer); 605,192 before
     # the max's first level paired entries (16 + 2 x 6 comparisons a row, not 8 x 6 + 6)
     "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 26, 559_752),

@@ -1,4 +1,4 @@
-"""Masked Fourier series on shares (mpc.protocols.trig.fourier_series, mpc.math.fourier).
+"""Masked Fourier series on shares (mpc.protocols.fourier.run.fourier_series, mpc.math.fourier).
 
 The protocol is tested against the series itself evaluated in float64 on the encoded input
 (so the bound is the fixed point's, not a fit's), for random series, periods and inputs
@@ -26,9 +26,10 @@ from mpc.math.fourier import (
     harmonics,
     ring_angle,
 )
-from mpc.protocols import approx, trig
+from mpc.protocols import approx
 from mpc.protocols import parties as party_calls
 from mpc.protocols.comparison.steps import cmp_mask
+from mpc.protocols.fourier import run as trig
 from mpc.protocols.opening.run import open_among
 from pointers.wire.messages import Describe
 

@@ -21,11 +21,11 @@ import mpc
 import pointers as pt
 from benchmarks.__main__ import main as bench_main
 from benchmarks.report import floor_table
-from mpc.material.party import MAX_SEEDED_BYTES
 from mpc.math import carry_tree
 from mpc.math.prg import PRG
 from mpc.protocols.comparison import steps as comparison
 from mpc.protocols.opening import steps as opening
+from mpc.protocols.seeds.steps import MAX_SEEDED_BYTES
 from mpc.session import install
 from mpc.shared import SEEDED_FROM
 from pointers.wire.messages import SendToPeer

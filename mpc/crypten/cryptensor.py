@@ -249,14 +249,14 @@ class MPCTensor(CrypTensor):
         def compute(_: Any) -> MPCTensor | None:
             g = self._shared.grad
             if g is None or isinstance(g, SharedTensor):
-                return None if g is None else _wrap(g)
+                return None if g is None else wrap_shared(g)
             return MPCTensor._of(mpc.share(g, session=self._shared.session))
 
         return _world.collective("grad", compute)  # type: ignore[no-any-return]
 
     def backward(self, grad_input: Any = None, **kwargs: Any) -> None:
         _world.collective(
-            "backward", lambda _: self._shared.backward(_unwrap(grad_input), **kwargs)
+            "backward", lambda _: self._shared.backward(unwrap_shared(grad_input), **kwargs)
         )
 
     # -- CrypTen's forms of torch ops -----------------------------------------------------
@@ -268,11 +268,11 @@ class MPCTensor(CrypTensor):
             idx = getattr(flat, fn)(dim=d, keepdim=True)
             if not one_hot:
                 out = idx if keepdim or dim is None else idx.squeeze(d)
-                return _wrap(out.reshape(()) if dim is None and not keepdim else out)
+                return wrap_shared(out.reshape(()) if dim is None and not keepdim else out)
             shape = [1] * flat.dim()
             shape[d] = flat.shape[d]
             hot = idx == torch.arange(flat.shape[d]).view(shape)
-            return _wrap(hot.reshape(x.shape) if dim is None else hot)
+            return wrap_shared(hot.reshape(x.shape) if dim is None else hot)
 
         return _world.collective(f"{fn}", compute)
 
@@ -312,7 +312,7 @@ class MPCTensor(CrypTensor):
             for c in coeffs[1:]:
                 power = power * x
                 total = total + power * c
-            return _wrap(total)
+            return wrap_shared(total)
 
         return _world.collective("polynomial", compute)  # type: ignore[no-any-return]
 
@@ -325,35 +325,35 @@ class MPCTensor(CrypTensor):
     def cross_entropy(self, target: Any, skip_forward: bool = False) -> MPCTensor:
         """Mean over the batch of -sum(target * log_softmax(self, 1)): ``target`` one-hot
         (or probabilities), as CrypTen's."""
-        return _fn("cross_entropy", _cross_entropy, self, target)
+        return on_shares("cross_entropy", shared_cross_entropy, self, target)
 
     def binary_cross_entropy(self, target: Any, skip_forward: bool = False) -> MPCTensor:
         """-mean(target log(self) + (1 - target) log(1 - self)), ``self`` in (0, 1)."""
-        return _fn("binary_cross_entropy", _bce, self, target)
+        return on_shares("binary_cross_entropy", shared_bce, self, target)
 
     def binary_cross_entropy_with_logits(self, target: Any, skip_forward: bool = False) -> Any:
         """The binary cross-entropy of sigmoid(self)."""
-        return _fn(
+        return on_shares(
             "binary_cross_entropy_with_logits",
-            _bce_with_logits,
+            shared_bce_with_logits,
             self,
             target,
         )
 
     def relu6(self) -> MPCTensor:
-        return _fn("relu6", F.relu6, self)
+        return on_shares("relu6", F.relu6, self)
 
     def hardtanh(self, min_value: float = -1.0, max_value: float = 1.0) -> MPCTensor:
-        return _fn("hardtanh", lambda x: F.hardtanh(x, min_value, max_value), self)
+        return on_shares("hardtanh", lambda x: F.hardtanh(x, min_value, max_value), self)
 
     def dropout(self, p: float = 0.5, training: bool = True, inplace: bool = False) -> MPCTensor:
-        return _fn("dropout", lambda x: F.dropout(x, p, training), self)
+        return on_shares("dropout", lambda x: F.dropout(x, p, training), self)
 
     # -- everything else: the SharedTensor's torch method ------------------------------------
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         def compute(_: Any) -> Any:
-            out = getattr(self._shared, name)(*_unwrap(args), **_unwrap(kwargs))
-            return self if out is self._shared else _wrap(out)
+            out = getattr(self._shared, name)(*unwrap_shared(args), **unwrap_shared(kwargs))
+            return self if out is self._shared else wrap_shared(out)
 
         return _world.collective(name, compute)
 
@@ -364,20 +364,23 @@ class MPCTensor(CrypTensor):
             lookup(_UNAVAILABLE, "MPCTensor", name)
         if name in _FUNCTIONAL:
             fn = _FUNCTIONAL[name]
-            return lambda *a, **k: _fn(name, lambda x: fn(x, *_unwrap(a), **_unwrap(k)), self)
+            return lambda *a, **k: on_shares(
+                name, lambda x: fn(x, *unwrap_shared(a), **unwrap_shared(k)), self
+            )
         attr = getattr(torch.Tensor, name, None)
         if attr is None:
             raise AttributeError(f"'MPCTensor' object has no attribute {name!r}")
         if callable(attr):
             return lambda *a, **k: self._call(name, *a, **k)
-        return _world.collective(name, lambda _: _wrap(getattr(self._shared, name)))
+        return _world.collective(name, lambda _: wrap_shared(getattr(self._shared, name)))
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", str(func))
         kwargs = kwargs or {}
         return _world.collective(
-            f"torch.{name}", lambda _: _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+            f"torch.{name}",
+            lambda _: wrap_shared(func(*unwrap_shared(args), **unwrap_shared(kwargs))),
         )
 
     __hash__ = object.__hash__
@@ -463,19 +466,19 @@ def conv1d(
     return out.squeeze(-2)
 
 
-def _unwrap(v: Any) -> Any:
+def unwrap_shared(v: Any) -> Any:
     if isinstance(v, MPCTensor):
         return v._shared
     if isinstance(v, list):
-        return [_unwrap(x) for x in v]
+        return [unwrap_shared(x) for x in v]
     if isinstance(v, tuple):
-        return tuple(_unwrap(x) for x in v)
+        return tuple(unwrap_shared(x) for x in v)
     if isinstance(v, dict):
-        return {k: _unwrap(x) for k, x in v.items()}
+        return {k: unwrap_shared(x) for k, x in v.items()}
     return v
 
 
-def _wrap(v: Any) -> Any:
+def wrap_shared(v: Any) -> Any:
     """SharedTensors in ``v`` as MPCTensors (non-float ones, comparisons' bools, as the
     encrypted 0./1. floats CrypTen gives)."""
     if isinstance(v, SharedTensor):
@@ -483,9 +486,9 @@ def _wrap(v: Any) -> Any:
             v = v.to(torch.get_default_dtype())
         return MPCTensor._of(v)
     if isinstance(v, list):
-        return [_wrap(x) for x in v]
+        return [wrap_shared(x) for x in v]
     if isinstance(v, tuple):
-        items = [_wrap(x) for x in v]
+        items = [wrap_shared(x) for x in v]
         if hasattr(v, "_fields"):  # a NamedTuple
             return type(v)(*items)
         if type(v) is not tuple:  # torch.return_types
@@ -494,7 +497,7 @@ def _wrap(v: Any) -> Any:
     return v
 
 
-def _cross_entropy(x: Any, y: Any) -> Any:
+def shared_cross_entropy(x: Any, y: Any) -> Any:
     return -(y * x.log_softmax(1)).sum(1).mean()
 
 
@@ -506,7 +509,7 @@ class _BCEWithLogits(torch.autograd.Function):
     def forward(ctx: Any, x: Any, y: Any) -> Any:
         s = x.sigmoid()
         ctx.save_for_backward(s, y)
-        return _bce(s, y)
+        return shared_bce(s, y)
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
@@ -514,19 +517,19 @@ class _BCEWithLogits(torch.autograd.Function):
         return (s - y) * (grad / s.numel()), None
 
 
-def _bce_with_logits(x: Any, y: Any) -> Any:
+def shared_bce_with_logits(x: Any, y: Any) -> Any:
     if isinstance(y, torch.Tensor) and not isinstance(y, SharedTensor):
         y = y.to(x.dtype)
     return _BCEWithLogits.apply(x, y)
 
 
-def _bce(x: Any, y: Any) -> Any:
+def shared_bce(x: Any, y: Any) -> Any:
     return -(y * x.log() + (1 - y) * (1 - x).log()).mean()
 
 
-def _fn(label: str, fn: Callable[..., Any], *args: Any) -> Any:
+def on_shares(label: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn`` of the shares of ``args``, once for all ranks."""
-    return _world.collective(label, lambda _: _wrap(fn(*_unwrap(args))))
+    return _world.collective(label, lambda _: wrap_shared(fn(*unwrap_shared(args))))
 
 
 def encrypt(
@@ -570,10 +573,10 @@ def where(condition: Any, input: Any, other: Any) -> Any:  # noqa: A002
     """CrypTen's ``crypten.where``: ``condition * input + (1 - condition) * other``."""
 
     def compute(_: Any) -> Any:
-        c = _unwrap(condition)
-        a, b = _unwrap(input), _unwrap(other)
+        c = unwrap_shared(condition)
+        a, b = unwrap_shared(input), unwrap_shared(other)
         if isinstance(c, torch.Tensor) and not isinstance(c, SharedTensor):
             c = c.to(torch.get_default_dtype())
-        return _wrap(c * a + (1 - c) * b)
+        return wrap_shared(c * a + (1 - c) * b)
 
     return _world.collective("crypten.where", compute)

@@ -37,7 +37,7 @@ from mpc.errors import MPCError
 from mpc.generation import attention
 from mpc.generation.cache import PartyPositions, Rotary, SharedStaticCache, positional_kind
 from mpc.plan import Programs, SharedPlan
-from mpc.protocols import weights
+from mpc.protocols.weights import run as weights
 from mpc.session import Session
 from mpc.shared import SharedTensor
 

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from mpc.errors import MPCError
-from pointers.worker.owners import OWNERS_DATA
-from pointers.worker.sealing import Label, ProtocolCall, protocol_function
+from pointers.worker.sealing import OWNERS_DATA, Label, ProtocolCall, protocol_function
 
 
 class ReleaseRuleError(MPCError):

@@ -15,7 +15,7 @@ from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
 from mpc.ops.functions import softmax
-from mpc.ops.local import _add, mul_public
+from mpc.ops.local import add_shared, mul_public
 from mpc.ops.masking import select_public
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
@@ -64,7 +64,7 @@ def attention(
         if mask.dtype == torch.bool:
             scores = select_public(mask, scores, float("-inf"))
         else:
-            scores = _add(scores, mask, 1)
+            scores = add_shared(scores, mask, 1)
     # (_safe_softmax: a row masked entirely by -inf or False weighs nothing, as in torch)
     attn = softmax(aten._safe_softmax.default, (scores, -1), {})
     return bilinear_op(attn, v, "matmul", {})

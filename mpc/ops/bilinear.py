@@ -15,11 +15,11 @@ import torch
 from mpc.errors import UnsupportedOpError
 from mpc.math.encoding import check_public_product
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
-from mpc.ops.local import _add, mul_public
+from mpc.ops.local import add_shared, mul_public
 from mpc.protocols.beaver.run import beaver
 from mpc.protocols.beaver.steps import bilinear_public
 from mpc.protocols.parties import I64, at_parties
-from mpc.protocols.weights import fixed_product
+from mpc.protocols.weights.run import fixed_product
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -104,7 +104,7 @@ def addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return prod
     if beta != 1:
         bias = mul_public(bias, beta) if isinstance(bias, SharedTensor) else bias * beta
-    return _add(prod, bias, 1)
+    return add_shared(prod, bias, 1)
 
 
 def _pair(v: Any) -> list[int]:
@@ -127,7 +127,7 @@ def convolution(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     }
     out = bilinear_op(x, w, "conv2d", params)
     if bias is not None:
-        out = _add(
+        out = add_shared(
             out,
             bias.view(1, -1, 1, 1) if isinstance(bias, SharedTensor) else bias.view(1, -1, 1, 1),
             1,

@@ -12,37 +12,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpc.material import dealer, fss, fss_relu, party, sizes, tprod, weights
+from mpc.material import sizes
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
 from mpc.protocols.beaver import steps as beaver
 from mpc.protocols.comparison import selection
 from mpc.protocols.comparison import steps as comparison
+from mpc.protocols.fourier import steps as fourier
+from mpc.protocols.fss import relu as fss_relu
+from mpc.protocols.fss import steps as fss
 from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
+from mpc.protocols.seeds import steps as seeds
 from mpc.protocols.step import making_material, table
+from mpc.protocols.truncated_products import steps as truncated_products
 from mpc.protocols.truncation import steps as truncation
+from mpc.protocols.weights import steps as weights
 
 #: the modules that define protocol steps
 STEP_MODULES = (
+    seeds,
     opening,
     beaver,
     truncation,
     comparison,
     selection,
     max_of_four,
-    party,
-    dealer,
+    fourier,
+    truncated_products,
     weights,
     fss,
     fss_relu,
-    tprod,
 )
 
-FUNCTIONS: dict[str, Callable[..., Any]] = table(STEP_MODULES)
-# the steps of modules that declare them by hand (a model owner's, an owner's release)
-FUNCTIONS.update(HELD_FUNCTIONS)
-FUNCTIONS["mpc.release_sum"] = release_sum
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    **table(STEP_MODULES),
+    # the steps of modules that declare them by hand (a model owner's, an owner's release)
+    **HELD_FUNCTIONS,
+    "mpc.release_sum": release_sum,
+}
 sizes.declare(FUNCTIONS)
 
 #: the steps whose outputs are protocol material (sealed at the workers)

@@ -114,17 +114,21 @@ def steps_of(module: ModuleType) -> list[Callable[..., Any]]:
     ]
 
 
-def table(modules: Iterable[ModuleType]) -> dict[str, Callable[..., Any]]:
-    """The function table of the steps the ``modules`` define, by name (two steps of one
-    name: ``ValueError``)."""
+def table_of(steps: Iterable[Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """The function table of ``steps``, by name (two steps of one name: ``ValueError``):
+    what a worker registers (``worker.functions.register_all``)."""
     out: dict[str, Callable[..., Any]] = {}
-    for module in modules:
-        for fn in steps_of(module):
-            name = name_of(fn)
-            if name in out and out[name] is not fn:
-                raise ValueError(f"two steps are named {name!r}")
-            out[name] = fn
+    for fn in steps:
+        name = name_of(fn)
+        if name in out and out[name] is not fn:
+            raise ValueError(f"two steps are named {name!r}")
+        out[name] = fn
     return out
+
+
+def table(modules: Iterable[ModuleType]) -> dict[str, Callable[..., Any]]:
+    """The function table of the steps the ``modules`` define (:func:`table_of`)."""
+    return table_of(fn for module in modules for fn in steps_of(module))
 
 
 def making_material(functions: Mapping[str, Callable[..., Any]]) -> frozenset[str]:
@@ -147,4 +151,5 @@ __all__ = [
     "step",
     "steps_of",
     "table",
+    "table_of",
 ]

@@ -29,7 +29,7 @@ from pointers.errors import NotAllowedError
     TAG_T_BIN,
     TAG_TRIG,
     TAG_PAIRS,
-    TAG_FSS_ROOT,  # the parties' DCF root seeds (mpc.material.fss)
+    TAG_FSS_ROOT,  # the parties' DCF root seeds (mpc.protocols.fss.steps)
 ) = range(12)
 
 

@@ -67,7 +67,7 @@ class Lock(Protocol):
     def __exit__(self, *exc: Any) -> Any: ...
 
 
-_OK_NONE = encode_message(Reply(None))[0]
+OK_NONE = encode_message(Reply(None))[0]
 
 
 def _refs_and_uses(t: Any) -> tuple[int, int]:
@@ -193,7 +193,7 @@ class Worker(Execution):
             except Exception as e:  # every failure becomes an error reply
                 reply = ErrorReply(type(e).__name__, str(e))
             try:
-                out = (_OK_NONE, []) if reply is None else encode_message(reply)
+                out = (OK_NONE, []) if reply is None else encode_message(reply)
             except Exception as e:
                 out = encode_message(ErrorReply(type(e).__name__, f"reply not encodable: {e}"))
             stats.messages_sent += 1
@@ -513,7 +513,7 @@ class VirtualWorker(Worker):
             block.barrier()  # a reply needs everything posted before it done
         header, buffers = encode_message(msg)
         rh, rb = self.handle_frames(header, buffers)
-        if rh == _OK_NONE and not rb:
+        if rh == OK_NONE and not rb:
             return None
         reply = decode_message(rh, rb)
         if isinstance(reply, ErrorReply):

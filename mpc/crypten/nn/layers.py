@@ -10,7 +10,13 @@ from typing import Any
 import torch.nn.functional as F
 from torch import nn
 
-from mpc.crypten.cryptensor import _bce, _bce_with_logits, _cross_entropy, _fn, conv1d
+from mpc.crypten.cryptensor import (
+    conv1d,
+    on_shares,
+    shared_bce,
+    shared_bce_with_logits,
+    shared_cross_entropy,
+)
 from mpc.crypten.nn.module import Module
 
 
@@ -139,14 +145,14 @@ class BCELoss(_Loss):
     """-mean(y log x + (1 - y) log(1 - x)), x in (0, 1)."""
 
     def loss(self, x: Any, y: Any) -> Any:
-        return _bce(x, y)
+        return shared_bce(x, y)
 
 
 class BCEWithLogitsLoss(_Loss):
     """The binary cross-entropy of sigmoid(x)."""
 
     def loss(self, x: Any, y: Any) -> Any:
-        return _fn("BCEWithLogitsLoss", _bce_with_logits, x, y)
+        return on_shares("BCEWithLogitsLoss", shared_bce_with_logits, x, y)
 
 
 class CrossEntropyLoss(_Loss):
@@ -154,4 +160,4 @@ class CrossEntropyLoss(_Loss):
     takes class indices)."""
 
     def loss(self, x: Any, y: Any) -> Any:
-        return _cross_entropy(x, y)
+        return shared_cross_entropy(x, y)

@@ -18,7 +18,7 @@ from torch import nn
 
 import mpc
 from mpc.crypten import _world
-from mpc.crypten.cryptensor import _unwrap, _wrap
+from mpc.crypten.cryptensor import unwrap_shared, wrap_shared
 from mpc.shared import SharedTensor
 
 
@@ -33,7 +33,7 @@ class Module(nn.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         def compute(_: Any) -> Any:
-            return _wrap(nn.Module.__call__(self, *args, **kwargs))
+            return wrap_shared(nn.Module.__call__(self, *args, **kwargs))
 
         return _world.collective(f"{type(self).__name__}.forward", compute)
 
@@ -143,7 +143,7 @@ class FromPyTorch(Module):
         return self
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*_unwrap(args), **_unwrap(kwargs))
+        return self.module(*unwrap_shared(args), **unwrap_shared(kwargs))
 
 
 def from_pytorch(pytorch_model: nn.Module, dummy_input: Any = None) -> FromPyTorch:

@@ -105,12 +105,12 @@ class CarryRun(ComparisonRun):
         for k, level in enumerate(range(1, carry_tree.LEVELS)):
             last_level = level == carry_tree.LEVELS - 1
             ride = Round(session)  # the late products open with the first AND level
-            if level == 1:
-                late_openings, group_opening = self._open_late(ride, late, late_group)
+            late_openings, group_opening = (
+                self._open_late(ride, late, late_group) if level == 1 else ([], None)
+            )
             ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
             ride.open(count=False)  # (the same round's arithmetic openings)
-            if level == 1:
-                self._finish_late(late, late_openings, group_opening, c_products)
+            self._finish_late(late, late_openings, group_opening, c_products)
             corr_c = last_only(session, and_last[k])
             next_nonce = None if last_level else level_nonces[k + 1]
             if not last_level:

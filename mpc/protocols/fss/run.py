@@ -1,5 +1,5 @@
 """The comparison by function secret sharing, the client's side: the session option
-``comparison="fss"`` (2 parties; the steps and their algebra: :mod:`mpc.material.fss`,
+``comparison="fss"`` (2 parties; the steps and their algebra: :mod:`mpc.protocols.fss.steps`,
 the DCF: :mod:`mpc.math.dcf`).
 
 Offline, one dealer call deals both parties' DCF keys: the correction words, one object
@@ -19,13 +19,13 @@ Online:
 
 from __future__ import annotations
 
-from mpc.material import fss as material
-from mpc.material import fss_relu
-from mpc.material.fss import dealer_fss, fss_eval, fss_unpack
-from mpc.material.fss_relu import dealer_fss_relu, fss_relu_eval
 from mpc.math import groups_of_four
 from mpc.protocols.comparison.base import ComparisonRun, numel
 from mpc.protocols.comparison.steps import cmp_mask
+from mpc.protocols.fss import relu as fss_relu
+from mpc.protocols.fss import steps as material
+from mpc.protocols.fss.relu import dealer_fss_relu, fss_relu_eval
+from mpc.protocols.fss.steps import dealer_fss, fss_eval, fss_unpack
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares, at_parties, run_step
 from mpc.protocols.truncation.run import TruncRun
@@ -122,7 +122,7 @@ class FssRun(ComparisonRun):
 
 def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
     """[relu(z >> bits)] for a product z not yet truncated, |z| < 2^62, in one round: the
-    opening of c = z + r, then each party's local step (:mod:`mpc.material.fss_relu`).
+    opening of c = z + r, then each party's local step (:mod:`mpc.protocols.fss.relu`).
     None where it does not apply (a narrower comparison domain than 64 bits: the
     two-round run then takes it)."""
     if session.n != 2 or session.config.fss_bits != 64 or not 1 <= bits <= 61:

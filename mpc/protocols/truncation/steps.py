@@ -173,10 +173,10 @@ def trunc_finish(
     since msb(c) - h + b = 2 msb(c) (1 - h). The public msb(c) selects [D] or 0, so:
     [z >> f] = [U] + ([D] & (c >> 63)) (+ c >> f at party 0).
 
-    D's shares are D_i = 2^(64-f) s_i (see :func:`~mpc.material.dealer.dealer_trunc`):
+    D's shares are D_i = 2^(64-f) s_i (see :func:`dealer_trunc`):
     s_i is the derived word (its low f bits count) here, the dealer's narrow correction
     s_{n-1} (f bits, int16 at f = 16) at the last party, packed with its U in one tensor
-    (:func:`~mpc.material.dealer.pack_trunc_correction`); both are shifted left by 64 - f.
+    (:func:`pack_trunc_correction`); both are shifted left by 64 - f.
     """
     consume(ctx, [seed], nonce, TAG_U, TAG_D)
     if corrections is None:

@@ -3,7 +3,7 @@
 ``mpc.share(model, ...)`` marks each shared parameter as a *fixed weight*; a layout op on
 it (``t()``, ``transpose``, ``view``, a slice, ...) gives a fixed weight too, keyed by the
 parameter and the ops applied. The first product of a shared activation x with a fixed
-weight W makes a *weight instance* of W (:mod:`mpc.material.weights`): F = W - B is
+weight W makes a *weight instance* of W (:mod:`mpc.protocols.weights.steps`): F = W - B is
 opened once, in the same round as the product's own opening. Every later product with the
 same weight opens only e = x - A (a fresh A), and the dealer deals C = op(A, B): per query
 the traffic scales with the activations, not the parameter count.
@@ -29,15 +29,15 @@ from typing import Any
 import torch
 
 from mpc import config
-from mpc.material.weights import (
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
+from mpc.protocols.weights.steps import (
     dealer_weight,
     dealer_weight_triple,
     weight_mask,
     weight_product,
     weight_product_mask,
 )
-from mpc.protocols.opening.run import Round
-from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
 from mpc.session import Session, recording
 from mpc.shared import SharedTensor
 

@@ -1,5 +1,6 @@
 """The steps of the 2-party comparison by function secret sharing (FSS), at the dealer and
-at the parties (the protocol: :mod:`mpc.protocols.fss`; the DCF: :mod:`mpc.math.dcf`).
+at the parties (the protocol: :class:`mpc.protocols.fss.run.FssRun`; the DCF:
+:mod:`mpc.math.dcf`).
 
 With k = ``bits`` (the low bits of x the comparison reads, 64 by default) and
 m = msb of x mod 2^k: the parties open c = x + r for the dealer's mask r (shared
@@ -27,8 +28,6 @@ common to both parties: 1,520 bytes at k = 64) are one object at the dealer, del
 each party (in process the parties read the dealer's buffer: no copy); the root seeds
 are derived from each party's session seed; the last party also gets, in a second
 delivery, its share of u (and with a selection, of t and of the selections' products).
-Before issue 25's follow-up the last party's correction words travelled inside one packed
-tensor with its share of u: the dealer built them twice (a copy of every key).
 """
 
 from __future__ import annotations
@@ -37,13 +36,26 @@ from typing import Any
 
 import torch
 
-from mpc.material import rules, sizes
 from mpc.math import dcf
 from mpc.math.prg import PRG, new_seed
-from mpc.protocols.comparison.selection import check_selection, selection_material
-from mpc.protocols.max_of_four.steps import group_material
+from mpc.protocols.comparison.selection import (
+    check_selection,
+    selected_count,
+    selection_material,
+)
+from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import split
-from mpc.protocols.sizes import fixed, stream_records
+from mpc.protocols.rules import OPENED, SEED, dealer_seeds, kept, nonce_of, party_seed
+from mpc.protocols.sizes import (
+    SLACK,
+    WORD,
+    fixed,
+    int_param,
+    numel,
+    records,
+    stream_records,
+    tensor_elems,
+)
 from mpc.protocols.step import SUM, step
 from mpc.protocols.streams import (
     TAG_FSS_ROOT,
@@ -54,6 +66,9 @@ from mpc.protocols.streams import (
     derive,
     sum_derived,
 )
+from pointers.worker.sealing import ProtocolCall, seal
+
+DCF_CHUNK_BYTES = 4 << 20  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf)
 
 
 def check_bits(bits: Any) -> int:
@@ -72,9 +87,49 @@ def _low(bits: int) -> int:
     return (1 << (bits - 1)) - 1
 
 
-@step(
-    rule=rules.dealer_fss, size=sizes.dealer_fss, keeps=sizes.dealer_fss_keeps, makes_material=True
-)
+# -- the dealer ----------------------------------------------------------------------------
+
+
+def _fss_words(p: dict[str, Any], n: int) -> int:
+    """Words of the correction words of ``n`` elements' keys (3 per compared bit)."""
+    bits = int_param(p.get("bits"), "bits", 2, 64)
+    return (3 * (bits - 1) + 1) * n
+
+
+def _dealer_fss_rule(call: ProtocolCall) -> Any:
+    """The correction words, common to both keys (one object, a delivery to each of the
+    2 parties), and the last party's part (index 1: the party's place)."""
+    dealer_seeds(call)
+    if len(call.materials("seeds", SEED, "the dealer's seeds")) != 2:
+        raise call.refuse("the FSS comparison is for 2 parties")
+    select = call.value("select")
+    if type(select) is not bool:
+        raise call.refuse("parameter 'select' is a bool")
+    keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
+    extra = tuple(call.value(k) for k in keys)
+    nonce = nonce_of(call)
+    return [
+        seal("dealer.fss.cw", nonce, deliveries=2, extra=extra[:2]),
+        seal("dealer.fss", nonce, 1, deliveries=1, extra=extra),
+    ]
+
+
+def _dealer_fss_size(p: dict[str, Any]) -> int:
+    """The correction words once (one object for both parties) and half again for the
+    copies on the way (measured: 1.14 times the correction words of a max-pool's 98,304
+    comparisons, all included, where it was 2.15 while the last party's copy was packed
+    with its share of u; tests/test_mpc_fss_costs.py), the mask, roots and payloads (a few
+    words an element) and the selections."""
+    n = numel(p.get("shape"))
+    extra = (2 * selected_count(p) + 24 + group_words(p)) * n
+    return WORD * (3 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
+
+
+def _dealer_fss_keeps(p: dict[str, Any]) -> int:
+    return records(p.get("seeds"), 4 + 2 * selected_count(p) + 3)
+
+
+@step(rule=_dealer_fss_rule, size=_dealer_fss_size, keeps=_dealer_fss_keeps, makes_material=True)
 def dealer_fss(
     ctx: Any,
     seeds: list[torch.Tensor],
@@ -117,7 +172,38 @@ def dealer_fss(
     return [cw, torch.cat(parts) if len(parts) > 1 else parts[0]]
 
 
-@step(rule=rules.fss_unpack, size=fixed, makes_material=True)
+# -- the parties ---------------------------------------------------------------------------
+
+
+def _fss_unpack_rule(call: ProtocolCall) -> Any:
+    """The last party splits its own part of the key (the index the dealer gave it) once."""
+    nonce = nonce_of(call)
+    seed = party_seed(call)
+    label = call.material("packed", "dealer.fss", nonce, local=False, consume=True)
+    assert label is not None
+    if label.index != seed.index or seed.index != 1:
+        raise call.refuse(f"party {seed.index} takes the key of party {label.index}")
+    select, bits, shape, products, group = label.extra
+    n = 1
+    for d in shape:
+        n *= d
+    want = [[n]]
+    if select:
+        want += [shape] * (1 + len(products))
+        if group is not None:
+            want += [[group_terms(call, shape)]]
+    if call.value("shapes") != want:
+        raise call.refuse("the shapes do not split the dealer's FSS key")
+    seals = [kept("fss.u", nonce, seed.index, extra=(select, bits))]
+    if select:
+        seals.append(kept("dealer.cmp.tarith", nonce))
+        seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+        if group is not None:
+            seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
+    return seals
+
+
+@step(rule=_fss_unpack_rule, size=fixed, makes_material=True)
 def fss_unpack(
     ctx: Any, seed: torch.Tensor, nonce: int, packed: torch.Tensor, shapes: list[list[int]]
 ) -> list[torch.Tensor]:
@@ -126,7 +212,32 @@ def fss_unpack(
     return split(packed, shapes)
 
 
-@step(rule=rules.fss_eval, size=sizes.fss_eval, keeps=stream_records(2), opens={"fss.d": SUM})
+def _fss_eval_rule(call: ProtocolCall) -> Any:
+    """A party evaluates the key once, at the opened c of the same instance: the
+    correction words delivered to it (each party its own copy, consumed), and at the last
+    party its share of u that it split from its own part. With a selection the result is
+    d's share (opened next), else the comparison's result."""
+    nonce = nonce_of(call)
+    seed = party_seed(call, "u")
+    key = call.material("key", "dealer.fss.cw", nonce, local=False, consume=True)
+    assert key is not None
+    u = call.material("u", "fss.u", nonce, local=True, optional=True, consume=True)
+    if u is not None and u.index != seed.index:
+        raise call.refuse(f"party {seed.index} takes its own key, not party {u.index}'s")
+    select, bits = key.extra[0], key.extra[1]
+    if call.value("bits") != bits:
+        raise call.refuse(f"the key reads {bits} bits")
+    call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
+    return [seal("fss.d", nonce)] if select else None
+
+
+def _fss_eval_size(p: dict[str, Any]) -> int:
+    """The root seeds, the input's low bits, the output and its terms (a few words an
+    element) and one chunk of the level loop."""
+    return 12 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
+
+
+@step(rule=_fss_eval_rule, size=_fss_eval_size, keeps=stream_records(2), opens={"fss.d": SUM})
 def fss_eval(
     ctx: Any,
     seed: torch.Tensor,

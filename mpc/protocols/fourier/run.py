@@ -14,12 +14,11 @@ from dataclasses import replace
 
 import torch
 
-from mpc.material.dealer import dealer_fourier
-from mpc.material.party import fourier_finish
 from mpc.math.fourier import Series, fit_series
 from mpc.protocols.approx import Fx, truncate_many
 from mpc.protocols.compare import select_by_msb
 from mpc.protocols.comparison.steps import cmp_mask
+from mpc.protocols.fourier.steps import dealer_fourier, fourier_finish
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, at_parties, deal, last_only
 

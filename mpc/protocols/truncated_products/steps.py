@@ -1,8 +1,9 @@
-"""Products of freshly truncated values, with no round of their own (issue 25).
+"""Products of freshly truncated values, with no round of their own: the steps (the
+protocol: :func:`mpc.protocols.truncated_products.run.truncate_and_multiply`).
 
 A truncation opens c = z + r and each party then holds [x] = p + [a] for x = z >> f, with
 the public p = c >> f (party 0 adds it) and a = U + m D, m = msb(c) public and U, D the
-dealer's (:func:`mpc.material.party.trunc_finish`). So a truncated value is already
+dealer's (:func:`mpc.protocols.truncation.steps.trunc_finish`). So a truncated value is already
 "opened" up to a mask a that the dealer knows up to the public bit m: a Beaver product
 of two such values needs no opening of its own (cf. the mask of a Beaver triple chosen
 equal to the value's existing mask). For x = p_x + a_x and y = p_y + a_y:
@@ -14,10 +15,10 @@ so the dealer deals shares of U_x U_y, D_x U_y, U_x D_y (and D_x D_y, which is 0
 when f_x + f_y <= 64, D being a multiple of 2^(64-f)), and each party combines them with
 the public bits m (:func:`trunc_products`). A level of products after a truncation round
 (``x`` a value still to be truncated, the products of the truncated values) then costs
-that one round instead of two. ``mpc.protocols.truncmul`` runs it; the inverse powers of
+that one round instead of two. The inverse powers of
 softmax and layer norm use it (:mod:`mpc.protocols.inverse`).
 
-The rules (sealing, :mod:`mpc.material.rules`): the dealer's products are bound to the
+The rules (sealing): the dealer's products are bound to the
 truncations' nonces, bits and pairs, and each truncation joins at most one batch of
 products (the dealer marks its nonce's otherwise unused C stream); the parties' step takes
 the opened c of each of those truncations and, at the last party, their corrections and
@@ -30,8 +31,8 @@ from typing import Any
 
 import torch
 
-from mpc.material import sizes
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.sizes import SLACK, WORD, int_param, numel, records, tensors
 from mpc.protocols.step import step
 from mpc.protocols.streams import TAG_C, TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
 from mpc.protocols.truncation.steps import unpack_trunc_correction
@@ -104,7 +105,61 @@ def _terms(ux: Any, dx: Any, uy: Any, dy: Any, bx: int, by: int) -> list[torch.T
     return out
 
 
-def rule_dealer(call: ProtocolCall) -> Any:
+# -- sizes --------------------------------------------------------------------------------
+
+
+def _pair_elems(shapes: list[list[int]], pairs: Any) -> int:
+    """Elements of the products of ``pairs`` (index pairs into ``shapes``)."""
+    if not isinstance(pairs, list) or len(pairs) > 64:
+        raise ValueError("parameter 'pairs' is a list of at most 64 index pairs")
+    total = 0
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError("parameter 'pairs' is a list of index pairs")
+        i, j = (int_param(k, "pairs", 0, len(shapes) - 1) for k in pair)
+        try:
+            total += torch.broadcast_shapes(tuple(shapes[i]), tuple(shapes[j])).numel()
+        except RuntimeError as e:
+            raise ValueError(f"the shapes of a pair do not broadcast: {e}") from None
+    return total
+
+
+def _dealer_size(p: dict[str, Any]) -> int:
+    """Each truncation's mask, U and D, and per product element its four terms (twice:
+    the parts and their concatenation), the others' derived shares and their temporaries
+    (measured: 117.4 MB for a softmax over 1024 x 1024, where 10 words an element
+    declared 117.6)."""
+    shapes = p.get("shapes")
+    if not isinstance(shapes, list) or not 1 <= len(shapes) <= 64:
+        raise ValueError("parameter 'shapes' is a list of 1 to 64 shapes")
+    values = sum(numel(s, "shapes") for s in shapes)
+    return WORD * (6 * values + 16 * _pair_elems(shapes, p.get("pairs"))) + SLACK
+
+
+def _party_size(p: dict[str, Any]) -> int:
+    """Per truncation a few of its elements (U, s, D, m, p, x), per product element the
+    material's four terms and the product's temporaries."""
+    cs = tensors(p.get("cs"))
+    if not cs:
+        return SLACK
+    shapes = [list(c.shape) for c in cs]
+    values = sum(c.numel() for c in cs)
+    return WORD * (8 * values + 10 * _pair_elems(shapes, p.get("pairs"))) + SLACK
+
+
+def _batch_keeps(per_value: int) -> Any:
+    def keeps(p: dict[str, Any]) -> int:
+        tn = p.get("trunc_nonces")
+        values = min(len(tn), 64) if isinstance(tn, list) else 1
+        return records(p.get("seeds", p.get("seed")), 1 + per_value * values)
+
+    return keeps
+
+
+# -- the steps ----------------------------------------------------------------------------
+
+
+def _dealer_rule(call: ProtocolCall) -> Any:
     dealer_seeds(call)
     tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
     if not (isinstance(tn, list) and all(type(v) is int for v in tn)):
@@ -113,9 +168,9 @@ def rule_dealer(call: ProtocolCall) -> Any:
 
 
 @step(
-    rule=rule_dealer,
-    size=sizes.dealer_trunc_products,
-    keeps=sizes.batch_keeps(1),
+    rule=_dealer_rule,
+    size=_dealer_size,
+    keeps=_batch_keeps(1),
     makes_material=True,
 )
 def dealer_trunc_products(
@@ -149,7 +204,7 @@ def dealer_trunc_products(
     return out
 
 
-def rule_party(call: ProtocolCall) -> Any:
+def _party_rule(call: ProtocolCall) -> Any:
     nonce = nonce_of(call)
     party_seed(call, "corrections", "products")
     tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
@@ -175,7 +230,7 @@ def rule_party(call: ProtocolCall) -> Any:
     return None
 
 
-@step(rule=rule_party, size=sizes.trunc_products, keeps=sizes.batch_keeps(2))
+@step(rule=_party_rule, size=_party_size, keeps=_batch_keeps(2))
 def trunc_products(
     ctx: Any,
     seed: torch.Tensor,

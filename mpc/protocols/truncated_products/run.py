@@ -1,8 +1,8 @@
-"""Truncate values and multiply the results in the same round (issue 25).
+"""Truncate values and multiply the results in the same round (the steps: :mod:`mpc.protocols.truncated_products.steps`).
 
 A truncation opens c = z + r, after which each party's share of x = z >> f is the public
 c >> f plus a mask the dealer knows up to the public msb(c); products of such values then
-need no Beaver opening of their own (:mod:`mpc.material.tprod`). So "truncate, then
+need no Beaver opening of their own (:mod:`mpc.protocols.truncated_products.steps`). So "truncate, then
 multiply the truncated values" costs one round instead of two, at the price of three
 dealt words per product element instead of one (U U, D U and U D for a Beaver triple's c).
 """
@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mpc.material.tprod import dealer_trunc_products, material_words, out_shape, trunc_products
 from mpc.protocols.approx import Fx
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, at_parties, deal
+from mpc.protocols.truncated_products.steps import (
+    dealer_trunc_products,
+    material_words,
+    out_shape,
+    trunc_products,
+)
 from mpc.protocols.truncation.run import TruncRun
 
 

@@ -18,7 +18,7 @@ r' = r - 2^62, h = msb(r'), r'' = r' mod 2^63 and z~ = z + 2^62 in [0, 2^63):
 
 So relu(T) = b T = Q b + s2 (tau H - R) + sigma tau (kappa H + mu_H) - sigma (kappa R + mu_R),
 where mu_H = (1 - 2 kappa) H l and mu_R = (1 - 2 kappa) R l: a DCF with the three payload
-words (1 - 2 kappa, (1 - 2 kappa) H, (1 - 2 kappa) R) (:mod:`mpc.math.dcf_vec`) gives
+words (1 - 2 kappa, (1 - 2 kappa) H, (1 - 2 kappa) R) (:mod:`mpc.math.dcf`, a payload of three words) gives
 shares of lambda, mu_H and mu_R, and the dealer shares kappa, H, R, kappa H and kappa R
 (party 0 derives its shares from its seed; the last party gets its five words in a
 second delivery). Everything after the opening is local: one round instead of two
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from mpc.material.sizes import DCF_CHUNK_BYTES
-from mpc.math import dcf_vec
+from mpc.math import dcf
+from mpc.protocols.fss.steps import DCF_CHUNK_BYTES
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, WORD, numel, records, stream_records, tensor_elems
 from mpc.protocols.step import step
@@ -53,7 +53,7 @@ _LOW63 = (1 << 63) - 1
 
 def key_words(n: int) -> int:
     """int64 words of ``n`` elements' correction words."""
-    return dcf_vec.key_words(BITS, WORDS) * n
+    return dcf.key_words(BITS, WORDS) * n
 
 
 def _check_f(f: Any) -> int:
@@ -62,10 +62,10 @@ def _check_f(f: Any) -> int:
     return f
 
 
-# -- rules (see mpc.material.rules) ------------------------------------------------------
+# -- rules ------------------------------------------------------------------------------
 
 
-def rule_dealer(call: ProtocolCall) -> Any:
+def _dealer_rule(call: ProtocolCall) -> Any:
     """The correction words (one object, a delivery to each of the 2 parties) and the
     last party's five words (index 1: its place)."""
     dealer_seeds(call)
@@ -79,7 +79,7 @@ def rule_dealer(call: ProtocolCall) -> Any:
     ]
 
 
-def rule_eval(call: ProtocolCall) -> Any:
+def _eval_rule(call: ProtocolCall) -> Any:
     """A party evaluates its key once, at the opened c of the same instance, with the
     truncation the dealer dealt for; the last party with its own five words."""
     nonce = nonce_of(call)
@@ -97,7 +97,7 @@ def rule_eval(call: ProtocolCall) -> Any:
     return None  # the result: an ordinary share
 
 
-# -- sizes (see mpc.material.sizes) ------------------------------------------------------
+# -- sizes ------------------------------------------------------------------------------
 
 
 def _dealer_bytes(p: dict[str, Any]) -> int:
@@ -120,7 +120,7 @@ def _eval_bytes(p: dict[str, Any]) -> int:
 # -- the steps ---------------------------------------------------------------------------
 
 
-@step(rule=rule_dealer, size=_dealer_bytes, keeps=_dealer_keeps, makes_material=True)
+@step(rule=_dealer_rule, size=_dealer_bytes, keeps=_dealer_keeps, makes_material=True)
 def dealer_fss_relu(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], f: int
 ) -> list[torch.Tensor]:
@@ -143,13 +143,13 @@ def dealer_fss_relu(
         derive(seeds[1], nonce, TAG_FSS_ROOT, [n, 2]),
     )
     beta = torch.stack([sign, sign * big_h, sign * big_r])
-    cw = dcf_vec.gen(low & _LOW62, beta, BITS, roots).reshape(-1)
+    cw = dcf.gen(low & _LOW62, beta, BITS, roots).reshape(-1)
     consts = torch.stack([kappa, big_h, big_r, kappa * big_h, kappa * big_r])
     last = consts - derive(seeds[0], nonce, TAG_U, [CONSTS, n])
     return [cw, last.reshape(-1)]
 
 
-@step(rule=rule_eval, size=_eval_bytes, keeps=stream_records(2))
+@step(rule=_eval_rule, size=_eval_bytes, keeps=stream_records(2))
 def fss_relu_eval(
     ctx: Any,
     seed: torch.Tensor,
@@ -174,7 +174,7 @@ def fss_relu_eval(
         raise ValueError(f"the last party's words are {CONSTS} x {n} (party 0 derives its own)")
     root = derive(seed, nonce, TAG_FSS_ROOT, [n, 2])
     flat = c.reshape(-1)
-    lam, mu_h, mu_r = dcf_vec.evaluate(
+    lam, mu_h, mu_r = dcf.evaluate(
         0 if first else 1, root, key.view(-1, n), flat & _LOW62, BITS, WORDS
     )
     k = derive(seed, nonce, TAG_U, [CONSTS, n]) if consts is None else consts.view(CONSTS, n)
