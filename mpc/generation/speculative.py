@@ -75,7 +75,8 @@ class SpeculativeDecoder(Decoder):
         self.session = session
         # the logical positions a token may take: the position table's rows (a pass takes
         # k + 1 cache rows, but a token only one position)
-        self.npos = min(capacity, model.transformer.wpe.weight.shape[0])  # type: ignore[union-attr]
+        wpe: Any = model.transformer.wpe  # type: ignore[union-attr]
+        self.npos: int = min(capacity, int(wpe.weight.shape[0]))
         self.valid: SharedTensor | None = None  # (C,) 0/1: the rows holding accepted tokens
         self.where: SharedTensor | None = None  # (C,) one-hot of the next token's position
         self.validity: SharedTensor | None = None  # (this pass: v and the pass's own rows)
