@@ -35,7 +35,6 @@ its owner's policy (:func:`set_policy`), set at the worker, never by a client's 
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +43,7 @@ import msgpack
 import torch
 
 from pointers.errors import NotAllowedError
-from pointers.wire import serde
+from pointers.wire import files
 from pointers.wire.messages import Delete
 from pointers.wire.serde import Slot, SlotRef, ref_id
 from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
@@ -162,53 +161,25 @@ OFFER_MAGIC = b"pointers-offer-1\n"
 
 def save_offer(path: Any, policy: Policy) -> None:
     """Write an owner's policy (its approvals and its registered values with their
-    scales) to ``path``, for ``python -m pointers serve --offer PATH``: a msgpack document
-    (:mod:`pointers.wire.serde`, never pickle) and the tensors' bytes."""
+    scales) to ``path``, for ``python -m pointers serve --offer PATH``: a document in the
+    wire's encoding (:mod:`pointers.wire.files`, never pickle)."""
     doc = {
         "approvals": {party: sorted(ds) for party, ds in policy.approvals.items()},
         "params": {n: [p.value, p.frac_bits] for n, p in policy.params.items()},
     }
-    header, buffers = serde.encode(doc)
-    with open(path, "wb") as f:
-        f.write(OFFER_MAGIC)
-        f.write(struct.pack("<QQ", len(header), len(buffers)))
-        f.write(header)
-        for b in buffers:
-            raw = b.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
+    files.write_document(path, OFFER_MAGIC, doc)
 
 
 def load_offer(path: Any) -> Policy:
     """The policy :func:`save_offer` wrote (checked as :func:`make_policy` checks it)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    where = f"offer file {str(path)!r}"
-    if not data.startswith(OFFER_MAGIC):
-        raise ValueError(f"{where}: not an offer (write it with mpc.save_offer)")
-    at = len(OFFER_MAGIC)
+    doc = files.read_document(path, OFFER_MAGIC, "an offer file")
     try:
-        n_header, n_buffers = struct.unpack_from("<QQ", data, at)
-        at += 16
-        if n_header > serde.MAX_HEADER_BYTES or n_buffers > serde.MAX_BUFFERS:
-            raise ValueError("too large")
-        header = data[at : at + n_header]
-        at += n_header
-        buffers = []
-        for _ in range(n_buffers):
-            (n,) = struct.unpack_from("<Q", data, at)
-            at += 8
-            if at + n > len(data):
-                raise ValueError("truncated")
-            buffers.append(memoryview(data)[at : at + n])
-            at += n
-        doc = serde.decode(header, buffers)
         approvals, params = doc["approvals"], doc["params"]
         pairs = {n: (v[0], v[1]) for n, v in params.items()}
     except Exception as e:
-        raise ValueError(f"{where} is malformed: {type(e).__name__}: {e}") from None
-    if at != len(data):
-        raise ValueError(f"{where} is malformed: {len(data) - at} bytes after its end")
+        raise ValueError(
+            f"offer file {str(path)!r} is malformed: {type(e).__name__}: {e}"
+        ) from None
     return make_policy(approvals, pairs)
 
 
