@@ -220,6 +220,7 @@ def program_digest(
     store: Any,
     uses: dict[int, str] | None = None,
     params: dict[str, str] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> str:
     """The digest an owner approves: a program's commands as this party stores them, with
     each reference to an object that exists before the run replaced by its kind (its
@@ -228,11 +229,38 @@ def program_digest(
     an object an earlier run kept, that object's key (the kept slot of the approved
     program that made it: the digest fixes which kept object each carried slot takes).
     ``params``: per parameter name, the digest of the registered value and scale its slot
-    takes (:func:`param_digest`): the owner approves a computation on those values."""
+    takes (:func:`param_digest`): the owner approves a computation on those values.
+    ``cache``: the stored program's own record (its constants, and the digest of its
+    commands for the kinds those constants have): a program's structure is walked once,
+    and each run checks only the kinds of its constants and its declared slots."""
+    slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
+    doc = [party, commands_digest(raw, store, cache), slots, sorted(outputs)]
+    return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
+
+
+def program_constants(raw: list[Any], cache: dict[Any, Any] | None = None) -> list[int]:
+    """The ids a program refers to directly (objects that exist before its runs), once
+    per stored program (``cache``)."""
+    if cache is not None and "constants" in cache:
+        return cache["constants"]  # type: ignore[no-any-return]
+    out = sorted(_constants(raw))
+    if cache is not None:
+        cache["constants"] = out
+    return out
+
+
+def commands_digest(raw: list[Any], store: Any, cache: dict[Any, Any] | None = None) -> str:
+    """The digest of a program's commands, each reference to an object that exists
+    before the run replaced by its kind (its sealed label's kind in ``store``, or
+    "ordinary"); with ``cache``, computed once per kinds of the constants."""
 
     def kind_of(obj_id: int) -> str:
         label = Label.of(store.entry(obj_id).sealed)
         return "ordinary" if label is None else label.kind
+
+    key = ("commands", tuple(kind_of(c) for c in program_constants(raw, cache)))
+    if cache is not None and key in cache:
+        return cache[key]  # type: ignore[no-any-return]
 
     def canon(o: Any) -> Any:
         if isinstance(o, Slot):
@@ -254,14 +282,17 @@ def program_digest(
             return o
         return ["other", type(o).__name__, repr(o)]
 
-    slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
     # the deletes of a run's temporaries are not part of what is approved: where they
     # fall depends on when the client's pointers died and on its kind of connection (an
     # in-process client deletes as it goes, a network one in batches), and a delete
     # reveals nothing (it can only make the run, or a later one, fail)
     commands = [c for c in raw if not (isinstance(c, list) and c and c[0] == Delete.KIND)]
-    doc = [party, canon(commands), slots, sorted(outputs)]
-    return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
+    digest = hashlib.sha256(msgpack.packb(canon(commands), use_bin_type=True)).hexdigest()
+    if cache is not None:
+        if len(cache) > 16:  # (kinds do not change from run to run: a bound, not a store)
+            cache.clear()
+        cache[key] = digest
+    return digest
 
 
 def _slot_name(slot: int, name: Any, uses: dict[int, str], params: dict[str, str]) -> str:
@@ -347,6 +378,7 @@ def begin(
     bindings: list[int],
     held: list[list[Any]],
     outputs: list[int],
+    cache: dict[Any, Any] | None = None,
 ) -> HeldRun | None:
     """Check a run that declares ``held`` parameter slots (None: an ordinary run): each
     slot bound to a share of the named parameter delivered by one owner, and the program's
@@ -449,9 +481,9 @@ def begin(
     for s, _ in keeps:  # (a kept object is made by the run: an id of its own, as an output)
         if bindings.count(bindings[s]) != 1 or bindings[s] in store:
             raise NotAllowedError(f"kept slot {s} must be bound to a new id of its own; {RULE}")
-    readable |= _constants(program_raw)
+    readable |= set(program_constants(program_raw, cache))
 
-    digest = program_digest(program_raw, held, outputs, worker_id, store, uses, values)
+    digest = program_digest(program_raw, held, outputs, worker_id, store, uses, values, cache)
     if [worker_id, digest] not in (approvals or []):
         raise NotAllowedError(
             f"worker {worker_id!r}: this program (digest {digest[:16]}...) is not a "
@@ -587,7 +619,9 @@ __all__ = [
     "load_offer",
     "save_offer",
     "make_policy",
+    "commands_digest",
     "param_digest",
+    "program_constants",
     "program_digest",
     "release",
     "running",
