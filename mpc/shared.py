@@ -20,6 +20,8 @@ from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
+# integer dtypes shared exactly (frac_bits 0); their results keep torch's result dtype
+INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 # from this many elements on, input shares 0..n-2 travel as 16-byte seeds (share_tensor)
 SEEDED_FROM = 64
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
@@ -166,6 +168,8 @@ class SharedTensor(torch.Tensor):
         for v in rest:
             total += v
         if self.frac_bits == 0 and not self.dtype.is_floating_point:
+            # torch's wrap-around: the ring value mod 2^bits of the dtype (exact for sums
+            # and products, which commute with the reduction); bool: nonzero is True
             return total.to(self.dtype)
         return decode(total, self.frac_bits, self.dtype)
 
@@ -282,8 +286,8 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     if x.is_floating_point():
         f = session.config.frac_bits if frac_bits is None else frac_bits
         dtype = x.dtype
-    elif x.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
-        f, dtype = 0, torch.int64
+    elif x.dtype in INTEGER_DTYPES:
+        f, dtype = 0, x.dtype  # (its ring value is reduced to the dtype at reconstruction)
     else:
         raise TypeError(f"cannot secret-share a tensor of dtype {x.dtype}")
     ring = encode(x, f)  # may be x itself (an int64 tensor): never changed in place

@@ -269,7 +269,9 @@ def sum_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if kwargs.get("dtype") is not None:
         kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
     out = x.with_shares([func(s, *args[1:], **kwargs) for s in x.shares])
-    if x.dtype == torch.bool:  # as torch: a count (bools are shared as 0/1 integers)
+    if not x.dtype.is_floating_point and x.dtype != torch.int64:
+        # as torch: a sum of bools (shared as 0/1) is a count, of smaller integers an int64
+        # (exact: the ring holds the unreduced sum, which the narrow dtype's would wrap)
         return wrap(out, list(out.shares), 0, torch.int64)
     return out
 
@@ -339,6 +341,14 @@ def to_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if x.frac_bits == 0:
             return wrap(x, rescale(x, f), f, dtype)
         return wrap(x, list(x.shares), x.frac_bits, dtype)
-    if x.dtype == torch.bool and dtype in (torch.int64, torch.int32):  # 0/1 integers already
-        return wrap(x, list(x.shares), 0, dtype)
+    if not x.dtype.is_floating_point and not dtype.is_floating_point:
+        if x.dtype == torch.bool or dtype.itemsize <= x.dtype.itemsize:
+            # bools are 0/1 integers already; a narrower integer dtype is the same ring
+            # value, reduced to it at reconstruction (as torch's cast wraps it)
+            return wrap(x, list(x.shares), 0, dtype)
+        raise MPCError(
+            f"cannot widen a shared {x.dtype} tensor to {dtype}: its ring value is not "
+            f"reduced to {x.dtype} until reconstruction, and the reduction needs a "
+            f"protocol; share it as {dtype} in the first place"
+        )
     raise MPCError(f"cannot convert a shared {x.dtype} tensor to {dtype} without a protocol")
