@@ -12,7 +12,13 @@ from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
-from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from mpc.errors import (
+    CryptoProviderRequired,
+    MPCError,
+    PartyMismatchError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save_offer
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.offered import offered
@@ -41,6 +47,7 @@ __all__ = [
     "ReleaseRuleError",
     "SecureAggregator",
     "Session",
+    "ShapeError",
     "SharedPlan",
     "SharedTensor",
     "UnsupportedOpError",

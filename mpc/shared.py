@@ -14,7 +14,7 @@ import torch
 
 import pointers as pt
 from mpc import accounting, config
-from mpc.errors import MPCError, UnsupportedOpError
+from mpc.errors import MPCError, ShapeError, UnsupportedOpError
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.session import Session
@@ -25,6 +25,68 @@ INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8
 # from this many elements on, input shares 0..n-2 travel as 16-byte seeds (share_tensor)
 SEEDED_FROM = 64
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
+
+
+_LINEAR = torch.nn.functional.linear
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
+
+
+def _which(t: Any) -> str:
+    return "shared" if isinstance(t, SharedTensor) else "public"
+
+
+def check_product_shapes(func: Any, args: Any) -> None:
+    """Raise :class:`~mpc.errors.ShapeError` if a matmul's (or ``F.linear``'s) operands
+    do not fit, naming both shapes and the dimensions that must agree."""
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+        return
+    a, b = args[0], args[1]
+    sa, sb = _shape(a), _shape(b)
+    try:
+        meta = [torch.empty(s, device="meta") for s in (sa, sb)]
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is _LINEAR:
+                torch.nn.functional.linear(*meta)
+            else:
+                torch.matmul(*meta)
+        return
+    except RuntimeError as e:
+        cause = e
+    if func is _LINEAR:
+        if len(sb) != 2 or not sa:
+            msg = (
+                f"linear of a {_which(a)} input of shape {sa} with a {_which(b)} weight of "
+                f"shape {sb}: expected a weight of shape (out_features, in_features) and an "
+                "input of at least one dimension"
+            )
+        else:
+            msg = (
+                f"linear (an nn.Linear) of a {_which(a)} input of shape {sa} with a "
+                f"{_which(b)} weight of shape {sb}: expected the input's last dimension to "
+                f"be the layer's in_features, {sb[1]}; found {sa[-1]}. Fix: reshape the "
+                f"input to (..., {sb[1]}), or build the layer as nn.Linear({sa[-1]}, {sb[0]})"
+            )
+    elif not sa or not sb:
+        msg = f"matmul of shapes {sa} and {sb}: both operands need at least one dimension"
+    else:
+        k2 = sb[0] if len(sb) == 1 else sb[-2]
+        where = "only" if len(sb) == 1 else "second-to-last"
+        if sa[-1] == k2:
+            detail = "their batch dimensions do not broadcast"
+        else:
+            detail = (
+                f"expected the first's last dimension to equal the second's {where} "
+                f"dimension; found {sa[-1]} and {k2}"
+            )
+        msg = (
+            f"matmul of a {_which(a)} tensor of shape {sa} and a {_which(b)} tensor of shape "
+            f"{sb}: {detail}. Fix: transpose or reshape an operand so that they match "
+            "(e.g. a @ b.T, or b.transpose(-1, -2))"
+        )
+    raise ShapeError(msg) from cause
 
 
 class Deferred:
@@ -92,6 +154,8 @@ class SharedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in _MATMULS or func is _LINEAR:
+            check_product_shapes(func, args)  # (before torch folds the operands' shapes)
         # vector @ matrix: torch decomposes it into mm(v.unsqueeze(0), W).squeeze_(0), an
         # in-place change of shape a wrapper cannot make; do it out of place instead
         if func in _MATMULS and len(args) == 2 and not kwargs:
@@ -125,8 +189,17 @@ class SharedTensor(torch.Tensor):
         t.weight_epoch = 0
         return t
 
+    # get() reconstructed the value and released its shares (see get)
+    released = False
+
     @property
     def shares(self) -> list[pt.PointerTensor]:
+        if self.released:
+            raise MPCError(
+                "this shared value was reconstructed with get(), which frees its shares at "
+                "the workers (as PySyft's get() does): use the tensor get() returned, or "
+                "keep the shared value with x.clone().get() (x.copy().get())"
+            )
         d = self.deferred
         if d is not None:
             self._shares = d.value()
@@ -157,11 +230,18 @@ class SharedTensor(torch.Tensor):
         return self
 
     def get(self) -> torch.Tensor:
-        """Reconstruct the value at the caller.
-
-        The shares stay with the parties (results of local ops may share them with their
-        inputs) and are deleted when the last SharedTensor using them is dropped.
+        """Reconstruct the value at the caller, and free its shares (as PySyft's ``get()``
+        did): the pointers to them are dropped, and each worker deletes its share once no
+        other shared value uses it (a value made from this one by a local op may hold the
+        same shares). Using this SharedTensor afterwards raises an error that says so;
+        ``x.clone().get()`` keeps ``x``.
         """
+        value = self._open()
+        self.release()
+        return value
+
+    def _open(self) -> torch.Tensor:
+        """The value at the caller, the shares kept (what :meth:`get` returns)."""
         self.session.watch()
         # every party's share is fetched side by side (one round trip, not one per party)
         total, *rest = pt.get_all(self.shares, delete=False)
@@ -172,6 +252,21 @@ class SharedTensor(torch.Tensor):
             # and products, which commute with the reduction); bool: nonzero is True
             return total.to(self.dtype)
         return decode(total, self.frac_bits, self.dtype)
+
+    def release(self) -> None:
+        """Drop this value's shares (after :meth:`get`): see :meth:`get`."""
+        self._shares = []
+        self.deferred = None
+        self.keep_alive = None
+        self.released = True
+
+    @staticmethod
+    def __module_get__(module: Any) -> Any:
+        """``pointers.get(model)`` / ``model.get()`` on a model with shared tensors: each
+        is reconstructed for the client that shared it (:func:`mpc.get`)."""
+        from mpc.api import get
+
+        return get(module)
 
     def reconstruct(self) -> torch.Tensor:
         return self.get()

@@ -104,7 +104,8 @@ def test_part_08bis_protocols() -> None:
 
 
 def test_part_09_encrypted_programs(capsys: pytest.CaptureFixture[str]) -> None:
-    ns = run("part09")
+    ns = run("part09", after={26: "after_get = _"})
+    assert ns["after_get"] == []  # cell 26: encrypted_x.get() freed the shares, as PySyft's
     shares = ns["bobs_share"], ns["alices_share"], ns["bills_share"]
     assert torch.equal(sum(shares), torch.tensor([25]))
     assert not any(torch.equal(s, torch.tensor([25])) for s in shares)

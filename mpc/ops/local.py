@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mpc.errors import MPCError, UnsupportedOpError
+from mpc.errors import MPCError, ShapeError, UnsupportedOpError
 from mpc.ops.common import (
     aten,
     check_public,
@@ -88,6 +88,8 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_public(a, str(func))
         if not isinstance(args[0], SharedTensor) or _has_shared(a):  # e.g. x[shared_index]
             raise UnsupportedOpError(str(func), "indices must be public")
+    if func is aten.index.Tensor:
+        args = (args[0], _long_indices(x, args[1]), *args[2:])
     per = [_per_share(func, args, kwargs, i) for i in range(x.session.n)]
     if isinstance(per[0], list | tuple):
         outs = [x.with_shares([p[k] for p in per]) for k in range(len(per[0]))]
@@ -98,6 +100,29 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             t.views_of_pending = True
     view_of(x, outs, func, args[1:], kwargs)  # a view of a model's weight
     return type(per[0])(outs) if isinstance(per[0], list | tuple) else outs[0]
+
+
+def _long_indices(x: SharedTensor, indices: list[Any]) -> list[Any]:
+    """x[mask] for a public boolean mask: the mask's positions as integer indices (public,
+    as the mask is), the one form whose result's shape is known before the op runs."""
+    out: list[Any] = []
+    dim = 0
+    for idx in indices:
+        if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
+            expect = tuple(x.shape[dim : dim + idx.dim()])
+            if tuple(idx.shape) != expect:
+                raise ShapeError(
+                    f"boolean mask of shape {tuple(idx.shape)} on a shared tensor of shape "
+                    f"{tuple(x.shape)}: expected a mask of the shape of the dimensions it "
+                    f"indexes, {expect} (from dimension {dim}). Fix: build the mask from "
+                    "those dimensions (as the same index of a plain tensor needs)"
+                )
+            out.extend(idx.bool().nonzero(as_tuple=True))
+            dim += idx.dim()
+        else:
+            out.append(idx)
+            dim += 1
+    return out
 
 
 def _as_shared_list(xs: list[Any]) -> tuple[SharedTensor, list[list[Any]], int]:
