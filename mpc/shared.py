@@ -191,6 +191,9 @@ class SharedTensor(torch.Tensor):
 
     # get() reconstructed the value and released its shares (see get)
     released = False
+    #: a number |value| cannot exceed, as far as the client knows (max |x| of what it
+    #: shared, carried through each op by mpc.ranges); None: not known
+    bound: float | None = None
 
     @property
     def shares(self) -> list[pt.PointerTensor]:
@@ -343,6 +346,7 @@ class SharedTensor(torch.Tensor):
                     numel = max(numel, t.numel())
         if session is None:
             return handler(func, args, kwargs or {})
+        kwargs = kwargs or {}
         with session.concurrently(numel):
             if func._schema.is_mutable and session.deferred:  # (what they read)
                 run_deferred(session)
@@ -350,7 +354,15 @@ class SharedTensor(torch.Tensor):
                 for t in a if isinstance(a, list | tuple) else (a,):
                     if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
                         t.materialize()
-            return handler(func, args, kwargs or {})
+            out = handler(func, args, kwargs)
+        _ranges().propagate(out, _ranges().check(func, args, kwargs, out))
+        return out
+
+
+def _ranges() -> Any:
+    from mpc import ranges  # (it reads SharedTensor: imported at the first op)
+
+    return ranges
 
 
 def _needs_get(what: str) -> MPCError:
@@ -386,6 +398,9 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     else:
         raise TypeError(f"cannot secret-share a tensor of dtype {x.dtype}")
     ring = encode(x, f)  # may be x itself (an int64 tensor): never changed in place
+    bound = None  # (integers wrap as torch's do: no range to keep)
+    if x.is_floating_point():
+        bound = float(x.abs().max()) if x.numel() else 0.0
     shape = tuple(ring.shape)
     seeded = ring.numel() >= SEEDED_FROM
     shares: list[pt.PointerTensor] = []
@@ -404,7 +419,9 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
         rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
         shares.append(ptr)
     shares.append(_send_in_pieces(rest, session.parties[-1]))
-    return SharedTensor(shares, session, f, dtype)
+    out = SharedTensor(shares, session, f, dtype)
+    out.bound = bound
+    return out
 
 
 def _send_in_pieces(t: torch.Tensor, worker: Any) -> pt.PointerTensor:

@@ -406,7 +406,9 @@ def test_the_dealer_refuses_malformed_product_nonces(kind, request):
                 out=[((64,), torch.int64)],
             )
             carol.sync() if kind == "network" else None
-    assert torch.equal((s < s.get() + 1).get().to(torch.bool), torch.ones(4, dtype=torch.bool))
+    assert torch.equal(
+        (s < s.clone().get() + 1).get().to(torch.bool), torch.ones(4, dtype=torch.bool)
+    )
 
 
 def test_a_selection_of_too_many_values_is_refused_before_anything_moves():

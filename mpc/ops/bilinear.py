@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from mpc.errors import ShapeError, UnsupportedOpError
-from mpc.math.encoding import check_public_product
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
 from mpc.ops.local import _add, mul_public
 from mpc.protocols.arith import I64, beaver, call
@@ -83,8 +82,6 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
         return mul_public(x, p)
     integral = is_integral(p)
     f = 0 if integral else x.session.config.frac_bits
-    if not integral:  # a warning if the public operand takes results out of the range
-        check_public_product(p, f, op, public_first)
     enc = encode_public(p, f) if not integral else p.detach().to(torch.int64)
     shares = [
         call(
