@@ -12,6 +12,7 @@ from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
+from mpc.debugging import DebugMismatch, DebugRefused, DebugRevealWarning, debug
 from mpc.errors import (
     CryptoProviderRequired,
     MPCError,
@@ -34,6 +35,9 @@ _compat.install()  # PySyft 0.2 compatible names on SharedTensor
 __all__ = [
     "Approval",
     "CryptoProviderRequired",
+    "DebugMismatch",
+    "DebugRefused",
+    "DebugRevealWarning",
     "EncodingError",
     "FixedPointRangeWarning",
     "HeldError",
@@ -52,6 +56,7 @@ __all__ = [
     "SharedTensor",
     "UnsupportedOpError",
     "approve",
+    "debug",
     "get",
     "offer",
     "offered",

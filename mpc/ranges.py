@@ -11,7 +11,7 @@ The client can: what it shared itself, it knows the magnitude of (``max |x|``, t
 that knowledge forward: each shared result has a :attr:`~mpc.SharedTensor.bound`, a
 number its magnitude cannot exceed (the op's own rule below: a sum's bound is the sum of
 the bounds, a product's their product, a matmul's times the contracted length, a
-sigmoid's 1...). :class:`FixedPointRangeWarning` fires at an op exactly when those
+sigmoid's 1...; a function's, for inputs inside its domain). :class:`FixedPointRangeWarning` fires at an op exactly when those
 bounds allow its result to leave the range, so the result *can* be wrong, and never
 otherwise: the warning-free results of values with known bounds are right.
 
@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from mpc.math.encoding import FixedPointRangeWarning
+from mpc.ops.masking import MASK_BELOW, MASKED_VALUE
 from mpc.shared import SharedTensor
 
 aten = torch.ops.aten
@@ -44,19 +45,32 @@ PRODUCT_BITS = 62  # a product's ring value before its truncation stays below 2^
 RING_BITS = 63  # any other ring value (a sum, a compared difference) below 2^63
 
 Bound = float | None
+EXP_TOP = 2.0**16  # exp saturates there (its domain ends at 11.09: e^11.09 < 2^16)
 Rule = Callable[[tuple[Any, ...], dict[str, Any]], Bound]
 
 
 def bound_of(a: Any) -> Bound:
     """max |a| as far as the client knows it: a shared float's :attr:`bound`, a public
-    operand's ``abs().max()`` (None: not known)."""
+    operand's ``abs().max()`` (None: not known). A public mask's entries (-inf, or at or
+    below -1e30: an attention mask) count as what a masked position holds, 2^14
+    (:mod:`mpc.ops.masking`)."""
     if isinstance(a, SharedTensor):
         return a.bound
     if isinstance(a, torch.Tensor):
         if a.numel() == 0:
             return 0.0
-        return float(a.detach().abs().max()) if a.dtype != torch.bool else 1.0
+        if a.dtype == torch.bool:
+            return 1.0
+        t = a.detach()
+        if t.is_floating_point():
+            masked = t <= MASK_BELOW
+            if bool(masked.any()):
+                rest = t.masked_fill(masked, 0.0).abs().max()
+                return max(float(rest), abs(MASKED_VALUE))
+        return float(t.abs().max())
     if isinstance(a, bool | int | float):
+        if isinstance(a, float) and a <= MASK_BELOW:
+            return abs(MASKED_VALUE)
         return abs(float(a))
     return None
 
@@ -173,7 +187,7 @@ def _unit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
 
 def _exp(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     b = bound_of(args[0])
-    return None if b is None else math.exp(min(b, 700.0))
+    return None if b is None else min(math.exp(min(b, 700.0)), EXP_TOP)
 
 
 def _sqrt(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
@@ -201,9 +215,7 @@ def _clamp(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
 
 def _masked_fill(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     b, v = bound_of(args[0]), bound_of(args[2])
-    if b is None or v is None:
-        return None
-    return b if v > 1e30 else max(b, v)  # (a -inf / finfo.min mask is held apart)
+    return None if b is None or v is None else max(b, v)
 
 
 def _embedding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
@@ -486,6 +498,70 @@ def _stacklevel() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+# -- the non-linear functions' valid input ranges (their docstrings say the same) ------------
+
+
+class Domain:
+    """Where a non-linear function is accurate, what it returns outside, and the fix."""
+
+    def __init__(self, lo: float, hi: float, on_abs: bool, outside: str, fix: str) -> None:
+        self.lo, self.hi, self.on_abs, self.outside, self.fix = lo, hi, on_abs, outside, fix
+
+    def text(self) -> str:
+        x = "|x|" if self.on_abs else "x"
+        return f"{self.lo:.4g} <= {x} < {self.hi:.4g}"
+
+    def outside_of(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.abs() if self.on_abs else x
+        return ~((v >= self.lo) & (v < self.hi))
+
+
+DOMAINS: dict[Any, Domain] = {
+    aten.exp.default: Domain(
+        -16.6,
+        11.09,
+        False,
+        "0 below, 2^16 above",
+        "subtract a known upper bound first (as softmax does: exp(x - max))",
+    ),
+    aten.log.default: Domain(
+        2.0**-16,
+        2.0**16,
+        False,
+        "-16 ln 2 below (x <= 0 too), 16 ln 2 above",
+        "keep inputs positive and scaled into the range (log(x) = log(s x) - log(s))",
+    ),
+    aten.reciprocal.default: Domain(
+        2.0**-12,
+        2.0**12,
+        True,
+        "+-2^12 below (x = 0 gives 2^12), +-2^-12 above",
+        "scale the divisor into the range (1/x = s / (s x)) and keep it away from 0",
+    ),
+    aten.div.Tensor: Domain(
+        2.0**-12,
+        2.0**12,
+        True,
+        "a * (+-2^12) for a divisor below, a * (+-2^-12) above",
+        "scale the divisor into the range (a/b = (s a)/(s b)) and keep it away from 0",
+    ),
+    aten.rsqrt.default: Domain(
+        2.0**-14,
+        2.0**16,
+        False,
+        "2^7 below (x <= 0 too), 2^-8 above",
+        "keep inputs positive and scaled into the range (add an epsilon)",
+    ),
+    aten.sqrt.default: Domain(
+        0.0,
+        2.0**16,
+        False,
+        "x 2^7 for x < 0 (-512 at -4), wrong above",
+        "keep inputs non-negative (x.relu(), or x * x + eps) and below 2^16",
+    ),
+}
 
 
 def propagate(out: Any, bound: Bound) -> None:

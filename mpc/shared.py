@@ -156,6 +156,9 @@ class SharedTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if func in _MATMULS or func is _LINEAR:
             check_product_shapes(func, args)  # (before torch folds the operands' shapes)
+        debug = _debug()
+        if debug.active():  # (a held or owned value is refused before anything opens)
+            debug.refuse_foreign(func, args, kwargs)
         # vector @ matrix: torch decomposes it into mm(v.unsqueeze(0), W).squeeze_(0), an
         # in-place change of shape a wrapper cannot make; do it out of place instead
         if func in _MATMULS and len(args) == 2 and not kwargs:
@@ -347,14 +350,19 @@ class SharedTensor(torch.Tensor):
         if session is None:
             return handler(func, args, kwargs or {})
         kwargs = kwargs or {}
-        with session.concurrently(numel):
-            if func._schema.is_mutable and session.deferred:  # (what they read)
-                run_deferred(session)
-            for a in args:
-                for t in a if isinstance(a, list | tuple) else (a,):
-                    if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
-                        t.materialize()
-            out = handler(func, args, kwargs)
+
+        def run() -> Any:
+            with session.concurrently(numel):
+                if func._schema.is_mutable and session.deferred:  # (what they read)
+                    run_deferred(session)
+                for a in args:
+                    for t in a if isinstance(a, list | tuple) else (a,):
+                        if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
+                            t.materialize()
+                return handler(func, args, kwargs)
+
+        debug = _debug()
+        out = debug.run_checked(func, args, kwargs, run) if debug.active() else run()
         _ranges().propagate(out, _ranges().check(func, args, kwargs, out))
         return out
 
@@ -363,6 +371,12 @@ def _ranges() -> Any:
     from mpc import ranges  # (it reads SharedTensor: imported at the first op)
 
     return ranges
+
+
+def _debug() -> Any:
+    from mpc import debugging  # (as _ranges)
+
+    return debugging
 
 
 def _needs_get(what: str) -> MPCError:
