@@ -116,20 +116,39 @@ def _mul(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     return None if a is None or b is None else a * b
 
 
-def _contracted(a: Any, b: Any) -> Bound:
-    """max |a @ b|: the shared operands' bounds times the contracted length; with a
-    public operand, its largest sum of |p| along the contraction (exact for inputs at
-    their bound with p's signs)."""
-    if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
-        if not _known(a.bound, b.bound):
-            return None
-        return float(a.bound) * float(b.bound) * int(a.shape[-1])  # type: ignore[arg-type]
-    x, p, public_first = (a, b, False) if isinstance(a, SharedTensor) else (b, a, True)
-    if x.bound is None or not isinstance(p, torch.Tensor):
+def abs_sums(t: torch.Tensor) -> tuple[float, float] | None:
+    """For a matrix (or a batch of them) the client shares: the largest sum of |t| down a
+    column (over dim -2) and along a row (over dim -1). A matmul's result is bounded by
+    the other operand's bound times the sum along the contraction: exact for inputs at
+    their bound with t's signs, where bound times bound times the length is not."""
+    if t.dim() < 2 or t.numel() == 0 or not t.is_floating_point():
         return None
-    q = p.detach().abs().double()
-    dim = -1 if public_first or q.dim() < 2 else -2
-    return float(x.bound) * float(q.sum(dim=dim).max()) if q.numel() else 0.0
+    a = t.detach().abs().double()
+    return float(a.sum(dim=-2).max()), float(a.sum(dim=-1).max())
+
+
+def _sums_of(t: Any) -> tuple[float, float] | None:
+    if isinstance(t, SharedTensor):
+        return t.abs_sums
+    if isinstance(t, torch.Tensor):
+        return abs_sums(t)
+    return None
+
+
+def _contracted(a: Any, b: Any) -> Bound:
+    """max |a @ b|: one operand's bound times the other's largest sum of |entries| along
+    the contraction where that is known (a public operand, a matrix the client shared),
+    else the two bounds times the contracted length."""
+    ba, bb = bound_of(a), bound_of(b)
+    sa, sb = _sums_of(a), _sums_of(b)
+    found: list[float] = []
+    if ba is not None and sb is not None and b.dim() >= 2:
+        found.append(ba * sb[0])  # (b contracted over its dim -2)
+    if bb is not None and sa is not None:
+        found.append(bb * sa[1])  # (a contracted over its dim -1)
+    if ba is not None and bb is not None:
+        found.append(ba * bb * int(a.shape[-1]))
+    return min(found) if found else None
 
 
 def _mm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
@@ -564,8 +583,30 @@ DOMAINS: dict[Any, Domain] = {
 }
 
 
-def propagate(out: Any, bound: Bound) -> None:
-    """Give the shared results of an op their bound."""
+_KEEPS_MATRIX = {aten.detach.default, aten.alias.default, aten.clone.default}
+
+
+def _swaps_last_two(func: Any, args: tuple[Any, ...]) -> bool:
+    x = args[0]
+    if func is aten.t.default:
+        return True
+    if func is aten.transpose.int:
+        dims = {d % x.dim() for d in args[1:3]}
+        return dims == {x.dim() - 1, x.dim() - 2}
+    return False
+
+
+def propagate(out: Any, bound: Bound, func: Any = None, args: tuple[Any, ...] = ()) -> None:
+    """Give the shared results of an op their bound (and a shared matrix's transpose or
+    copy its :func:`abs_sums`)."""
+    sums = None
+    src = args[0] if args else None
+    if isinstance(src, SharedTensor) and src.abs_sums is not None:
+        if func in _KEEPS_MATRIX:
+            sums = src.abs_sums
+        elif _swaps_last_two(func, args):
+            sums = (src.abs_sums[1], src.abs_sums[0])
     for t in out if isinstance(out, list | tuple) else (out,):
         if isinstance(t, SharedTensor) and t.dtype.is_floating_point:
             t.bound = bound
+            t.abs_sums = sums

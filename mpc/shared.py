@@ -197,6 +197,8 @@ class SharedTensor(torch.Tensor):
     #: a number |value| cannot exceed, as far as the client knows (max |x| of what it
     #: shared, carried through each op by mpc.ranges); None: not known
     bound: float | None = None
+    #: a matrix's largest sums of |entries| down a column and along a row (mpc.ranges)
+    abs_sums: tuple[float, float] | None = None
 
     @property
     def shares(self) -> list[pt.PointerTensor]:
@@ -363,7 +365,7 @@ class SharedTensor(torch.Tensor):
 
         debug = _debug()
         out = debug.run_checked(func, args, kwargs, run) if debug.active() else run()
-        _ranges().propagate(out, _ranges().check(func, args, kwargs, out))
+        _ranges().propagate(out, _ranges().check(func, args, kwargs, out), func, args)
         return out
 
 
@@ -435,6 +437,8 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     shares.append(_send_in_pieces(rest, session.parties[-1]))
     out = SharedTensor(shares, session, f, dtype)
     out.bound = bound
+    if bound is not None and x.dim() >= 2:
+        out.abs_sums = _ranges().abs_sums(x)
     return out
 
 

@@ -218,7 +218,11 @@ def test_bounds_carry_through_layers(trio):
     assert (x * 0.5 + 1).bound == 2.5 and torch.sigmoid(x).bound == 1.0
     assert (x @ torch.tensor([[1.5], [-4.0]])).bound == 3.0 * 5.5
     w = mpc.share(torch.tensor([[0.5], [2.0]]), alice, bob, crypto_provider=carol)
-    assert (x @ w).bound == 3.0 * 2.0 * 2  # shared x shared: times the contracted length
+    # a matrix the client shared: its largest sum of |w| down a column, as for a public one
+    assert w.abs_sums == (2.5, 2.0) and (x @ w).bound == 3.0 * 2.5
+    h = x * 1.0  # (a computed value: no sums known) times w: bounds times the length, 12
+    assert (h @ w).bound == min(3.0 * 2.5, 3.0 * 2.0 * 2)
+    assert (w.t() @ x.t()).bound == 3.0 * 2.5  # (a transpose keeps the sums, swapped)
     assert torch.relu(x).sum().bound == 6.0
     assert torch.reciprocal(x).bound is None  # not bounded: later products unchecked
     img = mpc.share(torch.ones(1, 2, 4, 4), alice, bob, crypto_provider=carol)
