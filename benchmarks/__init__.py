@@ -1,1 +1,1 @@
-"""Benchmarks of the workloads in WORKLOADS.md (see benchmarks/README.md)."""
+"""Benchmarks of the workloads in docs/workloads.md (see benchmarks/README.md)."""

@@ -1,10 +1,9 @@
-"""``python -m benchmarks``: measure the protocol workloads (WORKLOADS.md W1-W6, max-pool W7,
-secure aggregation W8) and the pointer overhead (P1, P2) without pytest, and print the
-results table.
+"""``python -m benchmarks``: measure the workloads of docs/workloads.md (W1-W16) and the
+pointer overhead (P1, P2) without pytest, and print the results table.
 
 Examples::
 
-    python -m benchmarks                          # every workload at its WORKLOADS.md sizes
+    python -m benchmarks                          # every default case
     python -m benchmarks --quick                  # without the 1e6-element and batch-64 cases
     python -m benchmarks --workloads W3,W4 --sizes 1e4,1e5,1e6 --parties 3
     python -m benchmarks --sizes 1e3,1e4 --sizes W2=32,64 --sizes W5=1 --repeat 3 \\
@@ -54,13 +53,15 @@ import json
 import math
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pointers as pt
-from benchmarks import report, workloads
+from benchmarks import report, results, workloads
 from benchmarks.crossover import crossover_table
 from benchmarks.workloads import (
     MPC_CASES,
@@ -77,6 +78,8 @@ from benchmarks.workloads import (
     processes_cpu,
     worker_names,
 )
+from benchmarks.workloads.generation import write_offer
+from benchmarks.workloads.workers import OWNERS
 from mpc.config import MPCConfig
 from pointers.worker.lanes import release_idle_lanes
 
@@ -160,7 +163,7 @@ def select_cases(
 
 def _ids() -> list[str]:
     """The workload ids, protocol workloads first: W1..W8, P1, P2."""
-    return sorted(OPS, key=lambda w: (not w.startswith("W"), w))
+    return sorted(OPS, key=lambda w: (not w.startswith("W"), int(w[1:])))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="Sizes: "
         + "; ".join(f"{w}: {SIZE_UNIT[w]}" for w in _ids())
-        + ". See benchmarks/README.md.",
+        + ". See docs/benchmarks.md and docs/workloads.md.",
     )
     ap.add_argument("--quick", action="store_true", help="skip the big (1e6, batch 64) cases")
     ap.add_argument("-k", default="", help="only the cases whose id contains this text")
@@ -192,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--repeat", type=int, default=5, help="timed runs per case (default 5)")
     ap.add_argument("--json", metavar="FILE", help="also write machine info and rows as JSON")
+    ap.add_argument(
+        "--record",
+        metavar="FILE",
+        help="also add this run to a results file (benchmarks/results/latest.json): its rows "
+        "replace earlier rows of the same cases in the same setting; then `python -m "
+        "benchmarks.report` regenerates the docs table and plot from it",
+    )
     ap.add_argument("--plot", metavar="PNG", help="also plot throughput against size")
     ap.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
@@ -287,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     meta: dict[str, Any] = report.machine_info()
+    words = sys.argv[1:] if argv is None else argv
     meta.update(
+        command=" ".join(["python -m benchmarks", *words]),
         parties=args.parties,
         repeat=args.repeat,
         workers="in-process (VirtualWorker), serial"
@@ -344,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(_finite({"meta": meta, "rows": rows}), f, indent=1, default=str)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.record:
+        results.record(args.record, _finite(meta), _finite(rows))
+        print(f"added this run to {args.record}", file=sys.stderr)
     if args.plot:
         report.plot_throughput(rows, args.plot, title=report.describe(meta))
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -526,15 +541,25 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         # grown: a BERT-base party process reached 13 GB (2 layers: 3.5 GB, 1.2 GB with this)
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
         print(
-            f"  (W14-W16: each worker serves --max-stored-mb {HF_STORED_MB} --deadline "
+            f"  (W14-W17: each worker serves --max-stored-mb {HF_STORED_MB} --deadline "
             f"{HF_DEADLINE}, with "
             f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']})",
             file=sys.stderr,
         )
-    return LocalCluster(names, latency_ms=latency, server_args=server_args).start()
+    with tempfile.TemporaryDirectory(prefix="benchmarks-offers-") as offers:
+        worker_args = {}
+        for c in cases:  # generation: the owner's worker serves the owner's offer file
+            if c.workload in OWNERS:
+                print(f"  ({c.workload}: the owner approves its model ...)", file=sys.stderr)
+                path = write_offer(Path(offers), c.workload, c.size, c.parties, c.tiny)
+                worker_args[OWNERS[c.workload]] = ["--offer", str(path)]
+        cluster = LocalCluster(
+            names, latency_ms=latency, server_args=server_args, worker_args=worker_args
+        )
+        return cluster.start()  # (the servers read their offer files as they start)
 
 
-HF_WORKLOADS = ("W14", "W15", "W16")
+HF_WORKLOADS = ("W14", "W15", "W16", "W17")
 HF_STORED_MB = 16384
 HF_DEADLINE = 600  # seconds (serve --deadline)
 HF_TIMEOUT = 900.0  # seconds per call of the client (connect(timeout=...); default 120)

@@ -16,7 +16,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--mpc-parties",
         type=int,
         default=2,
-        help="computing parties for the MPC benchmarks, 2..5 (default 2, as WORKLOADS.md)",
+        help="computing parties for the MPC benchmarks, 2..5 (default 2, as docs/workloads.md)",
     )
 
 

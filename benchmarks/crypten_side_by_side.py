@@ -22,7 +22,7 @@ rank 2, dealing as our crypto provider does; ``--functions`` runs TFP only); eac
 at rank 0, median of ``--repeat`` runs after one warm-up), then ours (``python -m benchmarks --network``: 3 worker processes, mutual
 TLS), and prints both with the ratio ours / CrypTen, and the CPU time per run of each
 side (every process and thread: our client and 3 workers, CrypTen's 2 ranks; on a machine
-with C cores a run takes at least its CPU time / C). Same workloads as WORKLOADS.md: W1 mul
+with C cores a run takes at least its CPU time / C). Same workloads as docs/workloads.md: W1 mul
 1e5 and 1e6 (with truncation), W2 matmul 256, W3 compare 1e4 and 1e6 (revealing the 0/1
 result), W5 LeNet batch 1 (model and input private), W6 share + reconstruct 1e6.
 
@@ -364,6 +364,55 @@ def _ours(repeat: int, latency: float) -> dict[str, float]:
     return out
 
 
+def record_crypten(
+    crypten_python: str, repeat: int, path: str, argv: list[str] | None = None
+) -> None:
+    """Time CrypTen's side of W1-W6 and W9, W10, W12, W13 (2 ranks over gloo, its default
+    trusted-first-party provider) and add them to the results file at ``path`` as a run of
+    their own (engine "CrypTen 0.4.1"), rows named as ours so the report sets them side
+    by side."""
+    from benchmarks import report, results
+    from benchmarks.workloads import OPS, Case
+
+    cases = [(w, n) for w, n in CASES + FUNCTION_CASES if w in OPS]
+    meta: dict[str, Any] = report.machine_info()
+    words = sys.argv[1:] if argv is None else argv
+    meta.update(
+        engine="CrypTen 0.4.1",
+        workers="2 processes over gloo, its default trusted first party (rank 0 deals)",
+        command=" ".join(["python -m benchmarks.crypten_side_by_side", *words]),
+        repeat=repeat,
+        torch_threads=1,
+        load_before=meta.pop("load"),
+    )
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "crypten.json")
+        cmd = [crypten_python, __file__, "--crypten-only", out, "--repeat", str(repeat)]
+        subprocess.run(cmd + ["--functions-rounds"], check=True)
+        theirs = json.loads(Path(out).read_text())["crypten"]
+    meta["load_after"] = report.load_average()
+    rows = []
+    for wid, n in cases:
+        key = f"{wid}-{n}"
+        if key not in theirs:
+            continue
+        case = Case(wid, n)
+        rows.append(
+            {
+                "workload": wid,
+                "op": OPS[wid],
+                "size": case.id.rsplit("-", 1)[1],
+                "name": case.id,
+                "elements": n * n if wid == "W2" else n,
+                "median_s": theirs[key],
+                "cpu_median_s": _ranks_cpu(theirs, key),
+                "rounds": theirs.get(f"{key}:rounds"),
+            }
+        )
+    results.record(path, meta, rows)
+    print(f"added CrypTen's {len(rows)} rows to {path}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--crypten-python", default="/tmp/cvenv/bin/python")
@@ -374,10 +423,24 @@ def main(argv: list[str] | None = None) -> int:
         help="W9, W10, W12, W13 (ours in process) and CrypTen's reciprocal and exp "
         "instead of W1-W6 (ours over the network)",
     )
+    ap.add_argument(
+        "--record",
+        metavar="FILE",
+        help="time CrypTen alone (its default provider, W1-W6 and W9, W10, W12, W13) and add "
+        "the rows to a results file (benchmarks/results/latest.json), beside ours",
+    )
     ap.add_argument("--crypten-only", metavar="JSON", help=argparse.SUPPRESS)
     ap.add_argument("--provider", default="TFP", help=argparse.SUPPRESS)
+    ap.add_argument("--functions-rounds", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [[w, n] for w, n in (FUNCTION_CASES if args.functions else CASES)]
+    if args.record:
+        record_crypten(args.crypten_python, args.repeat, args.record, argv)
+        return 0
+    if args.crypten_only and args.functions_rounds:  # (--record: every case, with rounds)
+        every = [[w, n] for w, n in CASES + FUNCTION_CASES if not w.startswith("W11")]
+        crypten_only(every, args.repeat, args.crypten_only, True, args.provider)
+        return 0
     if args.crypten_only:
         crypten_only(cases, args.repeat, args.crypten_only, args.functions, args.provider)
         return 0

@@ -1,4 +1,4 @@
-"""Accuracy and rounds of the non-linear functions (issue 13, WORKLOADS.md W11 inputs).
+"""Accuracy and rounds of the non-linear functions (issue 13, docs/workloads.md W11 inputs).
 
 ``python -m benchmarks.function_accuracy [--n 10000]`` prints a markdown table: for 2 and 3
 parties, the max error against float64 torch on the issue's inputs, and the rounds of one

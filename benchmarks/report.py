@@ -1,5 +1,7 @@
-"""What a benchmark run records besides its rows: the machine and its load, and the
-throughput plot (``python -m benchmarks --plot out.png``)."""
+"""What a benchmark run records besides its rows (the machine and its load), the
+throughput plot of one run (``python -m benchmarks --plot out.png``), and
+``python -m benchmarks.report``: the docs' results table and plot regenerated from the
+committed results file (:mod:`benchmarks.results`)."""
 
 from __future__ import annotations
 
@@ -196,3 +198,138 @@ def floor_table(rows: list[dict[str, Any]], latency_ms: float, markdown: bool = 
     ]
     out += [fmt.format(*cells) for cells in lines]
     return "\n".join(out)
+
+
+def plot_results(data: dict[str, Any], path: str | Path) -> Path:
+    """The docs' plot from a results file: on the left, time against size of each workload
+    measured at several sizes (ours in process, lines; CrypTen where measured, hollow
+    markers); on the right, each case CrypTen was measured on, ours beside it.
+
+    Uses matplotlib's Agg backend through a bare ``Figure`` (no pyplot, no display).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from benchmarks.results import other_rows, ours_rows
+
+    ours = [r for r in ours_rows(data) if "messages_per_op" not in r and r.get("median_s")]
+    theirs = [(m, r) for m, r in other_rows(data) if r.get("median_s")]
+    by_workload: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in ours:
+        by_workload[r["workload"]].append(r)
+    several = sorted((w for w, rs in by_workload.items() if len(rs) > 1), key=lambda w: int(w[1:]))
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2, width_ratios=[1.1, 1])
+    colors = {w: f"C{i % 10}" for i, w in enumerate(several)}
+    for w in several:
+        pts = sorted((r["elements"], r["median_s"]) for r in by_workload[w])
+        op = by_workload[w][0]["op"]
+        left.plot(*zip(*pts, strict=True), marker="o", color=colors[w], label=f"{w} {op}")
+        cpts = sorted((r["elements"], r["median_s"]) for _, r in theirs if r["workload"] == w)
+        if cpts:
+            left.plot(
+                *zip(*cpts, strict=True),
+                marker="o",
+                markerfacecolor="none",
+                linestyle="--",
+                color=colors[w],
+                label=f"{w} CrypTen",
+            )
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("size (elements; W5: images in the batch; W8: elements of all updates)")
+    left.set_ylabel("median time per run (s)")
+    left.set_title("Time against size, 2 parties + crypto provider, in process", fontsize="small")
+    left.grid(True, which="both", alpha=0.3)
+    if several:
+        left.legend(fontsize="x-small", ncol=2)
+
+    ours_by_name = {r["name"]: r for r in ours}
+    pairs = [
+        (r["name"], ours_by_name[r["name"]], r, m) for m, r in theirs if r["name"] in ours_by_name
+    ]
+    if pairs:
+        labels = [p[0] for p in pairs]
+        ys = range(len(pairs))
+        right.barh([y + 0.2 for y in ys], [p[1]["median_s"] for p in pairs], 0.4, label="ours")
+        engine = pairs[0][3].get("engine", "CrypTen")
+        right.barh([y - 0.2 for y in ys], [p[2]["median_s"] for p in pairs], 0.4, label=engine)
+        right.set_yticks(list(ys), labels, fontsize="x-small")
+        right.set_title(f"Ours (in process) beside {engine}", fontsize="small")
+    else:
+        single = [r for r in ours if r["workload"] not in several]
+        right.barh(range(len(single)), [r["median_s"] for r in single])
+        right.set_yticks(range(len(single)), [r["name"] for r in single], fontsize="x-small")
+        right.set_title("Workloads measured at one size", fontsize="small")
+    right.invert_yaxis()
+    right.set_xscale("log")
+    right.set_xlabel("median time per run (s)")
+    right.grid(True, axis="x", which="both", alpha=0.3)
+    if pairs:
+        right.legend(fontsize="x-small")
+    fig.suptitle(_runs_line(data), fontsize="x-small")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    return path
+
+
+def _runs_line(data: dict[str, Any]) -> str:
+    """Which runs the plot shows: engine, date, commit and load average before each."""
+    from benchmarks.results import OURS, setting
+
+    shown = setting({"parties": 2})
+    parts = []
+    for run in data["runs"]:
+        m = run["meta"]
+        if m.get("engine", OURS) == OURS and setting(m) != shown:
+            continue  # (not in the plot)
+        load = m.get("load_before") or []
+        parts.append(
+            f"{m.get('engine', 'tessera-mpc')} {str(m.get('date', '?'))[:16].replace('T', ' ')}"
+            f" UTC, commit {m.get('commit', '?')}, load {load[0] if load else '?'}"
+        )
+    return (
+        "; ".join(parts) + f"; {data['runs'][0]['meta'].get('nproc', '?')} cores" if parts else ""
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.report``: regenerate the docs' results table (and plot) from
+    the committed results file; ``--check`` only says whether the page is up to date."""
+    import argparse
+    import sys
+
+    from benchmarks import results
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    ap.add_argument("file", nargs="?", default=str(results.RESULTS), help="the results file")
+    ap.add_argument("--docs", default=str(results.DOCS), help="the page to rewrite")
+    ap.add_argument("--plot", default=str(results.PLOT), help="the PNG to draw")
+    ap.add_argument("--no-plot", action="store_true", help="leave the plot alone")
+    ap.add_argument("--markdown", action="store_true", help="print the tables, change nothing")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
+    args = ap.parse_args(argv)
+    data = results.load(args.file)
+    if args.markdown:
+        print(results.render(data))
+        return 0
+    if args.check:
+        if results.docs_table(args.docs) != results.render(data).strip():
+            print(f"{args.docs} is out of date: run python -m benchmarks.report", file=sys.stderr)
+            return 1
+        return 0
+    changed = results.rewrite_docs(data, args.docs)
+    print(f"{args.docs}: {'rewritten' if changed else 'already up to date'}", file=sys.stderr)
+    if not args.no_plot:
+        try:
+            print(f"wrote {plot_results(data, args.plot)}", file=sys.stderr)
+        except ImportError as e:  # matplotlib is an extra (dev)
+            print(f"plot not drawn: {e} (pip install matplotlib)", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""pytest-benchmark tests of the MPC workloads W1-W6 (WORKLOADS.md) and max-pool (W7).
+"""pytest-benchmark tests of the MPC workloads W1-W6 (docs/workloads.md) and max-pool (W7).
 
 Each test shares its inputs, times ``run()`` with ``benchmark.pedantic`` (one warm-up
 round), then records plaintext time, ratio, rounds, bytes and correctness in

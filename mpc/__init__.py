@@ -7,7 +7,6 @@
 tensor([3.2500, 5.0000])
 """
 
-from mpc import compat as _compat
 from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
@@ -20,17 +19,15 @@ from mpc.errors import (
     ShapeError,
     UnsupportedOpError,
 )
+from mpc.generation import approve_generation, generate
 from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save_offer
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
 from mpc.offered import offered
 from mpc.plan import SharedPlan, preprocess
-from mpc.protocols import fss as _fss  # noqa: F401  (registers comparison="fss")
 from mpc.release import OwnedShared, OwnedSum, ReleaseRuleError
 from mpc.secure_aggregation import SecureAggregator, secure_fedavg
 from mpc.session import Session
 from mpc.shared import SharedTensor
-
-_compat.install()  # PySyft 0.2 compatible names on SharedTensor
 
 __all__ = [
     "Approval",
@@ -56,7 +53,9 @@ __all__ = [
     "SharedTensor",
     "UnsupportedOpError",
     "approve",
+    "approve_generation",
     "debug",
+    "generate",
     "get",
     "offer",
     "offered",

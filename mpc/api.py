@@ -13,7 +13,7 @@ from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.offered import buffer_is_secret, is_offered, share_offered
 from mpc.ops.backward import track_grad
-from mpc.protocols.weights import mark_fixed
+from mpc.protocols.weights.run import mark_fixed
 from mpc.session import Session, session_for
 from mpc.shared import SharedTensor, share_tensor
 from pointers.pointer_tensor import PointerTensor

@@ -7,15 +7,16 @@
   marked by ``model.fix_precision()``) is shared with the fractional bits it carries.
 * ``x_ptr.share(...)`` / ``x_ptr.fix_precision().share(...)``: :func:`share_remote`, the
   worker holding the value splits it (the client never sees it).
-* ``shared.copy()``: a new sharing of the same value (the parties copy their shares).
+* ``shared.copy()``: a new sharing of the same value (the parties copy their shares):
+  :meth:`mpc.shared.SharedTensor.copy`.
 * ``shared.max(dim=0)``: torch's (values, indices) pair of shared tensors; its ``.get()``
   gives the values, as PySyft's ``shared.max(dim=0).get()`` did (``.indices.get()`` the
-  indices).
+  indices): :meth:`mpc.shared.SharedTensor.max`.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -70,7 +71,7 @@ def share_remote(
     the client's: it opens only inside an aggregate of at least two owners' values
     (``(a + b).get()``, its release rule, :mod:`mpc.release`)."""
     from mpc.release import MIN_OWNERS, owned
-    from mpc.secure_aggregation import SHARE_FUNCTION, _bound, install
+    from mpc.secure_aggregation import SHARE_FUNCTION, install, update_bound
 
     if not x.is_floating_point():
         raise MPCError(
@@ -88,7 +89,7 @@ def share_remote(
     shares = pt_call_function(
         worker,
         SHARE_FUNCTION,
-        [x, f, session.n, _bound(f, 1), 1, MIN_OWNERS],
+        [x, f, session.n, update_bound(f, 1), 1, MIN_OWNERS],
         out=[(shape, torch.int64)] * session.n,
     )
     moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]
@@ -98,34 +99,3 @@ def share_remote(
             "owners' values (its release rule): it cannot be trained on"
         )
     return owned(moved, session, f, x.dtype, worker.id, MIN_OWNERS)
-
-
-class MaxResult(NamedTuple):
-    """``shared.max(dim)``: shared values and indices, as torch's pair (``values, indices =
-    x.max(dim=0)``). ``.get()`` reconstructs the values, as PySyft's
-    ``x.max(dim=0).get()`` did (PySyft's max over a dimension gave the values only);
-    ``.indices.get()`` gives the indices."""
-
-    values: Any
-    indices: Any
-
-    def get(self) -> Any:
-        return self.values.get()
-
-
-def _shared_max(self: SharedTensor, *args: Any, **kwargs: Any) -> Any:
-    out = torch.Tensor.max(self, *args, **kwargs)
-    if isinstance(out, tuple):
-        return MaxResult(out[0], out[1])
-    return out
-
-
-def _shared_copy(self: SharedTensor) -> SharedTensor:
-    """PySyft's ``shared.copy()``: the same value, in new shares at the same parties."""
-    return self.clone()
-
-
-def install() -> None:
-    # (a patch over torch's overloaded Tensor.max, whose stub no plain function matches)
-    SharedTensor.max = _shared_max  # type: ignore[method-assign, assignment]
-    SharedTensor.copy = _shared_copy  # type: ignore[attr-defined]

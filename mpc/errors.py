@@ -17,10 +17,19 @@ class CryptoProviderRequired(MPCError):
         )
 
 
+# what to do instead, for unsupported ops a user meets through a well-known call
+_HINTS = {
+    "aten.isin": "if this comes from transformers' model.generate(...), generate with "
+    "mpc.generate(model, input_ids, max_new_tokens=...) instead: greedy decoding that "
+    "reveals only the new tokens, one recorded program per token",
+}
+
+
 class UnsupportedOpError(MPCError, NotImplementedError):
     """An aten op has no secure implementation."""
 
     def __init__(self, op: str, why: str = "") -> None:
+        why = why or _HINTS.get(op.rpartition(".")[0], "")
         msg = f"{op} is not supported on secret-shared tensors"
         super().__init__(msg + (f": {why}" if why else ""))
         self.op = op

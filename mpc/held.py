@@ -69,7 +69,7 @@ from mpc.offered import (
 )
 from mpc.plan import Programs, SharedPlan, signature, slots_of
 from mpc.plan import plan as plain_plan
-from mpc.protocols import weights
+from mpc.protocols.weights import run as weights
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
 from pointers.worker import holding
@@ -124,6 +124,15 @@ def _registered(model: nn.Module, frac_bits: int) -> dict[str, tuple[torch.Tenso
     return out
 
 
+def registered_values(model: nn.Module, frac_bits: int) -> dict[str, str]:
+    """Per parameter name, the digest of ``model``'s value at ``frac_bits`` (what an
+    approval names: :func:`pointers.worker.holding.param_digest`)."""
+    return {
+        n: v.digest
+        for n, v in holding.make_policy({}, _registered(model, frac_bits)).params.items()
+    }
+
+
 def approve(
     model: nn.Module,
     *examples: torch.Tensor,
@@ -141,13 +150,12 @@ def approve(
     :func:`save_offer`). The client's plan must be recorded with the same ``call``, config
     and input shapes; its outputs open, nothing else does."""
     cfg = config or MPCConfig()
-    values = holding.make_policy({}, _registered(model, cfg.frac_bits)).params
+    digests = registered_values(model, cfg.frac_bits)
     workers = [pt.VirtualWorker(p) for p in parties]
     dealer = pt.VirtualWorker(crypto_provider)
     session = Session(workers, dealer, cfg)
     shared = [share_tensor(e, session) for e in examples]
     plan = HeldPlan(model, *shared, call=call, owner_session=session)
-    digests = {n: v.digest for n, v in values.items()}
     approval = Approval({p.id: plan.digests(p, digests) for p in workers})
     approval.frac_bits, approval.params = cfg.frac_bits, digests
     del plan, shared, session, workers, dealer
@@ -233,15 +241,21 @@ class HeldPlan(SharedPlan):
         *examples: SharedTensor,
         call: Call | None = None,
         owner_session: Session | None = None,
+        later_call: Call | None = None,
+        later_examples: tuple[SharedTensor, ...] | None = None,
     ) -> None:
         self.model = model
         self.call = call or (lambda m, *xs: m(*xs))
+        # the later program: the same call on inputs of the same shapes by default (a
+        # generation's later program is its step, on one token: mpc.generation)
+        self.later_call = later_call or self.call
+        later_inputs = examples if later_examples is None else later_examples
         self.slots_of = secret_slots(model)
         session = examples[0].session if examples else owner_session
         if session is None:
             raise TypeError("mpc.plan needs example SharedTensor inputs")
         self.names = [name for _, _, _, name in self.slots_of]
-        self.k_inputs = len(examples)
+        self.k_inputs, self.k_later = len(examples), len(later_inputs)
         stand_ins, originals = [], []
         for m, attr, is_param, _ in self.slots_of:
             t = tensor_at(m, attr, is_param)
@@ -252,49 +266,52 @@ class HeldPlan(SharedPlan):
             weights.mark_fixed(stand_in)  # (its products make, then use, an instance)
             stand_ins.append(stand_in)
         swap = {id(t): s for t, s in zip(originals, stand_ins)}
-        model, call_fn = self.model, self.call
 
-        def recorded(*inputs: SharedTensor) -> Any:
-            with _Swapped(model, swap):
-                return call_fn(model, *inputs[: self.k_inputs])
+        def swapped(fn: Call, k: int) -> Call:
+            def recorded(*inputs: SharedTensor) -> Any:
+                with _Swapped(model, swap):
+                    return fn(model, *inputs[:k])
+
+            return recorded
 
         with torch.no_grad(), weights.held_instances():
-            super().__init__(recorded, *examples, *stand_ins)  # the first query
+            # the first query
+            super().__init__(swapped(self.call, self.k_inputs), *examples, *stand_ins)
             first = self._first
-            self.later = Programs(recorded, self.workers, (*examples, *stand_ins), first)
+            self.later = Programs(
+                swapped(self.later_call, self.k_later),
+                self.workers,
+                (*later_inputs, *stand_ins),
+                first,
+            )
         self.later.output = None  # type: ignore[assignment]
         self.made = False  # whether the first query ran (or has its material dealt)
         self.example_output = None  # type: ignore[assignment]  # (stand-ins' output)
         # the later program's carried slots (slot there -> slot of the first program), and
-        # per party, the first program's slots whose objects it keeps (made at that party)
-        # and which of those are the weights' copies (held: read as the owner's)
+        # per party, the first program's slots whose objects it keeps (made at that party,
+        # each under the role of the later slot that carries it), and which of those are
+        # held objects (read as the owner's: the weights' copies, a generation's caches and
+        # position) rather than protocol material (a weight instance's opened F)
         self.carried = {
             k2: arg for k2, (kind, arg) in enumerate(self.later.slots.kind) if kind == "carried"
         }
-        inst_w: set[tuple[str, int]] = set()
+        self.role = {k1: f"c{k2}" for k2, k1 in self.carried.items()}
         inst_f: set[tuple[str, int]] = set()
         for st in stand_ins:
             for inst in weights.instances_of(st):
-                inst_w |= {(p.location.id, p.id_at_location) for p in inst.w}
                 inst_f |= {(p.location.id, p.id_at_location) for p in inst.f}
         recorded_value = {k: v for v, k in first.slots.index.items()}
         self.keeps: dict[str, list[int]] = {}
-        self.uses: dict[str, dict[int, int]] = {}
+        self.uses: dict[str, set[int]] = {}
         for party in self.session.parties:
             mine = slots_of(self.later.programs[party.id])
-            keeps, uses = set(), {}
+            keeps, uses = set(), set()
             for k2, k1 in self.carried.items():
                 if first.slots.kind[k1] != ("new", party.id):
                     continue
                 keeps.add(k1)
-                made = (party.id, recorded_value[k1])
-                if made not in inst_w and made not in inst_f:  # (the digests assume so)
-                    raise MPCError(
-                        f"internal: the later queries' program at {party.id!r} refers to an "
-                        "object the first query made that is no weight instance's"
-                    )
-                if k2 in mine and made in inst_w:
-                    uses[k2] = k1
+                if k2 in mine and (party.id, recorded_value[k1]) not in inst_f:
+                    uses.add(k2)
             self.keeps[party.id] = sorted(keeps)
             self.uses[party.id] = uses
         # recorded: the stand-ins and their instances are not needed again (a held plan
@@ -310,19 +327,20 @@ class HeldPlan(SharedPlan):
         carried slots, and its output slot."""
         out = {}
         n = self.session.n
+        k_inputs = self.k_later if variant is self.later else self.k_inputs
         for i, party in enumerate(self.session.parties):
             pairs: list[list[Any]] = []
-            for j in range(self.k_inputs):  # the client's inputs (name None)
+            for j in range(k_inputs):  # the client's inputs (name None)
                 pairs.append([variant.slots.kind.index(("input", j * n + i)), None])
             for j, name in enumerate(self.names):
-                k = (self.k_inputs + j) * n + i  # the flattened inputs' index of that share
+                k = (k_inputs + j) * n + i  # the flattened inputs' index of that share
                 slot = variant.slots.kind.index(("input", k))
                 pairs.append([slot, name])
             if variant is self.later:
                 mine = slots_of(variant.programs[party.id])
                 pairs += [[k2, holding.CARRIED] for k2 in sorted(self.carried) if k2 in mine]
             else:
-                pairs += [[k1, holding.KEEP] for k1 in self.keeps[party.id]]
+                pairs += [[k1, holding.keep(self.role[k1])] for k1 in self.keeps[party.id]]
             out[party.id] = (pairs, [variant.out_slots[i]])
         return out
 
@@ -338,7 +356,7 @@ class HeldPlan(SharedPlan):
         d1 = holding.program_digest(program.raw, held, outputs, party.id, store, None, params)
         held, outputs = self._held_fields(self.later)[party.id]
         program = party.store.get(self.later.program_ids[party.id])
-        uses = {k2: holding.instance_key(d1, k1) for k2, k1 in self.uses[party.id].items()}
+        uses = {k2: f"c{k2}" for k2 in self.uses[party.id]}
         d2 = holding.program_digest(program.raw, held, outputs, party.id, store, uses, params)
         return [d1, d2]
 
@@ -423,5 +441,6 @@ __all__ = [
     "approve",
     "offer",
     "plan",
+    "registered_values",
     "save_offer",
 ]

@@ -85,11 +85,10 @@ def greedy_generate(
     """Greedy decoding with the KV cache on a shared causal language model (GPT-2, Llama).
 
     The prompt is shared by the caller; every step runs the model on the new tokens with
-    a ``DynamicCache`` that holds
-    the shared keys and values, takes the argmax of the last logits on shares (a
-    comparison tree), and reveals only that token to the caller, who shares it again as
-    the next step's input. Returns the new tokens, ``(batch, n)``, as a plain tensor:
-    what the caller learns. The parties learn the shapes and the number of steps.
+    a cache that holds the shared keys and values, takes the argmax of the last logits on
+    shares (a comparison tree), and reveals only that token to the caller, who shares it
+    again as the next step's input. Returns the new tokens, ``(batch, n)``, as a plain
+    tensor: what the caller learns. The parties learn the shapes and the number of steps.
     ``eos_token_id`` stops once every sequence has produced it (the caller's decision,
     on tokens it holds).
 
@@ -97,9 +96,17 @@ def greedy_generate(
     :func:`private_embeddings`, passed as ``inputs_embeds=``), ``"compare"`` (the caller
     shares the ids, the parties compare them with every row: ``input_ids=``), or
     ``"public"`` (ids in the clear: cheapest, but the parties see the text).
+
+    With ``"one_hot"`` and no padding mask this is :func:`mpc.generate`: one recorded
+    program per party for the prefill and for every token. Otherwise each step runs op by
+    op with a ``DynamicCache``.
     """
     from transformers import DynamicCache
 
+    if lookup == "one_hot" and (attention_mask is None or bool(attention_mask.all())):
+        from mpc.generation import generate
+
+        return generate(model, input_ids, max_new_tokens, eos_token_id=eos_token_id)
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     config = getattr(model, "config", None)

@@ -153,7 +153,7 @@ class SecureAggregator:
         aggregate of at least two owners' updates (``(a + b).get()``): the parties refuse
         anything else (:mod:`mpc.release`).
         """
-        return self._share(update, _bound(self.frac_bits, weight), weight)
+        return self._share(update, update_bound(self.frac_bits, weight), weight)
 
     def _share(self, update: pt.PointerTensor, bound: float, weight: int = 1) -> OwnedShared:
         if not isinstance(update, pt.PointerTensor):
@@ -185,7 +185,7 @@ class SecureAggregator:
                 f"secure aggregation opens only an aggregate of at least {MIN_OWNERS} data "
                 f"workers' updates (their release rule), got updates from {sorted(owners)}"
             )
-        bound = _bound(self.frac_bits, total)
+        bound = update_bound(self.frac_bits, total)
         # each owner weights its own update by its public count n_k; the parties add
         # the shares (the release of an aggregate of at least two owners)
         terms = [self._share(update, bound, n) for update, n in updates]
@@ -196,7 +196,7 @@ class SecureAggregator:
         return f"SecureAggregator({self.session!r}, frac_bits={self.frac_bits})"
 
 
-def _bound(frac_bits: int, total: int) -> float:
+def update_bound(frac_bits: int, total: int) -> float:
     """Largest |u| for which ``sum_k n_k * encode(u_k)`` stays below 2^62 when the counts
     add up to ``total`` (``total * |u| * 2^f < 2^62``)."""
     return 2.0 ** (_SAFE_BITS - frac_bits) / total

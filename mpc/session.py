@@ -36,7 +36,9 @@ import pointers as pt
 from mpc import accounting
 from mpc.config import MPCConfig
 from mpc.errors import ComparisonModeError, CryptoProviderRequired, PartyMismatchError
-from mpc.material import FUNCTIONS
+from mpc.protocols.functions import FUNCTIONS
+from mpc.protocols.seeds.steps import new_seed
+from mpc.protocols.step import name_of
 from pointers.worker.program import RunValue
 
 MAX_PARTIES = 5
@@ -106,7 +108,7 @@ class Session:
                 crypto_provider.introduce(p)
                 (seed,) = pt.call_function(
                     crypto_provider,
-                    "mpc.new_seed",
+                    name_of(new_seed),
                     [i, len(parties)],
                     out=[((16,), torch.uint8)],
                 )

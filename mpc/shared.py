@@ -8,7 +8,7 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 
@@ -17,6 +17,9 @@ from mpc import accounting, config
 from mpc.errors import MPCError, ShapeError, UnsupportedOpError
 from mpc.math.encoding import decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
+from mpc.protocols.parties import run_step
+from mpc.protocols.seeds.steps import share_from_seed
+from mpc.protocols.truncation.run import truncate
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
@@ -229,8 +232,6 @@ class SharedTensor(torch.Tensor):
         deferred shares (:meth:`resolve`)."""
         self.resolve()
         if self.pending:
-            from mpc.protocols.arith import truncate
-
             with self.session.concurrently(self.numel()):
                 self.shares = truncate(self.session, self.shares, self.pending)
             self.frac_bits -= self.pending
@@ -278,6 +279,18 @@ class SharedTensor(torch.Tensor):
 
     def reconstruct(self) -> torch.Tensor:
         return self.get()
+
+    # (torch's Tensor.max is overloaded in its stubs: no one signature overrides it)
+    def max(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """torch's max; over a dimension, the (values, indices) pair as a
+        :class:`MaxResult`, whose ``.get()`` gives the values (PySyft 0.2's
+        ``shared.max(dim=0).get()``)."""
+        out = torch.Tensor.max(self, *args, **kwargs)
+        return MaxResult(out[0], out[1]) if isinstance(out, tuple) else out
+
+    def copy(self) -> SharedTensor:
+        """PySyft's ``shared.copy()``: the same value, in new shares at the same parties."""
+        return self.clone()
 
     @property
     def parties(self) -> list[Any]:
@@ -381,6 +394,19 @@ def _debug() -> Any:
     return debugging
 
 
+class MaxResult(NamedTuple):
+    """``shared.max(dim)``: shared values and indices, as torch's pair (``values, indices =
+    x.max(dim=0)``). ``.get()`` reconstructs the values, as PySyft's
+    ``x.max(dim=0).get()`` did (PySyft's max over a dimension gave the values only);
+    ``.indices.get()`` gives the indices."""
+
+    values: Any
+    indices: Any
+
+    def get(self) -> Any:
+        return self.values.get()
+
+
 def _needs_get(what: str) -> MPCError:
     return MPCError(f"{what} needs the secret value; reconstruct it with .get() first")
 
@@ -425,9 +451,7 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
         if seeded:  # party i expands a 16-byte seed into its share (no tensor travels)
             seed = new_seed()
             r = PRG(seed).int64(shape)
-            (ptr,) = pt.call_function(
-                p, "mpc.share_from_seed", [seed, list(shape)], out=[(shape, torch.int64)]
-            )
+            (ptr,) = run_step(p, share_from_seed, [seed, list(shape)], [(shape, torch.int64)])
             assert ptr is not None  # (out= given: a pointer per output)
         else:
             r = random_ring(shape)

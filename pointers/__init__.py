@@ -37,12 +37,17 @@ from pointers.plans.graph import (
 from pointers.plans.plan import Plan, State, func2plan
 from pointers.plans.pointer_plan import PointerPlan
 from pointers.plans.protocol import Protocol, ProtocolError
-from pointers.pointer_tensor import PointerTensor, call_function, is_pointer
+from pointers.pointer_tensor import PointerTensor, call_function, is_pointer, use_chains
 from pointers.worker.base import VirtualWorker, Worker
+from pointers.worker.chains import PointerChains
 from pointers.worker.client import WorkerStats
 from pointers.worker.lanes import concurrently
 
+# The registrations made as pointers loads, in this one place (tests/test_layering.py
+# allows module-level calls nowhere else): a pointer's chain methods, handed down to
+# pointers.pointer_tensor from pointers.worker.chains above it, and PySyft 0.2's names
 _install_compat()  # PySyft 0.2 compatible names: worker._objects, ptr.owner
+use_chains(PointerChains())
 
 if TYPE_CHECKING:  # the lazily loaded names (_LAZY, __getattr__), for type checkers
     from pointers.federated.datasets import FederatedDataLoader, FederatedDataset, WorkerDataset

@@ -78,8 +78,8 @@ class RemoteRef:
 
 class Chains(Protocol):
     """What a pointer on a chain asks of :mod:`pointers.worker.chains`, which sits above
-    this module (chains make pointers) and so hands itself in with :func:`use_chains`
-    when it loads (``pointers.worker`` loads it)."""
+    this module (chains make pointers): ``pointers/__init__`` hands it in with
+    :func:`use_chains` as the package loads."""
 
     def send(
         self, ptr: PointerTensor, destination: WorkerClient, *args: Any, **kwargs: Any
@@ -88,11 +88,11 @@ class Chains(Protocol):
     def remote_get(self, ptr: PointerTensor) -> PointerTensor: ...
 
 
-_CHAINS: list[Chains] = []  # the one Chains, once pointers.worker.chains has loaded
+_CHAINS: list[Chains] = []  # the one Chains, handed in by pointers/__init__
 
 
 def use_chains(chains: Chains) -> None:
-    """Called by :mod:`pointers.worker.chains` as it loads."""
+    """Hand in the chain methods (``pointers/__init__`` does, once)."""
     _CHAINS[:] = [chains]
 
 
@@ -263,7 +263,7 @@ class PointerTensor(torch.Tensor):
         new_id = destination.new_id()
         ref.location.post(SendToPeer(ref.obj_id, destination.id, new_id, delete, lend))
         return PointerTensor.from_meta(
-            destination, new_id, self.shape, _contiguous_stride(self.shape), self.dtype
+            destination, new_id, self.shape, contiguous_stride(self.shape), self.dtype
         )
 
     def send(self, destination: WorkerClient, *args: Any, **kwargs: Any) -> PointerTensor:
@@ -503,7 +503,7 @@ def send_tensor(x: torch.Tensor, worker: WorkerClient) -> PointerTensor:
     worker.post(Store(obj_id, value, tags, getattr(x, "description", "") or ""))
     # The worker decodes a contiguous copy, so the pointer describes a contiguous tensor.
     ptr = PointerTensor.from_meta(
-        worker, obj_id, value.shape, _contiguous_stride(value.shape), value.dtype
+        worker, obj_id, value.shape, contiguous_stride(value.shape), value.dtype
     )
     if x.requires_grad:
         ptr.requires_grad_(True)  # a leaf at the client: remote backward() reaches it
@@ -514,7 +514,7 @@ def _creation_kwargs(kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in (kwargs or {}).items() if k in ("dtype", "layout", "device")}
 
 
-def _contiguous_stride(shape: Any) -> tuple[int, ...]:
+def contiguous_stride(shape: Any) -> tuple[int, ...]:
     stride, acc = [], 1
     for s in reversed(tuple(shape)):
         stride.append(acc)
@@ -561,7 +561,7 @@ def call_function(
         ids = [location.new_id() for _ in out]
         location.post(CallFunction(name, wire_args, wire_kwargs, list(ids), False))
         return [
-            PointerTensor(RemoteRef(location, i), tuple(shape), _contiguous_stride(shape), dtype)
+            PointerTensor(RemoteRef(location, i), tuple(shape), contiguous_stride(shape), dtype)
             for i, (shape, dtype) in zip(ids, out)
         ]
     base = location.new_id()

@@ -56,13 +56,18 @@ class Cluster:
         worker_ids: Iterable[str],
         clients: Iterable[str] = ("client",),
         args: Iterable[str] = (),
+        worker_args: dict[str, list[str]] | None = None,
     ) -> None:
+        """``args``: serve options of every worker; ``worker_args``: of one worker (a
+        model owner's ``--offer FILE``)."""
         self.root = Path(root)
         self.certs = self.root / "certs"
         self.worker_ids = list(worker_ids)
         create_certs(self.certs, self.worker_ids, clients=clients)
+        extra = worker_args or {}
         self.servers = {
-            w: ServerProcess(w, self.certs, self.root / f"{w}.log", args) for w in self.worker_ids
+            w: ServerProcess(w, self.certs, self.root / f"{w}.log", [*args, *extra.get(w, [])])
+            for w in self.worker_ids
         }
         self._connections: list[pt.NetworkWorker] = []
 

@@ -6,6 +6,7 @@ tests/test_pysyft_notebooks.py on the PySyft tutorials' cells (pysyft_notebook_c
 from __future__ import annotations
 
 import ast
+import re
 import time
 from typing import Any
 
@@ -41,20 +42,37 @@ def run_cell(source: str, namespace: dict[str, Any], where: str = "<cell>") -> A
 
 
 def run_notebook(
-    cells: list[tuple[int, str]], name: str, after: dict[int, str] | None = None
+    cells: list[tuple[int, str]],
+    name: str,
+    after: dict[int, str] | None = None,
+    raises: dict[int, tuple[type[BaseException], str]] | None = None,
+    namespace: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every cell; a failing cell raises :class:`CellError` naming it. ``after``: code
-    run after a cell (a test's shorter setting, e.g. fewer epochs), by cell number."""
-    namespace: dict[str, Any] = {"__name__": "__main__"}
+    run after a cell (a test's shorter setting, e.g. fewer epochs), by cell number.
+    ``raises``: cells expected to fail, by number, with the error's type and a regular
+    expression its message matches (the notebook goes on after them, as Jupyter does); a
+    listed cell that runs, or fails otherwise, raises :class:`CellError`. ``namespace``: the
+    globals to run in (default: a fresh ``__main__``-named one; a notebook that pickles its
+    own classes needs a module's, as Jupyter's ``__main__`` is)."""
+    if namespace is None:
+        namespace = {"__name__": "__main__"}
     after = dict(after or {})
+    raises = dict(raises or {})
     for number, source in cells:
         where = f"{name}, cell {number}"
+        expected = raises.pop(number, None)
         try:
             run_cell(source, namespace, where)
             if number in after:
                 exec(after.pop(number), namespace)
         except Exception as e:
+            if expected is not None and isinstance(e, expected[0]):
+                if re.search(expected[1], str(e)):
+                    continue
             raise CellError(f"{where} failed: {type(e).__name__}: {e}\n---\n{source}") from e
-    if after:
-        raise ValueError(f"{name}: no cells {sorted(after)}")
+        if expected is not None:
+            raise CellError(f"{where} ran, but should raise {expected[0].__name__}")
+    if after or raises:
+        raise ValueError(f"{name}: no cells {sorted([*after, *raises])}")
     return namespace

@@ -18,8 +18,8 @@ from torch import nn
 import mpc
 import pointers as pt
 from mpc.plan import slots_of
-from mpc.protocols.arith import Round
-from mpc.protocols.weights import WeightInstance, WeightRun
+from mpc.protocols.opening.run import Round
+from mpc.protocols.weights.run import WeightInstance, WeightRun
 from mpc.shared import SharedTensor, share_tensor
 from pointers.errors import NotAllowedError, PointerError, RemoteError
 from pointers.pointer_tensor import PointerTensor, RemoteRef
@@ -293,7 +293,7 @@ def test_kept_objects_are_their_owners_only() -> None:
     share = Label(holding.HELD_SHARE, 0, 0, "o1", 0, ("o1", "p", "d" * 64, approvals)).wire()
     w.store.put(1, torch.zeros(2), None, "", share)
     w.store.put(2, torch.zeros(2), None, "", seal(holding.HELD_INSTANCE, deliveries=0,
-                                                  extra=("o2", "k")))  # fmt: skip
+                                                  extra=("o2", "k", "t")))  # fmt: skip
     with pytest.raises(NotAllowedError, match="another owner"):
         holding.begin("alice-unit", w.store, {}, [], [1, 2], [[0, "p"], [1, holding.CARRIED]], [])
     with pytest.raises(NotAllowedError, match="refused"):

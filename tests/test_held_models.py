@@ -352,7 +352,8 @@ def test_network_workers(tmp_path: Path) -> None:
     approval = mpc.approve(model, x, parties=PARTIES, crypto_provider="carol")
     path = tmp_path / "offer.bin"
     mpc.save_offer(model, approval, path)  # the owner's side: its values and approvals
-    cluster = Cluster(tmp_path, ["owner", "alice", "bob", "carol"], args=["--offer", str(path)])
+    workers = ["owner", "alice", "bob", "carol"]  # (only the owner holds its values)
+    cluster = Cluster(tmp_path, workers, worker_args={"owner": ["--offer", str(path)]})
     cluster.start()
     try:
         owner, alice, bob, carol = (cluster.connect(w) for w in ("owner", "alice", "bob", "carol"))

@@ -407,8 +407,8 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     allocation is mapped and unmapped and the peak is the call's own."""
     import inspect
 
-    from mpc.material import FUNCTIONS
     from mpc.math.ring import measured_speeds
+    from mpc.protocols.functions import FUNCTIONS
     from mpc.secure_aggregation import FUNCTIONS as SECAGG_FUNCTIONS
     from pointers.worker.functions import bind_arguments, function_size
 

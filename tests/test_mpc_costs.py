@@ -2,7 +2,7 @@
 
 A protocol change that costs a round, or sends more, fails here, not only in a benchmark.
 The byte figures are the payload each party sends (8-byte ring words; the comparison's
-carry tree packs bits, see mpc/math/carry4.py) as measured when this test was written, with a
+carry tree packs bits, see mpc/math/carry_tree.py) as measured when this test was written, with a
 small allowance for message headers. With n parties every opening goes to n - 1 peers,
 so a party's bytes scale with n - 1; the dealer ships one correction to the last party
 whatever n is.
@@ -11,7 +11,7 @@ The dealer's bytes are pinned too, for the ops that truncate: per truncated elem
 ships the last party's share of U (8 bytes) and of D = 2^(64-f) (1 - h) only the f-bit
 s with D = 2^(64-f) s (2 bytes, int16, at the default f = 16), not a full 8-byte word:
 a truncation used to cost the dealer 16 bytes an element, now 10 (a product with its
-truncation 24, now 18; see mpc/material/dealer.py dealer_trunc).
+truncation 24, now 18; see mpc/protocols/truncation/steps.py dealer_trunc).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ N = 4096
 # name: (fn, operand shapes, rounds, payload bytes per party with 2 parties; the values a
 # round opens travel packed in one message per peer, so their headers count once). A
 # comparison is 4 rounds (issue 25): c, the two rounds of the radix-4 carry tree's
-# multi-input ANDs (its level 0 is local: mpc/math/carry4.py), and d. Each party sends c
+# multi-input ANDs (its level 0 is local: mpc/math/carry_tree.py), and d. Each party sends c
 # (8 bytes an element), the masked operands of levels 1 and 2 (4 and 1 bytes) and d (8): 21
 # bytes an element. It was 7 rounds and 190,702 bytes with the radix-2 tree (8 rounds and
 # 321,808 before its first level went local); relu 7 rounds and 223,470 bytes, relu of a
@@ -60,7 +60,7 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # e / sum by fine bins on the row sums and a cubic (mpc/protocols/inverse.py): 26
     # rounds (max 12, exp 6, division 8); 34 and 527,900 with reciprocal and product. The
     # division's products of freshly truncated values ride in the truncation's round
-    # (mpc/protocols/truncmul.py): it was 10 rounds, and the softmax 28 and 674,824 bytes
+    # (mpc/protocols/truncated_products/run.py): it was 10 rounds, and the softmax 28 and 674,824 bytes
     # (the Beaver openings of E u, u^2 and (E u) h: 8,704 words fewer); 605,192 before
     # the max's first level paired entries (16 + 2 x 6 comparisons a row, not 8 x 6 + 6)
     "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 26, 559_752),
@@ -68,7 +68,7 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # 430,242 before the products rode in the truncations' rounds (8,448 words fewer)
     "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 10, 362_658),
     # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
-    # selection on their daBits (mpc/math/group4.py): 4 rounds, where two pairwise levels
+    # selection on their daBits (mpc/math/groups_of_four.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes
     "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 4, 161_792),
     # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): the six differences and

@@ -343,9 +343,15 @@ def test_a_model_at_its_owners_worker_is_refused_clearly(workers: tuple[Any, ...
     of it leaves (tests/test_held_models.py has the approved deployment)."""
     alice, bob, carol, dan = workers
     model = nn.Linear(3, 2)
-    pt.send(model, dan)
-    with pytest.raises((RemoteError, NotAllowedError), match="approves no computation"):
+    pt.send(model, dan)  # the client's own model at dan: not an owner's
+    with pytest.raises(mpc.MPCError, match="shared by its owner"):
         mpc.share(model, alice, bob, crypto_provider=carol)
+    offered = mpc.offered(nn.Linear(3, 2), dan)  # as if dan's owner offered it: it did not
+    with pytest.raises(
+        (RemoteError, NotAllowedError, mpc.MPCError),
+        match="approves no computation|offers the model there first",
+    ):
+        mpc.share(offered, alice, bob, crypto_provider=carol)
     for w in (alice, bob):  # no share of the weight (2, 3) reached a party (in process)
         if isinstance(w, pt.VirtualWorker):
             assert not any(

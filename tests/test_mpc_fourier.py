@@ -1,4 +1,4 @@
-"""Masked Fourier series on shares (mpc.protocols.trig.fourier_series, mpc.math.fourier).
+"""Masked Fourier series on shares (mpc.protocols.fourier.run.fourier_series, mpc.math.fourier).
 
 The protocol is tested against the series itself evaluated in float64 on the encoded input
 (so the bound is the fixed point's, not a fit's), for random series, periods and inputs
@@ -26,7 +26,11 @@ from mpc.math.fourier import (
     harmonics,
     ring_angle,
 )
-from mpc.protocols import approx, arith, trig
+from mpc.protocols import approx
+from mpc.protocols import parties as party_calls
+from mpc.protocols.comparison.steps import cmp_mask
+from mpc.protocols.fourier import run as trig
+from mpc.protocols.opening.run import open_among
 from pointers.wire.messages import Describe
 
 U = 2.0**-16
@@ -160,13 +164,13 @@ def test_a_worker_refuses_bad_series_steps(group: Any) -> None:
     def opened() -> tuple[int, Any]:
         """A masked x opened among the parties for a fresh instance (the step's input)."""
         nonce = session.next_nonce()
-        (masked,) = arith.at_parties(
+        (masked,) = party_calls.at_parties(
             session,
-            "mpc.cmp_mask",
+            cmp_mask,
             lambda i: [session.party_seeds[i], nonce, x.shares[i]],
             [((3,), torch.int64)],
         )
-        (c,) = arith.open_among(session, [masked])
+        (c,) = open_among(session, [masked])
         return nonce, c[0]
 
     ok = [21, 0.5, [0.1] * 3, [0.2] * 3, 24, 30, False]

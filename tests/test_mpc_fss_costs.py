@@ -9,7 +9,7 @@ comparison that selects values (ReLU, max, max-pool) costs two: c (with the sele
 masked values) and then d = msb ^ t (a sum of the two parties' shares), as in the default
 protocol's last round. ReLU of a product: the Beaver round, then one: the opening of
 c = z + r, after which each party's local step gives its share of relu(z >> f) (the
-truncation rides on the same c; :mod:`mpc.material.fss_relu`).
+truncation rides on the same c; :mod:`mpc.protocols.fss.relu`).
 
 Bytes per party (payload, 8-byte words; the header allowance as in test_mpc_costs.py):
 lt 8 an element (c), relu 24 (c, the product's e, d), relu of a product 16 + 8 (the
@@ -42,7 +42,7 @@ KEY = 1520  # bytes of one element's correction words at 64 bits (mpc.math.dcf.k
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int | None]] = {
     "lt": (lambda a, b: a < b, [(N,), (N,)], 1, 8 * N, (2 * KEY + 8) * N),
     "relu": (F.relu, [(N,)], 2, 24 * N, (2 * KEY + 8 + 8 + 8) * N),
-    # Beaver (e, f), then c = z + r (the truncation rides on it; mpc.material.fss_relu);
+    # Beaver (e, f), then c = z + r (the truncation rides on it; mpc.protocols.fss.relu);
     # 3 rounds and 48 bytes an element before (c with the truncation's c, then d and e)
     "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 2, 24 * N, None),
     # three levels of max over 8: a max of four (2 rounds) then pairs (2 rounds each)
@@ -162,12 +162,12 @@ STEPS = (
 
 def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     """The FSS steps' peak memory (VmHWM, reset before each call) against what they declare
-    (mpc/material/sizes.py), over a comparison, a ReLU and a max-pool of ``n`` elements in
+    (the steps' size declarations), over a comparison, a ReLU and a max-pool of ``n`` elements in
     process (as tests/test_limits_memory.py measures the other steps)."""
     import inspect
     from pathlib import Path
 
-    from mpc.material import FUNCTIONS
+    from mpc.protocols.functions import FUNCTIONS
     from pointers.worker.functions import bind_arguments, function_size
 
     def status(key: str) -> int:

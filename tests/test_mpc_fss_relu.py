@@ -1,4 +1,4 @@
-"""The one-round ReLU of a product by FSS (mpc.material.fss_relu) and the DCF with a
+"""The one-round ReLU of a product by FSS (mpc.protocols.fss.relu) and the DCF with a
 payload of several words it rests on (mpc.math.dcf_vec), against plaintext: the DCF at
 the edges of its domain, the ReLU over its whole exact range [-2^62, 2^62) and at its
 edges, for every truncation width LeNet and the transformers use and at the extremes."""
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
-from mpc.material import fss_relu
-from mpc.math import dcf_vec
-from mpc.protocols import fss
+from mpc.math import dcf as dcf_vec
+from mpc.protocols.fss import relu as fss_relu
+from mpc.protocols.fss import run as fss
 from pointers.wire.messages import Describe
 
 FSS = MPCConfig(comparison="fss")
@@ -71,7 +71,7 @@ def test_dcf_vec_refuses_bad_shapes() -> None:
             torch.zeros(3, dtype=torch.int64), torch.zeros(4, 3, dtype=torch.int64), 8, roots
         )
     with pytest.raises(ValueError, match="shape"):
-        dcf_vec.gen(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 8, roots)
+        dcf_vec.gen(torch.zeros(3, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), 8, roots)
 
 
 def _relu_ring(z: torch.Tensor, f: int) -> tuple[torch.Tensor, int]:

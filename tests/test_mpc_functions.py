@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import mpc
-from mpc.protocols import trig
+from mpc.protocols.fourier import run as trig
 
 U = 2.0**-16
 ENC = U / 2
@@ -152,7 +152,7 @@ def test_piecewise(
     prop()
 
 
-# sigmoid: a Fourier series of x clamped to [-10, 10] (mpc.protocols.trig.sigmoid): the
+# sigmoid: a Fourier series of x clamped to [-10, 10] (mpc.protocols.fourier.run.sigmoid): the
 # series' fit error on [-10, 10] (measured when it is fitted), 1 - sigmoid(10) past the
 # clamp, the fixed point (evaluated in float32: harmonics ~k 2^-24 relative times the
 # coefficients' sum of ~10, the products' rounding; 2e-5 in all), the input's encoding
@@ -184,7 +184,7 @@ def test_sigmoid_saturates_outside_its_clamp(group: Any) -> None:
 
 
 # GELU and SiLU: a Fourier series of x clamped to [-T, T] plus relu(x - T)
-# (mpc.protocols.trig.relu_like): the fit error, the function's distance from 0 or x
+# (mpc.protocols.fourier.run.relu_like): the fit error, the function's distance from 0 or x
 # past the clamp (GELU: 5 Phi(-5) = 1.4e-6; SiLU: 12 sigmoid(-12) = 7.4e-5), the fixed
 # point as sigmoid's (float32 harmonics, coefficients summing to ~7 for GELU, ~16 for
 # SiLU: 2e-5 and 4e-5), the input's encoding times the largest slope (1.13, 1.1), the

@@ -1,4 +1,4 @@
-"""The max of four values in one comparison run (issue 25, item 2; mpc/math/group4.py):
+"""The max of four values in one comparison run (issue 25, item 2; mpc/math/groups_of_four.py):
 against plaintext torch, ties to the first index as torch's argmax, for 2 and 3 parties;
 and its steps run once, on their own instance, like every protocol step (issue 27)."""
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.protocols import arith
-from mpc.protocols.compare import max_of_four
+from mpc.protocols import parties as party_calls
+from mpc.protocols.max_of_four.run import max_of_four
 
 
 def _group(n: int) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
@@ -67,13 +67,13 @@ def test_the_selection_runs_once_on_its_own_instance(monkeypatch: pytest.MonkeyP
     """Called again, with other values, or with another comparison's bits: refused."""
     parties, dealer = _group(2)
     calls: list[tuple[Any, str, list[Any]]] = []
-    orig = arith.call
+    orig = party_calls.call
 
     def spy(worker: Any, name: str, args: list[Any], out: Any) -> Any:
         calls.append((worker, name, list(args)))
         return orig(worker, name, args, out)
 
-    monkeypatch.setattr(arith, "call", spy)
+    monkeypatch.setattr(party_calls, "call", spy)
     x = mpc.share(torch.randn(3, 4), *parties, crypto_provider=dealer)
     max_of_four(x.session, x.shares)
     (worker, _, args) = next(c for c in calls if c[1] == "mpc.group_select")

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.material import FUNCTIONS
+from mpc.protocols.functions import FUNCTIONS
 from pointers.wire.messages import (
     CallFunction,
     Describe,

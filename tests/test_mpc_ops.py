@@ -266,7 +266,7 @@ def test_truncation_is_floor_or_one_less_over_the_whole_range(
 ) -> None:
     """The ring-level truncation: for any |z| < 2^62 and any shift, z >> bits is exact up to
     one unit (floor(z / 2^bits) or one more), with no wrap-around failure near the ends."""
-    from mpc.protocols.arith import truncate
+    from mpc.protocols.truncation.run import truncate
 
     bits = data.draw(st.integers(1, 40), label="bits")
     edge = st.sampled_from([-(2**62) + 1, -(2**62) + 2**bits, -1, 0, 1, 2**62 - 1])

@@ -15,7 +15,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
-from mpc.protocols import compare
+from mpc.protocols.comparison.run import CarryRun
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +87,13 @@ def test_pysyft_toy_loss_matches_plaintext_at_every_step(group: Any) -> None:
 
 def test_relu_backward_reuses_the_forward_comparison(group: Any, monkeypatch: Any) -> None:
     runs: list[int] = []
-    original = compare._MsbRun.__init__
+    original = CarryRun.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         runs.append(1)
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(compare._MsbRun, "__init__", counting)
+    monkeypatch.setattr(CarryRun, "__init__", counting)
     model = _share(_mlp([4, 8, 8, 2], seed=2), group)
     x = _share(torch.randn(5, 4), group)
     loss = model(x).sum()
@@ -253,13 +253,13 @@ def test_issue_loss_and_cross_entropy_match_plaintext(group: Any) -> None:
 
 def _count_comparisons(monkeypatch: Any) -> list[int]:
     runs: list[int] = []
-    original = compare._MsbRun.__init__
+    original = CarryRun.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         runs.append(1)
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(compare._MsbRun, "__init__", counting)
+    monkeypatch.setattr(CarryRun, "__init__", counting)
     return runs
 
 

@@ -1,5 +1,5 @@
-"""Truncations whose results are multiplied in the same round (mpc/protocols/truncmul.py,
-mpc/material/tprod.py; issue 25): against the exact ring arithmetic, for 2 and 3 parties,
+"""Truncations whose results are multiplied in the same round (mpc/protocols/truncated_products/run.py,
+mpc/protocols/truncated_products/steps.py; issue 25): against the exact ring arithmetic, for 2 and 3 parties,
 with broadcasting, a square and public offsets, in one round that opens only the
 truncations' c; and the steps bound to their batch, run once (as tests/test_sealing_attacks.py
 does for the other steps)."""
@@ -17,7 +17,7 @@ import mpc
 import pointers as pt
 from mpc.config import MPCConfig
 from mpc.protocols.approx import Fx
-from mpc.protocols.truncmul import truncate_and_multiply
+from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.shared import SharedTensor, share_tensor
 
 I64 = torch.int64

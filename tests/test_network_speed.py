@@ -21,10 +21,11 @@ import mpc
 import pointers as pt
 from benchmarks.__main__ import main as bench_main
 from benchmarks.report import floor_table
-from mpc.material import party
-from mpc.material.party import MAX_SEEDED_BYTES
-from mpc.math import carry4
+from mpc.math import carry_tree
 from mpc.math.prg import PRG
+from mpc.protocols.comparison import steps as comparison
+from mpc.protocols.opening import steps as opening
+from mpc.protocols.seeds.steps import MAX_SEEDED_BYTES
 from mpc.session import install
 from mpc.shared import SEEDED_FROM
 from pointers.wire.messages import SendToPeer
@@ -246,14 +247,14 @@ def test_a_round_opens_its_values_in_one_delivery_per_peer(kind, request):
 @pytest.mark.parametrize("kind", KINDS)
 def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
     # the step itself (a worker runs it only on the dealer's material: below)
-    u, v = party.unpack(None, torch.arange(6), [[2], [2, 2]])
+    u, v = comparison.unpack(None, torch.arange(6), [[2], [2, 2]])
     assert torch.equal(u, torch.tensor([0, 1]))
     assert torch.equal(v, torch.tensor([[2, 3], [4, 5]]))
     for shapes, match in (([[2], [2]], "4 elements"), ([[-1]], "list of sizes"), ([], "non-empty")):
         with pytest.raises(ValueError, match=match):
-            party.unpack(None, torch.arange(6), shapes)
+            comparison.unpack(None, torch.arange(6), shapes)
     with pytest.raises(TypeError, match="one dtype"):
-        party.pack(None, [torch.arange(6), torch.ones(2)])
+        opening.pack(None, [torch.arange(6), torch.ones(2)])
     # at a worker: a client's own tensors are not protocol material (issue 27)
     alice, _, _ = _workers(kind, request)
     flat = pt.send(torch.arange(6), alice)
@@ -266,10 +267,10 @@ def test_unpack_refuses_shapes_that_do_not_fit(kind, request):
 @pytest.mark.parametrize("kind", KINDS)
 def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
     one, two = torch.arange(6), torch.arange(6) * 10
-    u, v = party.open_unpack(None, [one, two], [[2], [2, 2]], False)
+    u, v = opening.open_unpack(None, [one, two], [[2], [2, 2]], False)
     assert torch.equal(u, torch.tensor([0, 11]))
     assert torch.equal(v, torch.tensor([[22, 33], [44, 55]]))
-    (w,) = party.open_unpack(None, [one, two], [[6]], True)
+    (w,) = opening.open_unpack(None, [one, two], [[6]], True)
     assert torch.equal(w, torch.arange(6) ^ (torch.arange(6) * 10))
     assert torch.equal(one, torch.arange(6))  # the pieces are not modified
     short = torch.arange(4)
@@ -280,7 +281,7 @@ def test_open_unpack_sums_the_pieces_and_refuses_bad_ones(kind, request):
         ([[one, two], [[5]], False], "6 elements|5 elements"),
     ):
         with pytest.raises((ValueError, TypeError), match=match):
-            party.open_unpack(None, *args)
+            opening.open_unpack(None, *args)
     # at a worker: an opening takes its own piece and its peers', never a client's values
     alice, _, _ = _workers(kind, request)
     p1, p2 = pt.send(one, alice), pt.send(two, alice)
@@ -396,7 +397,7 @@ def test_the_dealer_refuses_malformed_product_nonces(kind, request):
     alice, bob, carol = _workers(kind, request)
     s = mpc.share(torch.randn(4), alice, bob, crypto_provider=carol)
     session = s.session
-    levels = [session.next_nonce() for _ in range(carry4.LEVELS - 1)]
+    levels = [session.next_nonce() for _ in range(carry_tree.LEVELS - 1)]
     for bad in ([1.5], list(range(17)), "12"):
         with pytest.raises(pt.PointerError, match="at most 16 values"):
             pt.call_function(

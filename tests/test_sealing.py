@@ -17,8 +17,13 @@ import torch.nn.functional as F
 
 import mpc
 import pointers as pt
-from mpc.material import MAKES_MATERIAL
-from mpc.protocols import arith, compare
+from mpc.protocols import parties as party_calls
+from mpc.protocols.beaver import run as beaver_run
+from mpc.protocols.comparison import base as comparison_base
+from mpc.protocols.comparison import run as comparison_run
+from mpc.protocols.functions import MAKES_MATERIAL
+from mpc.protocols.opening import run as opening_run
+from mpc.protocols.truncation import run as truncation_run
 from pointers.pointer_tensor import search_worker
 from pointers.wire.messages import (
     CallFunction,
@@ -70,7 +75,7 @@ class MaterialSpy:
         self.material: list[pt.PointerTensor] = []
         self.probes = 0
         self._seen = 0
-        orig_call, orig_deal, orig_open = arith.call, arith.deal, arith.open_among
+        orig_call, orig_deal, orig_open = party_calls.call, party_calls.deal, opening_run.open_among
 
         def call(worker: Any, name: str, args: list[Any], out: Any) -> Any:
             got = orig_call(worker, name, args, out)
@@ -89,7 +94,14 @@ class MaterialSpy:
             self.probe()
             return got
 
-        for module in (arith, compare):  # where the protocols look these names up
+        for module in (
+            party_calls,
+            opening_run,
+            beaver_run,
+            truncation_run,
+            comparison_base,
+            comparison_run,
+        ):  # where the protocols look these names up
             for name, spy in (("call", call), ("deal", deal), ("open_among", open_among)):
                 if hasattr(module, name):
                     monkeypatch.setattr(module, name, spy)

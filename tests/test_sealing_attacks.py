@@ -19,7 +19,7 @@ import torch
 
 import mpc
 import pointers as pt
-from mpc.protocols import arith
+from mpc.protocols import parties as party_calls
 from pointers.plans.wire import plan_to_wire
 from pointers.wire.messages import Describe, StorePlan
 
@@ -50,14 +50,14 @@ class Recorder:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[Any, str, list[Any], Any]] = []
-        orig = arith.call
+        orig = party_calls.call
 
         def call(worker: Any, name: str, args: list[Any], out: Any) -> Any:
             got = orig(worker, name, args, out)
             self.calls.append((worker, name, list(args), got))
             return got
 
-        monkeypatch.setattr(arith, "call", call)
+        monkeypatch.setattr(party_calls, "call", call)
 
     def of(self, name: str) -> list[tuple[Any, str, list[Any], Any]]:
         return [c for c in self.calls if c[1] == name]

@@ -1,4 +1,4 @@
-"""The truncation's [D] correction travels narrow (mpc/material/dealer.py ``dealer_trunc``).
+"""The truncation's [D] correction travels narrow (mpc/protocols/truncation/steps.py ``dealer_trunc``).
 
 D = 2^(64-f) (1 - h) is shared as D_i = 2^(64-f) s_i with s_i in Z/2^f, so the dealer
 ships the last party only s_{n-1}, f bits, in the narrowest dtype that holds them (int16
@@ -21,15 +21,15 @@ from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
-from mpc.material.dealer import (
+from mpc.math.encoding import product_safe_value
+from mpc.protocols.seeds.steps import new_seed
+from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, derive
+from mpc.protocols.truncation.run import truncate
+from mpc.protocols.truncation.steps import (
     dealer_trunc,
-    new_seed,
     trunc_correction_dtype,
     unpack_trunc_correction,
 )
-from mpc.material.streams import TAG_D, TAG_R, TAG_U, derive
-from mpc.math.encoding import product_safe_value
-from mpc.protocols.arith import truncate
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 # shifts at and around the dtype boundaries of the correction (8, 16, 32 bits) and beyond

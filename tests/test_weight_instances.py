@@ -20,7 +20,7 @@ from torch import nn
 
 import mpc
 import pointers as pt
-from mpc.protocols import arith
+from mpc.protocols import parties as party_calls
 from pointers.wire.messages import Describe
 
 I64 = torch.int64
@@ -183,17 +183,17 @@ def test_the_instance_steps_refuse_an_attackers_operands(
     other = pt.send(torch.zeros(tuple(w_view.shape), dtype=I64), alice)
     _refused(
         alice,
-        lambda: arith.call(alice, "mpc.weight_mask", [seed, weight, other], out),
+        lambda: party_calls.call(alice, "mpc.weight_mask", [seed, weight, other], out),
         "made before",
     )
     # F combined with another weight, under a fresh product
     n2 = s.next_nonce()
-    e2, a2 = arith.call(
+    e2, a2 = party_calls.call(
         alice, "mpc.weight_product_mask", [seed, n2, sx.shares[0]], [((1, 3), I64)] * 2
     )
     _refused(
         alice,
-        lambda: arith.call(
+        lambda: party_calls.call(
             alice,
             "mpc.weight_product",
             [seed, n2, weight, None, other, f_opened, a2, e2, w_first, op, params],
@@ -204,7 +204,7 @@ def test_the_instance_steps_refuse_an_attackers_operands(
     # the used product's material again (its mask and opening were consumed)
     _refused(
         alice,
-        lambda: arith.call(
+        lambda: party_calls.call(
             alice,
             "mpc.weight_product",
             [seed, nonce, weight, None, w_view, f_opened, a0, e_opened, w_first, op, params],
@@ -216,7 +216,7 @@ def test_the_instance_steps_refuse_an_attackers_operands(
     mine = pt.send(torch.zeros(3, 2, dtype=I64), carol)
     _refused(
         carol,
-        lambda: arith.call(
+        lambda: party_calls.call(
             carol,
             "mpc.dealer_weight_triple",
             [s.dealer_seeds, s.next_nonce(), mine, [1, 3], False, "matmul", {}],

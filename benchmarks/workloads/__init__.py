@@ -1,4 +1,4 @@
-"""The benchmark workloads of ``WORKLOADS.md`` (W1-W6), max-pooling (W7) and secure
+"""The benchmark workloads of docs/workloads.md (W1-W6), max-pooling (W7) and secure
 aggregation (W8), both from issue 6, one training step (W12), the non-linear functions and
 the transformer layer of issue 13 (W9-W11, W13), the Hugging Face models of issue 23
 (W14-W16) and the pointer per-op overhead (P1, P2).
@@ -36,7 +36,8 @@ from benchmarks.workloads.functions import (
     w11_functions,
     w13_transformer,
 )
-from benchmarks.workloads.hf import TINY_BERT, TINY_GPT2, hf_model, w14_bert, w15_gpt2, w16_decode
+from benchmarks.workloads.generation import w16_decode, w17_decode
+from benchmarks.workloads.hf import TINY_BERT, TINY_GPT2, hf_model, w14_bert, w15_gpt2
 from benchmarks.workloads.measuring import (
     RESULTS,
     _time_calls,
@@ -167,6 +168,7 @@ __all__ = [
     "w14_bert",
     "w15_gpt2",
     "w16_decode",
+    "w17_decode",
     "worker_names",
     "workers",
 ]

@@ -127,7 +127,7 @@ def w11_functions(n: int, parties: int = 2, factory: WorkerFactory | None = None
 
 
 def transformer_layer() -> nn.Module:
-    """WORKLOADS.md's W13 model, initialised from a fixed seed."""
+    """docs/workloads.md's W13 model, initialised from a fixed seed."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         return nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True).eval()
@@ -135,7 +135,7 @@ def transformer_layer() -> nn.Module:
 
 def w13_transformer(seq: int, parties: int = 2, factory: WorkerFactory | None = None) -> Workload:
     """W13: encrypted inference of one unmodified ``nn.TransformerEncoderLayer(64, 4, 256)``
-    on a (1, seq, 64) input (WORKLOADS.md: seq 32); weights and input shared."""
+    on a (1, seq, 64) input (docs/workloads.md: seq 32); weights and input shared."""
     inp = torch.randn(1, seq, 64, generator=_gen())
     ws, carol, shared_layer, x, run, plain = _shared_inference(
         transformer_layer(), inp, parties, factory

@@ -18,9 +18,10 @@ from benchmarks.workloads.rss import reset_peak_rss
 from benchmarks.workloads.workers import WorkerFactory, _parties
 from benchmarks.workloads.workload import SEED, Workload, _gen
 
-# The op and the size format of each (the registry takes them from here).
-HF_OPS = {"W14": "bert", "W15": "gpt2", "W16": "decode"}
-HF_SIZES = {"W14": "s{}", "W15": "s{}", "W16": "p{}"}
+# The op and the size format of each (the registry takes them from here; W16 and W17,
+# generation, are benchmarks.workloads.generation's).
+HF_OPS = {"W14": "bert", "W15": "gpt2"}
+HF_SIZES = {"W14": "s{}", "W15": "s{}"}
 
 TINY_BERT: dict[str, Any] = {
     "vocab_size": 99,
@@ -41,7 +42,7 @@ TINY_GPT2: dict[str, Any] = {
 
 
 def hf_model(kind: str, tiny: bool = False) -> Any:
-    """WORKLOADS.md's W14 (``kind="bert"``: ``BertModel(BertConfig())``) or W15/W16 model
+    """docs/workloads.md's W14 (``kind="bert"``: ``BertModel(BertConfig())``) or W15/W16 model
     (``"gpt2"``: ``GPT2LMHeadModel(GPT2Config())``), random weights after
     ``torch.manual_seed(0)``; nothing is downloaded. ``tiny``: the tiny configs above."""
     import transformers
@@ -152,86 +153,3 @@ def w15_gpt2(
     private ids (prefill: the KV cache and the last position's logits, which stay shared).
     Throughput counts tokens."""
     return _prefill("W15", "gpt2", seq, parties, factory, tiny)
-
-
-def _cache_state(cache: Any) -> list[tuple[Any, Any]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _restore_cache(cache: Any, state: list[tuple[Any, Any]]) -> None:
-    """Put a ``DynamicCache`` back to the keys and values it held (a step appends to them
-    by concatenation, so the tensors saved before it are untouched): every timed step
-    then follows the same prompt."""
-    for layer, (keys, values) in zip(cache.layers, state):
-        layer.keys, layer.values = keys, values
-
-
-def w16_decode(
-    prompt: int, parties: int = 2, factory: WorkerFactory | None = None, tiny: bool = False
-) -> Workload:
-    """W16: one greedy decoding step of GPT-2 small with the KV cache after a ``prompt``-
-    token private prompt (``mpc.hf.greedy_generate``'s step). Before the timer: the
-    prompt's prefill on shares (the cache holds shared keys and values) and its next
-    token, revealed to the client. Timed: the client shares that token as a one-hot row,
-    the model runs one position with the cache, the argmax of the logits is taken on
-    shares and only the next token is revealed. The cache is put back to the prompt's
-    before each step. Correctness: the step's logits against float32 and the token."""
-    from transformers import DynamicCache
-
-    from mpc.hf import private_embeddings
-
-    model, shared, ws, carol = _hf_shared("gpt2", tiny, parties, factory)
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, prompt), generator=_gen())
-    cache = DynamicCache(config=shared.config)
-    plain_cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        out = shared(inputs_embeds=private_embeddings(shared, ids), past_key_values=cache)
-        token = out.logits[:, -1].argmax(-1, keepdim=True).get()  # what the client learns
-        model(input_ids=ids, past_key_values=plain_cache)
-    del out
-    state, plain_state = _cache_state(cache), _cache_state(plain_cache)
-
-    def step() -> Any:
-        _restore_cache(cache, state)
-        with torch.no_grad():
-            return shared(
-                inputs_embeds=private_embeddings(shared, token),
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-
-    def run() -> torch.Tensor:
-        return step().argmax(-1, keepdim=True).get()
-
-    def plain() -> torch.Tensor:
-        _restore_cache(plain_cache, plain_state)
-        with torch.no_grad():
-            logits = model(input_ids=token, past_key_values=plain_cache, use_cache=True).logits
-        return logits[:, -1]
-
-    ref = plain()
-
-    def check() -> dict[str, Any]:
-        logits = step()
-        got = logits.argmax(-1, keepdim=True).get()
-        return {
-            **_errors(logits.get(), ref),
-            "token_mismatches": int((got != ref.argmax(-1, keepdim=True)).sum()),
-        }
-
-    return Workload(
-        "W16",
-        "decode",
-        ("tiny-" if tiny else "") + HF_SIZES["W16"].format(prompt),
-        run=run,
-        plain=plain,
-        check=check,
-        workers=ws,
-        dealer=carol,
-        notes="one token after the prompt; KV cache shared; only the token revealed",
-        elements=1,
-        shape=(1, 1),
-        revealed=True,
-        track_rss=True,
-    )

@@ -1,4 +1,4 @@
-"""The protocol workloads of ``WORKLOADS.md``: W1 mul, W2 matmul, W3 lt, W4 relu, W5
+"""The protocol workloads of docs/workloads.md: W1 mul, W2 matmul, W3 lt, W4 relu, W5
 LeNet inference, W6 share + reconstruct, W12 one training step, with max-pooling (W7)
 and secure aggregation (W8), both from issue 6."""
 
@@ -50,7 +50,7 @@ def pool_shape(n: int) -> tuple[int, int, int, int]:
 
 
 def lenet() -> nn.Module:
-    """The LeNet-like model of WORKLOADS.md (W5), initialised from a fixed seed."""
+    """The LeNet-like model of docs/workloads.md (W5), initialised from a fixed seed."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         return nn.Sequential(
@@ -343,7 +343,7 @@ def w8_secagg(n: int, parties: int = 2, factory: WorkerFactory | None = None) ->
 
 
 def _w12_loss(out: Any, y: Any, batch: int) -> Any:
-    """WORKLOADS.md's loss, -(log_softmax(out) * y).sum() / batch; squared error where
+    """docs/workloads.md's loss, -(log_softmax(out) * y).sum() / batch; squared error where
     log_softmax on shared values is not there yet (issue 13)."""
     if torch.ops.aten._log_softmax.default in mpc.registry.OPS:
         return -(F.log_softmax(out, dim=1) * y).sum() / batch

@@ -38,11 +38,16 @@ def _fmt_err(row: dict[str, Any]) -> str:
         ("sign_mismatches", "sign-mism"),
         ("argmax_mismatches", "argmax-mism"),
         ("goals_missed", "goals-missed"),
+        ("token_mismatches", "token-mism"),
     ):
         if key in row:
             parts.append(f"{short} {row[key]}")
     if "upload_bytes_per_client" in row:
         parts.append(f"upload/client {_fmt_bytes(row['upload_bytes_per_client'])}")
+    if "tokens_checked" in row:  # (W16, W17: every token against plaintext greedy decoding)
+        parts.append(f"of {row['tokens_checked']} tokens")
+    if row.get("workload") in ("W16", "W17") and row.get("client_messages") is not None:
+        parts.append(f"{row['client_messages']} client msgs")
     if row.get("first_run_max_bytes_per_party") is not None:  # (W14-W16: masks opened)
         parts.append(f"first run {_fmt_bytes(row['first_run_max_bytes_per_party'])}/party")
     if row.get("peak_rss_bytes") is not None:

@@ -18,6 +18,7 @@ DEALER_NAME = "carol"
 CONFIG: MPCConfig | None = None
 
 SECAGG_CLIENTS = 5  # data workers whose updates W8 aggregates
+OWNERS = {"W16": "owner16", "W17": "owner17"}  # the model owner's worker of W16, W17
 
 
 # Makes the worker of a name: ``pt.VirtualWorker`` (the default, in process), or a fresh
@@ -43,4 +44,6 @@ def worker_names(workload: str, parties: int = 2) -> list[str]:
     names = list(PARTY_NAMES[:parties])
     if workload == "W8":
         return names + [f"client{k}" for k in range(SECAGG_CLIENTS)]
+    if workload in OWNERS:  # generation: the model owner's worker too
+        return names + [DEALER_NAME, OWNERS[workload]]
     return names + [DEALER_NAME]

@@ -40,6 +40,20 @@ Boyle et al. and of Google use fixed-key AES the same way. The cipher runs in EC
 over a whole chunk of elements at once (``cryptography``, OpenSSL's AES-NI code): the
 evaluation costs two AES blocks per element and level, the key generation eight.
 
+A payload of several ring words. The group may be any abelian group (the paper's Fig. 1):
+here (Z/2^64)^p for p <= 3, so that one tree walk gives shares of beta_q * [x < alpha]
+for q = 1..p at once. A node's value is then p words: the words of the value block
+H(s | 2 + side) (two words), then, for p = 3, the first word of H_K2(s | 2 + side) under
+a second fixed public key K2 = SHA-256("mpc.math.dcf_vec second fixed-key AES")[:16]
+(the label is fixed: it defines the keys). The seed tree, its corrections and the
+control bits do not change; each payload word has its own value correction per level
+and its own final correction, so the key of an element is 2 + p words a level and p
+final words ((2 + p) bits + p words: the layout above for p = 1). The leaf's words are
+the seed's high word and, for p > 1, the words of H_K2(s). Evaluation costs two AES
+blocks per element and level for p <= 2, three for p > 2; generation four or six per
+party and level. The comparison uses p = 1; the one-round ReLU of a product
+(:mod:`mpc.protocols.fss.relu`) p = 3.
+
 Seeds: the caller supplies the roots (uniform 128-bit words, e.g. from :class:`~mpc.math.
 prg.PRG`); nothing here draws randomness itself.
 """
@@ -52,10 +66,12 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-__all__ = ["FIXED_KEY", "evaluate", "gen", "key_bytes", "key_words"]
+__all__ = ["FIXED_KEY", "FIXED_KEY2", "MAX_WORDS", "evaluate", "gen", "key_bytes", "key_words"]
 
 FIXED_KEY = hashlib.sha256(b"mpc.math.dcf fixed-key AES").digest()[:16]
 MAX_BITS = 64
+FIXED_KEY2 = hashlib.sha256(b"mpc.math.dcf_vec second fixed-key AES").digest()[:16]
+MAX_WORDS = 3  # words of a payload
 CHUNK = 4096  # elements per pass of the level loop: every temporary stays in the cache
 GEN_CHUNK = 4096  # (key generation: temporaries of about 2.5 MB a chunk; 2048 was 8-13% slower)
 
@@ -65,17 +81,6 @@ _CLEAR = np.uint64(~3 & ((1 << 64) - 1))
 _ONE = np.uint64(1)
 _ALL = np.uint64((1 << 64) - 1)
 _TWO = np.uint64(2)
-
-
-def key_words(bits: int) -> int:
-    """int64 words of the correction words of one element's key (common to both parties)."""
-    _check_bits(bits)
-    return 3 * bits + 1
-
-
-def key_bytes(bits: int) -> int:
-    """Bytes of one element's key that travel to each party (the root seed is derived)."""
-    return 8 * key_words(bits)
 
 
 def _check_bits(bits: int) -> None:
@@ -93,10 +98,11 @@ def _u64(t: torch.Tensor, name: str, shape: tuple[int, ...] | None = None) -> np
 
 
 class _MMO:
-    """H(u) = AES_K(u) xor u over a buffer of 16-byte blocks (fixed public key K)."""
+    """H(u) = AES_K(u) xor u over a buffer of 16-byte blocks (a fixed public key K:
+    :data:`FIXED_KEY`, or :data:`FIXED_KEY2` for a payload's third word)."""
 
-    def __init__(self) -> None:
-        self.encryptor = Cipher(algorithms.AES(FIXED_KEY), modes.ECB()).encryptor()
+    def __init__(self, key: bytes = FIXED_KEY) -> None:
+        self.encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
 
     def __call__(self, u: np.ndarray) -> np.ndarray:
         # (update_into wants room for one more block than the payload: a fresh buffer a
@@ -112,30 +118,72 @@ def _bit(x: np.ndarray, shift: int) -> np.ndarray:
     return (x >> np.uint64(shift)) & _ONE
 
 
+def _check_words(p: int) -> None:
+    if type(p) is not int or not 1 <= p <= MAX_WORDS:
+        raise ValueError(f"a payload has 1 to {MAX_WORDS} words, got {p!r}")
+
+
+def key_words(bits: int, p: int = 1) -> int:
+    """int64 words of one element's correction words (common to both parties), for a
+    payload of ``p`` words."""
+    _check_bits(bits)
+    _check_words(p)
+    return (2 + p) * bits + p
+
+
+def key_bytes(bits: int, p: int = 1) -> int:
+    """Bytes of one element's key that travel to each party (the root seed is derived)."""
+    return 8 * key_words(bits, p)
+
+
 def gen(
     alpha: torch.Tensor, beta: torch.Tensor, bits: int, roots: tuple[torch.Tensor, torch.Tensor]
 ) -> torch.Tensor:
-    """The correction words ([key_words(bits), n] int64) of the keys for
-    beta * [x < alpha], elementwise: ``alpha`` (n values in [0, 2^bits)) and ``beta`` (n
-    ring elements) flat int64 tensors, ``roots`` the two parties' root seeds ([n, 2] int64
-    each, uniform; their two low bits are ignored)."""
+    """The correction words ([key_words(bits, p), n] int64) of the keys for
+    beta[q] * [x < alpha], elementwise: ``alpha`` n values in [0, 2^bits) (a flat int64
+    tensor), ``beta`` [p, n] ring words (or [n]: one word), ``roots`` the two parties' root
+    seeds ([n, 2] int64 each, uniform; their two low bits are ignored)."""
     _check_bits(bits)
     n = alpha.numel()
+    if beta.dim() == 1 and beta.shape[0] == n:
+        beta = beta.view(1, n)
+    if beta.dim() != 2 or beta.shape[1] != n:
+        raise ValueError(f"beta must have shape [p, {n}] or [{n}], got {list(beta.shape)}")
+    p = beta.shape[0]
+    _check_words(p)
     a = _u64(alpha.reshape(-1), "alpha")
     if bits < 64 and np.any(a >> np.uint64(bits)):
         raise ValueError(f"alpha must lie in [0, 2^{bits})")
-    b = _u64(beta.reshape(-1), "beta", (n,))
+    b = _u64(beta, "beta")
     r0, r1 = (_u64(r, "root", (n, 2)) for r in roots)
-    cw = np.empty((key_words(bits), n), dtype=_U64)
-    mmo = _MMO()
+    cw = np.empty((key_words(bits, p), n), dtype=_U64)
+    mmo, mmo2 = _MMO(), _MMO(FIXED_KEY2)
     for lo in range(0, n, GEN_CHUNK):
         hi = min(lo + GEN_CHUNK, n)
-        _gen_chunk(mmo, a[lo:hi], b[lo:hi], bits, r0[lo:hi], r1[lo:hi], cw[:, lo:hi])
+        _gen_chunk(mmo, mmo2, a[lo:hi], b[:, lo:hi], bits, r0[lo:hi], r1[lo:hi], cw[:, lo:hi])
     return torch.from_numpy(cw.view(np.int64))
+
+
+def _values(h: np.ndarray, h2: np.ndarray | None, j: int, p: int) -> list[np.ndarray]:
+    """The p value words of side j ([party, m] each) from the blocks of one level."""
+    words = [h[:, :, 2 + j, 0], h[:, :, 2 + j, 1]]
+    if h2 is not None:
+        words.append(h2[:, :, j, 0])
+    return words[:p]
+
+
+def _leaf(mmo2: _MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
+    """The p leaf words of seeds ``s`` ([party, m, 2], low bits clear)."""
+    words = [s[..., 1]]
+    if p > 1:
+        h = mmo2(np.ascontiguousarray(s))
+        words += [h[..., 0], h[..., 1]]
+    return words[:p]
 
 
 def _gen_chunk(
     mmo: _MMO,
+    mmo2: _MMO,
     alpha: np.ndarray,
     beta: np.ndarray,
     bits: int,
@@ -143,109 +191,134 @@ def _gen_chunk(
     r1: np.ndarray,
     cw: np.ndarray,
 ) -> None:
+    p = beta.shape[0]
     m = alpha.shape[0]
     s = np.stack([r0, r1])  # [party, m, word]
     s[:, :, 0] &= _CLEAR
     t = np.zeros((2, m), dtype=_U64)
     t[1] = 1
-    acc = np.zeros(m, dtype=_U64)  # the path's value so far, summed over both parties
-    u = np.empty((2, m, 4, 2), dtype=_U64)  # [party, element, tweak, word]
+    acc = np.zeros((p, m), dtype=_U64)  # the path's values so far, over both parties
+    u = np.empty((2, m, 4, 2), dtype=_U64)
     tweak = np.arange(4, dtype=_U64)
+    row = 2 + p
     for level in range(bits):
-        a = _bit(alpha, bits - 1 - level)  # alpha's bit: the side of the path
-        am = np.negative(a)  # all ones where the path goes right (keep right, lose left)
+        a = _bit(alpha, bits - 1 - level)
+        am = np.negative(a)
         u[:, :, :, 0] = s[:, :, None, 0] | tweak
         u[:, :, :, 1] = s[:, :, None, 1]
         h = mmo(u)
-        # per party and side j: the raw child block h[:, :, j] (its control bit is bit j
-        # of the low word) and the value, the low word of block 2 + j. Selections by a are
-        # XOR selections: x ^ ((x ^ y) & am) is y where a = 1, x elsewhere
-        both = h[0] ^ h[1]  # [m, tweak, word]: what the correction words are made of
+        h2 = mmo2(np.ascontiguousarray(u[:, :, 2:4])) if p > 2 else None
+        both = h[0] ^ h[1]
         left, right = both[:, 0], both[:, 1]
-        s_cw = right ^ ((left ^ right) & am[:, None])  # the lost child's seeds, XORed
+        s_cw = right ^ ((left ^ right) & am[:, None])
         t_cw = ((left[:, 0] & _ONE) ^ a ^ _ONE) | ((_bit(right[:, 0], 1) ^ a) << _ONE)
         s_cw[:, 0] &= _CLEAR
         s_cw[:, 0] |= t_cw
-        v_left, v_right = h[:, :, 2, 0], h[:, :, 3, 0]  # [party, m]
-        v_keep = v_left ^ ((v_left ^ v_right) & am)
-        v_lose = v_keep ^ v_left ^ v_right
-        # V_cw = (-1)^t1 w, w = v_lose_1 - v_lose_0 - acc + [alpha's bit is 1] beta
-        w = v_lose[1] - v_lose[0] - acc + (beta & am)
-        acc += v_keep[0] - v_keep[1] + w
-        cw[3 * level] = s_cw[:, 0]
-        cw[3 * level + 1] = s_cw[:, 1]
-        np.multiply(w, _ONE - (t[1] << _ONE), out=cw[3 * level + 2])
-        # the children on the path, corrected as the evaluation corrects them
-        k_left, k_right = h[:, :, 0], h[:, :, 1]  # [party, m, word]
+        cw[row * level] = s_cw[:, 0]
+        cw[row * level + 1] = s_cw[:, 1]
+        sign = _ONE - (t[1] << _ONE)
+        for q, (v_left, v_right) in enumerate(
+            zip(_values(h, h2, 0, p), _values(h, h2, 1, p), strict=True)
+        ):
+            v_keep = v_left ^ ((v_left ^ v_right) & am)
+            v_lose = v_keep ^ v_left ^ v_right
+            w = v_lose[1] - v_lose[0] - acc[q] + (beta[q] & am)
+            acc[q] += v_keep[0] - v_keep[1] + w
+            np.multiply(w, sign, out=cw[row * level + 2 + q])
+        k_left, k_right = h[:, :, 0], h[:, :, 1]
         raw_keep = k_left ^ ((k_left ^ k_right) & am[None, :, None])
         raw_keep ^= s_cw[None] & np.negative(t)[:, :, None]
         t = (raw_keep[:, :, 0] >> a[None]) & _ONE
         s = raw_keep
         s[:, :, 0] &= _CLEAR
-    last = s[1, :, 1] - s[0, :, 1] - acc
-    cw[3 * bits] = np.where(t[1].astype(bool), np.negative(last), last)
+    for q, leaf in enumerate(_leaf(mmo2, s, p)):
+        last = leaf[1] - leaf[0] - acc[q]
+        cw[row * bits + q] = np.where(t[1].astype(bool), np.negative(last), last)
 
 
 def evaluate(
-    party: int, root: torch.Tensor, cw: torch.Tensor, x: torch.Tensor, bits: int
+    party: int,
+    root: torch.Tensor,
+    cw: torch.Tensor,
+    x: torch.Tensor,
+    bits: int,
+    words: int | None = None,
 ) -> torch.Tensor:
-    """Party ``party``'s (0 or 1) additive share of beta * [x < alpha] (int64, shaped as
-    ``x``) from its root seeds ([n, 2] int64), the correction words ``cw``
-    ([key_words(bits), n]) and the public inputs ``x`` (n values; only their low ``bits``
-    bits are read)."""
+    """Party ``party``'s (0 or 1) additive shares of beta[q] * [x < alpha] from its root
+    seeds ([n, 2] int64), the correction words ([key_words(bits, p), n]) and the public
+    inputs ``x`` (n values; only their low ``bits`` bits are read): [p, n] int64 for a
+    payload of ``words`` = p words, or for None (one word) in ``x``'s shape."""
     _check_bits(bits)
+    p = 1 if words is None else words
+    _check_words(p)
     if party not in (0, 1):
         raise ValueError(f"a DCF has parties 0 and 1, got {party!r}")
     n = x.numel()
     xs = _u64(x.reshape(-1), "x")
     s0 = _u64(root, "root", (n, 2))
-    words = _u64(cw, "cw", (key_words(bits), n))
-    out = np.empty(n, dtype=_U64)
-    mmo = _MMO()
+    cws = _u64(cw, "cw", (key_words(bits, p), n))
+    out = np.empty((p, n), dtype=_U64)
+    mmo, mmo2 = _MMO(), _MMO(FIXED_KEY2)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
-        out[lo:hi] = _eval_chunk(mmo, party, s0[lo:hi], words[:, lo:hi], xs[lo:hi], bits)
+        out[:, lo:hi] = _eval_chunk(mmo, mmo2, party, s0[lo:hi], cws[:, lo:hi], xs[lo:hi], bits, p)
     if party == 1:
         np.negative(out, out=out)
-    return torch.from_numpy(out.view(np.int64)).view(x.shape)
+    result = torch.from_numpy(out.view(np.int64))
+    return result.view(x.shape) if words is None else result
 
 
 def _eval_chunk(
-    mmo: _MMO, party: int, root: np.ndarray, cw: np.ndarray, x: np.ndarray, bits: int
+    mmo: _MMO,
+    mmo2: _MMO,
+    party: int,
+    root: np.ndarray,
+    cw: np.ndarray,
+    x: np.ndarray,
+    bits: int,
+    p: int,
 ) -> np.ndarray:
-    # The state lives in the AES input itself: u[0] holds the seed blocks (s | side) of
-    # the children taken, u[1] their value blocks (s | side | 2), each a contiguous run of
-    # blocks. Every step writes into a buffer made once (no temporaries in the level
-    # loop), and the three correction words of a level are masked by the control bit in
-    # one pass over their rows.
     m = x.shape[0]
-    u = np.empty((2, m, 2), dtype=_U64)  # [seed block | value block, element, word]
+    row = 2 + p
+    # the AES input: the seed blocks (s | side) of the children taken, then their value
+    # blocks (s | side | 2), each a contiguous run of m blocks (K2 reads the second one)
+    u = np.empty((2, m, 2), dtype=_U64)
     s_lo = root[:, 0] & _CLEAR
     u[0, :, 1] = root[:, 1]  # the seed's high word, kept in place
-    mask = np.full(m, _ALL if party else 0, dtype=_U64)  # all ones where t = 1
-    acc = np.zeros(m, dtype=_U64)
+    mask = np.full(m, _ALL if party else 0, dtype=_U64)
+    acc = np.zeros((p, m), dtype=_U64)
     side = np.empty(m, dtype=_U64)
-    corr = np.empty((3, m), dtype=_U64)
-    buf = np.empty(u.nbytes + 16, dtype=np.uint8)  # (update_into: one block of room)
+    corr = np.empty((row, m), dtype=_U64)
+    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
     h = buf[: u.nbytes].view(_U64).reshape(u.shape)
     src, dst, enc = u.data.cast("B"), buf.data, mmo.encryptor
+    buf2 = np.empty(u[1].nbytes + 16, dtype=np.uint8)
+    h2 = buf2[: u[1].nbytes].view(_U64).reshape(u[1].shape)
+    src2, dst2, enc2 = u[1].data.cast("B"), buf2.data, mmo2.encryptor
     for level in range(bits):
         np.right_shift(x, np.uint64(bits - 1 - level), out=side)
         side &= _ONE
         np.bitwise_or(s_lo, side, out=u[0, :, 0])
         np.bitwise_or(u[0, :, 0], _TWO, out=u[1, :, 0])
         u[1, :, 1] = u[0, :, 1]
-        enc.update_into(src, dst)  # H(u) = AES_K(u) xor u
+        enc.update_into(src, dst)
         h ^= u
-        np.bitwise_and(cw[3 * level : 3 * level + 3], mask, out=corr)
-        acc += h[1, :, 0]
-        acc += corr[2]
+        np.bitwise_and(cw[row * level : row * (level + 1)], mask, out=corr)
+        acc[0] += h[1, :, 0]
+        if p > 1:
+            acc[1] += h[1, :, 1]
+        if p > 2:
+            enc2.update_into(src2, dst2)  # AES_K2 of the value blocks (u[1], unchanged)
+            acc[2] += h2[:, 0] ^ u[1, :, 0]  # H_K2(v) = AES_K2(v) xor v
+        acc += corr[2:]
         np.bitwise_xor(h[0, :, 0], corr[0], out=s_lo)
         np.bitwise_xor(h[0, :, 1], corr[1], out=u[0, :, 1])
-        np.right_shift(s_lo, side, out=mask)  # the child's control bit t ...
+        np.right_shift(s_lo, side, out=mask)
         mask &= _ONE
-        np.negative(mask, out=mask)  # ... as a mask: all ones where t = 1
+        np.negative(mask, out=mask)
         s_lo &= _CLEAR
-    acc += u[0, :, 1]
-    acc += cw[3 * bits] & mask
+    s = np.stack([s_lo, u[0, :, 1]], axis=-1)[None]  # [1, m, 2]
+    for q, leaf in enumerate(_leaf(mmo2, s, p)):
+        acc[q] += leaf[0]
+    acc += cw[row * bits :] & mask
     return acc

@@ -6,7 +6,7 @@ least squares on [-T, T] only: outside it F is free (no reflection, no Gibbs jum
 +-T), so a smooth f needs few terms. A ring element z read at s fractional bits is the
 real z / 2^s, so the angle 2 pi k x / P is 2 pi k z / 2^(s + p): periodic in the ring
 element modulo 2^(s + p), which is what makes the series cheap on shares (see
-:func:`mpc.protocols.trig.fourier_series`).
+:func:`mpc.protocols.fourier.run.fourier_series`).
 """
 
 from __future__ import annotations

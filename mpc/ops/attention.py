@@ -15,7 +15,7 @@ from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
 from mpc.ops.functions import softmax
-from mpc.ops.local import _add, mul_public
+from mpc.ops.local import add_shared, mul_public
 from mpc.ops.masking import select_public
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
@@ -23,7 +23,7 @@ from mpc.registry import register
 from mpc.shared import SharedTensor
 
 
-def _repeat_heads(t: Any, heads: int) -> Any:
+def repeat_heads(t: Any, heads: int) -> Any:
     """Grouped-query attention: each of t's key/value heads (dim -3) serves heads / h query
     heads (``repeat_interleave``; a view and a copy on every share)."""
     h = t.shape[-3]
@@ -47,12 +47,12 @@ def attention(
     attention)."""
     heads = q.shape[-3] if q.dim() >= 3 else 1
     if q.dim() >= 3:
-        k, v = _repeat_heads(k, heads), _repeat_heads(v, heads)
+        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {})
     if not isinstance(scores, SharedTensor):
         raise UnsupportedOpError("scaled_dot_product_attention", "expects a shared operand")
-    scores = _scaled(scores, scale)
+    scores = scaled_scores(scores, scale)
     lq, lk = q.shape[-2], k.shape[-2]
     if causal:  # torch's is_causal: the upper-left triangle (position i sees 0..i)
         keep = torch.ones(lq, lk, dtype=torch.bool).tril()
@@ -64,13 +64,13 @@ def attention(
         if mask.dtype == torch.bool:
             scores = select_public(mask, scores, float("-inf"))
         else:
-            scores = _add(scores, mask, 1)
+            scores = add_shared(scores, mask, 1)
     # (_safe_softmax: a row masked entirely by -inf or False weighs nothing, as in torch)
     attn = softmax(aten._safe_softmax.default, (scores, -1), {})
     return bilinear_op(attn, v, "matmul", {})
 
 
-def _scaled(scores: SharedTensor, scale: float) -> SharedTensor:
+def scaled_scores(scores: SharedTensor, scale: float) -> SharedTensor:
     """scores * scale. A power of two 2^-j on scores still to be truncated (a product's)
     joins that truncation: the same shares read at j more bits (no round; a separate
     product with the scale took one)."""

@@ -29,7 +29,7 @@ from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
 from mpc.protocols.compare import relu_with_mask
-from mpc.protocols.weights import written
+from mpc.protocols.weights.run import written
 from mpc.registry import OPS, register
 from mpc.shared import SharedTensor
 

@@ -1,6 +1,6 @@
 """Bilinear ops: mul, mm/bmm/addmm, convolution.
 
-Shared x shared uses one generic Beaver routine (:func:`mpc.protocols.arith.beaver`) with
+Shared x shared uses one generic Beaver routine (:func:`mpc.protocols.beaver.run.beaver`) with
 the op as a parameter; shared x public is local (each party multiplies its share by the
 encoded public operand with the exact ring kernels). Both are followed by one truncation
 when both operands are fixed point.
@@ -14,9 +14,11 @@ import torch
 
 from mpc.errors import ShapeError, UnsupportedOpError
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
-from mpc.ops.local import _add, mul_public
-from mpc.protocols.arith import I64, beaver, call
-from mpc.protocols.weights import fixed_product
+from mpc.ops.local import add_shared, mul_public
+from mpc.protocols.beaver.run import beaver
+from mpc.protocols.beaver.steps import bilinear_public
+from mpc.protocols.parties import I64, at_parties
+from mpc.protocols.weights.run import fixed_product
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -83,15 +85,12 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
     integral = is_integral(p)
     f = 0 if integral else x.session.config.frac_bits
     enc = encode_public(p, f) if not integral else p.detach().to(torch.int64)
-    shares = [
-        call(
-            party,
-            "mpc.bilinear_public",
-            [x.shares[i], enc, public_first, op, params],
-            [(out_shape, I64)],
-        )[0]
-        for i, party in enumerate(x.session.parties)
-    ]
+    (shares,) = at_parties(
+        x.session,
+        bilinear_public,
+        lambda i: [x.shares[i], enc, public_first, op, params],
+        [(out_shape, I64)],
+    )
     if x.frac_bits and f:
         return SharedTensor(shares, x.session, x.frac_bits + f, result_dtype(a, b), pending=f)
     return wrap(x, shares, x.frac_bits + f, result_dtype(a, b))
@@ -126,7 +125,7 @@ def addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return prod
     if beta != 1:
         bias = mul_public(bias, beta) if isinstance(bias, SharedTensor) else bias * beta
-    return _add(prod, bias, 1)
+    return add_shared(prod, bias, 1)
 
 
 def _pair(v: Any) -> list[int]:
@@ -149,7 +148,7 @@ def convolution(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     }
     out = bilinear_op(x, w, "conv2d", params)
     if bias is not None:
-        out = _add(
+        out = add_shared(
             out,
             bias.view(1, -1, 1, 1) if isinstance(bias, SharedTensor) else bias.view(1, -1, 1, 1),
             1,

@@ -18,12 +18,13 @@ import torch
 import pointers as pt
 from mpc.errors import UnsupportedOpError
 from mpc.ops.common import aten, check_public, encode_public, rescale, wrap
-from mpc.ops.local import _add, div_public, mul_public
+from mpc.ops.local import add_shared, div_public, mul_public
 from mpc.ops.masking import keep_in_softmax, select_public
-from mpc.ops.nonlinear import _diff, _lt_gt, _reduce
-from mpc.protocols import approx, trig
+from mpc.ops.nonlinear import difference, lt_gt, max_reduce
+from mpc.protocols import approx
 from mpc.protocols.approx import Fx
 from mpc.protocols.compare import select_by_msb
+from mpc.protocols.fourier import run as trig
 from mpc.protocols.inverse import times_inverse_power
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
@@ -117,7 +118,7 @@ def abs_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def sign(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """sign(x) = [x > 0] - [x < 0]: both comparisons in one run (7 rounds); sign(0) = 0."""
     x = args[0]
-    lo, hi = _lt_gt(x, 0)
+    lo, hi = lt_gt(x, 0)
     k = 1 << x.frac_bits
     return x.with_shares([(h - low) * k for h, low in zip(hi.shares, lo.shares)])
 
@@ -126,9 +127,9 @@ def _clamp(x: SharedTensor, lo: Any, hi: Any) -> SharedTensor:
     """lo + relu(x - lo) - relu(x - hi) (lo <= hi): both ReLUs in one comparison (7 rounds)."""
     parts = []
     if lo is not None:
-        parts.append(_diff(x, lo))
+        parts.append(difference(x, lo))
     if hi is not None:
-        parts.append(_diff(x, hi))
+        parts.append(difference(x, hi))
     if not parts:
         return x.with_shares(list(x.shares))
     shape = list(torch.broadcast_shapes(*[tuple(p.shape) for p in parts]))
@@ -141,10 +142,10 @@ def _clamp(x: SharedTensor, lo: Any, hi: Any) -> SharedTensor:
     (r,) = select_by_msb(x.session, stacked, [stacked], complement=True)
     relu = [SharedTensor([s[i] for s in r], x.session, f, x.dtype) for i in range(len(parts))]
     if lo is not None and hi is not None:
-        return _add(_add(relu[0], lo, 1), relu[1], -1)
+        return add_shared(add_shared(relu[0], lo, 1), relu[1], -1)
     if lo is not None:
-        return _add(relu[0], lo, 1)
-    return _add(x, relu[0], -1)
+        return add_shared(relu[0], lo, 1)
+    return add_shared(x, relu[0], -1)
 
 
 def _bound(func: Any, v: Any) -> Any:
@@ -205,12 +206,12 @@ def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if list(prod.shape) != shape:
             prod = prod.expand(shape).clone()
     else:
-        d = _diff(a, b)
+        d = difference(a, b)
         if isinstance(c, SharedTensor):
             prod = c * d
         else:
             prod = mul_public(d, c)
-    return _add(prod, b, 1)
+    return add_shared(prod, b, 1)
 
 
 # -- exp, log, reciprocal, division, square roots -------------------------------------------
@@ -356,7 +357,7 @@ def _apply_wide(name: str, x: Any) -> SharedTensor:
 def sigmoid(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A masked Fourier series (12 sines of period 32, fitted on [-10, 10]) of x clamped
     to [-10, 10]: 10 rounds, 2 comparisons and no products per element; max error 1.6e-4
-    (fit 1.1e-4, saturation 4.5e-5) (:func:`mpc.protocols.trig.sigmoid`)."""
+    (fit 1.1e-4, saturation 4.5e-5) (:func:`mpc.protocols.fourier.run.sigmoid`)."""
     x = _shared("sigmoid", args[0])
     return _out(x, trig.sigmoid(_fx(x), _f(x)))
 
@@ -373,7 +374,7 @@ def tanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """GELU, erf or tanh form: a masked Fourier series (10 harmonics of period 16, fitted
     on [-5, 5]) of x clamped to [-5, 5], plus relu(x - 5)
-    (:func:`mpc.protocols.trig.relu_like`): 6 rounds, 2 comparisons and no products per
+    (:func:`mpc.protocols.fourier.run.relu_like`): 6 rounds, 2 comparisons and no products per
     element; max error 2.5e-5 measured (fit 3.7e-6, saturation 1.5e-6, fixed point)."""
     approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
     x = _shared("gelu", args[0])
@@ -385,7 +386,7 @@ def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """SiLU x sigmoid(x): a masked Fourier series (16 harmonics of period 32, fitted on
     [-12, 12]) of x clamped to [-12, 12], plus relu(x - 12)
-    (:func:`mpc.protocols.trig.relu_like`): 6 rounds, 2 comparisons and no products per
+    (:func:`mpc.protocols.fourier.run.relu_like`): 6 rounds, 2 comparisons and no products per
     element; max error about 1.1e-4 (fit 3.5e-5, saturation 7.4e-5, fixed point)."""
     x = _shared("silu", args[0])
     return _out(x, trig.relu_like(_fx(x), trig.SILU_SERIES, _f(x)))
@@ -403,8 +404,8 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
         x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)
     else:
         x.materialize()
-    mx, _ = _reduce(x, dim, True, False)
-    d = _add(x, mx, -1)  # <= 0
+    mx, _ = max_reduce(x, dim, True, False)
+    d = add_shared(x, mx, -1)  # <= 0
     e = trig.exp_nonpositive(_fx(d), hi_scale(x))
     factors = keep_in_softmax(x, dim)
     if factors is not None:  # public masks weigh exactly 0 (mpc.ops.masking): local
@@ -418,7 +419,7 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by groups of four (4 rounds a
     level: 16 for k = 100), exp on (-inf, 0] by a clamp and a Fourier series (6, see
-    :func:`mpc.protocols.trig.exp_nonpositive`), and e / sum by fine bins on the sum in
+    :func:`mpc.protocols.fourier.run.exp_nonpositive`), and e / sum by fine bins on the sum in
     [1, k] and a cubic (8, :func:`mpc.protocols.inverse.times_inverse_power`, relative
     error 8e-6): 30 rounds for k = 100 (38 with a separate reciprocal and product). An
     input still to be truncated (attention's scores) is read at its full scale: the max,
@@ -443,7 +444,7 @@ def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
     lg = approx.log(total, _f(x), jmin=-2, jtop=jtop)
-    return _add(d, _out(x, lg), -1)
+    return add_shared(d, _out(x, lg), -1)
 
 
 # -- mean / var / std / layer norm ----------------------------------------------------------

@@ -18,7 +18,7 @@ import torch
 
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.ops.common import aten
-from mpc.protocols.weights import written
+from mpc.protocols.weights.run import written
 from mpc.registry import OPS, register
 from mpc.shared import SharedTensor
 

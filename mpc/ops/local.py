@@ -25,7 +25,8 @@ from mpc.ops.common import (
     wrap,
 )
 from mpc.ops.masking import add_mask, mask_of
-from mpc.protocols.weights import view_of
+from mpc.protocols.truncation.run import truncate
+from mpc.protocols.weights.run import view_of
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -166,7 +167,7 @@ def pad(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 # -- addition and subtraction -------------------------------------------------------------
 
 
-def _add(a: Any, b: Any, sign: int) -> SharedTensor:
+def add_shared(a: Any, b: Any, sign: int) -> SharedTensor:
     """a + sign * b with at least one shared operand."""
     for t in (a, b):  # a pending product by a small public (e.g. x / d) carries extra bits:
         if isinstance(t, SharedTensor) and t.frac_bits > 2 * t.session.config.frac_bits:
@@ -192,11 +193,11 @@ def _add(a: Any, b: Any, sign: int) -> SharedTensor:
         pending = a.pending if f == a.frac_bits else 0
         return SharedTensor(shares, a.session, f, result_dtype(a, b), pending=pending)
     # public - shared
-    neg = _neg(b) if sign < 0 else b
-    return _add(neg, a, 1)
+    neg = neg_shared(b) if sign < 0 else b
+    return add_shared(neg, a, 1)
 
 
-def _neg(x: SharedTensor) -> SharedTensor:
+def neg_shared(x: SharedTensor) -> SharedTensor:
     return x.with_shares([-s for s in x.shares])
 
 
@@ -211,24 +212,24 @@ def _scaled(b: Any, alpha: Any) -> Any:
 @register(aten.add.Tensor, aten.add.Scalar, lazy=True)
 def add(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
-    return _add(a, _scaled(b, kwargs.get("alpha", 1)), 1)
+    return add_shared(a, _scaled(b, kwargs.get("alpha", 1)), 1)
 
 
 @register(aten.sub.Tensor, aten.sub.Scalar, lazy=True)
 def sub(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
-    return _add(a, _scaled(b, kwargs.get("alpha", 1)), -1)
+    return add_shared(a, _scaled(b, kwargs.get("alpha", 1)), -1)
 
 
 @register(aten.rsub.Tensor, aten.rsub.Scalar, lazy=True)
 def rsub(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
-    return _add(b, _scaled(a, kwargs.get("alpha", 1)), -1)
+    return add_shared(b, _scaled(a, kwargs.get("alpha", 1)), -1)
 
 
 @register(aten.neg.default, lazy=True)
 def neg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return _neg(args[0])
+    return neg_shared(args[0])
 
 
 # -- products with a public operand ------------------------------------------------------
@@ -338,8 +339,6 @@ def _mean_of_products(total: SharedTensor, count: int) -> SharedTensor | None:
     if target <= f or total.frac_bits - total.pending > target:
         return None
     if total.frac_bits > target:
-        from mpc.protocols.arith import truncate
-
         shares = truncate(total.session, total.shares, total.frac_bits - target)
     else:  # exact: a smaller scale lifted
         shares = [sh * (1 << (target - total.frac_bits)) for sh in total.shares]

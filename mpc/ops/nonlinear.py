@@ -17,18 +17,19 @@ import pointers as pt
 from mpc.errors import UnsupportedOpError
 from mpc.ops.backward import keep_pool_argmax, relu_keeping_mask
 from mpc.ops.common import aten, check_public
-from mpc.ops.local import _add, _neg
+from mpc.ops.local import add_shared, neg_shared
 from mpc.ops.relu_pool import deferred_relu, pool_of_relu
-from mpc.protocols.compare import msb, select_by_msb
+from mpc.protocols.compare import msb, relu_with_mask, select_by_msb
+from mpc.protocols.max_of_four.run import max_of_four
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
 
-def _diff(a: Any, b: Any) -> SharedTensor:
+def difference(a: Any, b: Any) -> SharedTensor:
     """a - b as a SharedTensor (one operand may be public)."""
     if isinstance(a, SharedTensor):
-        return _add(a, b, -1)
-    return _add(_neg(b), a, 1)
+        return add_shared(a, b, -1)
+    return add_shared(neg_shared(b), a, 1)
 
 
 def _bit(x: SharedTensor, shares: list[pt.PointerTensor]) -> SharedTensor:
@@ -36,7 +37,7 @@ def _bit(x: SharedTensor, shares: list[pt.PointerTensor]) -> SharedTensor:
 
 
 def less_than(a: Any, b: Any) -> SharedTensor:
-    d = _diff(a, b)
+    d = difference(a, b)
     return _bit(d, msb(d.session, d.shares))
 
 
@@ -66,9 +67,9 @@ def le(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _one_minus(less_than(args[1], args[0]))
 
 
-def _lt_gt(a: Any, b: Any) -> tuple[SharedTensor, SharedTensor]:
+def lt_gt(a: Any, b: Any) -> tuple[SharedTensor, SharedTensor]:
     """[a < b] and [a > b] together: one comparison run on the stacked differences."""
-    d = _diff(a, b)
+    d = difference(a, b)
     # (stacks of pointers are pointers; torch's stubs say Tensor)
     stacked = cast(list[pt.PointerTensor], [torch.stack([s, -s]) for s in d.shares])
     bits = msb(d.session, stacked)
@@ -77,7 +78,7 @@ def _lt_gt(a: Any, b: Any) -> tuple[SharedTensor, SharedTensor]:
 
 @register(aten.eq.Tensor, aten.eq.Scalar)
 def eq(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    lo, hi = _lt_gt(args[0], args[1])
+    lo, hi = lt_gt(args[0], args[1])
     shares = [-(x + y) for x, y in zip(lo.shares, hi.shares)]
     shares[0] = shares[0] + 1
     return lo.with_shares(shares)
@@ -85,7 +86,7 @@ def eq(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.ne.Tensor, aten.ne.Scalar)
 def ne(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    lo, hi = _lt_gt(args[0], args[1])
+    lo, hi = lt_gt(args[0], args[1])
     return lo.with_shares([x + y for x, y in zip(lo.shares, hi.shares)])
 
 
@@ -158,11 +159,11 @@ def _pairwise_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
         h = k // 2
         a, b = vals[..., 0 : 2 * h : 2], vals[..., 1 : 2 * h : 2]
         ia, ib = idx[..., 0 : 2 * h : 2], idx[..., 1 : 2 * h : 2]
-        d = _diff(b, a)  # msb(a - b) = [a < b]: b wins only when strictly greater
-        sel = select_by_msb(x.session, _neg(d).shares, [d.shares, _diff(ib, ia).shares])
+        d = difference(b, a)  # msb(a - b) = [a < b]: b wins only when strictly greater
+        sel = select_by_msb(x.session, neg_shared(d).shares, [d.shares, difference(ib, ia).shares])
         new_vals, new_idx = (
-            _add(a, vals.with_shares(sel[0]), 1),
-            _add(ia, idx.with_shares(sel[1]), 1),
+            add_shared(a, vals.with_shares(sel[0]), 1),
+            add_shared(ia, idx.with_shares(sel[1]), 1),
         )
         if k % 2:
             new_vals = cast(SharedTensor, torch.cat([new_vals, vals[..., 2 * h :]], dim=-1))
@@ -183,7 +184,7 @@ def _plan(k: int) -> tuple[tuple[str, int], ...]:
     """The levels that reduce k entries to one: the fewest levels (each level is one
     comparison run, 4 rounds), then the fewest comparisons. A level of pairs costs k / 2
     comparisons and halves k; one of groups of four costs 6 k / 4 (all pairs of a group:
-    :func:`mpc.protocols.compare.max_of_four`) and quarters it. So pairs go first, where
+    :func:`mpc.protocols.max_of_four.run.max_of_four`) and quarters it. So pairs go first, where
     k is largest, as long as they cost no level: over 128 entries one level of pairs and
     three of groups (190 comparisons a row) where four levels of groups and the last pair
     took 253, in the same 16 rounds."""
@@ -222,9 +223,9 @@ def _pair_level(x: SharedTensor) -> SharedTensor:
     k = x.shape[-1]
     h = k // 2
     a, b = x[..., :h], x[..., h : 2 * h]
-    d = _diff(b, a)
-    (sel,) = select_by_msb(x.session, d.shares, [_neg(d).shares])
-    out = _add(b, x.with_shares(sel), 1)
+    d = difference(b, a)
+    (sel,) = select_by_msb(x.session, d.shares, [neg_shared(d).shares])
+    out = add_shared(b, x.with_shares(sel), 1)
     if k % 2:
         # (a cat of shared tensors is shared; torch's stubs say Tensor)
         out = cast(SharedTensor, torch.cat([out, x[..., 2 * h :]], dim=-1))
@@ -233,11 +234,9 @@ def _pair_level(x: SharedTensor) -> SharedTensor:
 
 def _group_level(x: SharedTensor, padded: bool) -> SharedTensor:
     """The max of each group of four: the i-th entries of the last dim's four quarters
-    (:func:`mpc.protocols.compare.max_of_four`: 4 rounds where two pairwise levels take
+    (:func:`mpc.protocols.max_of_four.run.max_of_four`: 4 rounds where two pairwise levels take
     8); ``padded``: copies of the first entries fill the last quarter first (the max is
     unchanged), else a remainder of one to three entries joins the result."""
-    from mpc.protocols.compare import max_of_four
-
     k = x.shape[-1]
     if padded:
         pad = -k % 4
@@ -272,8 +271,6 @@ def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
     window, e.g. zeros after a ReLU, and partial ties too: first halves against second
     halves sent a tie of entries 1 and 2 to 2).
     """
-    from mpc.protocols.compare import relu_with_mask
-
     k = x.shape[-1]
     vals = x
     onehot: Any = torch.eye(k, dtype=torch.int64).expand(*x.shape, k)  # public at first
@@ -281,16 +278,16 @@ def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
         n = vals.shape[-1]
         h = n // 2
         a, b = vals[..., 0 : 2 * h : 2], vals[..., 1 : 2 * h : 2]
-        d = _diff(a, b)
+        d = difference(a, b)
         r, bit_shares = relu_with_mask(x.session, d.shares, d.pending)
         relu = d.with_shares(r, frac_bits=d.frac_bits - d.pending)
         bit = SharedTensor(bit_shares, x.session, 0, torch.int64).unsqueeze(-1)  # [a >= b]
         oa, ob = onehot[..., 0 : 2 * h : 2, :], onehot[..., 1 : 2 * h : 2, :]
         if isinstance(onehot, SharedTensor):
-            chosen = _add(ob, bit * _diff(oa, ob), 1)
+            chosen = add_shared(ob, bit * difference(oa, ob), 1)
         else:
-            chosen = _add(bit * (oa - ob).contiguous(), ob.contiguous(), 1)
-        new_vals = _add(b, relu, 1)
+            chosen = add_shared(bit * (oa - ob).contiguous(), ob.contiguous(), 1)
+        new_vals = add_shared(b, relu, 1)
         if n % 2:
             rest = onehot[..., 2 * h :, :]
             rest = rest if isinstance(rest, SharedTensor) else rest.contiguous()
@@ -311,7 +308,7 @@ def _move_dim_last(x: SharedTensor, dim: int) -> SharedTensor:
     return x.movedim(dim, -1) if dim not in (-1, x.dim() - 1) else x
 
 
-def _reduce(x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool) -> Any:
+def max_reduce(x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool) -> Any:
     if dim is None:
         flat = x.reshape(-1)
         v, i = _tree_max(flat, with_index)
@@ -329,7 +326,7 @@ def _reduce(x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool) -
 
 
 def _negated(x: SharedTensor) -> SharedTensor:
-    return _neg(x)
+    return neg_shared(x)
 
 
 @register(aten.max.dim, aten.min.dim)
@@ -337,7 +334,7 @@ def max_dim(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, dim = args[0], args[1]
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     src = x if func is aten.max.dim else _negated(x)
-    v, i = _reduce(src, dim, keepdim, True)
+    v, i = max_reduce(src, dim, keepdim, True)
     if func is aten.min.dim:
         v = _negated(v)
     return v, i
@@ -353,9 +350,9 @@ def max_all(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
         if len(dims) > 1:
             raise UnsupportedOpError(str(func), "reduce over one dim at a time")
-        v, _ = _reduce(src, dims[0] if dims else None, keepdim, False)
+        v, _ = max_reduce(src, dims[0] if dims else None, keepdim, False)
     else:
-        v, _ = _reduce(src, None, False, False)
+        v, _ = max_reduce(src, None, False, False)
     return _negated(v) if is_min else v
 
 
@@ -365,7 +362,7 @@ def argmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     src = x if func is aten.argmax.default else _negated(x)
-    _, i = _reduce(src, dim, keepdim, True)
+    _, i = max_reduce(src, dim, keepdim, True)
     return i
 
 
@@ -460,7 +457,7 @@ def batch_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_public(t, "batch_norm")
     shape = [1, -1] + [1] * (x.dim() - 2)
     inv = torch.rsqrt(var.to(torch.float64) + eps)
-    y = _add(x, (mean.to(torch.float64)).view(shape), -1)
+    y = add_shared(x, (mean.to(torch.float64)).view(shape), -1)
     if torch.allclose(inv, torch.ones_like(inv)):
         scaled = y
     else:

@@ -8,7 +8,7 @@ instead takes the ReLU's input and computes
 
     max(relu(a_0), .., relu(a_3)) = max(0, a_0, .., a_3)
 
-of each window in one comparison run (:func:`mpc.protocols.compare.max_of_four` with
+of each window in one comparison run (:func:`mpc.protocols.max_of_four.run.max_of_four` with
 ``relu``: the six pairwise differences and the four values, 4 rounds, 2 with
 ``comparison="fss"``), where the ReLU's run and then the max's took two (8 rounds; FSS:
 the one-round ReLU of a product and the max's 2). A truncation pending on the ReLU's
@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pointers as pt
-from mpc.protocols.compare import max_of_four, relu_truncating, select_by_msb
+from mpc.protocols.compare import relu_truncating, select_by_msb
+from mpc.protocols.max_of_four.run import max_of_four
 from mpc.shared import Deferred, SharedTensor
 
 

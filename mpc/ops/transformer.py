@@ -24,7 +24,7 @@ import pointers as pt
 from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
-from mpc.ops.local import _add, mul_public
+from mpc.ops.local import add_shared, mul_public
 from mpc.ops.masking import select_public
 from mpc.ops.nonlinear import eq
 from mpc.registry import register
@@ -105,8 +105,8 @@ def masked_fill(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     if isinstance(value, SharedTensor):
         x.materialize()
         value.materialize()
-        d = _add(x, value, -1)
-        return _add(mul_public(d, keep), value, 1)
+        d = add_shared(x, value, -1)
+        return add_shared(mul_public(d, keep), value, 1)
     if isinstance(value, torch.Tensor):
         value = value.detach()
     return select_public(keep, x, value)

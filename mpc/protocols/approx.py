@@ -2,8 +2,8 @@
 
 Notation: [x] is an additive sharing of round(x 2^s) for a scale s (fractional bits);
 the scale travels with the shares in :class:`Fx`. Each function here is built from three
-registered steps only: Beaver products (:class:`~mpc.protocols.arith.BeaverRun`),
-truncations (:class:`~mpc.protocols.arith.TruncRun`) and the comparison protocol
+registered steps only: Beaver products (:class:`~mpc.protocols.beaver.run.BeaverRun`),
+truncations (:class:`~mpc.protocols.truncation.run.TruncRun`) and the comparison protocol
 (:func:`~mpc.protocols.compare.msb`). Every *level* of products costs two rounds (the
 Beaver opening, then one truncation for all the products of the level together); the
 comparisons of one call all run in one 7-round comparison.
@@ -29,14 +29,11 @@ from typing import cast
 import torch
 
 from mpc.math.fourier import chebyshev_nodes
-from mpc.protocols.arith import (
-    I64,
-    BeaverRun,
-    Round,
-    Shares,
-    TruncRun,
-)
+from mpc.protocols.beaver.run import BeaverRun
 from mpc.protocols.compare import msb, select_by_msb
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, Shares
+from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
 
 # Internal working scale of normalised values (mantissas in [1/4, 1], polynomial variables

@@ -15,7 +15,7 @@ cubic f fitted on that interval (relative error 8e-6 for p = 1, 2.2e-6 for p = 1
 3. (E u) h; the result A E + B (E u) + (E u) h is truncated once.
 
 The products of levels 2 and 3 are of values just truncated, so they ride in that
-truncation's round with no opening of their own (:mod:`mpc.protocols.truncmul`): rounds
+truncation's round with no opening of their own (:mod:`mpc.protocols.truncated_products`): rounds
 4 (comparison; 1 with FSS comparisons) + 1 (level 1) + 1 (truncation and level 2) + 1
 (truncation and level 3) + 1 (truncation) = 8 (5 with FSS); they were 4 + 3 x 2 = 10. Per element of x: T = K (hi - lo) + 1 comparisons
 (x has few elements: a row's sum or variance); per element of v: three products whose
@@ -37,8 +37,9 @@ from functools import lru_cache
 import torch
 
 from mpc.protocols.approx import WORK, Fx, fit, select, step_bits, truncate_many
-from mpc.protocols.arith import BeaverRun, Round
-from mpc.protocols.truncmul import truncate_and_multiply
+from mpc.protocols.beaver.run import BeaverRun
+from mpc.protocols.opening.run import Round
+from mpc.protocols.truncated_products.run import truncate_and_multiply
 
 PER_OCTAVE = 4
 COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
@@ -114,7 +115,7 @@ def times_inverse_power(
     # level 1: z = beta x + gamma, E = v g
     zr, er = _levels([(x, beta), (v, g)])
     # z and E truncated, u = z - 1, and level 2's E u and u^2 from the same round
-    # (mpc.protocols.truncmul: products of freshly truncated values need no opening)
+    # (mpc.protocols.truncated_products: products of freshly truncated values need no opening)
     (u, e), (eur, u2r) = truncate_and_multiply(
         [zr.add(gamma), er], [WORK, WORK], [-1.0, 0.0], [(1, 0), (0, 0)]
     )

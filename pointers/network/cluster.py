@@ -153,7 +153,8 @@ class LocalCluster:
     ``worker_ids`` are the served workers; ``clients`` the identities that connect to them
     (certificates are made for both). ``latency_ms`` is each server's ``--latency-ms``,
     ``torch_threads`` its ``--torch-threads``, ``server_args`` any further ``serve``
-    options. ``root`` is where the certificates and the servers' logs go (default: a new
+    options, ``worker_args`` options of one worker only (by id: e.g. a model owner's
+    ``--offer FILE``). ``root`` is where the certificates and the servers' logs go (default: a new
     temporary directory, removed by :meth:`stop`).
     """
 
@@ -165,6 +166,7 @@ class LocalCluster:
         latency_ms: float = 0.0,
         torch_threads: int = 1,
         server_args: Iterable[str] = (),
+        worker_args: dict[str, list[str]] | None = None,
         root: str | os.PathLike[str] | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
     ) -> None:
@@ -186,6 +188,10 @@ class LocalCluster:
             str(torch_threads),
             *server_args,
         ]
+        self.worker_args = {w: list(a) for w, a in (worker_args or {}).items()}
+        unknown = sorted(set(self.worker_args) - set(self.worker_ids))
+        if unknown:
+            raise ValueError(f"worker_args names workers the cluster does not serve: {unknown}")
         self.servers: dict[str, ServerProcess] = {}
         self._connections: list[NetworkWorker] = []
 
@@ -196,7 +202,8 @@ class LocalCluster:
             self.root.mkdir(parents=True, exist_ok=True)
             create_certs(self.certs, self.worker_ids, clients=self.clients)
             for w in self.worker_ids:
-                s = ServerProcess(w, self.certs, self.root / f"{w}.log", self.args)
+                args = [*self.args, *self.worker_args.get(w, [])]
+                s = ServerProcess(w, self.certs, self.root / f"{w}.log", args)
                 self.servers[w] = s
                 s.start()
             deadline = time.monotonic() + self.startup_timeout

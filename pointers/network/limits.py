@@ -33,7 +33,7 @@ BOOK_BYTES = 96
 MAX_REASON = 2000
 
 
-def _size(value: Any) -> int:
+def held_size(value: Any) -> int:
     """What a held delivery counts: a tensor's storage, or a failure's reason."""
     if isinstance(value, torch.Tensor):
         return value.untyped_storage().nbytes()
@@ -42,7 +42,7 @@ def _size(value: Any) -> int:
     return 0
 
 
-def _storage(value: Any) -> tuple[int, int]:
+def storage_of(value: Any) -> tuple[int, int]:
     """(data pointer, bytes) of the storage a plain tensor keeps alive; (0, 0) otherwise."""
     if type(value) is torch.Tensor:
         st = value.untyped_storage()
@@ -90,7 +90,7 @@ def footprint(value: Any) -> int:
     return total
 
 
-def _tag_bytes(tags: set[str] | list[str] | None, description: str) -> int:
+def tag_bytes(tags: set[str] | list[str] | None, description: str) -> int:
     return sum(len(t) + TAG_BYTES for t in tags or ()) + len(description)
 
 
@@ -219,7 +219,7 @@ class CountedStore(ObjectStore):
                 raise UnknownObjectError(f"worker {self.owner!r} holds no object with id {obj_id}")
             new_tags = e.tags | set(tags)
             new_desc = description or e.description
-            extra = _tag_bytes(new_tags, new_desc) - _tag_bytes(e.tags, e.description)
+            extra = tag_bytes(new_tags, new_desc) - tag_bytes(e.tags, e.description)
             if self.max_bytes is not None and extra > 0 and self.used() + extra > self.max_bytes:
                 raise LimitExceeded(
                     f"tagging object {obj_id} ({extra} bytes of tags and description) would "

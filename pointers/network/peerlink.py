@@ -39,7 +39,7 @@ from pointers.network.transport import (
 from pointers.wire.messages import ErrorReply, Reply, decode_message, encode_message
 from pointers.worker.base import Frames
 
-_OK_NONE, _ = encode_message(Reply(None))
+OK_NONE, _ = encode_message(Reply(None))
 
 RESEND_WAIT = 3.0  # seconds a delivery that was not sent waits for the peer's channel
 ROOM_POLL = (0.02, 0.5)  # s between a paused link's questions for room: first, at most

@@ -38,7 +38,7 @@ from pointers.network.framing import (
     encode_envelope,
     info_field,
 )
-from pointers.network.peerlink import _OK_NONE
+from pointers.network.peerlink import OK_NONE
 from pointers.network.peerlink import DeliveryFailed as DeliveryFailed  # (re-exported)
 from pointers.network.peerlink import PeerLink as PeerLink  # (re-exported)
 from pointers.network.served import ServedWorker
@@ -311,7 +311,7 @@ class PeerLinks:
         stats.messages_received += 1
         stats.bytes_received += nbytes
         stats.messages_sent += 1
-        stats.bytes_sent += len(_OK_NONE)
+        stats.bytes_sent += len(OK_NONE)
         return pause
 
     @staticmethod

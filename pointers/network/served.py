@@ -42,7 +42,7 @@ from pointers.errors import (
     PointerError,
 )
 from pointers.network.framing import is_error_header
-from pointers.network.limits import _size, op_bytes
+from pointers.network.limits import held_size, op_bytes
 from pointers.network.quotas import ProgramPool, ProgramQueue
 from pointers.network.waiting import NamespaceLock, WaitingStore
 from pointers.plans.graph import PlanGraph
@@ -64,7 +64,7 @@ from pointers.worker.client import WorkerStats
 from pointers.worker.execution import handles
 from pointers.worker.functions import bind_arguments, function_size
 from pointers.worker.program import Program, held_run
-from pointers.worker.program import _run_program as run_program_steps
+from pointers.worker.program import run_program as run_program_steps
 
 MAX_PEER_LINKS = 64  # peers one session may deliver to (ConnectPeer)
 PeerLinkFactory = Callable[[str, str, str, str], Any]  # (peer, address, client, session)
@@ -222,10 +222,10 @@ class ServedWorker(Worker):
         if getattr(link, "paused", False) and lock is not None:  # flow control (PeerLink)
             depth = lock.suspend()  # (this namespace counts as stalled meanwhile)
             try:
-                link.wait_room(obj_id, _size(value))  # type: ignore[union-attr]
+                link.wait_room(obj_id, held_size(value))  # type: ignore[union-attr]
             finally:
                 lock.resume(depth)
-        self._room_in_flight(peer, obj_id, _size(value) + 1024)
+        self._room_in_flight(peer, obj_id, held_size(value) + 1024)
         header, buffers = encode_message(Store(obj_id, value, [], "", sealed))
         self.stats.peer_messages_sent += 1
         self.stats.peer_bytes_sent += serde.nbytes(header, buffers)
@@ -434,7 +434,7 @@ class ServedWorker(Worker):
         self.programs.wait(timeout)
 
     @handles(RunProgram)
-    def _run_program(self, msg: RunProgram) -> None:
+    def run_program(self, msg: RunProgram) -> None:
         """Queue the program in this session's :class:`ProgramQueue` (bounded threads)."""
         program = self.store.get(msg.program_id)
         if not isinstance(program, Program):

@@ -25,10 +25,10 @@ from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable, Un
 from pointers.network.limits import (
     MAX_REASON,
     CountedStore,
-    _size,
-    _storage,
-    _tag_bytes,
     footprint,
+    held_size,
+    storage_of,
+    tag_bytes,
 )
 from pointers.network.nslock import NamespaceLock as NamespaceLock  # (re-exported)
 from pointers.worker.store import Entry
@@ -99,9 +99,9 @@ class WaitingStore(CountedStore):
         description: str = "",
         sealed: Any = False,
     ) -> None:
-        key, storage = _storage(value)
+        key, storage = storage_of(value)
         own = 0 if type(value) is torch.Tensor else footprint(value)
-        own += _tag_bytes(tags, description) if tags or description else 0
+        own += tag_bytes(tags, description) if tags or description else 0
         with self._cond:
             if self.closed is not None:
                 raise PartyUnavailable(self.closed, None)
@@ -162,7 +162,7 @@ class WaitingStore(CountedStore):
                 self._cond.notify_all()
                 raise
             if self.max_held is not None:  # (counted until a command or program reads it)
-                size = _size(value)
+                size = held_size(value)
                 self._unread[obj_id] = size
                 self.unread_bytes += size
                 return self._over_held(0, peer)
@@ -277,7 +277,7 @@ class WaitingStore(CountedStore):
         self._expire_held(now)
         if self.closed is not None:
             raise PartyUnavailable(self.closed, None)
-        size = _size(value)
+        size = held_size(value)
         if (peer, obj_id) not in order:
             self._check_count(obj_id)
         if self.max_bytes is not None and self.used() + size > self.max_bytes and size:
@@ -299,7 +299,7 @@ class WaitingStore(CountedStore):
             if not by_peer:
                 del self._held[obj_id]
             self._held_order.pop((peer, obj_id), None)
-            size = _size(held[0])
+            size = held_size(held[0])
             self.bytes -= size
             self.held_bytes -= size
         return held
@@ -310,7 +310,7 @@ class WaitingStore(CountedStore):
             return {}
         for peer, held in by_peer.items():
             self._held_order.pop((peer, obj_id), None)
-            size = _size(held[0])
+            size = held_size(held[0])
             self.bytes -= size
             self.held_bytes -= size
         return by_peer

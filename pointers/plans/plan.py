@@ -54,10 +54,10 @@ from pointers.plans.pointer_plan import (
     Layout,
     PointerPlan,
     Signature,
-    _accepts,
-    _layout,
-    _signature,
-    _traced_only,
+    accepts,
+    layout_of,
+    signature_of,
+    traced_only,
 )
 from pointers.plans.trace import TRACE_SIZE, trace_plan
 from pointers.plans.wire import (
@@ -204,7 +204,7 @@ class Plan(nn.Module):
             dynamic_dims=dynamic_dims,
             arg_names=self._arg_names(),
         )
-        self._layouts = [_layout(a) for a in args]
+        self._layouts = [layout_of(a) for a in args]
         self._variants.clear()
         self._sent.clear()
         return self
@@ -277,9 +277,9 @@ class Plan(nn.Module):
         """The graph that runs ``args``: ``base`` where it accepts them, else the variant
         traced for their signature (traced now if new)."""
         if not self.can_trace:
-            return _traced_only(base, args)
+            return traced_only(base, args)
         base.check_kinds(args)
-        if _accepts(base, layouts, args):
+        if accepts(base, layouts, args):
             return base
         return self._variant_for(args)
 
@@ -293,7 +293,7 @@ class Plan(nn.Module):
         inputs it is traced on fake tensors instead, which allocate and compute nothing;
         torch words a few errors differently there, and an op that does not support a
         dtype then fails only when the worker runs it."""
-        sig = _signature(args)
+        sig = signature_of(args)
         graph = self._variants.get(sig)
         if graph is not None:
             self._variants.move_to_end(sig)

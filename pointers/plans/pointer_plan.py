@@ -31,7 +31,7 @@ Signature = tuple[tuple[tuple[int, ...], torch.dtype, Layout], ...]
 MAX_VARIANTS = 64  # signatures traced per plan (and stored per plan and worker), LRU
 
 
-def _layout(a: torch.Tensor) -> Layout:
+def layout_of(a: torch.Tensor) -> Layout:
     """``a``'s strides, or None when it is contiguous (the common case)."""
     shape, stride = tuple(a.shape), tuple(a.stride())
     if 0 in shape:
@@ -44,11 +44,11 @@ def _layout(a: torch.Tensor) -> Layout:
     return None
 
 
-def _signature(args: Sequence[torch.Tensor]) -> Signature:
-    return tuple((tuple(a.shape), a.dtype, _layout(a)) for a in args)
+def signature_of(args: Sequence[torch.Tensor]) -> Signature:
+    return tuple((tuple(a.shape), a.dtype, layout_of(a)) for a in args)
 
 
-def _accepts(graph: PlanGraph, layouts: Sequence[Layout] | None, args: Sequence[Any]) -> bool:
+def accepts(graph: PlanGraph, layouts: Sequence[Layout] | None, args: Sequence[Any]) -> bool:
     """Whether ``graph`` runs ``args`` as the function would: their shapes and dtypes fit
     its inputs, their strides are those it was traced with (a traced ``reshape`` is a
     ``view`` for contiguous inputs, a copy for others), and its size checks pass."""
@@ -56,7 +56,7 @@ def _accepts(graph: PlanGraph, layouts: Sequence[Layout] | None, args: Sequence[
         graph.check_args(args)
     except PlanCallError:
         return False
-    if layouts and any(_layout(a) != lay for a, lay in zip(args, layouts)):
+    if layouts and any(layout_of(a) != lay for a, lay in zip(args, layouts)):
         return False
     if graph.has_checks or any(None in i.shape for i in graph.inputs):
         try:
@@ -66,7 +66,7 @@ def _accepts(graph: PlanGraph, layouts: Sequence[Layout] | None, args: Sequence[
     return True
 
 
-def _traced_only(graph: PlanGraph, args: Sequence[Any]) -> PlanGraph:
+def traced_only(graph: PlanGraph, args: Sequence[Any]) -> PlanGraph:
     """``graph``, if it accepts ``args``: a plan without its Python function cannot be
     traced for another signature."""
     graph.check_kinds(args)
@@ -192,11 +192,11 @@ class PointerPlan:
         form when the worker does not have it yet (None: it has)."""
         base, owner = self.graph, self._owner
         if owner is None or not owner.can_trace:
-            return _traced_only(base, args), self._ref.obj_id, None
+            return traced_only(base, args), self._ref.obj_id, None
         base.check_kinds(args)
-        if _accepts(base, self._layouts, args):
+        if accepts(base, self._layouts, args):
             return base, self._ref.obj_id, None
-        sig = _signature(args)
+        sig = signature_of(args)
         known = self._variants.get(sig)
         if known is not None:
             self._variants.move_to_end(sig)
@@ -217,7 +217,7 @@ class PointerPlan:
         beyond MAX_VARIANTS deletes it there)."""
         if variant is None:
             return
-        self._variants[_signature(args)] = (RemoteRef(self.location, run_id), graph)
+        self._variants[signature_of(args)] = (RemoteRef(self.location, run_id), graph)
         if len(self._variants) > MAX_VARIANTS:
             self._variants.popitem(last=False)
 

@@ -10,11 +10,11 @@
 - program: recorded command lists replayed with one message per worker;
 - lanes: in-process workers running side by side (:func:`pointers.concurrently`);
 - memory: handing freed memory back to the system (:func:`memory.trim_heap`);
-- chains: pointer chains between in-process workers (loaded here: a pointer's chain
-  methods reach them through :func:`pointers.pointer_tensor.use_chains`).
+- chains: pointer chains between in-process workers (a pointer's chain methods reach
+  them through :func:`pointers.pointer_tensor.use_chains`: ``pointers/__init__`` hands
+  them in).
 """
 
-from pointers.worker import chains  # noqa: F401 - hands the chain methods to pointers
 from pointers.worker.base import Frames, VirtualWorker, Worker
 from pointers.worker.client import WorkerClient, WorkerStats
 from pointers.worker.execution import tensor_meta

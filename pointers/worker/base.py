@@ -60,7 +60,7 @@ class Lock(Protocol):
     def __exit__(self, *exc: Any) -> Any: ...
 
 
-_OK_NONE = encode_message(Reply(None))[0]
+OK_NONE = encode_message(Reply(None))[0]
 
 
 def _refs_and_uses(t: Any) -> tuple[int, int]:
@@ -184,7 +184,7 @@ class Worker(Execution):
             except Exception as e:  # every failure becomes an error reply
                 reply = ErrorReply(type(e).__name__, str(e))
             try:
-                out = (_OK_NONE, []) if reply is None else encode_message(reply)
+                out = (OK_NONE, []) if reply is None else encode_message(reply)
             except Exception as e:
                 out = encode_message(ErrorReply(type(e).__name__, f"reply not encodable: {e}"))
             stats.messages_sent += 1
@@ -393,6 +393,13 @@ class Worker(Execution):
     def add_peer_link(self, peer_id: str, link: Any) -> None:
         self._peer_links[peer_id] = link
 
+    def delivery_failed(self, obj_id: int, why: str) -> None:
+        """A peer in this process will not deliver ``obj_id`` (its program failed): a
+        command of ours waiting for it fails now, with ``why``, instead of at the
+        deadline (a direct call between in-process workers, never a message)."""
+        with self._lock:
+            self.store.fail_promises([obj_id], why)
+
     def peer_link(self, peer_id: str) -> Any | None:
         """The link this worker delivers to peer ``peer_id`` through (None: no link)."""
         return self._peer_links.get(peer_id)
@@ -412,10 +419,19 @@ class VirtualWorker(Worker):
     worker runs every command in the caller's thread even inside
     :func:`pointers.concurrently` (one party after the other, e.g. to measure the work
     of a protocol on one core).
+
+    A command that needs an object a program or a peer is still to produce waits for it
+    at most :attr:`DELIVERY_WAIT` seconds (``store.wait_seconds``): the peers run in this
+    process, and a failed program tells its peers at once, so the bound only catches a
+    peer that stopped; a long program (a language model's decoding step) on a loaded
+    machine may lag its peers by several seconds.
     """
+
+    DELIVERY_WAIT = 120.0
 
     def __init__(self, id: str, data: Iterable[torch.Tensor] = (), concurrent: bool = True) -> None:
         super().__init__(id)
+        self.store.wait_seconds = self.DELIVERY_WAIT
         self.concurrent = bool(concurrent)
         # Ids are chosen by the sender; start at a random point so that pointers made
         # in different sessions do not look alike.
@@ -466,7 +482,7 @@ class VirtualWorker(Worker):
             block.barrier()  # a reply needs everything posted before it done
         header, buffers = encode_message(msg)
         rh, rb = self.handle_frames(header, buffers)
-        if rh == _OK_NONE and not rb:
+        if rh == OK_NONE and not rb:
             return None
         reply = decode_message(rh, rb)
         if isinstance(reply, ErrorReply):

@@ -35,9 +35,8 @@ import torch
 from pointers.errors import ChainError, NotAllowedError, PointerError, RemoteError
 from pointers.pointer_tensor import (
     PointerTensor,
-    _contiguous_stride,
     call_function,
-    use_chains,
+    contiguous_stride,
 )
 from pointers.wire import serde
 from pointers.wire.messages import (
@@ -209,7 +208,7 @@ def chain_send(worker: Worker, obj_id: int, peer: str, new_id: int) -> Any:
     client = peer_client(worker, peer)
     shape, dtype = tuple(value.shape), value.dtype
     worker.send_to_peer(SendToPeer(obj_id, peer, new_id, True))
-    return PointerTensor.from_meta(client, new_id, shape, _contiguous_stride(shape), dtype)
+    return PointerTensor.from_meta(client, new_id, shape, contiguous_stride(shape), dtype)
 
 
 def chain_unlink(worker: Worker, obj_id: int, keep: bool) -> torch.Tensor:
@@ -251,7 +250,8 @@ def install(worker: Any) -> None:
 class PointerChains:
     """The chain methods of :class:`~pointers.pointer_tensor.PointerTensor`
     (:class:`~pointers.pointer_tensor.Chains`): a pointer calls them through
-    :func:`~pointers.pointer_tensor.use_chains`, since this module sits above it."""
+    :func:`~pointers.pointer_tensor.use_chains`, since this module sits above it
+    (``pointers/__init__`` hands them in)."""
 
     @staticmethod
     def send(ptr: PointerTensor, destination: Any, *args: Any, **kwargs: Any) -> PointerTensor:
@@ -301,7 +301,7 @@ class PointerChains:
         if delete:
             ref.release()
         return PointerTensor.from_meta(
-            nxt, remote_id, ptr.shape, _contiguous_stride(ptr.shape), ptr.dtype, owned=delete
+            nxt, remote_id, ptr.shape, contiguous_stride(ptr.shape), ptr.dtype, owned=delete
         )
 
     @staticmethod
@@ -318,8 +318,6 @@ class PointerChains:
         ref.chain = None
         return ptr
 
-
-use_chains(PointerChains())
 
 __all__ = [
     "ChainError",

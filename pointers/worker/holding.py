@@ -45,16 +45,35 @@ import torch
 
 from pointers.errors import NotAllowedError
 from pointers.wire import serde
+from pointers.wire.messages import Delete
 from pointers.wire.serde import Slot, SlotRef, ref_id
 from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
 
 # an owner's share: extra (owner, parameter name, the value's digest, approvals)
 HELD_SHARE = "held_share"
 HELD = "held"  # made by an approved run: extra (owner, run token)
-# kept by an approved run for the owner's later runs: extra (owner, key); see begin()
+# kept by an approved run for the owner's later runs: extra (owner, role, maker run token)
 HELD_INSTANCE = "held_instance"
-KEEP = ["keep"]  # a declared slot whose object the run keeps for later approved runs
+KEEP = "keep"  # [KEEP, role]: a declared slot whose object the run keeps for later runs
 CARRIED = ["carried"]  # a declared slot bound to what an earlier approved run kept
+MAX_ROLE = 64  # characters of a kept object's role
+
+
+def keep(role: str) -> list[str]:
+    """The declaration of a kept slot: the run keeps its object for the owner's later
+    approved runs under ``role`` (a later run's digest names the role each of its carried
+    slots takes)."""
+    return [KEEP, role]
+
+
+def _kept_role(name: Any) -> str | None:
+    """The role of a kept-slot declaration (None: not one)."""
+    if type(name) is list and len(name) == 2 and name[0] == KEEP and type(name[1]) is str:
+        if 0 < len(name[1]) <= MAX_ROLE:
+            return name[1]
+    return None
+
+
 _TOKENS = "pointers.holding.tokens"  # function-state key: the run tokens a namespace used
 _BOUND = "pointers.holding.bound"  # function-state key: value bound in a run -> its token
 
@@ -265,26 +284,27 @@ def program_digest(
         return ["other", type(o).__name__, repr(o)]
 
     slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
-    doc = [party, canon(raw), slots, sorted(outputs)]
+    # the deletes of a run's temporaries are not part of what is approved: where they
+    # fall depends on when the client's pointers died and on its kind of connection (an
+    # in-process client deletes as it goes, a network one in batches), and a delete
+    # reveals nothing (it can only make the run, or a later one, fail)
+    commands = [c for c in raw if not (isinstance(c, list) and c and c[0] == Delete.KIND)]
+    doc = [party, canon(commands), slots, sorted(outputs)]
     return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
 
 
 def _slot_name(slot: int, name: Any, uses: dict[int, str], params: dict[str, str]) -> str:
     """A declared slot in the digest: "" an input, a parameter's name and its value's
-    digest, or (NUL-prefixed: no parameter's name) kept, carried, or carried and bound to
-    the kept object ``key``."""
+    digest, or (NUL-prefixed: no parameter's name) kept under a role, carried, or carried
+    and bound to the object kept under the role ``uses[slot]``."""
     if name is None:
         return ""
-    if name == KEEP:
-        return "\x00keep"
+    role = _kept_role(name)
+    if role is not None:
+        return "\x00keep:" + role
     if name == CARRIED:
         return "\x00use:" + uses[slot] if slot in uses else "\x00carried"
     return f"{name}\x00{params.get(str(name), '')}"
-
-
-def instance_key(digest: str, slot: int) -> str:
-    """The key of an object kept by a run of the program of ``digest`` from its ``slot``."""
-    return f"{digest}:{slot}"
 
 
 @dataclass
@@ -299,9 +319,9 @@ class HeldRun:
     # constants (everything else it reads it made itself, sealed held, or is material)
     readable: set[int] = field(default_factory=set)
     digest: str = ""
-    # (slot, id) of the objects the run keeps for the owner's later runs (KEEP slots);
+    # (role, id) of the objects the run keeps for the owner's later runs (kept slots);
     # at release, the protocol material among them is kept too (not spent at the end)
-    keep: list[tuple[int, int]] = field(default_factory=list)
+    keep: list[tuple[str, int]] = field(default_factory=list)
     kept: set[int] = field(default_factory=set)
 
     def check_read(self, obj_id: int) -> None:
@@ -372,7 +392,7 @@ def begin(
     approvals: Any = None
     admitted: set[int] = set()
     readable: set[int] = set()
-    keeps: list[int] = []
+    keeps: list[tuple[int, str]] = []
     carried: list[int] = []
     declared: set[int] = set()
     values: dict[str, str] = {}  # parameter name -> the digest of the value its shares are of
@@ -380,7 +400,8 @@ def begin(
         if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int):
             raise NotAllowedError("held parameter slots are [slot, name] pairs")
         slot, name = item
-        ok_name = name is None or type(name) is str or name in (KEEP, CARRIED)
+        role = _kept_role(name)
+        ok_name = name is None or type(name) is str or name == CARRIED or role is not None
         if not 0 <= slot < len(bindings) or not ok_name:
             raise NotAllowedError(f"held parameter slot {slot} is out of range")
         if slot in declared:
@@ -390,8 +411,8 @@ def begin(
         if name is None:  # one of the client's inputs (an ordinary object)
             readable.add(obj_id)
             continue
-        if name == KEEP:
-            keeps.append(slot)
+        if role is not None:
+            keeps.append((slot, role))
             continue
         if name == CARRIED:
             carried.append(slot)
@@ -423,6 +444,7 @@ def begin(
     # (admitted to this run), and its key (which kept slot of which approved program made
     # it) enters the digest: the owner approved which kept object each carried slot takes
     uses: dict[int, str] = {}
+    makers: set[str] = set()  # the runs that kept the carried objects: one
     for slot in carried:
         obj_id = bindings[slot]
         if obj_id not in store:
@@ -430,13 +452,19 @@ def begin(
         label = Label.of(store.entry(obj_id).sealed)
         if label is None or label.kind != HELD_INSTANCE:
             continue  # (protocol material, or nothing the run can read: its steps' rules)
-        if len(label.extra) != 2 or label.extra[0] != owner:
+        if len(label.extra) != 3 or label.extra[0] != owner:
             raise NotAllowedError(
                 f"worker {worker_id!r}: slot {slot} is bound to an object kept for another "
                 f"owner; {RULE}"
             )
         uses[slot] = str(label.extra[1])
+        makers.add(str(label.extra[2]))
         admitted.add(obj_id)
+    if len(makers) > 1:  # (a generation's caches and position are one run's, together)
+        raise NotAllowedError(
+            f"worker {worker_id!r}: the carried slots are bound to objects kept by "
+            f"{len(makers)} different runs; one run takes what one earlier run kept; {RULE}"
+        )
     param_slots = {item[0] for item in held if type(item[1]) is str} | set(uses)
     for k, b in enumerate(bindings):  # a parameter is bound to its own slots only
         if b in admitted and k not in param_slots:
@@ -447,7 +475,7 @@ def begin(
     for s in outputs:  # an output's id is bound to no other slot (it would hold that too)
         if bindings.count(bindings[s]) != 1:
             raise NotAllowedError(f"output slot {s} must be bound to an id of its own; {RULE}")
-    for s in keeps:  # (a kept object is made by the run: an id of its own, as an output)
+    for s, _ in keeps:  # (a kept object is made by the run: an id of its own, as an output)
         if bindings.count(bindings[s]) != 1 or bindings[s] in store:
             raise NotAllowedError(f"kept slot {s} must be bound to a new id of its own; {RULE}")
     readable |= _constants(program_raw)
@@ -470,7 +498,7 @@ def begin(
         if k not in skip:
             bound.setdefault(int(b), token)
     run = HeldRun(owner, token, admitted, [bindings[s] for s in outputs], readable)
-    run.digest, run.keep = digest, [(s, bindings[s]) for s in keeps]
+    run.digest, run.keep = digest, [(role, bindings[s]) for s, role in keeps]
     return run
 
 
@@ -489,15 +517,16 @@ def _constants(raw: Any) -> set[int]:
 def release(store: Any, run: HeldRun) -> None:
     """After a run without error: its output objects become ordinary objects, and the
     objects in its kept slots are kept for the owner's later approved runs: one the run
-    made (held) becomes :data:`HELD_INSTANCE` with its key (this program's digest and
-    the slot), which only a later approved run of the same owner that declares the key
-    reads; protocol material among them stays as it is (not spent at the run's end)."""
+    made (held) becomes :data:`HELD_INSTANCE` with its role and this run's token (the
+    maker), which only a later approved run of the same owner reads, one whose digest
+    names that role for the slot it binds it to and whose carried objects one run kept;
+    protocol material among them stays as it is (not spent at the run's end)."""
     for obj_id in run.outputs:
         if obj_id in store:
             entry = store.entry(obj_id)
             if run.admits(entry.sealed):
                 entry.sealed = False
-    for slot, obj_id in run.keep:
+    for role, obj_id in run.keep:
         if obj_id not in store:
             continue
         entry = store.entry(obj_id)
@@ -506,8 +535,8 @@ def release(store: Any, run: HeldRun) -> None:
             continue
         if label.kind == HELD:
             if run.admits(entry.sealed):
-                key = instance_key(run.digest, slot)
-                entry.sealed = seal(HELD_INSTANCE, deliveries=0, extra=(run.owner, key))
+                extra = (run.owner, role, run.token)
+                entry.sealed = seal(HELD_INSTANCE, deliveries=0, extra=extra)
         else:
             run.kept.add(obj_id)
 
@@ -583,7 +612,7 @@ __all__ = [
     "current",
     "end",
     "held_param",
-    "instance_key",
+    "keep",
     "load_offer",
     "save_offer",
     "make_policy",

@@ -320,6 +320,6 @@ def concurrently(*workers: Any) -> ConcurrentBlock:
     Worth it for commands on large tensors; for small ones the threads' hand-offs cost
     more than they save. Network workers and workers already in a block are unaffected.
     """
-    from pointers.worker.base import _OK_NONE
+    from pointers.worker.base import OK_NONE
 
-    return ConcurrentBlock(workers, _OK_NONE)
+    return ConcurrentBlock(workers, OK_NONE)

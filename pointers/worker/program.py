@@ -44,6 +44,7 @@ import msgpack
 
 from pointers.errors import PointerError
 from pointers.wire.messages import (
+    MESSAGE_TYPES,
     CallFunction,
     Delete,
     ExecuteOp,
@@ -266,16 +267,92 @@ def _max_slot(raw: Any) -> int:
     return -1
 
 
+Binder = Any  # (bindings) -> a bound value
+
+
+def _const(value: Any) -> Binder:
+    return lambda b: value
+
+
+def _compile(raw: Any) -> tuple[Binder, bool]:
+    """A binder of ``raw`` (what :func:`bind` computes, with the structure walked once,
+    when the program is stored) and whether ``raw`` holds a slot. A subtree without
+    slots is bound once (references made once: a :class:`Ref` is immutable) and shared
+    by every run; a list or dict holding slots is built anew at each run."""
+    if isinstance(raw, Slot):
+        k = raw.index
+        return (lambda b: b[k]), True
+    if isinstance(raw, SlotRef):
+        k = raw.index
+        return (lambda b: Ref(b[k])), True
+    if isinstance(raw, list | tuple):
+        parts = [_compile(x) for x in raw]
+        if not any(has for _, has in parts):
+            return _const(bind(raw, [])), False
+        # the common case: slots at the top level only (an op's arguments)
+        template = [None if has else f(None) for f, has in parts]
+        fills = [(i, f) for i, (f, has) in enumerate(parts) if has]
+        if isinstance(raw, tuple):
+            return (lambda b: tuple(_filled(template, fills, b))), True
+        return (lambda b: _filled(template, fills, b)), True
+    if isinstance(raw, dict):
+        items = [(k, *_compile(v)) for k, v in raw.items()]
+        if not any(has for _, _, has in items):
+            return _const(bind(raw, [])), False
+        return (lambda b: {k: f(b) for k, f, _ in items}), True
+    return _const(bind(raw, [])), False
+
+
+def _filled(template: list[Any], fills: list[tuple[int, Binder]], b: list[int]) -> list[Any]:
+    out = template.copy()
+    for i, f in fills:
+        out[i] = f(b)
+    return out
+
+
+class Step:
+    """One command of a stored program, compiled when the program is stored: its message
+    type and a binder per field. A run binds the fields and builds the message directly
+    (its structure and types were checked once, with every slot bound to 0: a run only
+    puts other ints where the slots are)."""
+
+    __slots__ = ("cls", "fields", "send")
+
+    def __init__(self, raw: list[Any]) -> None:
+        self.cls = MESSAGE_TYPES[raw[0]]
+        self.send = self.cls is SendToPeer
+        fields_ = []
+        for value in raw[1:]:
+            f, has = _compile(value)
+            # a field without slots: its top-level list is still copied at each run (a
+            # handler may write into it, e.g. an op's arguments as they are resolved)
+            if not has and isinstance(value, list):
+                const = f(None)
+                f = _copied(const)
+            fields_.append(f)
+        self.fields = fields_
+
+    def message(self, bindings: list[int]) -> Message:
+        return self.cls(*[f(bindings) for f in self.fields])  # type: ignore[no-any-return]
+
+
+def _copied(const: list[Any]) -> Binder:
+    return lambda b: const.copy()
+
+
 class Program:
-    """A stored program: validated commands with slots, and how many slots it needs."""
+    """A stored program: validated commands with slots, compiled (:class:`Step`), and how
+    many slots it needs."""
 
     def __init__(self, raw: list[Any]) -> None:
         self.raw = raw
         self.n_slots = _max_slot(raw) + 1
+        self.steps = [Step(r) for r in raw]
 
 
 def program_from_wire(messages: list[Any]) -> Program:
-    """Validate a program's commands (kinds, field types with slots bound to 0)."""
+    """Validate a program's commands (kinds, field types with slots bound to 0), once,
+    when it is stored, and compile them (:class:`Step`)."""
     for raw in messages:
         if not isinstance(raw, list) or not raw or raw[0] not in _KINDS:
             kind = raw[0] if isinstance(raw, list) and raw else raw
@@ -297,7 +374,7 @@ def start_program(worker: Worker, msg: RunProgram) -> None:
     run = held_run(worker, program, msg)
     worker.store.promise(msg.promised)
     thread = threading.Thread(
-        target=_run_program,
+        target=run_program,
         args=(worker, program, list(msg.bindings), list(msg.promised), run),
         name=f"program-{worker.id}",
         daemon=True,
@@ -322,7 +399,7 @@ def held_run(worker: Worker, program: Program, msg: RunProgram) -> holding.HeldR
         )
 
 
-def _run_program(
+def run_program(
     worker: Worker,
     program: Program,
     bindings: list[int],
@@ -332,12 +409,14 @@ def _run_program(
     step = 0
     try:
         with holding.running(run):
-            for step in range(len(program.raw)):
-                msg = message_from_list(bind(program.raw[step], bindings))
-                if isinstance(msg, SendToPeer):
-                    worker.send_to_peer(msg)  # our lock only to read: peers deliver to us
+            run_locked, send, steps = worker.run_locked, worker.send_to_peer, program.steps
+            for step in range(len(steps)):
+                compiled = steps[step]
+                msg = compiled.message(bindings)
+                if compiled.send:
+                    send(msg)  # type: ignore[arg-type]  # (our lock only to read)
                 else:
-                    worker.run_locked(msg)
+                    run_locked(msg)
             if run is not None:
                 with worker.lock:
                     holding.release(worker.store, run)

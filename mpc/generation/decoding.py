@@ -1,0 +1,198 @@
+"""Greedy decoding as two recorded programs per party: the prefill's and the step's.
+
+A :class:`Decoder` holds one generation's state (:mod:`mpc.generation.cache`: the shared
+cache of a fixed capacity and the position at the parties) and the two computations:
+
+* the **prefill**: the prompt's one-hot rows (shared by the client) through the model,
+  which writes the prompt's keys and values and sets the position at the parties, then
+  the argmax of the last logits (a comparison tree on shares);
+* the **step**: one token's one-hot rows through the model, which writes at the position
+  the parties hold and advances it, then the argmax.
+
+Each is recorded once into one program per party and the crypto provider (``mpc.plan``'s
+machinery); the step's program refers to the prefill's objects (the cache, the position,
+the weights' instances) through carried slots, bound at each run to what the last
+prefill's run made. A token then costs the client one message per worker to start the
+step, the sharing of its one-hot row, and the fetch of the argmax: the only value opened.
+
+On a model the client shared itself (:class:`PlainPrograms`), the first prefill and the
+first step are recorded as they run (the recording run is the real one). On a model its
+owner shares from its worker (:class:`HeldPrograms`, on :class:`mpc.held.HeldPlan`), both
+are recorded on stand-in weights, as the owner recorded them to approve them
+(:func:`mpc.generation.approve_generation`), and each run binds the owner's held shares;
+every party checks each run against the owner's approvals, holds the cache and the
+position as the owner's (no client reads or binds them elsewhere), and releases only the
+argmax.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpc.errors import MPCError
+from mpc.generation import attention
+from mpc.generation.cache import PartyPositions, Rotary, SharedStaticCache, positional_kind
+from mpc.plan import Programs, SharedPlan
+from mpc.protocols.weights import run as weights
+from mpc.session import Session
+from mpc.shared import SharedTensor
+
+
+def embedding(model: nn.Module) -> Any:
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if get is not None else None
+    if emb is None:
+        raise MPCError(f"{type(model).__name__} has no get_input_embeddings()")
+    return emb
+
+
+def keeps_last_logits(model: nn.Module) -> dict[str, Any]:
+    """``{"logits_to_keep": 1}`` where ``model``'s forward takes it, else nothing."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+class Decoder:
+    """One generation's state and its two computations (see the module's docstring):
+    ``prefill(model, rows)`` and ``step(model, rows)``, each returning the argmax of the
+    last position's logits, shared. ``capacity``: the most tokens (prompt and generated)
+    the cache holds; a step past it fails at the parties."""
+
+    def __init__(self, model: nn.Module, session: Session, capacity: int) -> None:
+        if capacity < 2:
+            raise ValueError(f"capacity must be at least 2 tokens, got {capacity}")
+        self.kind = positional_kind(model)
+        self.capacity = capacity
+        self.positions = PartyPositions(session, capacity)
+        frac = session.config.frac_bits
+        self.rotary = Rotary(model, self.positions, frac) if self.kind == "rotary" else None
+        self.cache = SharedStaticCache(self.positions, self.rotary)
+        self.keep_last = keeps_last_logits(model)
+
+    # (the attention reads this, the positions and the rotary through the model's keyword
+    # arguments)
+    @property
+    def prefill(self) -> bool:
+        return self.cache.prefill
+
+    def run_prefill(self, model: nn.Module, rows: SharedTensor) -> SharedTensor:
+        """The prompt's one-hot rows (b, T, vocab) through the model; the argmax (b, 1)."""
+        b, length = rows.shape[0], rows.shape[1]
+        self.cache.prefill = True
+        self.cache.keys.clear()
+        self.cache.values.clear()
+        self.positions.start(rows, length)
+        embeds = rows @ embedding(model).weight
+        mask = torch.zeros(b, 1, length, self.capacity)  # (ignored: it skips HF's own mask)
+        with attention.selected(model):
+            out = model(
+                inputs_embeds=embeds,
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+                **{attention.STATE: self},
+                **self.keep_last,
+            )
+        self.cache.prefill = False
+        return out.logits[:, -1].argmax(-1, keepdim=True)  # type: ignore[no-any-return]
+
+    def run_step(self, model: nn.Module, rows: SharedTensor) -> SharedTensor:
+        """L tokens' one-hot rows (b, L, vocab) through the model at the position the
+        parties hold; the argmax of the last (b, 1)."""
+        b, length = rows.shape[0], rows.shape[1]
+        self.positions.begin_step(length)
+        if self.rotary is not None:
+            self.rotary.begin_step()
+        embeds = rows @ embedding(model).weight
+        if self.kind == "learned":  # wpe at the parties' positions (the model adds wpe[0])
+            wpe: Any = model.transformer.wpe.weight  # type: ignore[union-attr]
+            shares = [
+                w.index_select(0, idx) - w[0] for w, idx in zip(wpe.shares, self.positions.idx)
+            ]
+            embeds = embeds + wpe.with_shares(shares)
+        mask = torch.zeros(b, 1, length, self.capacity)
+        with attention.selected(model):
+            out = model(
+                inputs_embeds=embeds,
+                position_ids=torch.zeros(b, length, dtype=torch.int64),
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+                **{attention.STATE: self},
+                **self.keep_last,
+            )
+        self.positions.end_step()
+        return out.logits[:, -1].argmax(-1, keepdim=True)  # type: ignore[no-any-return]
+
+
+def one_hot_rows(ids: torch.Tensor, vocab: int, session: Session) -> SharedTensor:
+    """The client's token ids (b, L) as shared one-hot rows (b, L, vocab)."""
+    from mpc.shared import share_tensor
+
+    if ids.is_floating_point() or ids.dim() != 2:
+        raise MPCError("token ids are an integer tensor of shape (batch, length)")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise MPCError(f"token ids must lie in [0, {vocab})")
+    return share_tensor(torch.nn.functional.one_hot(ids.to(torch.int64), vocab), session)
+
+
+def _recorded_bindings(variant: Programs) -> list[int]:
+    """The bindings of a recording's own run (each slot bound to its recorded value)."""
+    out = [0] * len(variant.slots)
+    for value, k in variant.slots.index.items():
+        out[k] = value
+    return out
+
+
+class PlainPrograms:
+    """A client-shared model's prefill and step programs (recorded as they first run)."""
+
+    def __init__(self, model: nn.Module, session: Session, capacity: int) -> None:
+        self.model, self.session = model, session
+        self.decoder = Decoder(model, session, capacity)
+        self.plan: SharedPlan | None = None
+        self.later: Programs | None = None
+        self.prefills = 0
+
+    def prefill(self, rows: SharedTensor) -> SharedTensor:
+        if self.plan is None or (self.later is None and self.prefills):
+            # (a step not yet recorded records on the state of the prefill recorded last)
+            model, dec = self.model, self.decoder
+            with weights.held_instances():  # (the step takes the instances the prefill made)
+                self.plan = SharedPlan(lambda x: dec.run_prefill(model, x), rows)
+            self.later = None
+            out: SharedTensor = self.plan.example_output
+            self.plan.example_output = None  # type: ignore[assignment]
+            self.carry = _recorded_bindings(self.plan._first)
+        else:
+            out = self.plan._run(self.plan._first, (rows,))
+            self.carry = self.plan.last_bindings
+            if self.later is not None:
+                self.later.carry = self.carry
+        self.prefills += 1
+        return out
+
+    def step(self, rows: SharedTensor) -> SharedTensor:
+        if self.plan is None:
+            raise MPCError("a step runs after its generation's prefill")
+        if self.later is None:
+            model, dec = self.model, self.decoder
+            with weights.held_instances():
+                self.later = Programs(
+                    lambda x: dec.run_step(model, x), self.plan.workers, (rows,), self.plan._first
+                )
+            self.later.carry = self.carry
+            out: SharedTensor = self.later.output
+            self.later.output = None  # type: ignore[assignment]
+            return out
+        return self.plan._run(self.later, (rows,))
+
+
+__all__ = ["Decoder", "PlainPrograms", "embedding", "keeps_last_logits", "one_hot_rows"]

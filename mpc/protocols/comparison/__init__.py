@@ -1,0 +1,13 @@
+"""The comparison: the most significant bit of a shared value, and the selections that
+ride on it (ReLU, max, |x|: v * msb(x) for shared v).
+
+- :mod:`~mpc.protocols.comparison.run`: the client side of the default protocol (a
+  radix-4 carry tree, 4 rounds), on :mod:`~mpc.protocols.comparison.base`, the parts
+  every comparison mode shares (the first round, the daBit's selections);
+- :mod:`~mpc.protocols.comparison.party` and :mod:`~mpc.protocols.comparison.dealer`:
+  the carry tree's steps;
+- :mod:`~mpc.protocols.comparison.selection`: the selections' steps (both modes).
+
+The comparison of the session's mode (this one, or :mod:`mpc.protocols.fss`) is chosen
+in :mod:`mpc.protocols.compare`.
+"""

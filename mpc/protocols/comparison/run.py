@@ -1,0 +1,176 @@
+"""The comparison's carry tree, the client's side: the most significant bit of a shared
+ring element, for any number of parties (the steps: :mod:`mpc.protocols.comparison.steps`).
+
+msb([x]) with a dealer (4 rounds):
+1. Dealer: r uniform, shared additively [r] and bitwise <r> (XOR shares of the 64-bit
+   word), and a random bit t shared both ways (a daBit).
+2. Open c = x + r (round 1). Then x = c - r = c + ~r + 1 over 64 bits, so
+   msb(x) = msb(c) ^ msb(~r) ^ carry_63, where carry_63 is the carry into bit 63.
+3. Generate g = c & ~r and propagate p = c ^ ~r are affine in the XOR-shared bits of ~r
+   (c is public); a radix-4 tree of (G, P) group combinations gives the carry into bit 63
+   in 3 levels (:mod:`mpc.math.carry_tree`). Level 0 is local: the dealer also deals the
+   products of ~r's bits within each group of four. Levels 1 and 2 are one round each of
+   multi-input ANDs (rounds 2-3): the parties open their operands masked with random bits,
+   and the dealer deals the products of the masks the combination needs.
+4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
+   (round 4), [msb(x)] = d + (1 - 2d)[t].
+Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
+Cf. CrypTen's A2B + carry-lookahead comparison. daBits: Rotaru and Wood, INDOCRYPT 2019;
+opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 2020 (edaBits).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpc.math import carry_tree, groups_of_four
+from mpc.protocols.comparison.base import ComparisonRun, numel
+from mpc.protocols.comparison.steps import (
+    carry_step,
+    cmp_bit_finish,
+    cmp_bit_mask,
+    cmp_init,
+    dealer_compare,
+    unpack,
+)
+from mpc.protocols.opening.run import Round, exchange
+from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
+from mpc.protocols.truncation.run import TruncRun
+from mpc.session import Session
+
+
+class CarryRun(ComparisonRun):
+    """msb([x]) as in the module docstring, with the selections of
+    :class:`~mpc.protocols.comparison.base.ComparisonRun`. The constructor runs the
+    rounds; ``finish_bit`` or ``finish_select`` is the local last step."""
+
+    def __init__(
+        self,
+        session: Session,
+        x: Shares,
+        values: list[Shares],
+        trunc: TruncRun | None = None,
+        group: Shares | None = None,
+    ) -> None:
+        super().__init__(session, x, values, trunc=trunc, group=group)
+        shape, nonce, seed = self.shape, self.nonce, session.party_seeds
+
+        # offline, in one dealer call and one delivery: r shared both ways (the last
+        # party's <r>), the daBit t both ways, the pair products of the local first level,
+        # the binary triples of the five AND levels (one nonce each) and the pairs
+        # (a, a t) of the products [v t] (one nonce each), split at the last party by one
+        # unpack once round 1 has left: nothing of the dealer's is needed before it
+        words = carry_tree.padded(numel(shape))
+        level_nonces = [session.next_nonce() for _ in range(carry_tree.LEVELS - 1)]
+        product_nonces = self._selection_nonces()
+        shapes = [shape] * 3 + _packed_shapes(words) + [shape] * self.selected
+        if group is not None:  # the max of groups of four (mpc.math.groups_of_four)
+            shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
+        (corr,) = deal(
+            session,
+            "comparison of secret values",
+            dealer_compare,
+            [nonce, shape, level_nonces, product_nonces, self.group_nonce],
+            out=[([sum(numel(sh) for sh in shapes)], I64)],
+        )
+
+        # round 1: open c = x + r, with e = v - a of the products [v t] and the
+        # truncation's mask (all derived from the parties' seeds)
+        c, products, product_openings, trunc_opening = self._round1(
+            x, values, product_nonces, trunc, group
+        )
+
+        last_party = session.parties[-1]
+        dealt = run_step(last_party, unpack, [corr, shapes], out=[(sh, I64) for sh in shapes])
+        r_bits_last, self.t_arith_last, t_bin_last, mono_last, *rest = dealt
+        self.group_last = rest.pop() if group is not None else None
+        and_last, c_products = rest[: carry_tree.LEVELS - 1], rest[carry_tree.LEVELS - 1 :]
+        late, late_group = self._products(
+            products, product_openings, c_products, trunc, trunc_opening, product_nonces
+        )
+
+        # generate / propagate words of c - r after the radix-4 tree's local level 0,
+        # masked for level 1; then rounds 2-3: levels 1 and 2, each step finishing one
+        # level's multi-input ANDs and masking the next's (one call per party and level)
+        r_bits, mono = last_only(session, r_bits_last), last_only(session, mono_last)
+        words //= 4
+        g, p, top, ef, a = at_parties(
+            session,
+            cmp_init,
+            lambda i: [seed[i], nonce, i == 0, r_bits(i), mono(i), c.value[i], level_nonces[0]],
+            [([words], I64), ([words], I64), (shape, I64)] + _masked(words),
+        )
+        for k, level in enumerate(range(1, carry_tree.LEVELS)):
+            last_level = level == carry_tree.LEVELS - 1
+            ride = Round(session)  # the late products open with the first AND level
+            late_openings, group_opening = (
+                self._open_late(ride, late, late_group) if level == 1 else ([], None)
+            )
+            ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
+            ride.open(count=False)  # (the same round's arithmetic openings)
+            self._finish_late(late, late_openings, group_opening, c_products)
+            corr_c = last_only(session, and_last[k])
+            next_nonce = None if last_level else level_nonces[k + 1]
+            if not last_level:
+                words //= 4
+            out = [([words], I64)] if last_level else [([words], I64)] * 2
+            out += [] if last_level else _masked(words)
+
+            step_args = [
+                [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], ef_pieces[i]]
+                + [g[i], p[i], level, next_nonce]
+                for i in range(session.n)
+            ]
+            outs = at_parties(session, carry_step, step_args.__getitem__, out)
+            if last_level:
+                (g,) = outs
+            else:
+                g, p, ef, a = outs
+
+        # round 4: open d = msb(x) ^ t
+        t_bin = last_only(session, t_bin_last)
+        (d,) = at_parties(
+            session,
+            cmp_bit_mask,
+            lambda i: [seed[i], nonce, t_bin(i), g[i], top[i]],
+            [(shape, I64)],
+        )
+        last_round = Round(session, xor=True)
+        opened_d = last_round.add(d)
+        last_round.open()
+        self.d = opened_d.value
+
+    def finish_bit(self) -> Shares:
+        """[msb(x)] = d + (1 - 2d) [t]."""
+        seed, nonce, d = self.session.party_seeds, self.nonce, self.d
+        t_arith = last_only(self.session, self.t_arith_last)
+        (out,) = at_parties(
+            self.session,
+            cmp_bit_finish,
+            lambda i: [seed[i], nonce, i == 0, t_arith(i), d[i]],
+            [(self.shape, I64)],
+        )
+        return out
+
+
+def _masked(words: int) -> list[tuple[Any, torch.dtype]]:
+    """Output metadata of a masking step: the masked operands e packed flat (opened as one
+    value), then the masks a, packed likewise."""
+    packed = carry_tree.packed_words(len(carry_tree.VARS)) * words
+    return [([packed], I64), ([packed], I64)]
+
+
+def _packed_shapes(words: int) -> list[list[int]]:
+    """The dealer's carry-tree material at the last party: level 0's bit products, then
+    each other level's mask products (packed words, flat)."""
+    out = [[len(carry_tree.BIT_MONOMIALS) * words // 4]]
+    for level in range(1, carry_tree.LEVELS):
+        out.append(
+            [carry_tree.packed_words(len(carry_tree.MONOMIALS)) * carry_tree.words(words, level)]
+        )
+    return out
+
+
+__all__ = ["CarryRun"]

@@ -1,0 +1,181 @@
+"""Functions as masked Fourier series on fixed-point shares: the clamp by public bounds
+(:func:`relus_public`, :func:`clamp_public`), the series itself (:func:`fourier_series`),
+and what is built on them: e^x for x <= 0 (softmax's), sigmoid, and the activations that
+are 0 far below zero and x far above it (GELU, SiLU: :func:`relu_like`). Each costs one
+comparison run for the clamp and 2 rounds for the series, with no products; the fits
+are in :mod:`mpc.math.fourier`. Notation as in :mod:`mpc.protocols.approx`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from mpc.math.fourier import Series, fit_series
+from mpc.protocols.approx import Fx, truncate_many
+from mpc.protocols.compare import select_by_msb
+from mpc.protocols.comparison.steps import cmp_mask
+from mpc.protocols.fourier.steps import dealer_fourier, fourier_finish
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, at_parties, deal, last_only
+
+# -- clamping, and exp of non-positive values ------------------------------------------------
+
+EXP_LO = -16.0  # exp_nonpositive reads x below it as EXP_LO
+
+
+def relus_public(x: Fx, bounds: Sequence[float]) -> list[Fx]:
+    """relu(x - b) for each public bound b, all in one comparison run (the products ride
+    on its daBit), at x's scale."""
+    stacked = [s.unsqueeze(0).repeat([len(bounds)] + [1] * len(x.shape)) for s in x.shares]
+    enc = torch.tensor([round(b * 2**x.scale) for b in bounds], dtype=I64)
+    stacked[0] = stacked[0] - enc.view([len(bounds)] + [1] * len(x.shape))
+    (r,) = select_by_msb(x.session, stacked, [stacked], complement=True)
+    return [x.with_shares([s[k] for s in r]) for k in range(len(bounds))]
+
+
+def clamp_public(x: Fx, lo: float | None, hi: float | None) -> Fx:
+    """clamp(x, lo, hi) for public bounds: lo + relu(x - lo) - relu(x - hi), both ReLUs in
+    one comparison run (:func:`relus_public`)."""
+    parts = [b for b in (lo, hi) if b is not None]
+    if not parts:
+        return x
+    r = relus_public(x, parts)
+    if lo is None:
+        return x.add(r[0], -1)
+    out = r[0].add_public(lo)
+    if hi is not None:
+        out = out.add(r[1], -1)
+    return out
+
+
+# e^u on [-16, 0] as e^(v - 8), v = u + 8 in [-8, 8]: 10 harmonics of period 32
+# (fit error 1.1e-6; the other half of the period is free, so no jump to smooth over)
+EXP_SERIES = fit_series(lambda t: torch.exp(t - 8.0), 8.0, 5, 10)
+
+
+def exp_nonpositive(x: Fx, out: int) -> Fx:
+    """[e^x] for x <= 0 (softmax's x - max): z = max(x, -16) (one comparison run, 7
+    rounds, one comparison per element), then e^z = F(z + 8) by the masked Fourier series
+    :data:`EXP_SERIES` (2 rounds, :func:`fourier_series`): 9 rounds, no products.
+
+    Error: 1.1e-6 absolute (the fit) plus about 1e-7 (fixed point). x < -16 reads as -16
+    (e^-16 = 1.1e-7); x > 0 is outside the domain (the series is periodic: x in (0, 16]
+    reads as a value of the free half-period, not e^x)."""
+    z = clamp_public(x, EXP_LO, None)
+    return fourier_series(z.add_public(8.0), EXP_SERIES, out)
+
+
+# -- trigonometric series -------------------------------------------------------------------
+
+# the dealer's cos / sin values and the public coefficients, in fractional bits: the
+# series' value at scale 54 stays below the truncation's 2^62 while |F| < 2^8, and the
+# rounding error is about (sum of |coefficients|) 2^-31 (1e-7 for exp's 134)
+TRIG_BITS, TRIG_COEF_BITS = 30, 24
+
+
+def fourier_series(x: Fx, series: Series, out: int) -> Fx:
+    """F(x) for a trigonometric series of period P = 2^p (:mod:`mpc.math.fourier`), in 2
+    rounds for any number of terms: a mask opening and one truncation.
+
+    The angle 2 pi k x / P of x at scale s is 2 pi k z / 2^(s + p) for the ring element z:
+    periodic modulo 2^(s + p), which divides 2^64. So with the dealer's r (uniform, shared)
+    the parties open c = x + r (round 1; c is uniform, it reveals nothing), and
+    x = c - r modulo 2^(s + p) exactly, whatever the wrap-arounds. sin and cos of k(phi -
+    theta), phi the public angle of c and theta the secret one of r, expand into public
+    coefficients times the dealer's shares of sin k theta and cos k theta (2K values per
+    element): F is *linear* in the material, local once c is open (no products, no
+    comparison). Then one truncation (round 2) brings the scale-48 sum to ``out``.
+
+    This is the masked-Fourier-series evaluation of Boura, Chillotti, Gama, Jetchev,
+    Peceny and Petric, "High-precision privacy-preserving real-valued function evaluation"
+    (FC 2018), with the period a power of two so that the ring's own wrap-around is the
+    period's. Error: the fit's (``series.max_error`` on [-T, T]; F is periodic, so the
+    caller clamps x into [-T, T] first) plus about K 2^-23 from the fixed point."""
+    session, shape, terms = x.session, x.shape, series.terms
+    bits = x.scale + series.period_bits
+    if bits > 62:
+        raise ValueError(f"internal: a period of 2^{bits} ring units is too long")
+    nonce = session.next_nonce()
+    seed = session.party_seeds
+    (trig_last,) = deal(
+        session,
+        "trigonometric series",
+        dealer_fourier,
+        [nonce, shape, bits, terms, TRIG_BITS, series.single],
+        out=[([terms, *shape, 2], I64)],
+    )
+    (masked,) = at_parties(
+        session, cmp_mask, lambda i: [seed[i], nonce, x.shares[i]], [(shape, I64)]
+    )
+    one = Round(session)
+    c = one.add(masked)
+    one.open()
+    trig = last_only(session, trig_last)
+    coefs = [series.const, list(series.cos), list(series.sin)]
+    (z,) = at_parties(
+        session,
+        fourier_finish,
+        lambda i: (
+            [seed[i], nonce, i == 0, trig(i), c.value[i], bits, *coefs]
+            + [TRIG_COEF_BITS, TRIG_BITS, series.single]
+        ),
+        [(shape, I64)],
+    )
+    return truncate_many([x.with_shares(z, TRIG_COEF_BITS + TRIG_BITS)], [out])[0]
+
+
+# sigmoid on [-10, 10] by 12 sines of period 32 (fit error 1.1e-4; 1 - sigmoid(10) =
+# 4.5e-5 is the saturation's error outside)
+SIGMOID_CLAMP = 10.0
+SIGMOID_SERIES = fit_series(lambda t: torch.sigmoid(t) - 0.5, SIGMOID_CLAMP, 5, 12, odd=True)
+SIGMOID_SERIES = Series(**{**SIGMOID_SERIES.__dict__, "const": 0.5, "single": True})
+
+
+# Activations that are 0 far below zero and x far above it, each a masked Fourier series of
+# x clamped to [-T, T] plus relu(x - T) (:func:`relu_like`): GELU on [-5, 5] by 10
+# harmonics of period 16, erf and tanh forms (fit errors 3.7e-6 and 3.8e-7; past +-5 GELU
+# is x, or 0, within 1.5e-6); SiLU on [-12, 12] by 16 harmonics of period 32 (fit error
+# 3.5e-5; past +-12 SiLU is x, or 0, within 7.4e-5)
+GELU_CLAMP = 5.0
+SILU_CLAMP = 12.0
+
+
+def _gelu_erf(t: torch.Tensor) -> torch.Tensor:
+    return t / 2 * (1 + torch.erf(t / math.sqrt(2.0)))
+
+
+def _gelu_tanh(t: torch.Tensor) -> torch.Tensor:
+    return t / 2 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (t + 0.044715 * t**3)))
+
+
+GELU_SERIES = replace(fit_series(_gelu_erf, GELU_CLAMP, 4, 10), single=True)
+GELU_TANH_SERIES = replace(fit_series(_gelu_tanh, GELU_CLAMP, 4, 10), single=True)
+SILU_SERIES = replace(fit_series(lambda t: t * torch.sigmoid(t), SILU_CLAMP, 5, 16), single=True)
+
+
+def relu_like(x: Fx, series: Series, out: int) -> Fx:
+    """f(x) = F(clamp(x, -T, T)) + relu(x - T) for an f that is 0 below -T and x above T
+    (GELU, SiLU), F the series ``series`` fitted to f on [-T, T] (:data:`GELU_SERIES`,
+    :data:`GELU_TANH_SERIES`, :data:`SILU_SERIES`): below -T, f(-T) = F(-T); above T,
+    F(T) + (x - T). The clamp's two ReLUs come from one comparison run (relu(x - T) is one
+    of them) and the series costs 2 rounds (:func:`fourier_series`): 6 rounds, 2
+    comparisons per element and no products, as :func:`sigmoid` (a piecewise polynomial
+    costs 3 to 5 comparisons, about 10 products and twice the rounds). Error: the fit's,
+    plus f's distance from 0 or x past the clamp, plus the fixed point's."""
+    t = series.half_width
+    below, above = relus_public(x, [-t, t])
+    f = fourier_series(below.add(above, -1).add_public(-t), series, out)
+    return f.add(above)
+
+
+def sigmoid(x: Fx, out: int) -> Fx:
+    """sigmoid(x) = F(clamp(x, -10, 10)), F the 12-sine series of period 32 fitted on
+    [-10, 10]: the clamp (one comparison run, 7 rounds, 2 comparisons per element) keeps
+    x where F is fitted, and the series costs 2 rounds (:func:`fourier_series`): 9 rounds,
+    no products. Error: 1.1e-4 (fit) + 4.5e-5 (saturation past +-10) + fixed point."""
+    xc = clamp_public(x, -SIGMOID_CLAMP, SIGMOID_CLAMP)
+    return fourier_series(xc, SIGMOID_SERIES, out)

@@ -1,0 +1,59 @@
+"""The functions every worker of an mpc session runs: every protocol step, by the name the
+wire carries, built from the steps' declarations (:func:`mpc.protocols.step.step`).
+
+:data:`FUNCTIONS` is what :class:`mpc.Session` registers with in-process workers and what a
+served worker loads (the ``pointers.worker_functions`` entry point ``mpc``);
+:data:`MAKES_MATERIAL` names the steps whose outputs are protocol material (sealed at the
+workers). A new protocol's step module joins :data:`STEP_MODULES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpc.material import sizes
+from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
+from mpc.material.owned import release_sum
+from mpc.protocols.beaver import steps as beaver
+from mpc.protocols.comparison import selection
+from mpc.protocols.comparison import steps as comparison
+from mpc.protocols.fourier import steps as fourier
+from mpc.protocols.fss import relu as fss_relu
+from mpc.protocols.fss import steps as fss
+from mpc.protocols.max_of_four import steps as max_of_four
+from mpc.protocols.opening import steps as opening
+from mpc.protocols.seeds import steps as seeds
+from mpc.protocols.step import making_material, table
+from mpc.protocols.truncated_products import steps as truncated_products
+from mpc.protocols.truncation import steps as truncation
+from mpc.protocols.weights import steps as weights
+
+#: the modules that define protocol steps
+STEP_MODULES = (
+    seeds,
+    opening,
+    beaver,
+    truncation,
+    comparison,
+    selection,
+    max_of_four,
+    fourier,
+    truncated_products,
+    weights,
+    fss,
+    fss_relu,
+)
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    **table(STEP_MODULES),
+    # the steps of modules that declare them by hand (a model owner's, an owner's release)
+    **HELD_FUNCTIONS,
+    "mpc.release_sum": release_sum,
+}
+sizes.declare(FUNCTIONS)
+
+#: the steps whose outputs are protocol material (sealed at the workers)
+MAKES_MATERIAL = making_material(FUNCTIONS)
+
+__all__ = ["FUNCTIONS", "MAKES_MATERIAL", "STEP_MODULES"]

@@ -1,0 +1,97 @@
+"""What the rules of every protocol step check (a step's own rule is declared with it,
+:func:`mpc.protocols.step.step`).
+
+Before a step runs, its worker calls the step's rule with the labels of the arguments
+(:class:`pointers.worker.sealing.ProtocolCall`). A rule checks that each piece of material
+is the output of the previous step of the same protocol instance (its nonce), of the right
+kind, made at this worker or delivered by a peer as the protocol says, and that each share
+operand is an ordinary object (never material: a step that a client could feed a sealed
+object of its choosing is an oracle). It names what the step consumes (used once) and the
+label of each output (None: the instance's final result, an ordinary share).
+
+Instances: a Beaver product, a truncation, a series and a comparison each run under one
+nonce (a comparison's carry-tree levels and products under nonces the dealer bound to it).
+Where a later step takes the share that an earlier step masked (the y of a Beaver
+product, the v of a selection), the earlier step records the tensor and its version
+(:func:`record`), and the later step must be given that same, unmodified tensor
+(:func:`same`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from pointers.worker.sealing import Label, ProtocolCall
+
+SEED = "seed"  # the kind of a party's seed (mpc.protocols.seeds)
+OPENED = "open:"  # the prefix of an opened value's kind (mpc.protocols.opening)
+
+
+def instances(call: ProtocolCall) -> dict[tuple[str, int], Any]:
+    """The shares that instances' first steps masked at this worker (see :func:`record`)."""
+    out: dict[tuple[str, int], Any] = call.state.setdefault("mpc.instances", {})
+    return out
+
+
+def record(call: ProtocolCall, key: tuple[str, int], share: Any) -> None:
+    """Remember the share an instance's first step masked (see the module docstring)."""
+    instances(call)[key] = (weakref.ref(share), share._version)
+
+
+def same(call: ProtocolCall, key: tuple[str, int], name: str) -> None:
+    """The share parameter ``name`` must be the one the instance's first step masked."""
+    share = call.share(name)
+    rec = instances(call).pop(key, None)
+    if rec is None:
+        raise call.refuse(f"no {key[0]} instance {key[1]} is waiting for its {name!r} here")
+    if rec[0]() is not share or rec[1] != share._version:
+        raise call.refuse(
+            f"parameter {name!r} must be the share that instance {key[1]}'s first step "
+            "masked, unmodified"
+        )
+
+
+def nonce_of(call: ProtocolCall) -> int:
+    """The step's ``nonce`` parameter (its protocol instance)."""
+    nonce = call.value("nonce")
+    if type(nonce) is not int:
+        raise call.refuse("a protocol step takes an int nonce")
+    return nonce
+
+
+def int_of(call: ProtocolCall, name: str) -> int:
+    """The step's int parameter ``name``."""
+    v = call.value(name)
+    if type(v) is not int:
+        raise call.refuse(f"parameter {name!r} is an int")
+    return v
+
+
+def party_seed(call: ProtocolCall, *last_only: str) -> Label:
+    """A party's step runs on the seed the dealer delivered to it. The seed tells the
+    party's place (its index among the session's parties), so the client cannot make two
+    parties, or none, the first (``first``), nor leave out or add the dealer's corrections
+    (``last_only``: given at the last party, None elsewhere)."""
+    seed = call.material("seed", SEED, local=False)
+    assert seed is not None
+    parties = seed.extra[0] if len(seed.extra) == 1 and type(seed.extra[0]) is int else 0
+    if "first" in call.args and call.value("first") is not (seed.index == 0):
+        raise call.refuse(f"'first' must be {seed.index == 0} at party {seed.index}")
+    last = seed.index == parties - 1
+    for name in last_only:
+        a = call.args.get(name)
+        given = a is not None and not (a.entry is None and a.entries is None and a.value is None)
+        if given != last:
+            where = "the last party takes" if last else "only the last party takes"
+            raise call.refuse(f"{where} the dealer's {name!r}")
+    return seed
+
+
+def dealer_seeds(call: ProtocolCall) -> None:
+    """A dealer's step runs on the seeds it made, each party's in its place."""
+    seeds = call.materials("seeds", SEED, "the dealer's seeds", local=True)
+    n = len(seeds)
+    for k, seed in enumerate(seeds):
+        if seed.index != k or seed.extra != (n,):
+            raise call.refuse(f"the seeds must be the {n} parties' seeds, in their order")

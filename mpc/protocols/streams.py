@@ -1,0 +1,95 @@
+"""Seed expansion: the streams of correlated randomness, and their single use.
+
+A party's 16-byte seed ``s`` and a public ``(nonce, tag)`` give the key
+``AES_s(nonce || tag)`` of a fresh AES counter-mode stream (AES as a PRF), so each piece of
+material has its own stream and the dealer and a party derive it without talking. Every
+worker derives each ``(seed, nonce, tag)`` at most once (:func:`consume`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from mpc.math.prg import PRG
+from pointers.errors import NotAllowedError
+
+# tags of the streams derived for one nonce
+(
+    TAG_A,
+    TAG_B,
+    TAG_C,
+    TAG_R,
+    TAG_U,
+    TAG_D,
+    TAG_RBITS,
+    TAG_T_ARITH,
+    TAG_T_BIN,
+    TAG_TRIG,
+    TAG_PAIRS,
+    TAG_FSS_ROOT,  # the parties' DCF root seeds (mpc.protocols.fss.steps)
+) = range(12)
+
+
+def _seed_bytes(seed: torch.Tensor) -> bytes:
+    if seed.numel() != 16:
+        raise ValueError("a seed must hold 16 bytes")
+    return bytes(seed.to(torch.uint8).tolist())
+
+
+def consume(ctx: Any, seeds: list[torch.Tensor], nonce: int, *tags: int) -> None:
+    """Mark the streams ``(nonce, tag)`` of each seed as used at this worker, refusing any
+    that was used before: whatever a client sends, no mask or triple is derived twice.
+
+    Keyed by the seed's bytes (a copy of a seed shares its history), kept per worker (per
+    client namespace on a served worker) in ``ctx.function_state``."""
+    if not isinstance(nonce, int) or isinstance(nonce, bool):
+        raise TypeError(f"a nonce must be an int, got {type(nonce).__name__}")
+    if not 0 <= nonce < 1 << 96:
+        raise ValueError(f"parameter 'nonce' is an int in [0, 2^96), got {nonce}")
+    if not seeds:
+        raise ValueError("parameter 'seeds' takes at least one seed")
+    used: dict[bytes, set[tuple[int, int]]] = ctx.function_state.setdefault("mpc.streams", {})
+    keys = [_seed_bytes(s) for s in seeds]
+    for key in keys:
+        seen = used.get(key)
+        if seen is not None:
+            for tag in tags:
+                if (nonce, tag) in seen:
+                    raise NotAllowedError(
+                        f"nonce {nonce} was already used for stream {tag} of this seed at "
+                        f"worker {ctx.id!r}: a mask or triple is never used twice"
+                    )
+    for key in keys:
+        used.setdefault(key, set()).update((nonce, tag) for tag in tags)
+
+
+def stream(seed: torch.Tensor, nonce: int, tag: int) -> PRG:
+    """The stream of ``seed`` for the public ``(nonce, tag)``: successive ``int64`` calls
+    continue it, so pieces drawn in order are the pieces of one :func:`derive` of their
+    whole (what lets a step work through a large tensor a slice at a time)."""
+    key = _seed_bytes(seed)
+    block = nonce.to_bytes(12, "little", signed=False) + tag.to_bytes(4, "little")
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return PRG(enc.update(block) + enc.finalize())
+
+
+def derive(seed: torch.Tensor, nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    """Uniform int64 tensor from ``seed`` for the public ``(nonce, tag)``."""
+    return stream(seed, nonce, tag).int64(tuple(shape))
+
+
+def sum_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    out = derive(seeds[0], nonce, tag, shape)
+    for s in seeds[1:]:
+        out += derive(s, nonce, tag, shape)
+    return out
+
+
+def xor_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int]) -> torch.Tensor:
+    out = derive(seeds[0], nonce, tag, shape)
+    for s in seeds[1:]:
+        out ^= derive(s, nonce, tag, shape)
+    return out

@@ -1,0 +1,309 @@
+"""Products of freshly truncated values, with no round of their own: the steps (the
+protocol: :func:`mpc.protocols.truncated_products.run.truncate_and_multiply`).
+
+A truncation opens c = z + r and each party then holds [x] = p + [a] for x = z >> f, with
+the public p = c >> f (party 0 adds it) and a = U + m D, m = msb(c) public and U, D the
+dealer's (:func:`mpc.protocols.truncation.steps.trunc_finish`). So a truncated value is already
+"opened" up to a mask a that the dealer knows up to the public bit m: a Beaver product
+of two such values needs no opening of its own (cf. the mask of a Beaver triple chosen
+equal to the value's existing mask). For x = p_x + a_x and y = p_y + a_y:
+
+    x y = p_x [y] + p_y [x] - p_x p_y + [a_x a_y],
+    a_x a_y = U_x U_y + m_x D_x U_y + m_y U_x D_y + m_x m_y D_x D_y,
+
+so the dealer deals shares of U_x U_y, D_x U_y, U_x D_y (and D_x D_y, which is 0 mod 2^64
+when f_x + f_y <= 64, D being a multiple of 2^(64-f)), and each party combines them with
+the public bits m (:func:`trunc_products`). A level of products after a truncation round
+(``x`` a value still to be truncated, the products of the truncated values) then costs
+that one round instead of two. The inverse powers of
+softmax and layer norm use it (:mod:`mpc.protocols.inverse`).
+
+The rules (sealing): the dealer's products are bound to the
+truncations' nonces, bits and pairs, and each truncation joins at most one batch of
+products (the dealer marks its nonce's otherwise unused C stream); the parties' step takes
+the opened c of each of those truncations and, at the last party, their corrections and
+the products, all consumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.sizes import SLACK, WORD, int_param, numel, records, tensors
+from mpc.protocols.step import step
+from mpc.protocols.streams import TAG_C, TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
+from mpc.protocols.truncation.steps import unpack_trunc_correction
+from pointers.worker.sealing import ProtocolCall, seal
+
+MAX_VALUES = 8  # truncations in one batch
+MAX_PAIRS = 8  # products in one batch
+
+
+def terms(bits_x: int, bits_y: int) -> int:
+    """Words the dealer deals per product element: U U, D U, U D, and D D unless it is 0
+    mod 2^64 (f_x + f_y <= 64)."""
+    return 3 if bits_x + bits_y <= 64 else 4
+
+
+def out_shape(shape_x: list[int], shape_y: list[int]) -> list[int]:
+    return list(torch.broadcast_shapes(tuple(shape_x), tuple(shape_y)))
+
+
+def material_words(shapes: list[list[int]], bits: list[int], pairs: list[list[int]]) -> int:
+    """int64 words of a batch's product material (one party's share, flat)."""
+    total = 0
+    for i, j in pairs:
+        n = 1
+        for d in out_shape(shapes[i], shapes[j]):
+            n *= d
+        total += terms(bits[i], bits[j]) * n
+    return total
+
+
+def check_batch(shapes: Any, bits: Any, pairs: Any, count: int | None = None) -> None:
+    """A batch: 1 to MAX_VALUES truncations of 1 to 62 bits, 1 to MAX_PAIRS pairs of them
+    (indices), whose shapes broadcast."""
+    n = len(bits) if isinstance(bits, list) else 0
+    if not 1 <= n <= MAX_VALUES or not all(type(b) is int and 1 <= b <= 62 for b in bits):
+        raise ValueError(f"a batch truncates 1 to {MAX_VALUES} values by 1 to 62 bits each")
+    if count is not None and count != n:
+        raise ValueError(f"{count} values for {n} truncations")
+    if not (
+        isinstance(pairs, list)
+        and 1 <= len(pairs) <= MAX_PAIRS
+        and all(
+            isinstance(p, list) and len(p) == 2 and all(type(k) is int and 0 <= k < n for k in p)
+            for p in pairs
+        )
+    ):
+        raise ValueError(f"a batch multiplies 1 to {MAX_PAIRS} pairs of its values (indices)")
+    if shapes is not None:
+        if not (isinstance(shapes, list) and len(shapes) == n):
+            raise ValueError("one shape per truncation")
+        for i, j in pairs:
+            try:
+                out_shape(shapes[i], shapes[j])
+            except (RuntimeError, TypeError) as e:
+                raise ValueError(f"the shapes of pair {[i, j]} do not broadcast: {e}") from None
+
+
+def _masks(r: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U, D) of a truncation by ``bits`` with mask r (see dealer.dealer_trunc)."""
+    r = r.sub(1 << 62)
+    d = (r >> 63).add_(1).bitwise_left_shift_(64 - bits)
+    u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
+    return u, d
+
+
+def _terms(ux: Any, dx: Any, uy: Any, dy: Any, bx: int, by: int) -> list[torch.Tensor]:
+    out = [ux * uy, dx * uy, ux * dy]
+    if terms(bx, by) == 4:
+        out.append(dx * dy)
+    return out
+
+
+# -- sizes --------------------------------------------------------------------------------
+
+
+def _pair_elems(shapes: list[list[int]], pairs: Any) -> int:
+    """Elements of the products of ``pairs`` (index pairs into ``shapes``)."""
+    if not isinstance(pairs, list) or len(pairs) > 64:
+        raise ValueError("parameter 'pairs' is a list of at most 64 index pairs")
+    total = 0
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ValueError("parameter 'pairs' is a list of index pairs")
+        i, j = (int_param(k, "pairs", 0, len(shapes) - 1) for k in pair)
+        try:
+            total += torch.broadcast_shapes(tuple(shapes[i]), tuple(shapes[j])).numel()
+        except RuntimeError as e:
+            raise ValueError(f"the shapes of a pair do not broadcast: {e}") from None
+    return total
+
+
+def _dealer_size(p: dict[str, Any]) -> int:
+    """Each truncation's mask, U and D, and per product element its four terms (twice:
+    the parts and their concatenation), the others' derived shares and their temporaries
+    (measured: 117.4 MB for a softmax over 1024 x 1024, where 10 words an element
+    declared 117.6)."""
+    shapes = p.get("shapes")
+    if not isinstance(shapes, list) or not 1 <= len(shapes) <= 64:
+        raise ValueError("parameter 'shapes' is a list of 1 to 64 shapes")
+    values = sum(numel(s, "shapes") for s in shapes)
+    return WORD * (6 * values + 16 * _pair_elems(shapes, p.get("pairs"))) + SLACK
+
+
+def _party_size(p: dict[str, Any]) -> int:
+    """Per truncation a few of its elements (U, s, D, m, p, x), per product element the
+    material's four terms and the product's temporaries."""
+    cs = tensors(p.get("cs"))
+    if not cs:
+        return SLACK
+    shapes = [list(c.shape) for c in cs]
+    values = sum(c.numel() for c in cs)
+    return WORD * (8 * values + 10 * _pair_elems(shapes, p.get("pairs"))) + SLACK
+
+
+def _batch_keeps(per_value: int) -> Any:
+    def keeps(p: dict[str, Any]) -> int:
+        tn = p.get("trunc_nonces")
+        values = min(len(tn), 64) if isinstance(tn, list) else 1
+        return records(p.get("seeds", p.get("seed")), 1 + per_value * values)
+
+    return keeps
+
+
+# -- the steps ----------------------------------------------------------------------------
+
+
+def _dealer_rule(call: ProtocolCall) -> Any:
+    dealer_seeds(call)
+    tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
+    if not (isinstance(tn, list) and all(type(v) is int for v in tn)):
+        raise call.refuse("parameter 'trunc_nonces' is a list of ints")
+    return [seal("dealer.tprod", nonce_of(call), deliveries=1, extra=(tn, bits, pairs))]
+
+
+@step(
+    rule=_dealer_rule,
+    size=_dealer_size,
+    keeps=_batch_keeps(1),
+    makes_material=True,
+)
+def dealer_trunc_products(
+    ctx: Any,
+    seeds: list[torch.Tensor],
+    nonce: int,
+    trunc_nonces: list[int],
+    shapes: list[list[int]],
+    bits: list[int],
+    pairs: list[list[int]],
+) -> torch.Tensor:
+    """The last party's shares of the products of the truncations' masks (module
+    docstring), per pair U_x U_y, D_x U_y, U_x D_y (and D_x D_y), flat."""
+    check_batch(shapes, bits, pairs, len(trunc_nonces))
+    consume(ctx, seeds, nonce, TAG_C)
+    # (a truncation's C stream is otherwise unused: it marks its nonce as in one batch)
+    for tn in set(trunc_nonces):
+        consume(ctx, seeds, tn, TAG_C)
+    masks = [
+        _masks(sum_derived(seeds, tn, TAG_R, shape), b)
+        for tn, shape, b in zip(trunc_nonces, shapes, bits)
+    ]
+    parts = []
+    for i, j in pairs:
+        parts += [
+            t.reshape(-1) for t in _terms(*masks[i], *masks[j], bits[i], bits[j])
+        ]  # fmt: skip
+    out = torch.cat(parts)
+    for s in seeds[:-1]:
+        out -= derive(s, nonce, TAG_C, [out.numel()])
+    return out
+
+
+def _party_rule(call: ProtocolCall) -> Any:
+    nonce = nonce_of(call)
+    party_seed(call, "corrections", "products")
+    tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
+    if not (isinstance(tn, list) and all(type(v) is int for v in tn)):
+        raise call.refuse("parameter 'trunc_nonces' is a list of ints")
+    cs = call.materials(
+        "cs", OPENED + "trunc.c", "the opened truncations", local=True, consume=True
+    )
+    if [lb.nonce for lb in cs] != tn:
+        raise call.refuse("the opened values are not those of the batch's truncations")
+    prod = call.material(
+        "products", "dealer.tprod", nonce, local=False, optional=True, consume=True
+    )
+    if prod is not None:
+        if [list(v) for v in prod.extra] != [tn, bits, [list(p) for p in pairs]]:
+            raise call.refuse("the dealer's products are for another batch")
+        corr = call.materials(
+            "corrections", "dealer.trunc", "the truncations' corrections", local=False,
+            consume=True,
+        )  # fmt: skip
+        if [(lb.nonce, lb.index) for lb in corr] != list(zip(tn, bits)):
+            raise call.refuse("the corrections are not those of the batch's truncations")
+    return None
+
+
+@step(rule=_party_rule, size=_party_size, keeps=_batch_keeps(2))
+def trunc_products(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    corrections: list[torch.Tensor] | None,
+    products: torch.Tensor | None,
+    cs: list[torch.Tensor],
+    trunc_nonces: list[int],
+    bits: list[int],
+    offsets: list[int],
+    pairs: list[list[int]],
+) -> list[torch.Tensor]:
+    """Party i's shares of each truncated value x_k = (z_k >> f_k) + offset_k (the
+    offset, public, in ring units) from its opened c_k, then of each pair's product x_i
+    x_j (untruncated), with no opening (module docstring)."""
+    shapes = [list(c.shape) for c in cs]
+    check_batch(shapes, bits, pairs, len(trunc_nonces))
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == len(bits)
+        and all(type(o) is int and -(1 << 62) <= o < 1 << 62 for o in offsets)
+    ):
+        raise ValueError("one int offset per truncation, below 2^62")
+    if corrections is not None and len(corrections) != len(bits):
+        raise ValueError("one correction per truncation")
+    consume(ctx, [seed], nonce, TAG_C)
+    for tn in trunc_nonces:
+        consume(ctx, [seed], tn, TAG_U, TAG_D)
+    xs, ps, ms, us, ds = [], [], [], [], []
+    for k, (tn, c, b) in enumerate(zip(trunc_nonces, cs, bits)):
+        if corrections is None:
+            u = derive(seed, tn, TAG_U, list(c.shape))
+            s = derive(seed, tn, TAG_D, list(c.shape))
+        else:
+            u, s = unpack_trunc_correction(corrections[k], list(c.shape), b)
+            s = s.to(torch.int64, copy=True)  # (widened: the dealer's f-bit s_{n-1})
+        d = s.bitwise_left_shift_(64 - b)
+        m = c >> 63  # all ones where msb(c) = 1
+        p = (c >> b).add_(offsets[k])
+        x = u + (d & m)
+        if first:
+            x += p
+        xs.append(x)
+        ps.append(p)
+        ms.append(m)
+        us.append(u)
+        ds.append(d)
+    want = sum(
+        terms(bits[i], bits[j]) * torch.Size(out_shape(shapes[i], shapes[j])).numel()
+        for i, j in pairs
+    )
+    if products is None:
+        material = derive(seed, nonce, TAG_C, [want])
+    elif products.dtype != torch.int64 or products.dim() != 1 or products.numel() != want:
+        raise ValueError(f"the dealer's products are {want} int64 words")
+    else:
+        material = products
+    out = list(xs)
+    at = 0
+    for i, j in pairs:
+        shape = out_shape(shapes[i], shapes[j])
+        n = torch.Size(shape).numel()
+        k = terms(bits[i], bits[j])
+        t = material[at : at + k * n].view(k, *shape)
+        at += k * n
+        z = ps[i] * xs[j] + ps[j] * xs[i]
+        if first:
+            z -= ps[i] * ps[j]
+        z += t[0]
+        z += t[1] & ms[i]
+        z += t[2] & ms[j]
+        if k == 4:
+            z += t[3] & ms[i] & ms[j]
+        out.append(z)
+    return out

@@ -1,0 +1,347 @@
+"""Private generation (mpc.generate): greedy decoding of GPT-2 and Llama models as one
+recorded program per party for the prefill and one for every token, on a model the
+client shared and on one its owner shares from its worker. The tokens must be the
+plaintext model's greedy tokens, every one; the attacks are sent as a client that does
+not follow the protocol would send them (mpc.generation, pointers.worker.holding)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import mpc
+import mpc.hf
+import pointers as pt
+from mpc.errors import UnsupportedOpError
+from mpc.generation import HeldPrograms
+from mpc.generation.decoding import one_hot_rows
+from pointers.errors import NotAllowedError, PointerError, RemoteError
+from pointers.pointer_tensor import PointerTensor, RemoteRef
+from pointers.worker import holding
+from pointers.worker.sealing import Label
+
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.set_verbosity_error()
+
+PARTIES = ["alice", "bob"]
+REFUSED = (RemoteError, NotAllowedError, PointerError)
+VOCAB = 48
+PROMPT = 5
+MAX_LENGTH = 12
+
+
+def tiny(kind: str, seed: int = 0) -> Any:
+    """A tiny random GPT-2 or Llama whose greedy tokens vary (weights scaled up)."""
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=32,
+            bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        model = transformers.GPT2LMHeadModel(cfg).eval()
+    else:
+        cfg = transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0 if kind == "gpt2" else 3.0)
+    return model
+
+
+def plaintext(model: Any, prompt: torch.Tensor, n: int) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[:, prompt.shape[1] :]
+
+
+def prompt_of(seed: int, length: int = PROMPT) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def workers() -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
+    return [pt.VirtualWorker(p) for p in PARTIES], pt.VirtualWorker("carol")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_model_the_client_shared_generates_its_greedy_tokens(kind: str) -> None:
+    model = tiny(kind)
+    prompt = prompt_of(1)
+    expected = plaintext(model, prompt, 6)
+    assert len(set(expected[0].tolist())) > 1  # (a test of several tokens, not one)
+    parties, carol = workers()
+    mpc.share(model, *parties, crypto_provider=carol)
+    assert torch.equal(mpc.generate(model, prompt, 6), expected)
+
+
+def test_a_token_is_one_program_per_worker() -> None:
+    """After the first step (recorded as it runs), each token costs the client a few
+    messages: the token's shared row, one run per worker, the argmax's fetch."""
+    model = tiny("gpt2")
+    parties, carol = workers()
+    mpc.share(model, *parties, crypto_provider=carol)
+    progs = mpc.generation.programs(model, PROMPT, MAX_LENGTH)
+    session = mpc.hf.session_of(model)
+    token = progs.prefill(one_hot_rows(prompt_of(2), VOCAB, session)).get()
+    token = progs.step(one_hot_rows(token, VOCAB, session)).get()  # (recorded)
+    assert isinstance(progs, mpc.generation.PlainPrograms) and progs.later is not None
+    ids = dict(progs.later.program_ids)
+    counts = []
+    for _ in range(3):
+        with mpc.stats() as s:
+            token = progs.step(one_hot_rows(token, VOCAB, session)).get()
+        counts.append(s.client_messages)
+    assert progs.later.program_ids == ids  # the same stored program every token
+    assert max(counts) <= 3 * 3  # three workers: a row, a run, a fetch each at most
+    assert sum(progs.later.commands.values()) > 50 * max(counts)
+
+
+def test_model_generate_on_a_shared_model_points_to_mpc_generate() -> None:
+    model = tiny("gpt2")
+    parties, carol = workers()
+    mpc.share(model, *parties, crypto_provider=carol)
+    with pytest.raises(UnsupportedOpError, match="mpc.generate"):
+        model.generate(mpc.share(prompt_of(3), *parties, crypto_provider=carol), max_new_tokens=2)
+
+
+def test_bad_requests_are_refused_before_anything_runs() -> None:
+    model = tiny("gpt2")
+    parties, carol = workers()
+    mpc.share(model, *parties, crypto_provider=carol)
+    with pytest.raises(mpc.MPCError, match="maximum length"):
+        mpc.generate(model, prompt_of(4), 8, max_length=10)
+    with pytest.raises(mpc.MPCError, match=r"\[0, 48\)"):
+        mpc.generate(model, torch.tensor([[1, 99]]), 2)
+    with pytest.raises(mpc.MPCError, match="batch, length"):
+        mpc.generate(model, torch.tensor([1, 2]), 2)
+    with pytest.raises(ValueError, match="at least 1"):
+        mpc.generate(model, prompt_of(4), 0)
+    with pytest.raises(mpc.MPCError, match="not shared"):
+        mpc.generate(tiny("gpt2"), prompt_of(4), 2)
+
+
+# -- a model its owner shares from its worker --------------------------------------------
+
+
+class Deployment:
+    def __init__(self, kind: str = "gpt2") -> None:
+        self.model = tiny(kind)
+        self.plain = copy.deepcopy(self.model)
+        self.approval = mpc.approve_generation(
+            self.model, prompt_length=PROMPT, max_length=MAX_LENGTH, parties=PARTIES,
+            crypto_provider="carol",
+        )  # fmt: skip
+        self.owner = pt.VirtualWorker("owner")
+        model_ptr = mpc.offer(self.model, self.owner, self.approval)
+        self.parties, self.carol = workers()
+        for w in (*self.parties, self.carol):
+            w.store.wait_seconds = 3.0  # (a refused party's peers stop waiting soon)
+        self.held = mpc.share(model_ptr, *self.parties, crypto_provider=self.carol)
+        self.session = mpc.hf.session_of(self.held)
+
+    def programs(self) -> HeldPrograms:
+        progs = mpc.generation.programs(self.held, PROMPT, MAX_LENGTH)
+        assert isinstance(progs, HeldPrograms)
+        return progs
+
+    def rows(self, ids: torch.Tensor) -> mpc.SharedTensor:
+        return one_hot_rows(ids, VOCAB, self.session)
+
+
+@pytest.fixture(scope="module")
+def dep() -> Deployment:
+    return Deployment()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_model_its_owner_shares_generates_its_greedy_tokens(kind: str) -> None:
+    d = Deployment(kind)
+    assert {p: len(ds) for p, ds in d.approval.items()} == {"alice": 2, "bob": 2}
+    prompt = prompt_of(5)
+    expected = plaintext(d.plain, prompt, 6)
+    with pytest.raises(mpc.MPCError, match="max_length"):
+        mpc.generate(d.held, prompt, 6)
+    assert torch.equal(mpc.generate(d.held, prompt, 6, max_length=MAX_LENGTH), expected)
+    # a second prompt: a new prefill (new cache and position), the same approvals
+    prompt = prompt_of(6)
+    assert torch.equal(
+        mpc.generate(d.held, prompt, 3, max_length=MAX_LENGTH), plaintext(d.plain, prompt, 3)
+    )
+
+
+def kept(worker: Any) -> dict[str, int]:
+    """What the runs kept at ``worker``: role -> id (the latest run's, by maker)."""
+    out: dict[str, int] = {}
+    for obj_id in list(worker.store.view()):
+        label = Label.of(worker.store.entry(obj_id).sealed)
+        if label is not None and label.kind == holding.HELD_INSTANCE:
+            out[f"{label.extra[1]}@{label.extra[2]}"] = obj_id
+    return out
+
+
+def held_made(worker: Any) -> list[int]:
+    return [
+        i
+        for i in list(worker.store.view())
+        if (lab := Label.of(worker.store.entry(i).sealed)) is not None and lab.kind == holding.HELD
+    ]
+
+
+def _ptr(worker: Any, obj_id: int) -> PointerTensor:
+    value = worker.store.entry(obj_id).value
+    ref = RemoteRef(worker, obj_id, owned=False)  # (the attacker's pointer deletes nothing)
+    return PointerTensor(ref, tuple(value.shape), value.stride(), value.dtype)
+
+
+def test_the_cache_the_position_and_every_logit_stay_sealed(dep: Deployment) -> None:
+    progs = dep.programs()
+    progs.prefill(dep.rows(prompt_of(7))).get()
+    alice = dep.parties[0]
+    kept_ids = list(kept(alice).values())
+    # the caches (2 layers x keys and values), the position, the weights' instances
+    assert len(kept_ids) >= 5
+    for obj_id in kept_ids + held_made(alice):
+        ptr = _ptr(alice, obj_id)
+        with pytest.raises(REFUSED, match="sealed"):
+            ptr.get()
+        with pytest.raises(REFUSED):
+            (ptr + 0).get()
+        with pytest.raises(REFUSED):
+            ptr.move(dep.parties[1])
+
+
+@contextlib.contextmanager
+def bindings_changed(plan: Any, change: Callable[[Any, list[int]], None]) -> Iterator[None]:
+    """The client sends its runs with ``change(variant, bindings)`` applied."""
+    honest = plan._bindings
+
+    def changed(variant: Any, input_ids: Any) -> Any:
+        bindings, promised = honest(variant, input_ids)
+        change(variant, bindings)
+        return bindings, promised
+
+    plan._bindings = changed
+    try:
+        yield
+    finally:
+        del plan._bindings
+
+
+def _carried_slots(progs: HeldPrograms, party: str) -> list[int]:
+    plan = progs.plan
+    return sorted(k2 for k2 in plan.carried if k2 in plan.uses[party])
+
+
+def test_a_step_takes_only_what_one_prefill_kept(dep: Deployment) -> None:
+    """Carried objects of two generations mixed in one step are refused: a step reads
+    one prefill's cache and position."""
+    progs = dep.programs()
+    progs.prefill(dep.rows(prompt_of(8))).get()
+    first = list(progs.plan.later.carry)
+    progs.prefill(dep.rows(prompt_of(9))).get()
+    slot = _carried_slots(progs, "alice")[0]
+    k1 = progs.plan.carried[slot]
+
+    def mix(variant: Any, b: list[int]) -> None:
+        if variant is progs.plan.later:
+            b[slot] = first[k1]
+
+    with bindings_changed(progs.plan, mix), pytest.raises(REFUSED, match="different runs"):
+        progs.step(dep.rows(torch.tensor([[1]]))).get()
+
+
+def test_swapped_caches_and_a_client_position_are_not_approved(dep: Deployment) -> None:
+    progs = dep.programs()
+    progs.prefill(dep.rows(prompt_of(10))).get()
+    slots = _carried_slots(progs, "alice")
+    a, b_ = slots[0], slots[1]
+
+    def swap(variant: Any, b: list[int]) -> None:
+        if variant is progs.plan.later:
+            b[a], b[b_] = b[b_], b[a]
+
+    with bindings_changed(progs.plan, swap), pytest.raises(REFUSED, match="approved"):
+        progs.step(dep.rows(torch.tensor([[1]]))).get()
+    # the client's own position (or cache) in a carried slot: an ordinary object there
+    # takes no role, so the program's digest is not the approved one
+    mine = pt.send(torch.tensor([0]), dep.parties[0]).id_at_location
+
+    def own(variant: Any, b: list[int]) -> None:
+        if variant is progs.plan.later:
+            b[a] = mine
+
+    with bindings_changed(progs.plan, own), pytest.raises(REFUSED):
+        progs.step(dep.rows(torch.tensor([[1]]))).get()
+
+
+def test_a_replayed_step_is_refused(dep: Deployment) -> None:
+    progs = dep.programs()
+    progs.prefill(dep.rows(prompt_of(11))).get()
+    progs.step(dep.rows(torch.tensor([[2]]))).get()
+    last = list(progs.plan.last_bindings)
+
+    def replay(variant: Any, b: list[int]) -> None:
+        b[:] = last
+
+    with bindings_changed(progs.plan, replay), pytest.raises(REFUSED):
+        progs.step(dep.rows(torch.tensor([[2]]))).get()
+
+
+def test_no_step_past_the_approved_length(dep: Deployment) -> None:
+    """The parties hold the position: a step past the maximum length fails there (the
+    client's own check is bypassed here), and its output never opens."""
+    progs = dep.programs()
+    token = progs.prefill(dep.rows(prompt_of(12))).get()
+    for _ in range(MAX_LENGTH - PROMPT):
+        token = progs.step(dep.rows(token)).get()
+    with pytest.raises(REFUSED, match="index|range"):
+        progs.step(dep.rows(token)).get()
+
+
+def test_an_unapproved_generation_is_refused(dep: Deployment) -> None:
+    """Another maximum length (another program), and a step before any prefill."""
+    progs = HeldPrograms(dep.held, dep.session, PROMPT, MAX_LENGTH + 4)
+    with pytest.raises(REFUSED, match="approved"):
+        progs.prefill(dep.rows(prompt_of(13))).get()
+    with pytest.raises(mpc.MPCError, match="after"):
+        dep.programs().step(dep.rows(torch.tensor([[1]])))
+    with pytest.raises(mpc.MPCError, match="prompts of 5 tokens"):
+        dep.programs().prefill(dep.rows(prompt_of(13, length=PROMPT + 1)))
+
+
+@pytest.mark.network
+def test_held_generation_on_served_workers(tmp_path: Any) -> None:
+    """The owner serves its worker with its offer file; the client holds the architecture
+    only; the parties check every run against the owner's approvals (recorded in process
+    by the owner, on network workers by the client: the same programs)."""
+    from network_fixtures import Cluster
+
+    model = tiny("gpt2", seed=1)
+    plain = copy.deepcopy(model)
+    approval = mpc.approve_generation(
+        model, prompt_length=PROMPT, max_length=MAX_LENGTH, parties=PARTIES,
+        crypto_provider="carol",
+    )  # fmt: skip
+    path = tmp_path / "offer.bin"
+    mpc.save_offer(model, approval, path)
+    workers = ["owner", *PARTIES, "carol"]
+    cluster = Cluster(tmp_path, workers, worker_args={"owner": ["--offer", str(path)]})
+    cluster.start()
+    try:
+        owner, alice, bob, carol = (cluster.connect(w) for w in ("owner", *PARTIES, "carol"))
+        skeleton = tiny("gpt2", seed=2)  # the client's copy: other values, never used
+        held = mpc.share(mpc.offered(skeleton, owner), alice, bob, crypto_provider=carol)
+        prompt = prompt_of(14)
+        with mpc.stats() as s:
+            out = mpc.generate(held, prompt, 4, max_length=MAX_LENGTH)
+        assert torch.equal(out, plaintext(plain, prompt, 4))
+        assert s.rounds > 0
+    finally:
+        cluster.stop()
