@@ -14,6 +14,7 @@ from mpc.errors import MPCError
 from mpc.offered import buffer_is_secret, is_offered, share_offered
 from mpc.ops.backward import track_grad
 from mpc.protocols.weights.run import mark_fixed
+from mpc.registry import hook
 from mpc.session import Session, session_for
 from mpc.shared import SharedTensor, share_tensor
 from pointers.pointer_tensor import PointerTensor
@@ -126,6 +127,7 @@ def share(
     return shared
 
 
+@hook("module_get")
 def get(x: Any) -> Any:
     """Reconstruct a shared tensor, or every shared parameter and buffer of a model (in
     place: each becomes a plain ``nn.Parameter`` with the same ``requires_grad``; a shared

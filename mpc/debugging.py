@@ -42,6 +42,7 @@ import torch
 
 from mpc import ranges
 from mpc.errors import MPCError
+from mpc.registry import hook
 from mpc.session import recording
 from mpc.shared import SharedTensor
 
@@ -133,9 +134,10 @@ _METADATA = {
 }
 
 
+@hook("function")
 def refuse_foreign(func: Any, args: Any, kwargs: Any) -> None:
     """Refuse an op on a held or owned value (a SharedTensor subclass) in the mode."""
-    if getattr(func, "__name__", "") in _METADATA:
+    if _STATE.get() is None or getattr(func, "__name__", "") in _METADATA:
         return
     for t in _tensors(args, kwargs or {}):
         if isinstance(t, SharedTensor) and type(t) is not SharedTensor:
@@ -166,6 +168,7 @@ def _plain(a: Any) -> Any:
     return a
 
 
+@hook("run")
 def run_checked(
     func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Any]
 ) -> Any:
@@ -260,7 +263,7 @@ def _compare_indices(func: Any, plain: Any, out: Any, want: Any) -> None:
 
 
 _EXACT = {
-    *(op for op in ranges._SAME if ranges.RULES.get(op) is ranges._first),
+    *(op for op in ranges.SAME if ranges.RULES.get(op) is ranges.same_entries),
     aten.add.Tensor,
     aten.add.Scalar,
     aten.sub.Tensor,

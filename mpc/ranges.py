@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from mpc.math.encoding import FixedPointRangeWarning
+from mpc.math.encoding import FixedPointRangeWarning, abs_sums
 from mpc.ops.masking import MASK_BELOW, MASKED_VALUE
+from mpc.registry import hook
 from mpc.shared import SharedTensor
 
 aten = torch.ops.aten
@@ -82,7 +83,7 @@ def _known(*bs: Bound) -> bool:
 # -- the rules: the bound of an op's result from its operands' -----------------------------
 
 
-def _first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
+def same_entries(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     """A value's own entries, moved or selected (views, max, pooling, ReLU, |x|, GELU)."""
     for a in args:
         if isinstance(a, SharedTensor):
@@ -114,17 +115,6 @@ def _add(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
 def _mul(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     a, b = bound_of(args[0]), bound_of(args[1])
     return None if a is None or b is None else a * b
-
-
-def abs_sums(t: torch.Tensor) -> tuple[float, float] | None:
-    """For a matrix (or a batch of them) the client shares: the largest sum of |t| down a
-    column (over dim -2) and along a row (over dim -1). A matmul's result is bounded by
-    the other operand's bound times the sum along the contraction: exact for inputs at
-    their bound with t's signs, where bound times bound times the length is not."""
-    if t.dim() < 2 or t.numel() == 0 or not t.is_floating_point():
-        return None
-    a = t.detach().abs().double()
-    return float(a.sum(dim=-2).max()), float(a.sum(dim=-1).max())
 
 
 def _sums_of(t: Any) -> tuple[float, float] | None:
@@ -265,7 +255,7 @@ def _attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     return bound_of(args[2])  # a convex combination of the values
 
 
-_SAME = [
+SAME = [
     aten.view.default,
     aten._unsafe_view.default,
     aten.reshape.default,
@@ -314,51 +304,49 @@ _SAME = [
     aten.std.correction,
 ]
 
-RULES: dict[Any, Rule] = {op: _first for op in _SAME}
-RULES.update(
-    {
-        aten.cat.default: _cat,
-        aten.stack.default: _cat,
-        aten.where.self: _where,
-        aten.add.Tensor: _add,
-        aten.add.Scalar: _add,
-        aten.sub.Tensor: _add,
-        aten.sub.Scalar: _add,
-        aten.rsub.Tensor: _add,
-        aten.rsub.Scalar: _add,
-        aten.mul.Tensor: _mul,
-        aten.mul.Scalar: _mul,
-        aten.mm.default: _mm,
-        aten.bmm.default: _mm,
-        aten.mv.default: _mm,
-        aten.dot.default: _mm,
-        aten.addmm.default: _addmm,
-        aten.baddbmm.default: _addmm,
-        aten.convolution.default: _conv,
-        aten.sum.default: _sum,
-        aten.sum.dim_IntList: _sum,
-        aten.div.Tensor: _div,
-        aten.div.Scalar: _div,
-        aten.sigmoid.default: _unit,
-        aten.tanh.default: _unit,
-        aten._softmax.default: _unit,
-        aten._safe_softmax.default: _unit,
-        aten.exp.default: _exp,
-        aten.sqrt.default: _sqrt,
-        aten.pow.Tensor_Scalar: _pow,
-        aten.clamp.default: _clamp,
-        aten.clamp.Tensor: _clamp,
-        aten.hardtanh.default: _clamp,
-        aten.masked_fill.Scalar: _masked_fill,
-        aten.masked_fill.Tensor: _masked_fill,
-        aten.embedding.default: _embedding,
-        aten.native_layer_norm.default: _layer_norm,
-        aten.var.correction: _square,
-        aten.var_mean.correction: _square,
-        aten.mse_loss.default: _mse,
-        aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
-    }
-)
+RULES: dict[Any, Rule] = {
+    **{op: same_entries for op in SAME},
+    aten.cat.default: _cat,
+    aten.stack.default: _cat,
+    aten.where.self: _where,
+    aten.add.Tensor: _add,
+    aten.add.Scalar: _add,
+    aten.sub.Tensor: _add,
+    aten.sub.Scalar: _add,
+    aten.rsub.Tensor: _add,
+    aten.rsub.Scalar: _add,
+    aten.mul.Tensor: _mul,
+    aten.mul.Scalar: _mul,
+    aten.mm.default: _mm,
+    aten.bmm.default: _mm,
+    aten.mv.default: _mm,
+    aten.dot.default: _mm,
+    aten.addmm.default: _addmm,
+    aten.baddbmm.default: _addmm,
+    aten.convolution.default: _conv,
+    aten.sum.default: _sum,
+    aten.sum.dim_IntList: _sum,
+    aten.div.Tensor: _div,
+    aten.div.Scalar: _div,
+    aten.sigmoid.default: _unit,
+    aten.tanh.default: _unit,
+    aten._softmax.default: _unit,
+    aten._safe_softmax.default: _unit,
+    aten.exp.default: _exp,
+    aten.sqrt.default: _sqrt,
+    aten.pow.Tensor_Scalar: _pow,
+    aten.clamp.default: _clamp,
+    aten.clamp.Tensor: _clamp,
+    aten.hardtanh.default: _clamp,
+    aten.masked_fill.Scalar: _masked_fill,
+    aten.masked_fill.Tensor: _masked_fill,
+    aten.embedding.default: _embedding,
+    aten.native_layer_norm.default: _layer_norm,
+    aten.var.correction: _square,
+    aten.var_mean.correction: _square,
+    aten.mse_loss.default: _mse,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
+}
 
 # Ops whose result (or a product inside them) is a product of two fixed-point values
 # before its truncation: its ring value must stay below 2^62. The value checked is the
@@ -594,6 +582,12 @@ def _swaps_last_two(func: Any, args: tuple[Any, ...]) -> bool:
         dims = {d % x.dim() for d in args[1:3]}
         return dims == {x.dim() - 1, x.dim() - 2}
     return False
+
+
+@hook("result")
+def after_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    """Every op on shared tensors: check its result's range and give it its bound."""
+    propagate(out, check(func, args, kwargs, out), func, args)
 
 
 def propagate(out: Any, bound: Bound, func: Any = None, args: tuple[Any, ...] = ()) -> None:

@@ -15,11 +15,12 @@ import torch
 import pointers as pt
 from mpc import accounting, config
 from mpc.errors import MPCError, ShapeError, UnsupportedOpError
-from mpc.math.encoding import decode, encode
+from mpc.math.encoding import abs_sums, decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.protocols.parties import run_step
 from mpc.protocols.seeds.steps import share_from_seed
 from mpc.protocols.truncation.run import truncate
+from mpc.registry import HOOKS, LAZY, OPS
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
@@ -159,9 +160,9 @@ class SharedTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if func in _MATMULS or func is _LINEAR:
             check_product_shapes(func, args)  # (before torch folds the operands' shapes)
-        debug = _debug()
-        if debug.active():  # (a held or owned value is refused before anything opens)
-            debug.refuse_foreign(func, args, kwargs)
+        refuse = HOOKS.get("function")
+        if refuse is not None:  # (mpc.debugging: a value the client does not own)
+            refuse(func, args, kwargs or {})
         # vector @ matrix: torch decomposes it into mm(v.unsqueeze(0), W).squeeze_(0), an
         # in-place change of shape a wrapper cannot make; do it out of place instead
         if func in _MATMULS and len(args) == 2 and not kwargs:
@@ -209,7 +210,7 @@ class SharedTensor(torch.Tensor):
             raise MPCError(
                 "this shared value was reconstructed with get(), which frees its shares at "
                 "the workers (as PySyft's get() does): use the tensor get() returned, or "
-                "keep the shared value with x.clone().get() (x.copy().get())"
+                "keep the shared value with x.get(delete=False) or x.clone().get()"
             )
         d = self.deferred
         if d is not None:
@@ -238,15 +239,17 @@ class SharedTensor(torch.Tensor):
             self.pending = 0
         return self
 
-    def get(self) -> torch.Tensor:
+    def get(self, delete: bool = True) -> torch.Tensor:
         """Reconstruct the value at the caller, and free its shares (as PySyft's ``get()``
         did): the pointers to them are dropped, and each worker deletes its share once no
         other shared value uses it (a value made from this one by a local op may hold the
-        same shares). Using this SharedTensor afterwards raises an error that says so;
-        ``x.clone().get()`` keeps ``x``.
+        same shares). Using this SharedTensor afterwards raises an error that says so.
+        ``delete=False`` (as a pointer's ``get(delete=False)``) keeps the shares and the
+        shared value (CrypTen's ``get_plain_text()`` does).
         """
         value = self._open()
-        self.release()
+        if delete:
+            self.release()
         return value
 
     def _open(self) -> torch.Tensor:
@@ -273,9 +276,7 @@ class SharedTensor(torch.Tensor):
     def __module_get__(module: Any) -> Any:
         """``pointers.get(model)`` / ``model.get()`` on a model with shared tensors: each
         is reconstructed for the client that shared it (:func:`mpc.get`)."""
-        from mpc.api import get
-
-        return get(module)
+        return HOOKS["module_get"](module)
 
     def reconstruct(self) -> torch.Tensor:
         return self.get()
@@ -348,8 +349,6 @@ class SharedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from mpc.registry import LAZY, OPS
-
         handler = OPS.get(func)
         if handler is None:
             raise UnsupportedOpError(str(func))
@@ -376,22 +375,11 @@ class SharedTensor(torch.Tensor):
                             t.materialize()
                 return handler(func, args, kwargs)
 
-        debug = _debug()
-        out = debug.run_checked(func, args, kwargs, run) if debug.active() else run()
-        _ranges().propagate(out, _ranges().check(func, args, kwargs, out), func, args)
+        runner, after = HOOKS.get("run"), HOOKS.get("result")
+        out = runner(func, args, kwargs, run) if runner is not None else run()
+        if after is not None:
+            after(func, args, kwargs, out)
         return out
-
-
-def _ranges() -> Any:
-    from mpc import ranges  # (it reads SharedTensor: imported at the first op)
-
-    return ranges
-
-
-def _debug() -> Any:
-    from mpc import debugging  # (as _ranges)
-
-    return debugging
 
 
 class MaxResult(NamedTuple):
@@ -462,7 +450,7 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     out = SharedTensor(shares, session, f, dtype)
     out.bound = bound
     if bound is not None and x.dim() >= 2:
-        out.abs_sums = _ranges().abs_sums(x)
+        out.abs_sums = abs_sums(x)
     return out
 
 

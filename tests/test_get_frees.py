@@ -45,10 +45,11 @@ def test_a_value_made_from_it_keeps_working_and_the_got_one_says_why(workers):
         x.get()
 
 
-def test_clone_get_keeps_the_shared_value(workers):
+def test_clone_get_and_get_delete_false_keep_the_shared_value(workers):
     bob, alice, _, carol = workers
     x = mpc.share(torch.tensor([3.0]), bob, alice, crypto_provider=carol)
     assert torch.equal(x.clone().get(), torch.tensor([3.0]))
+    assert torch.equal(x.get(delete=False), torch.tensor([3.0]))  # (as a pointer's)
     gc.collect()
     assert torch.equal((x * x).get(), torch.tensor([9.0]))
 

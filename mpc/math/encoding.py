@@ -23,6 +23,7 @@ import torch
 __all__ = [
     "EncodingError",
     "FixedPointRangeWarning",
+    "abs_sums",
     "decode",
     "encode",
     "max_safe_value",
@@ -140,3 +141,14 @@ def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) 
             f"decoding to integer dtype {dtype} needs frac_bits=0, got frac_bits={frac_bits}"
         )
     return x.to(dtype)
+
+
+def abs_sums(t: torch.Tensor) -> tuple[float, float] | None:
+    """For a matrix (or a batch of them) the client shares: the largest sum of |t| down a
+    column (over dim -2) and along a row (over dim -1). A matmul's result is bounded by
+    the other operand's bound times the sum along the contraction: exact for inputs at
+    their bound with t's signs, where bound times bound times the length is not."""
+    if t.dim() < 2 or t.numel() == 0 or not t.is_floating_point():
+        return None
+    a = t.detach().abs().double()
+    return float(a.sum(dim=-2).max()), float(a.sum(dim=-1).max())
