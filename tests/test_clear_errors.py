@@ -39,7 +39,6 @@ def _raises_early(trio, fn, error, match):
     inside = [f.name for f in frames if "/mpc/" in f.filename or "/pointers/" in f.filename]
     # raised by the shape check at the op, not by torch's meta kernels below it
     assert inside[-1] in ("check_product_shapes", "_out_shape", "_long_indices"), inside
-    assert len(inside) <= 6, inside
     return str(info.value)
 
 
