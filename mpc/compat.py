@@ -67,9 +67,10 @@ def share_remote(
     fixed point and splits it into one additive share per party with its own CSPRNG
     (:func:`mpc.secure_aggregation.share_update`), then delivers each share to its party,
     party to party. The client never holds the value nor a share; the worker keeps the
-    original (and a share only if it is a party). The value is the worker's owner's, not
-    the client's: it opens only inside an aggregate of at least two owners' values
-    (``(a + b).get()``, its release rule, :mod:`mpc.release`)."""
+    original (and a share only if it is a party). The value opens only inside an
+    aggregate of at least two owners' values (``(a + b).get()``, its release rule,
+    :mod:`mpc.release`); a data owner's own data (:mod:`pointers.worker.owners`) is shared
+    this way only if its owner's count is 1 (its weight here), into the session's round."""
     from mpc.release import MIN_OWNERS, owned
     from mpc.secure_aggregation import SHARE_FUNCTION, install, update_bound
 
@@ -89,7 +90,7 @@ def share_remote(
     shares = pt_call_function(
         worker,
         SHARE_FUNCTION,
-        [x, f, session.n, update_bound(f, 1), 1, MIN_OWNERS],
+        [x, f, session.n, update_bound(f, 1), 1, MIN_OWNERS, session.round],
         out=[(shape, torch.int64)] * session.n,
     )
     moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]

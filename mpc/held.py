@@ -49,7 +49,7 @@ True
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -164,7 +164,7 @@ def approve(
 
 
 def _policy(
-    model: nn.Module, approvals: dict[str, Sequence[str]], frac_bits: int | None
+    model: nn.Module, approvals: Mapping[str, Sequence[str]], frac_bits: int | None
 ) -> holding.Policy:
     f = frac_bits if frac_bits is not None else getattr(approvals, "frac_bits", None)
     f = MPCConfig().frac_bits if f is None else f
@@ -184,7 +184,7 @@ def _policy(
 def offer(
     model: nn.Module,
     worker: Any,
-    approvals: dict[str, Sequence[str]],
+    approvals: Mapping[str, Sequence[str]],
     frac_bits: int | None = None,
 ) -> nn.Module:
     """The owner's side, in process: register ``model``'s values (each parameter and
@@ -208,7 +208,7 @@ def offer(
 
 def save_offer(
     model: nn.Module,
-    approvals: dict[str, Sequence[str]],
+    approvals: Mapping[str, Sequence[str]],
     path: Any,
     frac_bits: int | None = None,
 ) -> None:

@@ -1,16 +1,20 @@
 """Release rules: values shared by an owner other than the client open only as the owner
 allowed.
 
-A data owner's value shared at its own worker (:func:`mpc.secure_aggregation.share_update`,
+A value a worker shares into an aggregation (:func:`mpc.secure_aggregation.share_update`,
 run by ``SecureAggregator`` and by PySyft's ``x_ptr.share(...)``) is not the client's to
-open. Its shares leave the owner's worker sealed, labelled with the owner and its rule
-(:mod:`pointers.worker.sealing`): no client can fetch them, run an op on them, or send
-them on. The rule, **an aggregate of at least k owners** (k >= 2), is enforced by every
-party: the one step that takes such shares, ``mpc.release_sum``, adds a party's shares of
-at least k distinct owners' values, each delivered by its owner and used once, into an
-ordinary share of the sum, which the client may open. Each party checks this on its own,
-so whatever the client sends to whom, what it can open are sums over groups of at least
-k owners (a party's share of one owner's value is uniformly random on its own).
+open. Its shares leave the worker sealed, labelled with the worker, its rule, where the
+value came from (a data owner's own data, :mod:`pointers.worker.owners`, or a value the
+client sent), its weight, scale and round (:mod:`mpc.material.owned`): no client can fetch
+them, run an op on them, or send them on. The rule, **an aggregate of at least k owners**
+(k >= 2), is enforced by every party: the one step that takes such shares,
+``mpc.release_sum``, adds a party's shares into an ordinary share of the sum, which the
+client may open, only for values of one kind, one scale, at least k distinct workers; an
+owner's data only of the deployment's listed owners, of one round, each within the
+deployment's bound on weights. The owner's worker shares an owner's data at the owner's
+count, once. Each party checks this on its own, so whatever the client sends to whom, what
+it can open are sums over groups of owners (a party's share of one owner's value is
+uniformly random on its own).
 
 On the client, an :class:`OwnedShared` refuses every op but ``+`` with other owned
 values; ``a + b + c`` is an :class:`OwnedSum`, whose ``get()`` runs the release at every
@@ -18,10 +22,6 @@ party and opens the sum. ``a.get()`` is PySyft's fetch of the shared tensor (Par
 ``encrypted_param.get()``): it returns the value *still shared*, an :class:`OwnedShared`
 marked fetched, and moves and reveals nothing; ``get()`` on that, which would open the one
 owner's value, raises :class:`ReleaseRuleError`, as does ``float_precision()``.
-
-What this does not cover: a client that drives the data owner's worker can still fetch
-the owner's *own* objects there (a data owner's policy for its raw data is not there
-yet); the rule covers what is shared through the protocol.
 """
 
 from __future__ import annotations

@@ -25,12 +25,21 @@ Who learns what (semi-honest parties, no collusion among all m aggregators):
   worker that is also an aggregator holds the same about the other workers' updates;
 - all m aggregators together could reconstruct every update: that is the trust assumption.
 
+An update is either a value the client computed or sent at the data worker (federated
+training drives the data workers: the update is then the client's, and the parties may be
+data workers too), or a data owner's own data at its worker (:func:`pointers.own`, ``serve
+--data``), which the worker shares only at the owner's count as ``n_k``, once, into the
+aggregator's round; the parties then add it only for the owners their deployment lists
+(never themselves), with each ``n_k`` within the deployment's bound
+(:mod:`mpc.material.owned`).
+
 The per-worker mean training loss travels inside the update (see :func:`pointers.federated.fedavg`),
 so only its weighted mean is revealed too.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,11 +76,14 @@ def share_update(
     bound: float,
     weight: int = 1,
     min_owners: int = MIN_OWNERS,
+    round: str = "",
 ) -> list[torch.Tensor]:
     """Run at the data worker: encode ``weight * update`` and split it into ``n_shares``
     additive shares, sealed with this worker as their owner and the release rule "an
     aggregate of at least ``min_owners`` owners" (:mod:`mpc.release`): no client can open
-    one owner's value. Each value is shared once.
+    one owner's value. Each value is shared once. An owner's own data
+    (:mod:`pointers.worker.owners`) is shared only at the owner's count as ``weight``,
+    into round ``round``, once whatever the round (:mod:`mpc.material.owned`).
 
     ``bound`` is public: a value with ``|u| >= bound`` could overflow the weighted sum, so
     the worker refuses it (the only thing an error tells is that the bound was exceeded).
@@ -144,9 +156,16 @@ class SecureAggregator:
     def frac_bits(self) -> int:
         return self.session.config.frac_bits
 
+    def next_round(self) -> str:
+        """Start a new round (each :meth:`aggregate` starts one): the parties add values of
+        one round only. Returns the round's id."""
+        self.session.round = os.urandom(8).hex()
+        return self.session.round
+
     def share_update(self, update: pt.PointerTensor, weight: int = 1) -> OwnedShared:
         """Have ``update``'s worker share ``weight * update`` among the parties (steps 1-2
-        above).
+        above), into the current round. For an owner's own data, ``weight`` must be the
+        owner's count.
 
         The returned :class:`~mpc.release.OwnedShared` is encoded at ``frac_bits``; the
         worker keeps no share (unless it is itself a party). It opens only inside an
@@ -168,7 +187,7 @@ class SecureAggregator:
         shares = pt.call_function(
             worker,
             SHARE_FUNCTION,
-            [update, f, m, bound, weight, MIN_OWNERS],
+            [update, f, m, bound, weight, MIN_OWNERS, self.session.round],
             out=[(shape, torch.int64)] * m,
         )
         moved = [s.move(p) for s, p in zip(shares, self.parties)]  # type: ignore[union-attr]
@@ -186,6 +205,7 @@ class SecureAggregator:
                 f"workers' updates (their release rule), got updates from {sorted(owners)}"
             )
         bound = update_bound(self.frac_bits, total)
+        self.next_round()
         # each owner weights its own update by its public count n_k; the parties add
         # the shares (the release of an aggregate of at least two owners)
         terms = [self._share(update, bound, n) for update, n in updates]

@@ -89,6 +89,9 @@ class Session:
         # nonces start at a random 48-bit point: they are public, but must be unique per
         # seed, and a recorded plan tells them from other integers by their value
         self._nonces = itertools.count(int.from_bytes(os.urandom(6), "little") << 8)
+        # the round of the owners' values shared into this session's aggregates (mpc.release:
+        # the parties add the values of one round only); SecureAggregator starts new ones
+        self.round = os.urandom(8).hex()
         for w in parties + ([crypto_provider] if crypto_provider is not None else []):
             install(w)
         for p in parties:

@@ -42,6 +42,7 @@ from pointers.worker.base import VirtualWorker, Worker
 from pointers.worker.chains import PointerChains
 from pointers.worker.client import WorkerStats
 from pointers.worker.lanes import concurrently
+from pointers.worker.owners import DataPolicy, OwnedData, own, save_data
 
 # The registrations made as pointers loads, in this one place (tests/test_layering.py
 # allows module-level calls nowhere else): a pointer's chain methods, handed down to
@@ -67,6 +68,10 @@ if TYPE_CHECKING:  # the lazily loaded names (_LAZY, __getattr__), for type chec
 __all__ = [
     "Aggregator",
     "concurrently",
+    "DataPolicy",
+    "OwnedData",
+    "own",
+    "save_data",
     "DecodeError",
     "FixedPrecisionTensor",
     "Optims",

@@ -142,6 +142,34 @@ def _parser() -> argparse.ArgumentParser:
         "approvals and its registered values, as mpc.save_offer writes them (held values, "
         "docs/security.md)",
     )
+    s.add_argument(
+        "--data",
+        metavar="FILE",
+        help="a data owner's data, served from this worker as the owner's (pointers.save_data "
+        "writes the file): clients find it by its tags and use it only as the owner allows "
+        "(docs/security.md)",
+    )
+    s.add_argument(
+        "--owner",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a data owner of this deployment (repeatable): as a party, this worker adds "
+        "shares of listed owners' values only; never a --peer worker",
+    )
+    s.add_argument(
+        "--min-owners",
+        type=int,
+        default=2,
+        help="the least number of distinct listed owners an aggregate spans (default 2)",
+    )
+    s.add_argument(
+        "--max-weight",
+        type=int,
+        default=1 << 16,
+        help="the largest weight (an owner's count) of a value this party adds into an "
+        "aggregate (default 65536)",
+    )
     return p
 
 
@@ -185,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             from pointers.worker.holding import load_offer
 
             offer = load_offer(args.offer)
+        from pointers.worker.owners import DataPolicy, load_data
+
+        data_owners = DataPolicy(
+            args.owner,
+            min_owners=args.min_owners,
+            max_weight=args.max_weight,
+            data=load_data(args.data) if args.data else (),
+        )
         config = ServerConfig(
             worker_id=args.id,
             host=args.host,
@@ -205,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             max_queued_programs=args.max_queued_programs,
             data_port=args.data_port,
             offer=offer,
+            data_owners=data_owners,
             **({} if args.data_plane is None else {"data_plane": args.data_plane}),
         )
         serve(config, watch_stdin=args.watch_stdin, exit_when_stopped=True)

@@ -25,6 +25,7 @@ BOTH_WORKER_KINDS = {
     "test_weight_instances",
     "test_share_pieces",
     "test_release_rules",
+    "test_fss_attacks",
     "test_federated",
     "test_pysyft_compat",
 }

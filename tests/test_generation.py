@@ -311,12 +311,13 @@ def test_an_unapproved_generation_is_refused(dep: Deployment) -> None:
     with pytest.raises(REFUSED, match="approved"):
         progs.prefill(dep.rows(prompt_of(13))).get()
     with pytest.raises(mpc.MPCError, match="after"):
-        dep.programs().step(dep.rows(torch.tensor([[1]])))
+        HeldPrograms(dep.held, dep.session, PROMPT, MAX_LENGTH).step(dep.rows(torch.tensor([[1]])))
     with pytest.raises(mpc.MPCError, match="prompts of 5 tokens"):
         dep.programs().prefill(dep.rows(prompt_of(13, length=PROMPT + 1)))
 
 
 @pytest.mark.network
+@pytest.mark.slow
 def test_held_generation_on_served_workers(tmp_path: Any) -> None:
     """The owner serves its worker with its offer file; the client holds the architecture
     only; the parties check every run against the owner's approvals (recorded in process
@@ -345,3 +346,80 @@ def test_held_generation_on_served_workers(tmp_path: Any) -> None:
         assert s.rounds > 0
     finally:
         cluster.stop()
+
+
+# -- several tokens a pass: the client's drafts verified on shares ------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculation_gives_the_greedy_tokens_and_opens_nothing_past_the_correction(
+    k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny("gpt2", seed=2)
+    prompt = prompt_of(15)
+    expected = plaintext(model, prompt, 10)
+    parties, carol = workers()
+    mpc.share(model, *parties, crypto_provider=carol)
+    opened: list[list[int]] = []
+    get = mpc.SharedTensor.get
+
+    def spy(self: mpc.SharedTensor) -> torch.Tensor:
+        value = get(self)
+        opened.append(value.reshape(-1).tolist())
+        return value
+
+    monkeypatch.setattr(mpc.SharedTensor, "get", spy)
+    truth = expected[0].tolist()
+    calls: list[int] = []
+
+    def oracle_then_wrong(tokens: list[int], n: int) -> list[int]:
+        """Right drafts on even passes (all accepted), wrong ones on odd passes."""
+        calls.append(1)
+        done = len(tokens) - prompt.shape[1]
+        right = (truth + [0] * n)[done : done + n]
+        return right if len(calls) % 2 else [(t + 1) % VOCAB for t in right]
+
+    passes: list[int] = []
+    out = mpc.generate(model, prompt, 10, drafts=k, draft=oracle_then_wrong, passes=passes)
+    assert torch.equal(out, expected)
+    assert passes[0] < 10  # fewer passes than tokens
+    for values in opened[1:]:  # each pass: accepted tokens and a correction, then -1 only
+        assert len(values) == k + 1
+        shown = [v for v in values if v >= 0]
+        assert values == shown + [-1] * (k + 1 - len(shown)) and shown
+    # a wrong first draft reveals one token (the correction), a right run k + 1
+    assert {len([v for v in values if v >= 0]) for values in opened[1:-1]} <= {1, k + 1}
+
+
+def test_speculation_with_prompt_lookup_on_a_held_model(dep: Deployment) -> None:
+    """The owner approves the drafts' pass too; the parties advance their rows by k + 1
+    a pass whatever is accepted (the count accepted stays shared)."""
+    k = 2
+    owner_model = tiny("gpt2")
+    approval = mpc.approve_generation(
+        owner_model, prompt_length=PROMPT, max_length=MAX_LENGTH + 12, parties=PARTIES,
+        crypto_provider="carol", drafts=k,
+    )  # fmt: skip
+    plain = copy.deepcopy(owner_model)
+    model_ptr = mpc.offer(owner_model, pt.VirtualWorker("owner-spec"), approval)
+    held = mpc.share(model_ptr, *dep.parties, crypto_provider=dep.carol)
+    prompt = prompt_of(16)
+    passes: list[int] = []
+    out = mpc.generate(held, prompt, 6, max_length=MAX_LENGTH + 12, drafts=k, passes=passes)
+    assert torch.equal(out, plaintext(plain, prompt, 6))
+    progs = mpc.generation.programs(held, PROMPT, MAX_LENGTH + 12, drafts=k)
+    t = [e for e in kept(dep.parties[0]).items()]
+    assert t  # (the prefill kept its state; every value of it stays sealed, as above)
+    assert isinstance(progs, HeldPrograms) and progs.ready
+    with pytest.raises(mpc.MPCError, match="used up"):  # (the client's own bound)
+        zeros = lambda tokens, n: [0] * n  # noqa: E731  (mostly wrong: a token or two a pass)
+        mpc.generate(held, prompt, 15, max_length=MAX_LENGTH + 12, drafts=k, draft=zeros)
+
+
+def test_prompt_lookup_proposes_what_followed_the_last_ngram() -> None:
+    from mpc.generation.speculative import prompt_lookup
+
+    assert prompt_lookup([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]
+    assert prompt_lookup([1, 2, 3, 1, 2, 3, 1], 2) == [2, 3]
+    assert prompt_lookup([9, 8, 7], 2) == [7, 7]  # no earlier n-gram: the last token
+    assert prompt_lookup([4, 4], 3) == [4, 4, 4]

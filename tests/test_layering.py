@@ -95,6 +95,7 @@ POINTERS_ORDER = [
     "pointers.errors",
     # the wire: messages, serialisation, the op allow-list
     "pointers.wire.serde",
+    "pointers.wire.files",
     "pointers.wire.ops",
     "pointers.wire.messages",
     "pointers.wire",
@@ -106,6 +107,7 @@ POINTERS_ORDER = [
     "pointers.worker.memory",
     "pointers.worker.sealing",
     "pointers.worker.holding",
+    "pointers.worker.owners",
     "pointers.worker.store",
     "pointers.worker.functions",
     "pointers.worker.execution",

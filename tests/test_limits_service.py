@@ -307,6 +307,9 @@ class _Liar(WorkerServer):
             msg = decode_message(header, buffers)
             if type(msg) is Search:
                 h, b = encode_message(Reply([[1, [2], "x", "float32", [], ""]]))
+            elif type(msg) is CallFunction and msg.want_meta and msg.name == "huge":
+                huge = [[2**40, 2**40], [2**40, 1], "float32"]  # 2^80 elements
+                h, b = encode_message(Reply([False, [huge]]))
             elif type(msg) is CallFunction and msg.want_meta:
                 h, b = encode_message(Reply([False, [[[-1], [1], "no-such-dtype"]]]))
             elif type(msg) is Fetch:
@@ -349,6 +352,14 @@ def test_malformed_replies_raise_decode_errors_naming_the_worker(liar: pt.Networ
     x = pt.send(torch.ones(2), liar)
     with pytest.raises(DecodeError, match=named + ": a tensor shape"):
         call_function(liar, "mpc.anything", [x])  # its outputs described by the worker
+
+
+def test_an_output_too_large_to_exist_is_a_decode_error(liar: pt.NetworkWorker) -> None:
+    """A reply that describes an output of 2^40 x 2^40 elements (issue 39, finding 6)
+    gave the client torch's RuntimeError ("numel: integer multiplication overflow")."""
+    x = pt.send(torch.ones(2), liar)
+    with pytest.raises(DecodeError, match="worker 'liar' at .* sent a malformed reply: .*elements"):
+        call_function(liar, "huge", [x])
 
 
 def test_a_huge_reply_header_is_refused_before_it_is_decoded(liar: pt.NetworkWorker) -> None:

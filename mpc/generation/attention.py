@@ -59,7 +59,7 @@ def static_cache_attention(
         keep = torch.ones(length, capacity, dtype=torch.bool).tril()
         scores = select_public(keep, scores, float("-inf"))
     else:
-        scores = positions.mask_scores(scores)
+        scores = state.mask_extra(positions.mask_scores(scores))
     attn = softmax(aten._softmax.default, (scores, -1, False), {})
     out = bilinear_op(attn, value, "matmul", {})
     return out.transpose(1, 2), None

@@ -82,6 +82,10 @@ class Decoder:
     def prefill(self) -> bool:
         return self.cache.prefill
 
+    def mask_extra(self, scores: SharedTensor) -> SharedTensor:
+        """A step's scores after the positions' mask (a subclass masks more)."""
+        return scores
+
     def run_prefill(self, model: nn.Module, rows: SharedTensor) -> SharedTensor:
         """The prompt's one-hot rows (b, T, vocab) through the model; the argmax (b, 1)."""
         b, length = rows.shape[0], rows.shape[1]
@@ -152,11 +156,21 @@ def _recorded_bindings(variant: Programs) -> list[int]:
 
 
 class PlainPrograms:
-    """A client-shared model's prefill and step programs (recorded as they first run)."""
+    """A client-shared model's prefill and step programs (recorded as they first run).
+    ``decoder``: another :class:`Decoder` (a speculative one), whose ``later`` method is
+    the later program (default ``run_step``)."""
 
-    def __init__(self, model: nn.Module, session: Session, capacity: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        session: Session,
+        capacity: int,
+        decoder: Decoder | None = None,
+        later: str = "run_step",
+    ) -> None:
         self.model, self.session = model, session
-        self.decoder = Decoder(model, session, capacity)
+        self.decoder = decoder or Decoder(model, session, capacity)
+        self.later_name = later
         self.plan: SharedPlan | None = None
         self.later: Programs | None = None
         self.prefills = 0
@@ -179,20 +193,20 @@ class PlainPrograms:
         self.prefills += 1
         return out
 
-    def step(self, rows: SharedTensor) -> SharedTensor:
+    def step(self, rows: SharedTensor, *more: SharedTensor) -> SharedTensor:
         if self.plan is None:
             raise MPCError("a step runs after its generation's prefill")
         if self.later is None:
-            model, dec = self.model, self.decoder
+            model, fn = self.model, getattr(self.decoder, self.later_name)
             with weights.held_instances():
                 self.later = Programs(
-                    lambda x: dec.run_step(model, x), self.plan.workers, (rows,), self.plan._first
+                    lambda *xs: fn(model, *xs), self.plan.workers, (rows, *more), self.plan._first
                 )
             self.later.carry = self.carry
             out: SharedTensor = self.later.output
             self.later.output = None  # type: ignore[assignment]
             return out
-        return self.plan._run(self.later, (rows,))
+        return self.plan._run(self.later, (rows, *more))
 
 
 __all__ = ["Decoder", "PlainPrograms", "embedding", "keeps_last_logits", "one_hot_rows"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,32 +30,46 @@ import pointers as pt
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.generation.decoding import Decoder, embedding, one_hot_rows
+from mpc.generation.speculative import SpeculativeDecoder
 from mpc.held import RUN_WAIT, Approval, HeldPlan, registered_values
 from mpc.offered import HeldShared, secret_slots, tensor_at
 from mpc.session import Session
-from mpc.shared import SharedTensor
+from mpc.shared import SharedTensor, share_tensor
 
 
 def _plan(model: nn.Module, session: Session, prompt_length: int, capacity: int, batch: int,
-          owner_session: Session | None = None) -> tuple[HeldPlan, Decoder]:  # fmt: skip
+          owner_session: Session | None = None, drafts: int = 0,
+          ) -> tuple[HeldPlan, Decoder]:  # fmt: skip
     """The prefill's and the step's programs, recorded on stand-in weights (as the owner
-    records them to approve them, and as the client records them to run them)."""
+    records them to approve them, and as the client records them to run them); with
+    ``drafts``, the step is a pass that verifies that many drafts
+    (:mod:`mpc.generation.speculative`)."""
     if not 0 < prompt_length < capacity:
         raise ValueError(
             f"the prompt length ({prompt_length}) must be at least 1 and below the maximum "
             f"length ({capacity})"
         )
     vocab = embedding(model).weight.shape[0]
-    decoder = Decoder(model, session, capacity)
     prompt = one_hot_rows(torch.zeros(batch, prompt_length, dtype=torch.int64), vocab, session)
-    token = one_hot_rows(torch.zeros(batch, 1, dtype=torch.int64), vocab, session)
+    decoder: Decoder
+    later: Any
+    later_examples: tuple[SharedTensor, ...]
+    if drafts:
+        decoder = SpeculativeDecoder(model, session, capacity, drafts)
+        rows = one_hot_rows(torch.zeros(batch, drafts + 1, dtype=torch.int64), vocab, session)
+        ids = share_tensor(torch.zeros(batch, drafts, dtype=torch.int64), session)
+        later, later_examples = decoder.run_pass, (rows, ids)  # type: ignore[attr-defined]
+    else:
+        decoder = Decoder(model, session, capacity)
+        token = one_hot_rows(torch.zeros(batch, 1, dtype=torch.int64), vocab, session)
+        later, later_examples = decoder.run_step, (token,)
     plan = HeldPlan(
         model,
         prompt,
         call=decoder.run_prefill,
         owner_session=owner_session,
-        later_call=decoder.run_step,
-        later_examples=(token,),
+        later_call=later,
+        later_examples=later_examples,
     )
     return plan, decoder
 
@@ -68,14 +83,16 @@ def approve_generation(
     crypto_provider: str,
     config: MPCConfig | None = None,
     batch: int = 1,
+    drafts: int = 0,
 ) -> Approval:
     """The owner's side: record greedy decoding of ``model`` (a causal language model of
     ``transformers``, GPT-2 or Llama style) for prompts of ``prompt_length`` tokens (one
     length or several) and at most ``max_length`` tokens in all, on in-process workers
     named as the deployment's, and return per party the digests of the prefill's
-    program (one per prompt length) and of the step's. Pass it to ``mpc.offer`` (or
-    ``mpc.save_offer``). The client's generation must use the same lengths, batch and
-    config."""
+    program (one per prompt length) and of the step's. ``drafts``: the step verifies that
+    many drafts of the client's (:mod:`mpc.generation.speculative`; approve both modes by
+    merging two approvals). Pass it to ``mpc.offer`` (or ``mpc.save_offer``). The
+    client's generation must use the same lengths, batch, drafts and config."""
     lengths = [prompt_length] if isinstance(prompt_length, int) else list(prompt_length)
     cfg = config or MPCConfig()
     values = registered_values(model, cfg.frac_bits)
@@ -83,7 +100,7 @@ def approve_generation(
     for length in lengths:
         workers = [pt.VirtualWorker(p) for p in parties]
         session = Session(workers, pt.VirtualWorker(crypto_provider), cfg)
-        plan, _ = _plan(model, session, length, max_length, batch, owner_session=session)
+        plan, _ = _plan(model, session, length, max_length, batch, session, drafts)
         for w in workers:
             for d in plan.digests(w, values):
                 if d not in approval[w.id]:
@@ -98,11 +115,13 @@ class HeldPrograms:
     """A held model's prefill and step, recorded on stand-ins, run on the owner's shares."""
 
     def __init__(self, model: nn.Module, session: Session, prompt_length: int, capacity: int,
-                 batch: int = 1) -> None:  # fmt: skip
+                 batch: int = 1, drafts: int = 0) -> None:  # fmt: skip
         self.model, self.session = model, session
         self.prompt_length, self.batch = prompt_length, batch
         with torch.no_grad():
-            self.plan, self.decoder = _plan(model, session, prompt_length, capacity, batch)
+            self.plan, self.decoder = _plan(
+                model, session, prompt_length, capacity, batch, drafts=drafts
+            )
         self.ready = False  # a prefill ran: steps take what it kept
 
     def _weights(self) -> list[HeldShared]:
@@ -113,10 +132,10 @@ class HeldPrograms:
             )
         return ws  # type: ignore[return-value]
 
-    def _run(self, first: bool, rows: SharedTensor) -> SharedTensor:
+    def _run(self, first: bool, *inputs: SharedTensor) -> SharedTensor:
         plan = self.plan
         variant = plan._first if first else plan.later
-        out = plan._run(variant, (rows, *self._weights()), plan._held_fields(variant))
+        out = plan._run(variant, (*inputs, *self._weights()), plan._held_fields(variant))
         if first:
             plan.later.carry = plan.last_bindings
         for party in self.session.parties:  # (the output is released when the run ends)
@@ -135,10 +154,10 @@ class HeldPrograms:
         self.ready = True
         return out
 
-    def step(self, rows: SharedTensor) -> SharedTensor:
+    def step(self, rows: SharedTensor, *more: SharedTensor) -> SharedTensor:
         if not self.ready:
             raise MPCError("a step runs after its generation's prefill")
-        return self._run(False, rows)
+        return self._run(False, rows, *more)
 
 
 __all__ = ["HeldPrograms", "approve_generation"]

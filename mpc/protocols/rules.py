@@ -22,10 +22,18 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from pointers.worker.sealing import Label, ProtocolCall
+from pointers.worker.sealing import Label, ProtocolCall, seal
 
 SEED = "seed"  # the kind of a party's seed (mpc.protocols.seeds)
 OPENED = "open:"  # the prefix of an opened value's kind (mpc.protocols.opening)
+
+
+def kept(kind: str, nonce: int = 0, index: int = 0, extra: tuple[Any, ...] = ()) -> list[Any]:
+    """The label of material that stays at the party that made it: its share of a mask,
+    the dealer's material once it is split, a value opened here. It is never delivered:
+    a client that handed one party another party's share of a mask (or the dealer a value
+    opened with the dealer's mask) would show it the masked value."""
+    return seal(kind, nonce, index, deliveries=0, extra=extra)
 
 
 def instances(call: ProtocolCall) -> dict[tuple[str, int], Any]:

@@ -68,9 +68,20 @@ class ServerConfig:
     # registered values (serve --offer FILE; pointers.worker.holding.Policy), the same
     # object on every session's namespace
     offer: Any = field(default=None, compare=False, hash=False)
+    # data owners (pointers.worker.owners.DataPolicy): as a party, the deployment's listed
+    # owners, the least number an aggregate spans and the bound on each weight (serve
+    # --owner, --min-owners, --max-weight); as an owner's worker, its data (serve --data)
+    data_owners: Any = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         check_identity(self.worker_id)
+        for owner in getattr(self.data_owners, "owners", ()):
+            check_identity(owner)
+            if owner == self.worker_id or owner in dict(self.peers):
+                raise ValueError(
+                    f"{owner!r} is this worker or one of its --peer workers: a computing "
+                    "party or the dealer is never a data owner (--owner)"
+                )
         for party in getattr(self.offer, "approvals", {}):
             check_identity(party)
         if self.insecure:

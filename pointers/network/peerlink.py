@@ -368,4 +368,4 @@ class PeerLink:
                 return
             self._closed = True
             self._cond.notify_all()
-        self.server.release_link(self.peer, self.address)
+        self.server.release_link(self.peer, self.address, self.client)

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from pointers.errors import NotAllowedError, PartyUnavailable, PointerError
+from pointers.errors import LimitExceeded, NotAllowedError, PartyUnavailable, PointerError
 from pointers.network.certs import PARTY, Credentials, check_identity
 from pointers.network.config import ServerConfig
 from pointers.network.dataplane import (
@@ -54,6 +54,10 @@ from pointers.network.transport import (
 )
 from pointers.wire.messages import Store
 
+# distinct (peer, address) pairs the sessions of one client identity may link this worker
+# to at once (each may hold a channel and a data connection: two descriptors here, one at
+# the peer)
+MAX_IDENTITY_PEERS = 64
 DATA_PLANE_RETRY = 5.0  # s a worker delivers over gRPC after failing to open a data link,
 DATA_PLANE_RETRY_MAX = 120.0  # doubled at each failure in a row, up to this
 
@@ -88,6 +92,8 @@ class PeerLinks:
         self._checking: dict[tuple[str, str], threading.Lock] = {}  # peers being checked
         self._check_failed: dict[tuple[str, str], tuple[float, str]] = {}  # when, why
         self._link_count: dict[tuple[str, str], int] = {}  # open sessions' links per channel
+        # per client identity, its sessions' links per (peer, address)
+        self._identity_links: dict[str, dict[tuple[str, str], int]] = {}
         # the data links to peers by (peer, address), or until when to deliver without
         self._data_links: dict[tuple[str, str], DataLink | _NoLink] = {}
         self._data_lock = threading.Lock()
@@ -96,12 +102,18 @@ class PeerLinks:
         """The delivery call to ``peer`` at ``address``. A channel is opened only once
         the server there proved to be the party certificate of ``peer``
         (:meth:`_check_peer`): a peer that did not, or could not be reached, gets nothing
-        (no channel, no session token, no object), and the next delivery checks again."""
+        (no channel, no session token, no object), and the next delivery checks again.
+        A channel exists only while an open session's link to ``(peer, address)`` does
+        (:meth:`_link`, :meth:`release_link`): a delivery still in flight when its link
+        closed opens none, so every connection this worker holds is counted against a
+        session and its identity, and goes with the last of their links."""
         key = (peer, address)
         with self._lock:
             entry = self._channels.get(key)
             if entry is not None:
                 return entry[1]
+            if not self._link_count.get(key):
+                raise _link_closed(self.id, peer)
             checking = self._checking.setdefault(key, threading.Lock())
         with checking:  # one check per peer at a time; the others take its outcome
             with self._lock:
@@ -128,9 +140,14 @@ class PeerLinks:
                     max_message_bytes=self.config.max_message_bytes,
                 )
                 with self._lock:
-                    entry = self._channels.setdefault(key, (channel, Call(channel, DELIVER)))
-                if entry[0] is not channel:
+                    if self._link_count.get(key):
+                        entry = self._channels.setdefault(key, (channel, Call(channel, DELIVER)))
+                    else:  # the last link closed during the check
+                        entry = None
+                if entry is None or entry[0] is not channel:
                     channel.close()
+                if entry is None:
+                    raise _link_closed(self.id, peer)
         return entry[1]
 
     def data_link(self, peer: str, address: str) -> DataLink | None:
@@ -231,7 +248,20 @@ class PeerLinks:
                 peer,
             ) from None
 
-    def _link(self, peer: str, address: str, client: str, session: str = "") -> PeerLink:
+    def _link(
+        self,
+        peer: str,
+        address: str,
+        client: str,
+        session: str = "",
+        replacing: str | None = None,
+    ) -> PeerLink:
+        """A new link of ``client``'s session to ``peer`` at ``address``: counted against
+        the connections that ``client``, all its sessions together, may have this worker
+        open (:data:`MAX_IDENTITY_PEERS` distinct ``(peer, address)`` pairs; a session
+        holds at most :data:`~pointers.network.served.MAX_PEER_LINKS` links).
+        ``replacing``: the address of this session's link to ``peer`` that the new one
+        replaces (closed right after: its room counts as free)."""
         check_identity(peer)
         if self.config.peers:  # dial only what the deployment configured
             configured = dict(self.config.peers).get(peer)
@@ -243,17 +273,33 @@ class PeerLinks:
             address = configured
         else:
             split_address(address)
-        link = PeerLink(self, peer, address, client, session)
+        key = (peer, address)
         with self._lock:
-            key = (peer, address)
+            mine = self._identity_links.get(client, {})
+            freed = int(replacing is not None and mine.get((peer, replacing)) == 1)
+            if key not in mine and len(mine) - freed >= MAX_IDENTITY_PEERS:
+                raise LimitExceeded(
+                    f"worker {self.id!r}: the sessions of client {client!r} link it to at most "
+                    f"{MAX_IDENTITY_PEERS} distinct peer addresses at once; a session's links "
+                    "close with it (or when it connects the same peer again)"
+                )
+            mine[key] = mine.get(key, 0) + 1
+            self._identity_links[client] = mine
             self._link_count[key] = self._link_count.get(key, 0) + 1
-        return link
+        return PeerLink(self, peer, address, client, session)
 
-    def release_link(self, peer: str, address: str) -> None:
+    def release_link(self, peer: str, address: str, client: str = "") -> None:
         """A session's link to ``peer`` at ``address`` closed: the channel goes with the
         last one (a session that ended leaves no connection open behind it)."""
         key = (peer, address)
         with self._lock:
+            mine = self._identity_links.get(client)
+            if mine is not None and key in mine:
+                mine[key] -= 1
+                if not mine[key]:
+                    del mine[key]
+                    if not mine:
+                        del self._identity_links[client]
             left = self._link_count.get(key, 0) - 1
             if left > 0:
                 self._link_count[key] = left
@@ -320,3 +366,11 @@ class PeerLinks:
         obj_id = info_field(info, "id", int, 0)
         size = info_field(info, "size", int, 0)
         return encode_envelope({"room": ns.store.room(who, obj_id, max(size, 0))}, [])
+
+
+def _link_closed(worker: str, peer: str) -> PartyUnavailable:
+    return PartyUnavailable(
+        f"worker {worker!r}: no open session links it to {peer!r} at this address any more "
+        "(the session's link was closed or replaced)",
+        peer,
+    )

@@ -69,10 +69,23 @@ def _tensor_meta_error(m: Any) -> str | None:
     ):
         return f"a tensor stride does not match its shape: {str(stride)[:80]}"
     try:
-        dtype_from_name(dtype) if isinstance(dtype, str) else dtype_from_name("")
+        itemsize = (
+            dtype_from_name(dtype) if isinstance(dtype, str) else dtype_from_name("")
+        ).itemsize
     except DecodeError as e:
         return str(e)
+    # no tensor (nor a pointer's wrapper of one) can have more elements, or reach further
+    # into its storage, than 2^62 bytes: torch's own size arithmetic overflows first
+    numel, extent = 1, 1
+    for size, step in zip(shape, stride):
+        numel *= size
+        extent += (size - 1) * abs(step) if size else 0
+    if numel and (numel * itemsize > _MAX_BYTES or extent * itemsize > _MAX_BYTES):
+        return f"a tensor of {numel} elements (shape {str(shape)[:80]}) cannot exist"
     return None
+
+
+_MAX_BYTES = 1 << 62
 
 
 def search_reply(value: Any) -> str | None:

@@ -67,7 +67,8 @@ from pointers.worker.program import Program, held_run
 from pointers.worker.program import run_program as run_program_steps
 
 MAX_PEER_LINKS = 64  # peers one session may deliver to (ConnectPeer)
-PeerLinkFactory = Callable[[str, str, str, str], Any]  # (peer, address, client, session)
+# (peer, address, client, session; replacing=: the address of the link it replaces)
+PeerLinkFactory = Callable[..., Any]
 
 
 class ServedWorker(Worker):
@@ -414,7 +415,10 @@ class ServedWorker(Worker):
             raise LimitExceeded(
                 f"worker {self.id!r}: this session may deliver to at most {MAX_PEER_LINKS} peers"
             )
-        link = self._link_factory(msg.peer, msg.address, self.client, self.session)
+        replacing = None if old is None else getattr(old, "address", None)
+        link = self._link_factory(
+            msg.peer, msg.address, self.client, self.session, replacing=replacing
+        )
         self.add_peer_link(msg.peer, link)
         close = getattr(old, "close", None)
         if close is not None:  # (its channel is closed once no session's link uses it)
@@ -566,5 +570,8 @@ class ServedWorker(Worker):
             self.store.clear()
             self.function_state.clear()
             self.stats = WorkerStats()
+            policy = getattr(self, "data_policy", None)
+            if policy is not None:  # the owner's data stays (its sharing record too)
+                policy.place(self, self.client)
         with self._lost_lock:
             self._lost_deliveries = []

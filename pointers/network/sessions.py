@@ -72,6 +72,9 @@ class Sessions(PeerLinks):
                 )
                 if cfg.offer is not None:  # the owner's policy (held values), not the client's
                     holding.set_policy(ns, cfg.offer)
+                if cfg.data_owners is not None:  # data owners: the deployment's, never a client's
+                    ns.data_policy = cfg.data_owners
+                    cfg.data_owners.place(ns, client)
                 if self._expired.pop(key, None) is not None:
                     ns.store.note = (
                         f" (this client's earlier objects here were freed when its session's "

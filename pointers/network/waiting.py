@@ -31,6 +31,7 @@ from pointers.network.limits import (
     tag_bytes,
 )
 from pointers.network.nslock import NamespaceLock as NamespaceLock  # (re-exported)
+from pointers.worker.sealing import is_owners_data
 from pointers.worker.store import Entry
 
 _MISSING: Any = object()
@@ -562,7 +563,9 @@ class WaitingStore(CountedStore):
         wanted = set(query)
         with self._cond:
             items = list(self._entries.items())
-        return [i for i, e in items if wanted <= e.tags and not e.sealed]
+        return [
+            i for i, e in items if wanted <= e.tags and (not e.sealed or is_owners_data(e.sealed))
+        ]
 
     def ids(self) -> list[int]:
         with self._cond:

@@ -46,8 +46,15 @@ from pointers.worker import holding
 from pointers.worker.client import Recorder, WorkerStats
 from pointers.worker.execution import Execution, Handler, handler_table, handles, tensor_meta
 from pointers.worker.functions import FunctionRegistry
+from pointers.worker.owners import DataPolicy
 from pointers.worker.program import program_from_wire, start_program
-from pointers.worker.sealing import after_delivery, delivered_seal, refused
+from pointers.worker.sealing import (
+    after_delivery,
+    delivered_seal,
+    is_owners_data,
+    refused,
+    refused_entry,
+)
 from pointers.worker.store import ObjectStore
 
 Frames = tuple[bytes, list[Any]]
@@ -109,6 +116,8 @@ class Worker(Execution):
     the class's :attr:`handlers` table; subclasses extend the table with their own."""
 
     handlers: ClassVar[dict[type[Message], Handler]] = {}
+    # what this worker knows of data owners (pointers.worker.owners.DataPolicy; None: none)
+    data_policy: DataPolicy | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -244,7 +253,7 @@ class Worker(Execution):
 
     @handles(Describe)
     def _describe(self, msg: Describe) -> list[Any]:
-        return [tensor_meta(self._readable(i, "describing it").value) for i in msg.obj_ids]
+        return [tensor_meta(self._describable(i).value) for i in msg.obj_ids]
 
     @handles(SendToPeer)
     def _send_to_peer(self, msg: SendToPeer) -> None:
@@ -287,7 +296,15 @@ class Worker(Execution):
         """The entry of ``obj_id``, unless it is sealed (then ``what`` is refused)."""
         e = self.store.entry(obj_id)
         if e.sealed:
-            raise refused(what, obj_id)
+            raise refused_entry(what, obj_id, e.sealed)
+        return e
+
+    def _describable(self, obj_id: int) -> Any:
+        """The entry of ``obj_id`` if its shape may be told: an ordinary object, or an
+        owner's data (which a search describes too), never protocol material."""
+        e = self.store.entry(obj_id)
+        if e.sealed and not is_owners_data(e.sealed):
+            raise refused("describing it", obj_id)
         return e
 
     # -- peer delivery -----------------------------------------------------------------
@@ -414,11 +431,14 @@ Worker.handlers = handler_table(Worker)
 class VirtualWorker(Worker):
     """An in-process worker, with the client side of the message layer built in.
 
-    ``data`` holds tensors the worker owns from the start (tag them with
-    :func:`pointers.tag` so that :meth:`search` finds them). ``concurrent=False``: the
-    worker runs every command in the caller's thread even inside
-    :func:`pointers.concurrently` (one party after the other, e.g. to measure the work
-    of a protocol on one core).
+    ``data`` holds tensors the worker holds from the start (PySyft's ``data=``; tag them
+    with :func:`pointers.tag` so that :meth:`search` finds them): the script that makes an
+    in-process worker is its client, and these are its own (a data owner puts data it
+    keeps to itself with :func:`pointers.own`). ``owners``: as a party, the deployment's
+    data owners, by worker name (whose shares it adds into aggregates), or a
+    :class:`pointers.worker.owners.DataPolicy`. ``concurrent=False``: the worker runs
+    every command in the caller's thread even inside :func:`pointers.concurrently` (one
+    party after the other, e.g. to measure the work of a protocol on one core).
 
     A command that needs an object a program or a peer is still to produce waits for it
     at most :attr:`DELIVERY_WAIT` seconds (``store.wait_seconds``): the peers run in this
@@ -429,9 +449,20 @@ class VirtualWorker(Worker):
 
     DELIVERY_WAIT = 120.0
 
-    def __init__(self, id: str, data: Iterable[torch.Tensor] = (), concurrent: bool = True) -> None:
+    def __init__(
+        self,
+        id: str,
+        data: Iterable[torch.Tensor] = (),
+        concurrent: bool = True,
+        owners: Iterable[str] | DataPolicy | None = None,
+    ) -> None:
         super().__init__(id)
         self.store.wait_seconds = self.DELIVERY_WAIT
+        if owners is not None:
+            policy = owners if isinstance(owners, DataPolicy) else DataPolicy(owners)
+            if id in policy.owners:
+                raise ValueError(f"worker {id!r} is a party: a party is never a data owner")
+            self.data_policy = policy
         self.concurrent = bool(concurrent)
         # Ids are chosen by the sender; start at a random point so that pointers made
         # in different sessions do not look alike.

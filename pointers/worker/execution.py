@@ -190,6 +190,7 @@ class Execution:
         self.check_function(msg.name, fn, args, kwargs)  # (before the rule: it has effects)
         call = ProtocolCall(msg.name, self.id, self.function_state, named)
         call.policy = getattr(self, "holding_policy", None)
+        call.data_policy = getattr(self, "data_policy", None)
         if holding.any_bound(self.function_state):  # (an approved run is, or was, here)
             holding.check_instances(self.function_state, _labels(named))
         seals = rule(call)

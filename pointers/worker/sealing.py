@@ -49,6 +49,10 @@ RULE = "protocol material is sealed at the workers (docs/security.md)"
 # own data (a list). A sealed entry of a store holds its label (a non-empty list).
 UNLIMITED = -1
 SPENT = "spent"
+# an owner's data at its own worker (pointers.worker.owners): extra (owner, the value's
+# digest, the owner's count); found by a search and described, never read
+OWNERS_DATA = "owners_data"
+OWNERS_RULE = "a data owner's data is used only as its owner allows (docs/security.md)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +105,10 @@ def delivered_seal(sealed: Any, sender: str) -> list[Any]:
     caller with :func:`after_delivery`."""
     label = Label.of(sealed)
     assert label is not None
-    if label.deliveries == 0:
-        raise refused(f"sending a {label.kind} to a peer again")
+    if label.kind == OWNERS_DATA:
+        raise NotAllowedError(f"sending an owner's data to a peer is refused; {OWNERS_RULE}")
+    if label.deliveries == 0:  # (delivered as often as it may be, or kept where it is)
+        raise refused(f"sending a {label.kind} to a peer (again)")
     left = 0 if label.deliveries != UNLIMITED else UNLIMITED
     return Label(label.kind, label.nonce, label.index, sender, left, label.extra).wire()
 
@@ -142,6 +148,8 @@ class ProtocolCall:
     spend: list[Any] = field(default_factory=list)  # entries consumed if the step runs
     # the worker owner's approvals for the values it shares (pointers.worker.holding.Policy)
     policy: Any = None
+    # what the worker knows of data owners (pointers.worker.owners.DataPolicy)
+    data_policy: Any = None
 
     def refuse(self, why: str) -> NotAllowedError:
         return NotAllowedError(f"worker {self.worker_id!r}: {self.name}: {why}; {RULE}")
@@ -316,6 +324,22 @@ def _husk(value: Any) -> Any:
     if type(value) is torch.Tensor and value.numel() > 1:
         return torch.zeros((), dtype=value.dtype, device=value.device).expand(value.shape)
     return value
+
+
+def is_owners_data(sealed: Any) -> bool:
+    """Whether a store entry's seal is an owner's data (found by a search, described)."""
+    return bool(sealed) and sealed[0] == OWNERS_DATA and Label.of(sealed) is not None
+
+
+def refused_entry(what: str, obj_id: int, sealed: Any) -> NotAllowedError:
+    """The refusal of ``what`` on the sealed entry ``obj_id``, naming its rule."""
+    label = Label.of(sealed)
+    if label is not None and label.kind == OWNERS_DATA and label.extra:
+        return NotAllowedError(
+            f"object {obj_id} is the owner's data at worker {label.extra[0]!r}: {what} is "
+            f"refused; {OWNERS_RULE}"
+        )
+    return refused(what, obj_id)
 
 
 def refused(what: str, obj_id: int | None = None) -> NotAllowedError:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pointers.errors import PartyUnavailable, UnknownObjectError
-from pointers.worker.sealing import refused
+from pointers.worker.sealing import is_owners_data, refused
 
 
 @dataclass(slots=True)
@@ -133,9 +133,14 @@ class ObjectStore:
         self._entries.pop(obj_id, None)
 
     def search(self, query: list[str]) -> list[int]:
-        """Ids of objects carrying every tag in ``query`` (an exact tag match)."""
+        """Ids of objects carrying every tag in ``query`` (an exact tag match): ordinary
+        objects and an owner's data, never protocol material."""
         wanted = set(query)
-        return [i for i, e in self._entries.items() if wanted <= e.tags and not e.sealed]
+        return [
+            i
+            for i, e in self._entries.items()
+            if wanted <= e.tags and (not e.sealed or is_owners_data(e.sealed))
+        ]
 
     def view(self, sealed: bool = True) -> Mapping[int, Any]:
         """A read-only view of the stored objects (``sealed=False``: the ids of protocol

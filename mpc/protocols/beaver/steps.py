@@ -17,6 +17,7 @@ from mpc.math.ring import ring_bilinear
 from mpc.protocols.rules import (
     OPENED,
     dealer_seeds,
+    kept,
     nonce_of,
     party_seed,
     record,
@@ -78,7 +79,7 @@ def _mask_rule(call: ProtocolCall) -> Any:
     party_seed(call)
     call.share("x")
     record(call, ("beaver", nonce), call.share("y"))
-    return [seal("beaver.ef", nonce), seal("beaver.a", nonce)]
+    return [seal("beaver.ef", nonce), kept("beaver.a", nonce)]
 
 
 def _mask_size(p: dict[str, Any]) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mpc.math import groups_of_four
-from mpc.protocols.rules import OPENED, nonce_of, party_seed, record, same
+from mpc.protocols.rules import OPENED, kept, nonce_of, party_seed, record, same
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
@@ -113,7 +113,7 @@ def _party_derive_rule(call: ProtocolCall) -> Any:
         raise call.refuse("the last party's daBit share is the dealer's, not derived")
     if call.value("tag") != TAG_T_ARITH:
         raise call.refuse("a party derives only the daBit's arithmetic share here")
-    return [seal("cmp.t", nonce)]
+    return [kept("cmp.t", nonce)]
 
 
 @step(
@@ -164,7 +164,7 @@ def _dabit_product_rule(call: ProtocolCall) -> Any:
     if c is not None and c.extra != (t.nonce,):
         raise call.refuse("the dealer's product correction belongs to another comparison")
     call.material("e", OPENED + "dabit.e", nonce, local=True, consume=True)
-    return [seal("cmp.vt", nonce, extra=(t.nonce,))]
+    return [kept("cmp.vt", nonce, extra=(t.nonce,))]
 
 
 def _dabit_product_size(p: dict[str, Any]) -> int:

@@ -20,7 +20,7 @@ from mpc.math.prg import PRG
 from mpc.protocols.comparison.selection import check_selection, selected_count, selection_material
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import open_pieces, split
-from mpc.protocols.rules import OPENED, dealer_seeds, int_of, nonce_of, party_seed
+from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
@@ -178,12 +178,12 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's comparison material")
     nonce = label.nonce
-    seals = [seal(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
-    seals.append(seal("dealer.cmp.monomials", nonce))
-    seals += [seal("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
-    seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+    seals = [kept(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
+    seals.append(kept("dealer.cmp.monomials", nonce))
+    seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
+    seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
     if group is not None:  # the selection's products (see group_select)
-        seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
+        seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals
 
 
@@ -222,7 +222,7 @@ def _seal_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: in
     if type(level_nonce) is not int:
         raise call.refuse("a carry-tree level's nonce is an int")
     _links(call)[level_nonce] = comparison
-    return [seal(k, level_nonce, level) for k in ("carry.ef", "carry.a")]
+    return [seal("carry.ef", level_nonce, level), kept("carry.a", level_nonce, level)]
 
 
 def _comparison_step_size(p: dict[str, Any]) -> int:
@@ -239,7 +239,7 @@ def _cmp_init_rule(call: ProtocolCall) -> Any:
     if (rb is None) != (mo is None):
         raise call.refuse("the dealer's r bits and bit products go together")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
-    out = [seal("cmp.g", nonce, 1), seal("cmp.p", nonce, 1), seal("cmp.top", nonce)]
+    out = [kept("cmp.g", nonce, 1), kept("cmp.p", nonce, 1), kept("cmp.top", nonce)]
     return out + _seal_level(call, nonce, call.value("next_nonce"), 1)
 
 
@@ -322,8 +322,8 @@ def _carry_step_rule(call: ProtocolCall) -> Any:
         if lb.index != level:
             raise call.refuse(f"parameter {name!r} belongs to another level")
     if level == LEVELS - 1:
-        return [seal("cmp.g", comparison, LEVELS)]
-    out = [seal("cmp.g", comparison, level + 1), seal("cmp.p", comparison, level + 1)]
+        return [kept("cmp.g", comparison, LEVELS)]
+    out = [kept("cmp.g", comparison, level + 1), kept("cmp.p", comparison, level + 1)]
     return out + _seal_level(call, comparison, call.value("next_nonce"), level + 1)
 
 

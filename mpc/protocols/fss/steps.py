@@ -45,7 +45,7 @@ from mpc.protocols.comparison.selection import (
 )
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import split
-from mpc.protocols.rules import OPENED, SEED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.rules import OPENED, SEED, dealer_seeds, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
@@ -194,12 +194,12 @@ def _fss_unpack_rule(call: ProtocolCall) -> Any:
             want += [[group_terms(call, shape)]]
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's FSS key")
-    seals = [seal("fss.u", nonce, seed.index, extra=(select, bits))]
+    seals = [kept("fss.u", nonce, seed.index, extra=(select, bits))]
     if select:
-        seals.append(seal("dealer.cmp.tarith", nonce))
-        seals += [seal("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+        seals.append(kept("dealer.cmp.tarith", nonce))
+        seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
         if group is not None:
-            seals.append(seal("dealer.cmp.group", group, extra=(nonce,)))
+            seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from mpc.protocols.rules import OPENED
+from mpc.protocols.rules import OPENED, kept
 from mpc.protocols.sizes import SLACK, all_bytes, nbytes, tensors
 from mpc.protocols.step import XOR, opened_kinds, opens, step
 from pointers.worker.sealing import ProtocolCall, seal
@@ -49,7 +49,7 @@ def _open_rule(call: ProtocolCall) -> Any:
     xor = {opens(p[0]) for p in parts} == {XOR}
     if call.value("xor") is not xor:
         raise call.refuse("the opening's sum or XOR does not fit its values")
-    return [seal(OPENED + p[0], p[1], p[2]) for p in parts]
+    return [kept(OPENED + p[0], p[1], p[2]) for p in parts]
 
 
 # -- sizes --------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from mpc.math.ring import ring_bilinear
-from mpc.protocols.rules import OPENED, dealer_seeds, int_of, nonce_of, party_seed
+from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
     SLACK,
     WORD,
@@ -160,7 +160,7 @@ def _weight_product_mask_rule(call: ProtocolCall) -> Any:
     nonce = nonce_of(call)
     party_seed(call)
     call.share("x")
-    return [seal("wprod.e", nonce), seal("wprod.a", nonce)]
+    return [seal("wprod.e", nonce), kept("wprod.a", nonce)]
 
 
 @step(
