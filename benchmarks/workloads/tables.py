@@ -101,9 +101,12 @@ NETWORK_NOTE = (
     "network: every worker is its own process; each timed run ends with a sync of every "
     "worker (commands are pipelined), inside the timer, except a run that reveals its "
     "result to the client (W3, W6, W8): its timer stops when the value is in hand, and the "
-    "sync follows outside it. cpu: CPU time per run of all the "
-    "processes together (this client and every worker process, all threads; the mean of "
-    "the timed runs; on C cores a run takes at least cpu / C). dealer t: not measured."
+    "sync follows outside it. dealer t: not measured."
+)
+NETWORK_CPU_NOTE = (
+    "cpu: CPU time per run of all the processes together (this client and every worker "
+    "process, all threads; the mean of the timed runs; on C cores a run takes at least "
+    "cpu / C)."
 )
 ELEMENTS_NOTE = (
     "elem/s: elements per second of the median (W2: output entries, W5: images, W8: the "
@@ -152,7 +155,13 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
         header = mpc_header(wide)
         out += [header, "-" * len(header)] + [format_row(r, wide) for r in mpc_rows]
         if any("cpu_median_s" in r for r in mpc_rows):
-            out.append(CPU_NOTE)
+            network = [r.get("workers") == "network" for r in mpc_rows if "cpu_median_s" in r]
+            if all(network):
+                out.append(NETWORK_CPU_NOTE)
+            elif not any(network):
+                out.append(CPU_NOTE)
+            else:  # (one table of both kinds: each note says which rows it covers)
+                out += [f"in-process rows: {CPU_NOTE}", f"network rows: {NETWORK_CPU_NOTE}"]
         out += [ELEMENTS_NOTE, DEALER_NOTE]
         out += [line for r in mpc_rows if (line := rounds_by_module(r))]
     if ptr_rows:
