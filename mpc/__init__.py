@@ -10,8 +10,15 @@ tensor([3.2500, 5.0000])
 from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
+from mpc.authenticated import AuthenticatedTensor
 from mpc.config import MPCConfig
-from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from mpc.errors import (
+    CryptoProviderRequired,
+    MACCheckError,
+    MPCError,
+    PartyMismatchError,
+    UnsupportedOpError,
+)
 from mpc.generation import approve_generation, generate
 from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save_offer
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
@@ -24,11 +31,13 @@ from mpc.shared import SharedTensor
 
 __all__ = [
     "Approval",
+    "AuthenticatedTensor",
     "CryptoProviderRequired",
     "EncodingError",
     "FixedPointRangeWarning",
     "HeldError",
     "HeldShared",
+    "MACCheckError",
     "MPCConfig",
     "MPCError",
     "OwnedShared",

@@ -69,8 +69,9 @@ def auth_linear(
     const: torch.Tensor | None,
 ) -> torch.Tensor:
     """sum_k coefs[k] xs[k] + const (public, int64: sign-extended), broadcasting."""
+    nd = max([x.dim() - 2 for x in xs] + ([const.dim()] if const is not None else []))
     out: torch.Tensor | None = None
-    for c, x in zip(coefs, xs):
+    for c, x in zip(coefs, [ranked(x, nd) for x in xs]):
         if c == 1:
             term = x
         elif c == -1:
@@ -95,8 +96,16 @@ def _scale_rule(call: ProtocolCall) -> Any:
 @step(rule=_scale_rule, size=vm_peak(6, "x"), makes_material=True)
 def auth_scale(ctx: Any, x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """x * p elementwise for a public int64 tensor p (sign-extended), broadcasting."""
-    lifted = r128.lift(p)
-    return r128.mul(lifted.unsqueeze(1), x)
+    nd = max(x.dim() - 2, p.dim())
+    lifted = r128.lift(p.reshape(*([1] * (nd - p.dim())), *p.shape))
+    return r128.mul(lifted.unsqueeze(1), ranked(x, nd)).contiguous()
+
+
+def ranked(x: torch.Tensor, nd: int) -> torch.Tensor:
+    """A share ``(2, 2, *S)`` with its value's shape padded to ``nd`` dims on the left
+    (as broadcasting pads it)."""
+    extra = nd - (x.dim() - 2)
+    return x if extra <= 0 else x.reshape(2, 2, *([1] * extra), *x.shape[2:])
 
 
 def _bilinear_rule(call: ProtocolCall) -> Any:
