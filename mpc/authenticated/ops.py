@@ -100,7 +100,8 @@ def rescaled(x: Auth, f: int) -> Shares:
 
 def meta_of(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return torch.empty(x.shape, dtype=torch.float32, device="meta")
+        dtype = torch.float32 if x.dtype.is_floating_point else x.dtype
+        return torch.empty(x.shape, dtype=dtype, device="meta")
     if isinstance(x, list | tuple):
         return type(x)(meta_of(t) for t in x)
     return x
@@ -383,8 +384,17 @@ def slice_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.index.Tensor)
 def index(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    indices = [None if i is None else check_public(i, "index") for i in args[1]]
-    return layout(func, args, "index", [indices])
+    indices: list[Any] = []
+    for i in args[1]:
+        if i is None:
+            indices.append(None)
+            continue
+        t = check_public(i, "index")
+        if t.dtype == torch.bool:  # (a mask: the indices of its true elements)
+            indices.extend(t.nonzero(as_tuple=True))
+        else:
+            indices.append(t.to(torch.int64))
+    return layout(func, (args[0], indices), "index", [indices])
 
 
 @register(aten.unsqueeze.default)
