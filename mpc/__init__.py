@@ -12,11 +12,13 @@ from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.authenticated import AuthenticatedTensor
 from mpc.config import MPCConfig
+from mpc.debugging import DebugMismatch, DebugRefused, DebugRevealWarning, debug
 from mpc.errors import (
     CryptoProviderRequired,
     MACCheckError,
     MPCError,
     PartyMismatchError,
+    ShapeError,
     UnsupportedOpError,
 )
 from mpc.generation import approve_generation, generate
@@ -33,6 +35,9 @@ __all__ = [
     "Approval",
     "AuthenticatedTensor",
     "CryptoProviderRequired",
+    "DebugMismatch",
+    "DebugRefused",
+    "DebugRevealWarning",
     "EncodingError",
     "FixedPointRangeWarning",
     "HeldError",
@@ -47,11 +52,13 @@ __all__ = [
     "ReleaseRuleError",
     "SecureAggregator",
     "Session",
+    "ShapeError",
     "SharedPlan",
     "SharedTensor",
     "UnsupportedOpError",
     "approve",
     "approve_generation",
+    "debug",
     "generate",
     "get",
     "offer",

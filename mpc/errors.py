@@ -47,3 +47,7 @@ class MACCheckError(MPCError):
     """The authenticated mode's MAC check failed: a party deviated from the protocol (or a
     value was changed where it is stored). Nothing opened since the previous check reaches
     the client, and the session releases nothing more. The message names the check."""
+
+
+class ShapeError(MPCError, ValueError):
+    """The operands' shapes do not fit the op (a matmul's inner dimensions, a broadcast)."""
