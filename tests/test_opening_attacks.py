@@ -375,6 +375,37 @@ def test_a_held_run_on_served_workers(tmp_path: Path) -> None:
         cluster.stop()
 
 
+def test_an_owners_shares_go_one_to_each_approved_party() -> None:
+    """A held share left its owner once, but to any worker: both shares of the owner's
+    first weight moved to the dealer (or both to alice) summed to the weight. The owner's
+    worker now binds share k to the k-th party the client names, distinct parties the
+    owner approved runs for."""
+    model = _model()
+    approval = mpc.approve(model, torch.randn(8, 4), parties=["alice", "bob"],
+                           crypto_provider="carol")  # fmt: skip
+    owner = pt.VirtualWorker("owner")
+    mpc.offer(model, owner, approval)
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    for w in (alice, bob, carol):
+        owner.introduce(w)
+    out = [((8, 4), I64)] * 2
+
+    def split(*args: Any) -> list[Any]:
+        shares = pt.call_function(owner, "mpc.held_share", ["0.weight", [8, 4], 16, 2, *args],
+                                  out=out)  # fmt: skip
+        _sync(owner)
+        return shares
+
+    _refused(owner, lambda: split()[0].move(carol), "distinct parties")  # (parties unnamed)
+    _refused(owner, lambda: split(["alice", "alice"]), "distinct parties")
+    _refused(owner, lambda: split(["alice", "carol"]), "approved runs for")
+    s0, s1 = split(["alice", "bob"])
+    _refused(owner, lambda: s0.move(carol), "goes only to 'alice'")
+    _refused(owner, lambda: s1.move(alice), "goes only to 'bob'")
+    s0.move(alice)
+    s1.move(bob)
+
+
 def test_refusals_name_the_rule() -> None:
     """The refusal says where the material may go, and why."""
     alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
