@@ -9,7 +9,9 @@ worker needs to know of it::
 
 - ``rule``: what the worker checks before the step runs (which sealed inputs it takes,
   the labels of its outputs; :func:`pointers.worker.sealing.protocol_function`). None:
-  the step takes and makes no sealed object (a local product by a public value).
+  the step takes and makes no sealed object (a local product by a public value). Every
+  output that may leave the worker is then bound to the parties of the session whose
+  seed the step runs on (:func:`mpc.protocols.rules.bind_outputs`).
 - ``size`` and ``keeps``: the bytes one call allocates at its peak and keeps after it
   returned, from its parameters (:func:`pointers.worker.functions.sized`): a worker with
   a storage limit checks them before the step runs.

@@ -12,7 +12,8 @@ the worker enforces the rules, whatever the client sends:
   protocol instance (its nonce): the registered function that made it, not the client,
   writes it. A peer delivery (``copy_to``, ``move``) keeps the label and records the
   sender as its origin; an object whose label allows no more deliveries (a seed, once it
-  left the dealer) cannot be sent again;
+  left the dealer) cannot be sent again, and one whose label names the workers it may go
+  to (``to``: a protocol session's computing parties) goes to no other;
 * a registered function that takes or makes sealed objects is a *protocol step*: it
   declares a rule (:func:`protocol_function`) that the worker runs with the labels of the
   arguments before the step runs. The rule checks that each sealed input is the output of
