@@ -25,8 +25,11 @@ commands from the client, or one object a peer delivers).
 ``--bandwidth MBIT`` (with ``--network`` only) simulates a link of that speed: every call
 a process sends (a client's batch of commands, a delivery between workers) waits
 size / bandwidth before it leaves; calls sent side by side do not share the bandwidth, and
-replies (a fetched value) are not delayed. With a latency set, the table gains a column
-``floor`` = rounds x latency, the least any protocol of that many rounds could take.
+replies (a fetched value) are not delayed. With a latency set, every case runs first on
+served workers without it (its time t0 at L = 0, the protocol's own time), then with it,
+and a second table gives each row its ``floor`` = rounds x latency, the least any protocol
+of that many rounds could take, and its goal (R + 2) x L + t0 ((R + 1) x L + t0 for a plan)
+with whether the median is within it.
 
 ``--comparison fss`` runs every comparison (lt, ReLU, max, max-pool, the non-linear
 functions' comparisons) by function secret sharing (``MPCConfig(comparison="fss")``, 2
@@ -317,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(comparison=args.comparison)
     try:
         with _sigterm_as_interrupt() if args.network else contextlib.nullcontext():
+            loopback = _run(cases, args, 0.0)[0] if latency else []
             rows, bad = _run(cases, args, latency)
+            with_loopback(rows, loopback)
     except KeyboardInterrupt:
         stopped = " (worker processes stopped)" if args.network else ""
         print(f"python -m benchmarks: interrupted{stopped}", file=sys.stderr)
@@ -360,6 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     for line in bad:
         print(f"INCORRECT: {line}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def with_loopback(rows: list[dict[str, Any]], loopback: list[dict[str, Any]]) -> None:
+    """Each row gets ``loopback_s``: the median of the same case (workload, op, size) in
+    ``loopback``, the run without the added latency."""
+    t0 = {(r["workload"], r["op"], str(r["size"])): r.get("median_s") for r in loopback}
+    for r in rows:
+        key = (r["workload"], r["op"], str(r["size"]))
+        if t0.get(key) is not None:
+            r["loopback_s"] = t0[key]
 
 
 def _run(

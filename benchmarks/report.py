@@ -137,10 +137,25 @@ def plot_throughput(rows: list[dict[str, Any]], path: str | Path, title: str = "
 def floor_table(rows: list[dict[str, Any]], latency_ms: float, markdown: bool = False) -> str:
     """With an added latency L: per protocol row, its rounds R, the latency floor R x L
     (the least any protocol of R rounds could take), the median, what lies above the
-    floor, and the bound (R + 2) x L an op-by-op run aims at (``--plan``: (R + 1) x L)."""
+    floor, the row's own time at L = 0 (``loopback_s``: the same case on served workers
+    without the added latency, measured by the same command) and the goal an op-by-op
+    run aims at, (R + 2) x L plus that time (``--plan``: (R + 1) x L plus it), with
+    whether the median is within it. (R + 2) x L alone leaves out the protocol's own
+    time, so it lies below every median; without ``loopback_s`` the goal is not shown."""
     from benchmarks.workloads import _fmt_time
 
-    head = ["workload", "size", "rounds", "floor R x L", "median", "above floor", "bound", "L"]
+    head = [
+        "workload",
+        "size",
+        "rounds",
+        "floor R x L",
+        "median",
+        "above floor",
+        "L = 0",
+        "goal",
+        "within",
+        "L",
+    ]
     lines: list[list[str]] = []
     for r in rows:
         if "messages_per_op" in r or "rounds" not in r:
@@ -148,9 +163,14 @@ def floor_table(rows: list[dict[str, Any]], latency_ms: float, markdown: bool = 
         rounds = int(r["rounds"])
         floor = rounds * latency_ms / 1e3
         extra = 1 if r.get("plan") else 2
-        bound = (rounds + extra) * latency_ms / 1e3
         median = r.get("median_s")
         above = None if median is None else median - floor
+        t0 = r.get("loopback_s")
+        goal = None if t0 is None else (rounds + extra) * latency_ms / 1e3 + t0
+        if goal is None or median is None:
+            within = "-"
+        else:
+            within = "yes" if median <= goal else f"no (+{(median / goal - 1) * 100:.0f}%)"
         lines.append(
             [
                 f"{r['workload']} {r['op']}",
@@ -159,7 +179,9 @@ def floor_table(rows: list[dict[str, Any]], latency_ms: float, markdown: bool = 
                 _fmt_time(floor),
                 _fmt_time(median),
                 _fmt_time(above),
-                f"(R+{extra})L = {_fmt_time(bound)}",
+                _fmt_time(t0),
+                "-" if goal is None else f"(R+{extra})L + t0 = {_fmt_time(goal)}",
+                within,
                 f"{(median or 0) * 1e3 / latency_ms:.1f} L",
             ]
         )
@@ -170,7 +192,8 @@ def floor_table(rows: list[dict[str, Any]], latency_ms: float, markdown: bool = 
     widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out = [
-        f"latency floor at {latency_ms:g} ms per call received (median in units of L):",
+        f"latency floor at {latency_ms:g} ms per call received (median in units of L; "
+        "L = 0: the same case without the added latency, t0):",
         fmt.format(*head),
     ]
     out += [fmt.format(*cells) for cells in lines]

@@ -11,7 +11,14 @@ from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
 from mpc.config import MPCConfig
-from mpc.errors import CryptoProviderRequired, MPCError, PartyMismatchError, UnsupportedOpError
+from mpc.debugging import DebugMismatch, DebugRefused, DebugRevealWarning, debug
+from mpc.errors import (
+    CryptoProviderRequired,
+    MPCError,
+    PartyMismatchError,
+    ShapeError,
+    UnsupportedOpError,
+)
 from mpc.generation import approve_generation, generate
 from mpc.held import Approval, HeldError, HeldShared, approve, offer, plan, save_offer
 from mpc.math.encoding import EncodingError, FixedPointRangeWarning
@@ -25,6 +32,9 @@ from mpc.shared import SharedTensor
 __all__ = [
     "Approval",
     "CryptoProviderRequired",
+    "DebugMismatch",
+    "DebugRefused",
+    "DebugRevealWarning",
     "EncodingError",
     "FixedPointRangeWarning",
     "HeldError",
@@ -38,11 +48,13 @@ __all__ = [
     "ReleaseRuleError",
     "SecureAggregator",
     "Session",
+    "ShapeError",
     "SharedPlan",
     "SharedTensor",
     "UnsupportedOpError",
     "approve",
     "approve_generation",
+    "debug",
     "generate",
     "get",
     "offer",

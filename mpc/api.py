@@ -14,6 +14,7 @@ from mpc.errors import MPCError
 from mpc.offered import buffer_is_secret, is_offered, share_offered
 from mpc.ops.backward import track_grad
 from mpc.protocols.weights.run import mark_fixed
+from mpc.registry import hook
 from mpc.session import Session, session_for
 from mpc.shared import SharedTensor, share_tensor
 from pointers.pointer_tensor import PointerTensor
@@ -126,19 +127,26 @@ def share(
     return shared
 
 
+@hook("module_get")
 def get(x: Any) -> Any:
     """Reconstruct a shared tensor, or every shared parameter and buffer of a model (in
     place: each becomes a plain ``nn.Parameter`` with the same ``requires_grad``; a shared
     ``.grad`` comes back too). Returns the tensor's value, or the model.
 
-    ``pointers.get(model)`` / ``model.get()`` bring back *pointer* parameters; for a model
-    trained on shared parameters use this (or ``p.get()`` per parameter). An optimizer
-    built on the shared parameters still holds those: build a new one to go on in the clear.
+    ``pointers.get(model)`` and ``model.get()`` (after ``pointers.hook(torch)``) on a
+    shared model call this, as PySyft 0.2's did. Each shared tensor's shares are freed
+    (:meth:`SharedTensor.get`). An optimizer built on the shared parameters still holds
+    those: build a new one to go on in the clear. A model shared by its owner from its
+    worker (held parameters) never opens: that raises before anything changes.
     """
     if isinstance(x, SharedTensor):
         return x.get()
     if not isinstance(x, nn.Module):
         raise TypeError(f"mpc.get expects a SharedTensor or an nn.Module, got {type(x).__name__}")
+    for t in [*x.parameters(), *x.buffers()]:
+        if isinstance(t, SharedTensor) and type(t) is not SharedTensor:
+            t.get()  # (a held or owned value's own refusal: it never opens here)
+            raise MPCError(f"the model's {type(t).__name__} parameters do not open here")
     done: dict[int, Any] = {}  # a tied parameter comes back once, still tied
     for m in x.modules():
         for name, p in list(m._parameters.items()):

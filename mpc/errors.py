@@ -41,3 +41,7 @@ class PartyMismatchError(MPCError):
 
 class ComparisonModeError(MPCError, ValueError):
     """The session's comparison mode does not fit its parties (FSS is 2-party only)."""
+
+
+class ShapeError(MPCError, ValueError):
+    """The operands' shapes do not fit the op (a matmul's inner dimensions, a broadcast)."""

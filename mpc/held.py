@@ -57,6 +57,7 @@ from torch import nn
 
 import pointers as pt
 from mpc.config import MPCConfig
+from mpc.debugging import refuse as refuse_in_debug
 from mpc.errors import MPCError
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.offered import (
@@ -388,6 +389,7 @@ class HeldPlan(SharedPlan):
         self.later.prepared.clear()
 
     def __call__(self, *inputs: SharedTensor) -> SharedTensor:
+        refuse_in_debug("a plan of a model its owner shared from its worker")
         if len(inputs) != self.k_inputs:
             raise TypeError(f"this plan takes {self.k_inputs} inputs, got {len(inputs)}")
         weights_ = [tensor_at(m, a, p) for m, a, p, _ in self.slots_of]

@@ -29,3 +29,24 @@ def register(*ops: Any, lazy: bool = False) -> Callable[[Handler], Handler]:
         return fn
 
     return deco
+
+
+# What runs around every op on shared tensors besides its handler, filled by the modules
+# above as they are imported (each by a decorator, as ops register): "result" (mpc.ranges:
+# the result's bound and the range warning), "run" (mpc.debugging: runs the op and checks
+# it against plaintext), "function" (mpc.debugging: refuses an op before it starts),
+# "module_get" (mpc.api.get: pointers.get of a model with shared tensors).
+HOOKS: dict[str, Callable[..., Any]] = {}
+HOOK_NAMES = ("result", "run", "function", "module_get")
+
+
+def hook(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Install the decorated function as the hook ``name`` (see :data:`HOOKS`)."""
+    if name not in HOOK_NAMES:
+        raise ValueError(f"unknown hook {name!r}: one of {HOOK_NAMES}")
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        HOOKS[name] = fn
+        return fn
+
+    return deco

@@ -14,18 +14,83 @@ import torch
 
 import pointers as pt
 from mpc import accounting, config
-from mpc.errors import MPCError, UnsupportedOpError
-from mpc.math.encoding import decode, encode
+from mpc.errors import MPCError, ShapeError, UnsupportedOpError
+from mpc.math.encoding import abs_sums, decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.protocols.parties import run_step
 from mpc.protocols.seeds.steps import share_from_seed
 from mpc.protocols.truncation.run import truncate
+from mpc.registry import HOOKS, LAZY, OPS
 from mpc.session import Session
 
 _CPU = torch.device("cpu")
+# integer dtypes shared exactly (frac_bits 0); their results keep torch's result dtype
+INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 # from this many elements on, input shares 0..n-2 travel as 16-byte seeds (share_tensor)
 SEEDED_FROM = 64
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__}
+
+
+_LINEAR = torch.nn.functional.linear
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
+
+
+def _which(t: Any) -> str:
+    return "shared" if isinstance(t, SharedTensor) else "public"
+
+
+def check_product_shapes(func: Any, args: Any) -> None:
+    """Raise :class:`~mpc.errors.ShapeError` if a matmul's (or ``F.linear``'s) operands
+    do not fit, naming both shapes and the dimensions that must agree."""
+    if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+        return
+    a, b = args[0], args[1]
+    sa, sb = _shape(a), _shape(b)
+    try:
+        meta = [torch.empty(s, device="meta") for s in (sa, sb)]
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is _LINEAR:
+                torch.nn.functional.linear(*meta)
+            else:
+                torch.matmul(*meta)
+        return
+    except RuntimeError as e:
+        cause = e
+    if func is _LINEAR:
+        if len(sb) != 2 or not sa:
+            msg = (
+                f"linear of a {_which(a)} input of shape {sa} with a {_which(b)} weight of "
+                f"shape {sb}: expected a weight of shape (out_features, in_features) and an "
+                "input of at least one dimension"
+            )
+        else:
+            msg = (
+                f"linear (an nn.Linear) of a {_which(a)} input of shape {sa} with a "
+                f"{_which(b)} weight of shape {sb}: expected the input's last dimension to "
+                f"be the layer's in_features, {sb[1]}; found {sa[-1]}. Fix: reshape the "
+                f"input to (..., {sb[1]}), or build the layer as nn.Linear({sa[-1]}, {sb[0]})"
+            )
+    elif not sa or not sb:
+        msg = f"matmul of shapes {sa} and {sb}: both operands need at least one dimension"
+    else:
+        k2 = sb[0] if len(sb) == 1 else sb[-2]
+        where = "only" if len(sb) == 1 else "second-to-last"
+        if sa[-1] == k2:
+            detail = "their batch dimensions do not broadcast"
+        else:
+            detail = (
+                f"expected the first's last dimension to equal the second's {where} "
+                f"dimension; found {sa[-1]} and {k2}"
+            )
+        msg = (
+            f"matmul of a {_which(a)} tensor of shape {sa} and a {_which(b)} tensor of shape "
+            f"{sb}: {detail}. Fix: transpose or reshape an operand so that they match "
+            "(e.g. a @ b.T, or b.transpose(-1, -2))"
+        )
+    raise ShapeError(msg) from cause
 
 
 class Deferred:
@@ -93,6 +158,11 @@ class SharedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in _MATMULS or func is _LINEAR:
+            check_product_shapes(func, args)  # (before torch folds the operands' shapes)
+        refuse = HOOKS.get("function")
+        if refuse is not None:  # (mpc.debugging: a value the client does not own)
+            refuse(func, args, kwargs or {})
         # vector @ matrix: torch decomposes it into mm(v.unsqueeze(0), W).squeeze_(0), an
         # in-place change of shape a wrapper cannot make; do it out of place instead
         if func in _MATMULS and len(args) == 2 and not kwargs:
@@ -126,8 +196,22 @@ class SharedTensor(torch.Tensor):
         t.weight_epoch = 0
         return t
 
+    # get() reconstructed the value and released its shares (see get)
+    released = False
+    #: a number |value| cannot exceed, as far as the client knows (max |x| of what it
+    #: shared, carried through each op by mpc.ranges); None: not known
+    bound: float | None = None
+    #: a matrix's largest sums of |entries| down a column and along a row (mpc.ranges)
+    abs_sums: tuple[float, float] | None = None
+
     @property
     def shares(self) -> list[pt.PointerTensor]:
+        if self.released:
+            raise MPCError(
+                "this shared value was reconstructed with get(), which frees its shares at "
+                "the workers (as PySyft's get() does): use the tensor get() returned, or "
+                "keep the shared value with x.get(delete=False) or x.clone().get()"
+            )
         d = self.deferred
         if d is not None:
             self._shares = d.value()
@@ -155,20 +239,44 @@ class SharedTensor(torch.Tensor):
             self.pending = 0
         return self
 
-    def get(self) -> torch.Tensor:
-        """Reconstruct the value at the caller.
-
-        The shares stay with the parties (results of local ops may share them with their
-        inputs) and are deleted when the last SharedTensor using them is dropped.
+    def get(self, delete: bool = True) -> torch.Tensor:
+        """Reconstruct the value at the caller, and free its shares (as PySyft's ``get()``
+        did): the pointers to them are dropped, and each worker deletes its share once no
+        other shared value uses it (a value made from this one by a local op may hold the
+        same shares). Using this SharedTensor afterwards raises an error that says so.
+        ``delete=False`` (as a pointer's ``get(delete=False)``) keeps the shares and the
+        shared value (CrypTen's ``get_plain_text()`` does).
         """
+        value = self._open()
+        if delete:
+            self.release()
+        return value
+
+    def _open(self) -> torch.Tensor:
+        """The value at the caller, the shares kept (what :meth:`get` returns)."""
         self.session.watch()
         # every party's share is fetched side by side (one round trip, not one per party)
         total, *rest = pt.get_all(self.shares, delete=False)
         for v in rest:
             total += v
         if self.frac_bits == 0 and not self.dtype.is_floating_point:
+            # torch's wrap-around: the ring value mod 2^bits of the dtype (exact for sums
+            # and products, which commute with the reduction); bool: nonzero is True
             return total.to(self.dtype)
         return decode(total, self.frac_bits, self.dtype)
+
+    def release(self) -> None:
+        """Drop this value's shares (after :meth:`get`): see :meth:`get`."""
+        self._shares = []
+        self.deferred = None
+        self.keep_alive = None
+        self.released = True
+
+    @staticmethod
+    def __module_get__(module: Any) -> Any:
+        """``pointers.get(model)`` / ``model.get()`` on a model with shared tensors: each
+        is reconstructed for the client that shared it (:func:`mpc.get`)."""
+        return HOOKS["module_get"](module)
 
     def reconstruct(self) -> torch.Tensor:
         return self.get()
@@ -241,8 +349,6 @@ class SharedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        from mpc.registry import LAZY, OPS
-
         handler = OPS.get(func)
         if handler is None:
             raise UnsupportedOpError(str(func))
@@ -257,14 +363,23 @@ class SharedTensor(torch.Tensor):
                     numel = max(numel, t.numel())
         if session is None:
             return handler(func, args, kwargs or {})
-        with session.concurrently(numel):
-            if func._schema.is_mutable and session.deferred:  # (what they read)
-                run_deferred(session)
-            for a in args:
-                for t in a if isinstance(a, list | tuple) else (a,):
-                    if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
-                        t.materialize()
-            return handler(func, args, kwargs or {})
+        kwargs = kwargs or {}
+
+        def run() -> Any:
+            with session.concurrently(numel):
+                if func._schema.is_mutable and session.deferred:  # (what they read)
+                    run_deferred(session)
+                for a in args:
+                    for t in a if isinstance(a, list | tuple) else (a,):
+                        if isinstance(t, SharedTensor) and t.pending and handler not in LAZY:
+                            t.materialize()
+                return handler(func, args, kwargs)
+
+        runner, after = HOOKS.get("run"), HOOKS.get("result")
+        out = runner(func, args, kwargs, run) if runner is not None else run()
+        if after is not None:
+            after(func, args, kwargs, out)
+        return out
 
 
 class MaxResult(NamedTuple):
@@ -308,11 +423,14 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
     if x.is_floating_point():
         f = session.config.frac_bits if frac_bits is None else frac_bits
         dtype = x.dtype
-    elif x.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
-        f, dtype = 0, torch.int64
+    elif x.dtype in INTEGER_DTYPES:
+        f, dtype = 0, x.dtype  # (its ring value is reduced to the dtype at reconstruction)
     else:
         raise TypeError(f"cannot secret-share a tensor of dtype {x.dtype}")
     ring = encode(x, f)  # may be x itself (an int64 tensor): never changed in place
+    bound = None  # (integers wrap as torch's do: no range to keep)
+    if x.is_floating_point():
+        bound = float(x.abs().max()) if x.numel() else 0.0
     shape = tuple(ring.shape)
     seeded = ring.numel() >= SEEDED_FROM
     shares: list[pt.PointerTensor] = []
@@ -329,7 +447,11 @@ def share_tensor(x: torch.Tensor, session: Session, frac_bits: int | None = None
         rest = torch.sub(rest, r) if rest is ring else rest.sub_(r)
         shares.append(ptr)
     shares.append(_send_in_pieces(rest, session.parties[-1]))
-    return SharedTensor(shares, session, f, dtype)
+    out = SharedTensor(shares, session, f, dtype)
+    out.bound = bound
+    if bound is not None and x.dim() >= 2:
+        out.abs_sums = abs_sums(x)
+    return out
 
 
 def _send_in_pieces(t: torch.Tensor, worker: Any) -> pt.PointerTensor:

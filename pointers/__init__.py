@@ -20,6 +20,7 @@ from pointers.errors import (
     PartyUnavailable,
     PointerError,
     RemoteError,
+    SendError,
     UnknownObjectError,
     ValueRequiresGetError,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "PointerError",
     "PointerTensor",
     "RemoteError",
+    "SendError",
     "UnknownObjectError",
     "ValueRequiresGetError",
     "VirtualWorker",

@@ -18,6 +18,10 @@ class LocationMismatchError(PointerError):
         self.locations = (first, second)
 
 
+class SendError(PointerError, TypeError):
+    """``send`` was given something other than one worker (``x.send(bob, alice)``)."""
+
+
 class ValueRequiresGetError(PointerError):
     """A Python value of a remote tensor was requested without an explicit get()."""
 

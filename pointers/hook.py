@@ -24,8 +24,8 @@ _MARK = "__pointers_hook__"
 ENTRY_POINT_GROUP = "pointers.tensor_methods"
 
 
-def _tensor_send(self: Any, worker: Any) -> Any:
-    return send(self, worker)
+def _tensor_send(self: Any, *workers: Any) -> Any:
+    return send(self, *workers)
 
 
 def _tensor_get(self: Any) -> Any:
@@ -40,8 +40,8 @@ def _tensor_tag(self: Any, *tags: str, description: str = "") -> Any:
     return tag(self, *tags, description=description)
 
 
-def _module_send(self: nn.Module, worker: Any) -> nn.Module:
-    return send(self, worker)
+def _module_send(self: nn.Module, *workers: Any) -> nn.Module:
+    return send(self, *workers)  # type: ignore[no-any-return]
 
 
 def _module_get(self: nn.Module) -> nn.Module:

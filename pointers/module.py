@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from pointers.errors import PointerError
+from pointers.errors import PointerError, SendError
 from pointers.pointer_tensor import PointerTensor, send_tensor
 from pointers.wire.messages import Fetch
 
@@ -25,15 +25,30 @@ if TYPE_CHECKING:
 T = TypeVar("T", torch.Tensor, nn.Module)
 
 
-def send(obj: T, worker: WorkerClient) -> Any:
-    """Send a tensor (returns a PointerTensor) or a module (its parameters move) to ``worker``."""
+def send(obj: T, *workers: WorkerClient) -> Any:
+    """Send a tensor (returns a PointerTensor) or a module (its parameters move) to one
+    worker: ``send(x, bob)``."""
+    if len(workers) != 1:
+        raise SendError(
+            f"send() takes one worker, got {len(workers)}"
+            + (f" ({', '.join(repr(getattr(w, 'id', w)) for w in workers)})" if workers else "")
+            + ": send(x, bob) sends x to bob. To split x among several workers so that no "
+            "one of them learns it, secret-share it: x.share(bob, alice, "
+            "crypto_provider=carol) (mpc.share); to give each worker its own copy, send "
+            "it to each: x.send(bob), x.send(alice)"
+        )
+    (worker,) = workers
     if isinstance(obj, nn.Module):
         return _send_module(obj, worker)
     return send_tensor(obj, worker)
 
 
 def get(obj: Any) -> Any:
-    """Bring back a pointer's value, or a sent module's parameters and gradients."""
+    """Bring back a pointer's value, or a sent module's parameters and gradients.
+
+    A module whose tensors are of a type that brings its values back itself (a tensor
+    type with a ``__module_get__(module)`` static method, as a secret-shared parameter
+    has: its values are reconstructed for the client that shared them) is handed to it."""
     if isinstance(obj, nn.Module):
         return _get_module(obj)
     if isinstance(obj, PointerTensor):
@@ -158,6 +173,10 @@ def _move_module(module: nn.Module, worker: WorkerClient) -> None:
 
 
 def _get_module(module: nn.Module) -> nn.Module:
+    for t in [*module.parameters(), *module.buffers()]:
+        opener = getattr(type(t), "__module_get__", None)
+        if opener is not None and not isinstance(t, PointerTensor):
+            return opener(module)  # type: ignore[no-any-return]
     for sub in module.modules():
         for p in sub._parameters.values():
             if isinstance(p, PointerTensor):

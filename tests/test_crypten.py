@@ -347,7 +347,10 @@ def test_encrypt_takes_the_src_ranks_model() -> None:
             layer.weight.fill_(float(rank + 1))
         model = crypten.nn.from_pytorch(layer, torch.empty(1, 2)).encrypt(src=1)
         out = model(crypten.cryptensor(torch.ones(1, 2)))
-        return [out.get_plain_text().item(), float(model.module.bias.get())]  # (a SharedTensor)
+        return [
+            out.get_plain_text().item(),
+            float(model.module.bias.get(delete=False)),
+        ]  # (a SharedTensor)
 
     (a, bias), (b, bias_1) = main()
     assert a == b and bias == bias_1 and abs(a - (4.0 + bias)) < 1e-3  # rank 1's weights: 2, 2
@@ -367,7 +370,7 @@ def test_crypten_modules_built_by_each_rank_share_one_set_of_weights() -> None:
         opt.zero_grad()
         crypten.nn.MSELoss()(model(x), y).backward()
         opt.step()  # one step, though every rank calls it
-        return model.weight.get()  # (a SharedTensor)
+        return model.weight.get(delete=False)  # (a SharedTensor, which every rank reads)
 
     w0, w1 = main()
     # rank 0's weights (1, 1): loss (2 - 0)^2, gradient 2 * 2 = 4 each, one step of 0.5

@@ -1,7 +1,9 @@
-"""The fixed-point range (issue 12): values inside it give right answers and no warning;
-values whose products can leave it warn where the magnitude is known for free (at
-encoding: share time and public operands; a public matmul or conv2d operand's sums);
-values that cannot be encoded at all are refused with the range in the message."""
+"""The fixed-point range: values inside it give right answers and no warning; an op whose
+result can leave it, from the magnitudes the client knows (mpc.ranges: max |x| of what it
+shared, its public operands, carried through each op), warns when it runs, exactly then:
+never for a result that cannot be wrong (a sum of large values, the docs' first example),
+always for one that comes back wrong. Values that cannot be encoded at all are refused
+with the range in the message."""
 
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def test_inside_the_range_no_warning_and_right_results(trio, case):
     assert torch.all((prod - x * y).abs() <= tol)
     assert torch.all((total - (x + y)).abs() <= 2 * unit)
     assert torch.all((scaled - 0.75 * x).abs() <= x.abs() * unit + 2 * unit)
-    ex, ey = encode(x, f, check_range=False), encode(y, f, check_range=False)
+    ex, ey = encode(x, f), encode(y, f)
     assert torch.equal(less.bool(), ex < ey)  # the protocol compares the encodings
 
 
@@ -103,25 +105,6 @@ def test_public_matmul_inside_the_range(trio, case, scale):
 
 
 @SETTINGS
-@given(
-    st.integers(8, 20),
-    st.floats(0.0, 0.99),
-    st.sampled_from([-1.0, 1.0]),
-)
-def test_encodable_values_past_the_product_range_warn(f, t, sign):
-    # a magnitude in [2^(31-f), 2^(62-f)), log-uniform
-    lo, hi = math.log2(product_safe_value(f)), math.log2(max_safe_value(f))
-    v = sign * 2.0 ** (lo + t * (hi - lo))
-    with pytest.warns(FixedPointRangeWarning, match=rf"2\*\*{31 - f} = ") as rec:
-        enc = encode(torch.tensor([v, 0.5], dtype=torch.float64), f)
-    assert rec[0].filename == __file__  # the warning names the caller's line
-    assert enc[0] == round(v * 2.0**f)  # still encoded, exactly
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FixedPointRangeWarning)
-        encode(torch.tensor([v]), f, check_range=False)  # the opt-out
-
-
-@SETTINGS
 @given(st.integers(0, 30), st.floats(1.0, 1e6), st.sampled_from([-1.0, 1.0]))
 def test_values_that_cannot_be_encoded_are_refused_with_the_range(f, k, sign):
     v = sign * max_safe_value(f) * k
@@ -130,18 +113,97 @@ def test_values_that_cannot_be_encoded_are_refused_with_the_range(f, k, sign):
     assert isinstance(info.value, EncodingError)  # (mpc.EncodingError, a ValueError)
 
 
-def test_the_issue_examples_warn_and_would_be_wrong(trio):
+def _warned(fn):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = fn()
+    hits = [w for w in rec if issubclass(w.category, FixedPointRangeWarning)]
+    return out, hits
+
+
+def test_the_docs_first_example_and_large_sums_do_not_warn(trio):
     alice, bob, carol = trio
-    with pytest.warns(FixedPointRangeWarning, match="357.9"):  # 2^30 / 3e6
-        a = mpc.share(torch.tensor([3e6]), alice, bob, crypto_provider=carol)
-    wrong = (a * a).get()
+    x = mpc.share(torch.tensor([1.0, 2.0]), alice, bob, crypto_provider=carol)
+    got, hits = _warned(lambda: (x * 3.5 + 1).get())
+    assert not hits and torch.allclose(got, torch.tensor([4.5, 8.0]))
+    # sharing, adding, comparing values past the product range: nothing can be wrong
+    big = torch.tensor([3e6, -7e9, 2.0**40])
+    got, hits = _warned(lambda: (mpc.share(big, alice, bob, crypto_provider=carol) * 2 + 1e9).get())
+    assert not hits and torch.allclose(got.double(), big.double() * 2 + 1e9, rtol=1e-6)
+    assert encode(torch.tensor([2.0**44]), 16)[0] == 2**60  # (encoding never warns)
+
+
+@st.composite
+def scalar_products(draw):
+    """frac_bits, and two scalars whose product's magnitude is log-uniform around the
+    range's edge 2^(62 - 2f)."""
+    f = draw(st.integers(8, 20))
+    edge = 62 - 2 * f
+    t = draw(st.floats(edge - 6.0, edge + 6.0))
+    share = draw(st.floats(0.2, 0.8))
+    signs = draw(st.tuples(st.sampled_from([-1.0, 1.0]), st.sampled_from([-1.0, 1.0])))
+    x = signs[0] * 2.0 ** (t * share)
+    y = signs[1] * 2.0 ** (t * (1 - share))
+    return f, x, y
+
+
+@SETTINGS
+@given(scalar_products())
+def test_a_product_warns_exactly_when_it_can_be_wrong(trio, case):
+    f, x, y = case
+    alice, bob, carol = trio
+    a = mpc.share(
+        torch.tensor([x], dtype=torch.float64), alice, bob, crypto_provider=carol, frac_bits=f
+    )
+    b = mpc.share(
+        torch.tensor([y], dtype=torch.float64), alice, bob, crypto_provider=carol, frac_bits=f
+    )
+    got, hits = _warned(lambda: (a * b).get())
+    want = x * y
+    can_be_wrong = abs(want) * 2.0 ** (2 * f) >= 2.0**62  # (|x| and |y| known exactly here)
+    assert bool(hits) == can_be_wrong, (x, y, f)
+    tol = (abs(x) + abs(y) + 2) * 2.0**-f
+    if not hits:  # no warning: right
+        assert abs(float(got) - want) <= tol
+    if abs(float(got) - want) > tol:  # wrong: it warned, naming the caller's line
+        assert hits and hits[0].filename == __file__
+
+
+@SETTINGS
+@given(scalar_products(), st.integers(1, 6))
+def test_a_public_matmul_warns_exactly_when_it_can_be_wrong(trio, case, k):
+    f, x, y = case
+    alice, bob, carol = trio
+    a = mpc.share(
+        torch.full((1, k), x, dtype=torch.float64), alice, bob, crypto_provider=carol, frac_bits=f
+    )
+    p = torch.full((k, 2), y / k, dtype=torch.float64)
+    p = p + 1e-3 * (p == p.round())  # (not integral: the fixed-point product)
+    got, hits = _warned(lambda: (a @ p).get())
+    want = (torch.full((1, k), x, dtype=torch.float64) @ p).abs().max().item()
+    assert bool(hits) == (want * 2.0 ** (2 * f) >= 2.0**62), (x, y, k, f)
+    if not hits:
+        assert torch.allclose(
+            got,
+            torch.full((1, k), x, dtype=torch.float64) @ p,
+            rtol=1e-3,
+            atol=k * (abs(x) + abs(y) + 2) * 2.0**-f,
+        )
+
+
+def test_the_issue_examples_warn_at_the_product(trio):
+    alice, bob, carol = trio
+    a = mpc.share(torch.tensor([3e6]), alice, bob, crypto_provider=carol)  # (no warning)
+    with pytest.warns(FixedPointRangeWarning, match=r"mul: the product can reach 9e\+12") as rec:
+        wrong = (a * a).get()
+    assert rec[0].filename == __file__  # the warning names the caller's line
     assert not torch.allclose(wrong, torch.tensor([9e12]))  # what the warning is about
-    with pytest.warns(FixedPointRangeWarning):
-        b = mpc.share(torch.tensor([2.0**40]), alice, bob, crypto_provider=carol)
-    assert (b * b).get().item() != 2.0**80
-    # sums and comparisons of such values are still right
-    assert (a + a).get().item() == 6e6
-    assert bool((a < b).get().item())
+    z = mpc.share(torch.tensor([1000.0]), alice, bob, crypto_provider=carol)
+    square, hits = _warned(lambda: z * z)  # 1e6: inside the range
+    assert not hits
+    with pytest.warns(FixedPointRangeWarning, match="1e\\+12"):
+        fourth = (square * square).get()  # (x*x)*(x*x) at x = 1000: 1e12
+    assert fourth.item() != 1e12
     with pytest.raises(mpc.EncodingError, match=r"2\*\*46"):
         mpc.share(torch.tensor([2.0**47]), alice, bob, crypto_provider=carol)
     for bad in (math.nan, math.inf):
@@ -149,28 +211,25 @@ def test_the_issue_examples_warn_and_would_be_wrong(trio):
             mpc.share(torch.tensor([bad]), alice, bob, crypto_provider=carol)
 
 
-def test_public_operands_warn_when_results_can_leave_the_range(trio):
+def test_bounds_carry_through_layers(trio):
     alice, bob, carol = trio
     x = mpc.share(torch.tensor([[3.0, -2.0]]), alice, bob, crypto_provider=carol)
-    with pytest.warns(FixedPointRangeWarning, match="encoding a value"):
-        x * 40000.5  # a public multiplier past the range
-    big = torch.full((2, 3), 20000.5)  # each below 2^15, each column sum above it
-    with pytest.warns(FixedPointRangeWarning, match="public operand of matmul") as rec:
-        got = (x @ big).get()
-    assert rec[0].filename == __file__
-    assert torch.allclose(got, torch.tensor([[3.0, -2.0]]) @ big)  # small x: still right
-    with pytest.warns(FixedPointRangeWarning, match="public operand of matmul"):
-        big.t() @ x.t()
+    assert x.bound == 3.0
+    assert (x * 0.5 + 1).bound == 2.5 and torch.sigmoid(x).bound == 1.0
+    assert (x @ torch.tensor([[1.5], [-4.0]])).bound == 3.0 * 5.5
+    w = mpc.share(torch.tensor([[0.5], [2.0]]), alice, bob, crypto_provider=carol)
+    # a matrix the client shared: its largest sum of |w| down a column, as for a public one
+    assert w.abs_sums == (2.5, 2.0) and (x @ w).bound == 3.0 * 2.5
+    h = x * 1.0  # (a computed value: no sums known) times w: bounds times the length, 12
+    assert (h @ w).bound == min(3.0 * 2.5, 3.0 * 2.0 * 2)
+    assert (w.t() @ x.t()).bound == 3.0 * 2.5  # (a transpose keeps the sums, swapped)
+    assert torch.relu(x).sum().bound == 6.0
+    assert torch.reciprocal(x).bound is None  # not bounded: later products unchecked
     img = mpc.share(torch.ones(1, 2, 4, 4), alice, bob, crypto_provider=carol)
-    with pytest.warns(FixedPointRangeWarning, match="public operand of conv2d"):
-        torch.nn.functional.conv2d(img, torch.full((1, 2, 3, 3), 2000.5))
-    ctx = _no_range_warnings()
-    try:  # integral public operands multiply exactly: their range is 2^46, no warning
-        assert torch.equal((x * 1e6).get(), torch.tensor([[3e6, -2e6]]))
-        (x @ torch.full((2, 3), 30000.0)).get()
-        torch.nn.functional.conv2d(img, torch.full((1, 2, 3, 3), 0.5)).get()
-    finally:
-        ctx.__exit__(None, None, None)
+    with pytest.warns(FixedPointRangeWarning, match="convolution"):
+        torch.nn.functional.conv2d(img * 20000.5, torch.full((1, 2, 3, 3), 20000.5))
+    _, hits = _warned(lambda: torch.nn.functional.conv2d(img, torch.full((1, 2, 3, 3), 0.5)).get())
+    assert not hits
 
 
 @SETTINGS
@@ -178,10 +237,11 @@ def test_public_operands_warn_when_results_can_leave_the_range(trio):
 def test_integers_are_exact_and_never_warn(trio, values):
     alice, bob, carol = trio
     t = torch.tensor(values, dtype=torch.int64)
-    ctx = _no_range_warnings()
-    try:
-        a = mpc.share(t, alice, bob, crypto_provider=carol)
-        assert torch.equal(a.get(), t)
-        assert torch.equal((a * a).get(), t * t)  # mod 2^64, as torch's int64
-    finally:
-        ctx.__exit__(None, None, None)
+    (got, square), hits = _warned(
+        lambda: (
+            mpc.share(t, alice, bob, crypto_provider=carol).clone().get(),
+            (lambda a: (a * a).get())(mpc.share(t, alice, bob, crypto_provider=carol)),
+        )
+    )
+    assert not hits
+    assert torch.equal(got, t) and torch.equal(square, t * t)  # mod 2^64, as torch's int64

@@ -82,10 +82,11 @@ def test_masked_fill_and_where_with_public_masks(fill: float, group: Any) -> Non
         c = torch.where(mask, torch.tensor(fill), sx)
     assert s.rounds == 0  # a public selection: local
     for got, ref in ((a, x.masked_fill(mask, fill)), (b, torch.where(mask, x, fill))):
-        got_v, ref_v = got.get(), ref
         if fill <= MIN:  # masked positions hold the public sentinel, recorded as masked
-            ref_v = ref_v.masked_fill(ref_v <= MIN, MASKED_VALUE)
             assert masked_positions(got) is not None
+        got_v, ref_v = got.get(), ref
+        if fill <= MIN:
+            ref_v = ref_v.masked_fill(ref_v <= MIN, MASKED_VALUE)
         close(got_v, ref_v, 1e-4)
     ref_c = torch.where(mask, torch.tensor(fill), x)
     close(c.get(), ref_c.masked_fill(ref_c <= MIN, MASKED_VALUE) if fill <= MIN else ref_c, 1e-4)

@@ -36,11 +36,11 @@ def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, 
     x = mpc.share(v, *parties, crypto_provider=dealer)
     with mpc.stats() as s:
         best, idx = torch.max(x, 1)
-        idx.get()
+        got_idx = idx.get()
     assert s.rounds == 4 * _levels(k)[0]  # the values-only max's rounds
     want, want_idx = torch.max(v, 1)
     assert torch.allclose(best.get(), want, atol=2e-5 * scale + 1e-4)
-    assert torch.equal(idx.get(), want_idx)
+    assert torch.equal(got_idx, want_idx)
     assert torch.equal(torch.argmax(x, 1).get(), torch.argmax(v, 1))
     low, low_idx = torch.min(x, 1)
     assert torch.equal(low_idx.get(), torch.min(v, 1).indices)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
+from mpc.protocols.sizes import SLACK
 
 N = 4096
 KEY = 1520  # bytes of one element's correction words at 64 bits (mpc.math.dcf.key_bytes(63))
@@ -231,3 +232,6 @@ def test_fss_steps_allocate_at_most_what_they_declare() -> None:
     assert set(seen) == set(STEPS)
     over = {k: v for k, v in seen.items() if v[0] > v[1]}
     assert not over, over
+    # and what they declare is at most 1.5 times the measured peak (and two SLACKs)
+    under = {k: v for k, v in seen.items() if v[1] > 1.5 * v[0] + 2 * SLACK}
+    assert not under, under

@@ -190,13 +190,33 @@ def test_floor_table_reports_rounds_times_latency():
             "rounds": 60,
             "median_s": 0.7,
             "plan": True,
+            "loopback_s": 0.2,
         },
+        {"workload": "W3", "op": "lt", "size": "1e4", "rounds": 4, "median_s": 0.09},
     ]
+    rows[2]["loopback_s"] = 0.02
     text = floor_table(rows, 10.0)
-    assert "20.00 ms" in text and "(R+2)L = 40.00 ms" in text and "5.0 L" in text
-    assert "600.00 ms" in text and "(R+1)L = 610.00 ms" in text
+    assert "20.00 ms" in text and "5.0 L" in text
+    w1, w5, w3 = text.splitlines()[2:]
+    assert "t0 =" not in w1 and w1.split()[-5:] == ["-", "-", "-", "5.0", "L"]  # no t0: no goal
+    assert "600.00 ms" in w5 and "(R+1)L + t0 = 810.00 ms" in w5 and " yes " in w5
+    # (R + 2) L alone (60 ms) lies below the median; the goal counts the protocol's time
+    assert "(R+2)L + t0 = 80.00 ms" in w3 and "no (+12%)" in w3
     md = floor_table(rows, 10.0, markdown=True)
-    assert md.splitlines()[0].startswith("| workload |") and md.count("\n") == 3
+    assert md.splitlines()[0].startswith("| workload |") and md.count("\n") == 4
+
+
+@pytest.mark.network
+def test_a_network_run_with_latency_states_its_goal_and_one_cpu_note(capsys):
+    argv = ["--network", "--latency-ms", "5", "--workloads", "W1", "--sizes", "W1=1e3"]
+    assert bench_main([*argv, "--repeat", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    cpu_notes = [line for line in out.splitlines() if line.startswith("cpu:")]
+    assert len(cpu_notes) == 1 and "all the processes together" in cpu_notes[0]
+    assert "every party runs in this process" not in out  # (the in-process note)
+    (row,) = [line for line in out.splitlines() if line.startswith("W1 mul") and "L + t0" in line]
+    goal = row.split("(R+2)L + t0 = ")[1]
+    assert goal.split()[1] in ("ms", "s")  # the goal counts the L = 0 time, measured
 
 
 # ------------------------------------------------------------------ packed rounds
@@ -387,7 +407,9 @@ def test_the_dealer_refuses_malformed_product_nonces(kind, request):
                 out=[((64,), torch.int64)],
             )
             carol.sync() if kind == "network" else None
-    assert torch.equal((s < s.get() + 1).get().to(torch.bool), torch.ones(4, dtype=torch.bool))
+    assert torch.equal(
+        (s < s.clone().get() + 1).get().to(torch.bool), torch.ones(4, dtype=torch.bool)
+    )
 
 
 def test_a_selection_of_too_many_values_is_refused_before_anything_moves():

@@ -384,7 +384,7 @@ def test_part_11_encrypted_classification_on_digits():
         for d, t in private_test_loader:
             output = model(d)
             pred = output.argmax(dim=1)
-            preds.append(pred.get())
+            preds.append(pred.clone().get())  # (get() frees pred's shares, as PySyft's)
             correct += pred.eq(t.view_as(pred)).sum().get().float_precision().item()
     assert torch.cat(preds).long().tolist() == plain_pred.tolist()
     assert correct == (plain_pred == test_target).sum().item()

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.workloads.by_module import Pass, describe
+
 
 def _fmt_time(s: float | None) -> str:
     if s is None or (isinstance(s, float) and math.isnan(s)):
@@ -99,9 +101,12 @@ NETWORK_NOTE = (
     "network: every worker is its own process; each timed run ends with a sync of every "
     "worker (commands are pipelined), inside the timer, except a run that reveals its "
     "result to the client (W3, W6, W8): its timer stops when the value is in hand, and the "
-    "sync follows outside it. cpu: CPU time per run of all the "
-    "processes together (this client and every worker process, all threads; the mean of "
-    "the timed runs; on C cores a run takes at least cpu / C). dealer t: not measured."
+    "sync follows outside it. dealer t: not measured."
+)
+NETWORK_CPU_NOTE = (
+    "cpu: CPU time per run of all the processes together (this client and every worker "
+    "process, all threads; the mean of the timed runs; on C cores a run takes at least "
+    "cpu / C)."
 )
 ELEMENTS_NOTE = (
     "elem/s: elements per second of the median (W2: output entries, W5: images, W8: the "
@@ -150,8 +155,15 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
         header = mpc_header(wide)
         out += [header, "-" * len(header)] + [format_row(r, wide) for r in mpc_rows]
         if any("cpu_median_s" in r for r in mpc_rows):
-            out.append(CPU_NOTE)
+            network = [r.get("workers") == "network" for r in mpc_rows if "cpu_median_s" in r]
+            if all(network):
+                out.append(NETWORK_CPU_NOTE)
+            elif not any(network):
+                out.append(CPU_NOTE)
+            else:  # (one table of both kinds: each note says which rows it covers)
+                out += [f"in-process rows: {CPU_NOTE}", f"network rows: {NETWORK_CPU_NOTE}"]
         out += [ELEMENTS_NOTE, DEALER_NOTE]
+        out += [line for r in mpc_rows if (line := rounds_by_module(r))]
     if ptr_rows:
         if out:
             out.append("")
@@ -159,6 +171,16 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
     if any(r.get("workers") == "network" for r in rows):
         out.append(NETWORK_NOTE)
     return "\n".join(out)
+
+
+def rounds_by_module(row: dict[str, Any]) -> str:
+    """``W16 decode p32: rounds by module: attention 408, ...`` for a row that counted its
+    rounds by module (W16, W17: one token), else ``""``."""
+    kinds = row.get("rounds_by_module")
+    if not kinds or row.get("rounds") is None:
+        return ""
+    table = Pass(dict(kinds)).table(int(row["rounds"]))
+    return f"{row['workload']} {row['op']} {row['size']}: rounds by module: {describe(table)}"
 
 
 def format_markdown(rows: list[dict[str, Any]]) -> str:

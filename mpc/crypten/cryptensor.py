@@ -114,7 +114,7 @@ class MPCTensor(CrypTensor):
         """Decrypt: the value, to the client (every rank gets it, or only rank ``dst``)."""
         if dst is not None:
             _world.check_src(dst, "dst")
-        value = _world.collective("get_plain_text", lambda _: self._shared.get())
+        value = _world.collective("get_plain_text", lambda _: self._shared.get(delete=False))
         if dst is not None and _world.rank() != dst:
             return None
         return value if _world.rank() == 0 else value.clone()

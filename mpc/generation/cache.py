@@ -85,7 +85,7 @@ class PartyPositions:
     def mask_scores(self, scores: SharedTensor) -> SharedTensor:
         """Scores (..., L, C) with the positions a query does not see masked."""
         scores.materialize()
-        masked = int(encode(MASKED_VALUE, scores.frac_bits, check_range=False))
+        masked = int(encode(MASKED_VALUE, scores.frac_bits))
         shares = []
         for i, (s, keep) in enumerate(zip(scores.shares, self.keep)):
             out = s * keep

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from mpc.material.sizes import SLACK, WORD
 from mpc.math.encoding import encode
 from mpc.math.prg import split_additive
+from mpc.protocols.sizes import SLACK, WORD
 from pointers.worker import holding
 from pointers.worker.functions import sized
 from pointers.worker.sealing import Label, ProtocolCall, protocol_function

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from mpc.protocols.sizes import (
-    SLACK,
     WORD,
+    declared,
     elems,
     int_param,
     nbytes,
@@ -20,14 +22,18 @@ from pointers.worker.functions import SizeFunction, sized
 
 
 def release_sum(p: dict[str, Any]) -> int:
+    """The sum, in one new tensor of a part's size."""
     ts = tensors(p.get("parts"))
-    return 2 * (nbytes(ts[0]) if ts else WORD) + SLACK
+    return declared(nbytes(ts[0]) if ts else WORD)
 
 
 def share_update(p: dict[str, Any]) -> int:
+    """The shares (one word an element each) and, for an update narrower than float64,
+    half its size again (measured at 2^20 elements)."""
     n = int_param(p.get("n_shares"), "n_shares", 2, 5)
     update = p.get("update")
-    return (n + 5) * WORD * elems(update) + 2 * nbytes(update) + SLACK
+    narrow = isinstance(update, torch.Tensor) and update.element_size() < 8
+    return declared(n * WORD * elems(update) + (nbytes(update) // 2 if narrow else 0))
 
 
 # the steps declared in modules of others' (registered name -> (peak, keeps))

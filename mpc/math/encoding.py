@@ -9,27 +9,21 @@ Encoded magnitudes must stay below ``2**62``, so the float range that encodes sa
 
 Products need more room: the product of two encoded values is ``x * y * 2**(2 f)`` before
 its truncation, which is right only while that stays below ``2**62``, i.e.
-``|x * y| < 2**(62 - 2 f)`` (``2**30`` at 16 bits). A value whose encoding reaches
-``2**31`` (``|x| >= 2**(31 - f)``, see :func:`product_safe_value`) can be shared, added and
-compared, but its product with another value that large wraps around and comes back
-wrong without an error: :func:`encode` warns about it (:class:`FixedPointRangeWarning`),
-from the ``abs().max()`` it computes anyway. Products of shared values are not checked
-(that would cost a comparison protocol per product).
+``|x * y| < 2**(62 - 2 f)`` (``2**30`` at 16 bits). Encoding a large value is not wrong
+in itself; an op whose result can leave the range warns when it runs
+(:class:`FixedPointRangeWarning`, from the magnitudes the client knows: :mod:`mpc.ranges`).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
-import warnings
 
 import torch
 
 __all__ = [
     "EncodingError",
     "FixedPointRangeWarning",
-    "check_public_product",
+    "abs_sums",
     "decode",
     "encode",
     "max_safe_value",
@@ -45,8 +39,8 @@ class EncodingError(ValueError):
 
 
 class FixedPointRangeWarning(UserWarning):
-    """A value is encodable, but so large that a product with it can leave the fixed-point
-    range and come back wrong without an error (see :func:`product_safe_value`)."""
+    """An op on shared values can leave the fixed-point range, from the magnitudes the
+    client knows, so its result can come back wrong without an error (:mod:`mpc.ranges`)."""
 
 
 def _check_frac_bits(frac_bits: int) -> None:
@@ -69,68 +63,6 @@ def product_safe_value(frac_bits: int) -> float:
     return float(2.0 ** (_PRODUCT_BITS - frac_bits))
 
 
-# the caller outside mpc, pointers and torch is the line a warning names
-_MPC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_INTERNAL = tuple(
-    os.path.join(d, "")
-    for d in (
-        _MPC,
-        os.path.join(os.path.dirname(_MPC), "pointers"),
-        os.path.dirname(torch.__file__),
-    )
-)
-
-
-def _stacklevel() -> int:
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level
-
-
-def _range_warning(what: str, top: float, frac_bits: int, partner: str) -> None:
-    bound = product_safe_value(frac_bits)
-    room = 2.0 ** (2 * _PRODUCT_BITS - 2 * frac_bits)
-    warnings.warn(
-        f"{what} = {top:g} is at or above the fixed-point product range "
-        f"2**{_PRODUCT_BITS - frac_bits} = {bound:g} at frac_bits={frac_bits}: a product "
-        f"needs |result| < 2**{2 * (_PRODUCT_BITS - frac_bits)} = {room:g}, so a product "
-        f"with {partner} |y| >= {room / top:g} comes back wrong without an error (sums, "
-        "comparisons and smaller products are right); scale the values down or use fewer "
-        "fractional bits",
-        FixedPointRangeWarning,
-        stacklevel=_stacklevel(),
-    )
-
-
-def check_public_product(p: torch.Tensor, frac_bits: int, op: str, public_first: bool) -> None:
-    """Warn if the public operand ``p`` of ``op`` (``matmul``; ``conv2d`` with ``p`` the
-    weight) takes the result out of the range for shared operands inside it: its largest
-    sum of ``|p|`` over the contracted dimension(s) is at or above
-    :func:`product_safe_value`. One ``abs().sum().max()`` on the plaintext operand the
-    client holds anyway; nothing about the shared operand is looked at."""
-    if not isinstance(p, torch.Tensor) or not p.is_floating_point() or p.numel() == 0:
-        return
-    if op == "conv2d":
-        if public_first or p.dim() != 4:
-            return  # (a public input: its windows are not one reduction)
-        dims: tuple[int, ...] = (1, 2, 3)  # in-channels and the kernel window
-    elif op == "matmul":
-        dims = (-1,) if public_first or p.dim() < 2 else (-2,)
-    else:
-        return
-    top = float(p.detach().abs().sum(dim=dims).max())  # (in its dtype: a bound, not a value)
-    if math.isfinite(top) and top >= product_safe_value(frac_bits):
-        _range_warning(
-            f"the public operand of {op}: its largest sum of |p| over the contracted dimension",
-            top,
-            frac_bits,
-            "shared values of",
-        )
-
-
 def _as_tensor(x: torch.Tensor | float | int) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
@@ -142,9 +74,7 @@ def _as_tensor(x: torch.Tensor | float | int) -> torch.Tensor:
     raise EncodingError(f"expected a tensor, float or int, got {type(x).__name__}")
 
 
-def encode(
-    x: torch.Tensor | float | int, frac_bits: int, *, check_range: bool = True
-) -> torch.Tensor:
+def encode(x: torch.Tensor | float | int, frac_bits: int) -> torch.Tensor:
     """Encode ``x`` as int64 ring elements.
 
     Floating tensors (and Python floats) become ``round(x * 2**frac_bits)``, rounded half to
@@ -155,10 +85,6 @@ def encode(
     Raises:
         EncodingError: for NaN/inf, for a float with ``|x| >= max_safe_value(frac_bits)``, for
             a uint64 value above the int64 range, or for an unsupported dtype.
-
-    Warns:
-        FixedPointRangeWarning: for a float with ``|x| >= product_safe_value(frac_bits)``
-            (unless ``check_range=False``): a product with it can wrap around silently.
     """
     _check_frac_bits(frac_bits)
     t = _as_tensor(x)
@@ -187,8 +113,6 @@ def encode(
                 f"{frac_bits} allows only |x| < 2**{_SAFE_BITS - frac_bits} = {bound!r}; "
                 "scale the input down or use fewer fractional bits"
             )
-        if check_range and max_abs >= product_safe_value(frac_bits):
-            _range_warning("encoding a value: max |x|", max_abs, frac_bits, "a value of")
     # x * 2**f is exact in float64 (a power-of-two scale), so only the rounding is inexact
     # (in place only on a converted copy: a float64 input shares its memory with t64)
     scale = float(2**frac_bits)
@@ -217,3 +141,14 @@ def decode(x: torch.Tensor, frac_bits: int, dtype: torch.dtype = torch.float32) 
             f"decoding to integer dtype {dtype} needs frac_bits=0, got frac_bits={frac_bits}"
         )
     return x.to(dtype)
+
+
+def abs_sums(t: torch.Tensor) -> tuple[float, float] | None:
+    """For a matrix (or a batch of them) the client shares: the largest sum of |t| down a
+    column (over dim -2) and along a row (over dim -1). A matmul's result is bounded by
+    the other operand's bound times the sum along the contraction: exact for inputs at
+    their bound with t's signs, where bound times bound times the length is not."""
+    if t.dim() < 2 or t.numel() == 0 or not t.is_floating_point():
+        return None
+    a = t.detach().abs().double()
+    return float(a.sum(dim=-2).max()), float(a.sum(dim=-1).max())

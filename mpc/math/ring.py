@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -276,24 +277,53 @@ def measured_speeds(row_major: bool) -> Speeds:
     )
 
 
+def speeds_measured() -> bool:
+    """Whether :func:`measured_speeds` has measured both layouts in this process (the
+    first large product does): what :func:`limbs_pay` and :func:`relayout_pays` decide
+    is then known without measuring."""
+    return measured_speeds.cache_info().currsize >= 2
+
+
 _LIMBS_MARGIN = 0.7  # the limb method is taken where it measured at most this times int64's
 
 
+def limbs_pay(rows: int, b_shape: tuple[int, ...], b_row_major: bool) -> bool:
+    """Whether a large CPU product of ``rows`` rows of ``a`` (at least
+    :data:`_COLUMNS_FROM` rows and :data:`_RELAYOUT_FROM` multiply-adds, ``b`` of
+    ``b_shape`` a matrix or a batch of them) is faster by float64 limbs than by torch's
+    int64 kernel on this CPU, as measured. CPUs differ by 20 times here: one machine of
+    this project ran (128, 768) x (768, 768) in 10 ms by the int64 kernel, another in
+    150-260 ms, where the limbs took 30 ms (BLAS is fast on both). The limbs' temporaries
+    are larger (see :func:`mpc.protocols.sizes.bilinear`)."""
+    if len(b_shape) < 2 or b_shape[-1] < 2:
+        return False
+    if rows < _COLUMNS_FROM or rows * b_shape[-2] * b_shape[-1] < _RELAYOUT_FROM:
+        return False
+    here, other = measured_speeds(b_row_major), measured_speeds(not b_row_major)
+    return here.limbs < _LIMBS_MARGIN * min(here.many, other.many)
+
+
 def _limbs_pay(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a large CPU product (at least :data:`_COLUMNS_FROM` rows and
-    :data:`_RELAYOUT_FROM` multiply-adds, ``b`` a matrix or a batch of them) is faster by
-    float64 limbs than by torch's int64 kernel on this CPU, as measured. CPUs differ by
-    20 times here: one machine of this project ran (128, 768) x (768, 768) in 10 ms by the
-    int64 kernel, another in 150-260 ms, where the limbs took 30 ms (BLAS is fast on
-    both). The limbs' temporaries are larger (see :func:`mpc.material.sizes.bilinear`)."""
-    if a.device.type != "cpu" or b.dim() < 2 or b.shape[-1] < 2:
+    if a.device.type != "cpu":
         return False
     rows = a.numel() // max(a.shape[-1], 1)
-    if rows < _COLUMNS_FROM or rows * b.shape[-2] * b.shape[-1] < _RELAYOUT_FROM:
+    return limbs_pay(rows, tuple(b.shape), b.dim() >= 2 and b.stride(-1) == 1)
+
+
+def relayout_pays(a_shape: tuple[int, ...], b_shape: tuple[int, ...], b_row_major: bool) -> bool:
+    """Whether torch's int64 product of an ``a`` of ``a_shape`` by a ``b`` of ``b_shape``
+    (on CPU) copies ``b`` to the other layout first (:func:`_int64_matmul`): where
+    :func:`measured_speeds` says that pays for the rows that read each matrix of ``b``."""
+    if len(a_shape) < 2 or len(b_shape) < 2 or b_shape[-1] <= 1 or b_shape[-2] <= 1:
         return False
-    row_major = b.stride(-1) == 1
-    here, other = measured_speeds(row_major), measured_speeds(not row_major)
-    return here.limbs < _LIMBS_MARGIN * min(here.many, other.many)
+    rows = math.prod(a_shape) // max(a_shape[-1], 1)
+    if len(b_shape) == 2 and rows < _COLUMNS_FROM:
+        return False  # (fewer rows: torch's matmul or torch.mv, b as it is)
+    per_b = rows if len(b_shape) == 2 else a_shape[-2]  # rows that read each matrix of b
+    if per_b * math.prod(b_shape) < _RELAYOUT_FROM:
+        return False
+    here, other = measured_speeds(b_row_major), measured_speeds(not b_row_major)
+    return per_b * (here.many - other.many) > here.copy
 
 
 def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -313,12 +343,8 @@ def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             speeds = measured_speeds(row_major)
             if rows * speeds.mv < speeds.one:
                 return _rows_by_mv(a, b)
-    elif a.dim() >= 2 and b.shape[-1] > 1 and b.shape[-2] > 1:
-        per_b = rows if b.dim() == 2 else a.shape[-2]  # rows that read each matrix of b
-        if per_b * b.numel() >= _RELAYOUT_FROM:
-            here, other = measured_speeds(row_major), measured_speeds(not row_major)
-            if per_b * (here.many - other.many) > here.copy:
-                b = _relaid(b)
+    elif relayout_pays(tuple(a.shape), tuple(b.shape), row_major):
+        b = _relaid(b)
     return torch.matmul(a, b)
 
 

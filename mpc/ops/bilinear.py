@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from mpc.errors import UnsupportedOpError
-from mpc.math.encoding import check_public_product
+from mpc.errors import ShapeError, UnsupportedOpError
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
 from mpc.ops.local import add_shared, mul_public
 from mpc.protocols.beaver.run import beaver
@@ -25,6 +24,30 @@ from mpc.shared import SharedTensor
 
 
 def _out_shape(op: str, params: dict[str, Any], a: Any, b: Any) -> tuple[int, ...]:
+    try:
+        return _meta_shape(op, params, a, b)
+    except RuntimeError as e:
+        first, second = (
+            ("a shared", "a public") if isinstance(a, SharedTensor) else ("a public", "a shared")
+        )
+        if isinstance(b, SharedTensor) and isinstance(a, SharedTensor):
+            second = "a shared"
+        what = {
+            "mul": "an elementwise product: expected shapes that broadcast (from the last "
+            "dimension on, each pair equal or one of them 1)",
+            "matmul": "a matrix product: expected the first's last dimension to equal the "
+            "second's second-to-last",
+            "conv2d": "a 2-D convolution: expected an input (N, C, H, W) whose C is the "
+            "weight's in-channels times groups, and a kernel no larger than the padded input",
+        }[op]
+        raise ShapeError(
+            f"{what}; found {first} operand of shape {tuple(a.shape)} and {second} of shape "
+            f"{tuple(b.shape)} (torch: {e}). Fix: reshape, transpose or unsqueeze an operand "
+            "so that the shapes fit, as the same op on plain tensors needs"
+        ) from e
+
+
+def _meta_shape(op: str, params: dict[str, Any], a: Any, b: Any) -> tuple[int, ...]:
     ma = torch.empty(a.shape, device="meta")
     mb = torch.empty(b.shape, device="meta")
     if op == "mul":
@@ -61,8 +84,6 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
         return mul_public(x, p)
     integral = is_integral(p)
     f = 0 if integral else x.session.config.frac_bits
-    if not integral:  # a warning if the public operand takes results out of the range
-        check_public_product(p, f, op, public_first)
     enc = encode_public(p, f) if not integral else p.detach().to(torch.int64)
     (shares,) = at_parties(
         x.session,

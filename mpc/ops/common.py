@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 import pointers as pt
 from mpc.errors import MPCError
@@ -13,6 +14,7 @@ from mpc.math.encoding import encode
 from mpc.shared import SharedTensor
 
 aten = torch.ops.aten
+_DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 
 
 def first_shared(args: Any) -> SharedTensor:
@@ -27,13 +29,25 @@ def first_shared(args: Any) -> SharedTensor:
 
 
 def result_dtype(*xs: Any) -> torch.dtype:
-    """Logical dtype of an arithmetic result: float if any operand is float."""
+    """Logical dtype of an arithmetic result: the first floating operand's dtype (float32
+    for a Python float); otherwise torch's promotion of the integer operands (a uint8
+    tensor times 2 is uint8; bool and bool stay bool). Integer results hold the unreduced
+    ring value, which reconstruction reduces to the dtype with torch's wrap-around
+    (:meth:`mpc.shared.SharedTensor.get`)."""
+    operands: list[Any] = []
     for x in xs:
-        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
-            return x.dtype
-        if isinstance(x, float):
+        if isinstance(x, torch.Tensor):
+            if x.dtype.is_floating_point:
+                return x.dtype
+            shape = () if x.dim() == 0 else (1,)  # (the rank class is what promotion reads)
+            operands.append(torch.empty(shape, dtype=x.dtype, device="meta"))
+        elif isinstance(x, float):
             return torch.float32
-    return torch.int64
+        elif isinstance(x, bool | int):
+            operands.append(x)
+    if not operands:
+        return torch.int64
+    return elementwise_dtypes(*operands, type_promotion_kind=_DEFAULT)[1]
 
 
 def rescale(x: SharedTensor, frac_bits: int) -> list[pt.PointerTensor]:

@@ -219,16 +219,21 @@ def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.exp.default)
 def exp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """e^x by range reduction (see :func:`mpc.protocols.approx.exp`): 17 rounds, domain
-    [-16.6, 11.09), relative error 1e-4 (result at 24 fractional bits)."""
+    """e^x by range reduction (see :func:`mpc.protocols.approx.exp`): 17 rounds, relative
+    error 1e-4 (result at 24 fractional bits). Valid range: -16.6 <= x < 11.09; outside
+    it returns 0 below and 2^16 above, without an error (exp(20) gives 65536): subtract a
+    known upper bound first (as softmax does). ``mpc.debug()`` catches it
+    (:data:`mpc.ranges.DOMAINS`)."""
     x = _shared(func, args[0])
     return _out(x, approx.exp(_fx(x), hi_scale(x)))
 
 
 @register(aten.log.default)
 def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 16 rounds, domain
-    [2^-16, 2^16), absolute error 1e-4."""
+    """ln x by normalisation (see :func:`mpc.protocols.approx.log`): 16 rounds, absolute
+    error 1e-4. Valid range: 2^-16 <= x < 2^16; outside it returns -16 ln 2 below (x <= 0
+    too: log(0) gives -11.09, not -inf) and 16 ln 2 above, without an error.
+    ``mpc.debug()`` catches it."""
     x = _shared(func, args[0])
     return _out(x, approx.log(_fx(x), _f(x)))
 
@@ -236,7 +241,9 @@ def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.reciprocal.default)
 def reciprocal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """1/x by normalisation and Goldschmidt (see :func:`mpc.protocols.approx.reciprocal`):
-    25 rounds (sign, then |x|), domain 2^-12 <= |x| < 2^12, relative error 1e-5 (result at 24 bits)."""
+    25 rounds (sign, then |x|), relative error 1e-5 (result at 24 bits). Valid range:
+    2^-12 <= |x| < 2^12; outside it returns +-2^12 below (1/0 and 1/1e-5 give 4096, not
+    inf and 1e5) and +-2^-12 above, without an error. ``mpc.debug()`` catches it."""
     x = _shared(func, args[0])
     return _out(x, approx.reciprocal(_fx(x), hi_scale(x)))
 
@@ -254,6 +261,10 @@ def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
 
 @register(aten.div.Tensor, aten.div.Scalar)
 def div(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """a / b. A public b: a product with 1/b (a public zero raises ZeroDivisionError). A
+    shared b: a times the reciprocal of b, valid for 2^-12 <= |b| < 2^12; outside it
+    a * (+-2^12) below (a / 0 is 4096 a) and a * (+-2^-12) above, without an error.
+    ``mpc.debug()`` catches it."""
     a, b = args[0], args[1]
     if kwargs.get("rounding_mode") is not None:
         raise UnsupportedOpError(str(func), "rounding modes are not supported")
@@ -269,7 +280,9 @@ def div(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.rsqrt.default, lazy=True)
 def rsqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """1/sqrt(x) by normalisation and Newton-Raphson (see
-    :func:`mpc.protocols.approx.rsqrt`): 22 rounds, domain [2^-14, 2^16). An operand
+    :func:`mpc.protocols.approx.rsqrt`): 22 rounds. Valid range: 2^-14 <= x < 2^16;
+    outside it returns 2^7 below (x <= 0 too, not nan or inf) and 2^-8 above, without an
+    error (``mpc.debug()`` catches it). An operand
     with a truncation pending is read with up to 24 fractional bits instead of 16 (the
     truncation it pays anyway stops there): a small variance such as RMSNorm's mean of
     squares keeps its relative precision."""
@@ -290,8 +303,9 @@ def _fx_wide(x: SharedTensor) -> Fx:
 
 @register(aten.sqrt.default)
 def sqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """sqrt(x) = x / sqrt(x): rsqrt and one product, 24 rounds; sqrt(0) = 0, x < 0 gives
-    x 2^7 (out of the domain [0, 2^16))."""
+    """sqrt(x) = x / sqrt(x): rsqrt and one product, 24 rounds; sqrt(0) = 0. Valid range:
+    0 <= x < 2^16; outside it x < 0 gives x 2^7 (sqrt(-4) gives -512, not nan), without
+    an error. ``mpc.debug()`` catches it."""
     x = _shared(func, args[0])
     fx = _fx(x)
     r = approx.rsqrt(fx, approx.WORK)

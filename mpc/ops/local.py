@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mpc.errors import MPCError, UnsupportedOpError
+from mpc.errors import MPCError, ShapeError, UnsupportedOpError
 from mpc.ops.common import (
     aten,
     check_public,
@@ -89,6 +89,8 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_public(a, str(func))
         if not isinstance(args[0], SharedTensor) or _has_shared(a):  # e.g. x[shared_index]
             raise UnsupportedOpError(str(func), "indices must be public")
+    if func is aten.index.Tensor:
+        args = (args[0], _long_indices(x, args[1]), *args[2:])
     per = [_per_share(func, args, kwargs, i) for i in range(x.session.n)]
     if isinstance(per[0], list | tuple):
         outs = [x.with_shares([p[k] for p in per]) for k in range(len(per[0]))]
@@ -99,6 +101,29 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             t.views_of_pending = True
     view_of(x, outs, func, args[1:], kwargs)  # a view of a model's weight
     return type(per[0])(outs) if isinstance(per[0], list | tuple) else outs[0]
+
+
+def _long_indices(x: SharedTensor, indices: list[Any]) -> list[Any]:
+    """x[mask] for a public boolean mask: the mask's positions as integer indices (public,
+    as the mask is), the one form whose result's shape is known before the op runs."""
+    out: list[Any] = []
+    dim = 0
+    for idx in indices:
+        if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
+            expect = tuple(x.shape[dim : dim + idx.dim()])
+            if tuple(idx.shape) != expect:
+                raise ShapeError(
+                    f"boolean mask of shape {tuple(idx.shape)} on a shared tensor of shape "
+                    f"{tuple(x.shape)}: expected a mask of the shape of the dimensions it "
+                    f"indexes, {expect} (from dimension {dim}). Fix: build the mask from "
+                    "those dimensions (as the same index of a plain tensor needs)"
+                )
+            out.extend(idx.bool().nonzero(as_tuple=True))
+            dim += idx.dim()
+        else:
+            out.append(idx)
+            dim += 1
+    return out
 
 
 def _as_shared_list(xs: list[Any]) -> tuple[SharedTensor, list[list[Any]], int]:
@@ -270,7 +295,9 @@ def sum_(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if kwargs.get("dtype") is not None:
         kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
     out = x.with_shares([func(s, *args[1:], **kwargs) for s in x.shares])
-    if x.dtype == torch.bool:  # as torch: a count (bools are shared as 0/1 integers)
+    if not x.dtype.is_floating_point and x.dtype != torch.int64:
+        # as torch: a sum of bools (shared as 0/1) is a count, of smaller integers an int64
+        # (exact: the ring holds the unreduced sum, which the narrow dtype's would wrap)
         return wrap(out, list(out.shares), 0, torch.int64)
     return out
 
@@ -338,6 +365,14 @@ def to_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if x.frac_bits == 0:
             return wrap(x, rescale(x, f), f, dtype)
         return wrap(x, list(x.shares), x.frac_bits, dtype)
-    if x.dtype == torch.bool and dtype in (torch.int64, torch.int32):  # 0/1 integers already
-        return wrap(x, list(x.shares), 0, dtype)
+    if not x.dtype.is_floating_point and not dtype.is_floating_point:
+        if x.dtype == torch.bool or dtype.itemsize <= x.dtype.itemsize:
+            # bools are 0/1 integers already; a narrower integer dtype is the same ring
+            # value, reduced to it at reconstruction (as torch's cast wraps it)
+            return wrap(x, list(x.shares), 0, dtype)
+        raise MPCError(
+            f"cannot widen a shared {x.dtype} tensor to {dtype}: its ring value is not "
+            f"reduced to {x.dtype} until reconstruction, and the reduction needs a "
+            f"protocol; share it as {dtype} in the first place"
+        )
     raise MPCError(f"cannot convert a shared {x.dtype} tensor to {dtype} without a protocol")

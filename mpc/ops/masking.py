@@ -101,7 +101,7 @@ def select_public(keep: torch.Tensor, x: SharedTensor, fill: Any, add: Any = Non
     pending = x.pending if f == x.frac_bits else 0
     enc = encode_public(public.expand(shape).contiguous(), f)
     if masked is not None:  # the sentinel is a known power of two: no range warning
-        enc = enc + masked.to(torch.int64) * int(encode(MASKED_VALUE, f, check_range=False))
+        enc = enc + masked.to(torch.int64) * int(encode(MASKED_VALUE, f))
     k = keep.to(torch.int64)
     shares = [s * k for s in rescale(x, f)]
     shares[0] = shares[0] + enc

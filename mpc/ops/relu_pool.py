@@ -44,10 +44,10 @@ def deferred_relu(x: SharedTensor) -> SharedTensor:
     x.session.require_dealer("comparison of secret values")  # (an error now, not at a read)
     d = x.deferred
     if d is not None and d.source is not None and d.kind == RELU:
-        src = d.source
+        src, first = d.source, d
 
-        def copy() -> list[Any]:
-            return [s.clone() for s in x.shares]
+        def copy() -> list[Any]:  # (the first ReLU's shares, even once x is released)
+            return [s.clone() for s in first.value()]
 
         out = SharedTensor(src.shares, x.session, x.frac_bits, x.dtype)
         out.deferred = _relu_cell(x.session, src, copy)

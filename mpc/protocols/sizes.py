@@ -11,6 +11,12 @@ A worker with a storage limit checks both against the client's limit before the 
 the limit; ``tests/test_limits_memory.py`` measures every step's peak against its
 declaration.
 
+A declaration models what a step holds at its peak (its outputs, its temporaries: the
+live tensors, in words of its arguments' sizes, as measured) and adds a margin to it
+(:func:`declared`: :data:`MARGIN` times the model, plus :data:`SLACK`), so that it is at
+least the step's peak on every machine and at most 1.5 times it on this one
+(``tests/test_limits_memory.py`` checks both).
+
 A malformed shape parameter raises ``ValueError`` naming the parameter (the step itself
 would refuse it too); a missing or non-tensor argument counts as one element (the step
 refuses it).
@@ -22,7 +28,13 @@ from typing import Any
 
 import torch
 
-from mpc.math.ring import ring_conv2d, ring_matmul
+from mpc.math.ring import (
+    limbs_pay,
+    relayout_pays,
+    ring_conv2d,
+    ring_matmul,
+    speeds_measured,
+)
 from pointers.worker.functions import SizeFunction
 
 WORD = 8  # bytes of an int64 ring element
@@ -32,6 +44,15 @@ INPUT_SEED_BYTES = 128  # one input seed remembered by share_from_seed
 # 108 KiB for a 1,024-element mpc.trunc_mask, whose tensors are 24 KiB: 64 KiB was too little)
 SLACK = 128 << 10
 MAX_DIMS = 64
+# what a declaration adds to the bytes a step was measured to hold at its peak: another
+# machine's allocator and libraries, and the step's shapes that were not measured
+MARGIN = 1.25
+
+
+def declared(nbytes: float) -> int:
+    """The declaration of a step that holds ``nbytes`` at its peak: :data:`MARGIN` times
+    it, plus :data:`SLACK` (small tensors, Python objects, the allocator's rounding)."""
+    return int(MARGIN * nbytes) + SLACK
 
 
 def numel(shape: Any, name: str = "shape") -> int:
@@ -82,9 +103,14 @@ def meta(shape: list[int]) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.int64, device="meta")
 
 
-def bilinear(op: Any, params: Any, a_shape: Any, b_shape: Any) -> tuple[int, int]:
+def bilinear(
+    op: Any, params: Any, a_shape: Any, b_shape: Any, b_row_major: bool = True
+) -> tuple[int, int]:
     """(output bytes, temporary bytes) of ``ring_bilinear(op, params, a, b)`` on int64
-    operands of these shapes (the output's shape found on the ``meta`` device)."""
+    operands of these shapes (the output's shape found on the ``meta`` device), in the way
+    this process computes it (:func:`mpc.math.ring.ring_matmul` on CPU: the float64 limbs
+    or torch's int64 kernel, with ``b`` laid out anew first or not, as measured here;
+    before this process measured its speeds, the larger of those ways)."""
     numel(a_shape, "a_shape")
     numel(b_shape, "b_shape")
     a, b = meta(list(a_shape)), meta(list(b_shape))
@@ -95,13 +121,17 @@ def bilinear(op: Any, params: Any, a_shape: Any, b_shape: Any) -> tuple[int, int
             out = ring_matmul(a, b, method="int64")
             a2 = list(a_shape) if len(a_shape) > 1 else [1, *a_shape]
             b2 = list(b_shape) if len(b_shape) > 1 else [*b_shape, 1]
-            batch = max(out.numel() // max(a2[-2] * b2[-1], 1), 1)
-            int64 = batch * (numel(a2[-2:]) + numel(b2[-2:]))
-            # the float64 limb method, where this CPU measured it faster (mpc.math.ring.
-            # _limbs_pay): three limbs of each operand, the products in float64 and in
-            # int64, the sum (and a chunked one's output)
+            rows = numel(a2) // max(a2[-1], 1)
+            # three limbs of each operand, the products in float64 and in int64, the sum
+            # (and a chunked one's output)
             limbs = 3 * numel(a2) + 3 * numel(b2) + 8 * out.numel()
-            return out.numel() * WORD, max(int64, limbs) * WORD
+            if not speeds_measured():  # (the speeds are measured by a product, not here)
+                return out.numel() * WORD, max(limbs, numel(b_shape)) * WORD
+            if limbs_pay(rows, tuple(b2), b_row_major):
+                return out.numel() * WORD, limbs * WORD
+            if relayout_pays(tuple(a_shape), tuple(b_shape), b_row_major):
+                return out.numel() * WORD, numel(b_shape) * WORD  # b's copy
+            return out.numel() * WORD, 0
         if op == "conv2d" and isinstance(params, dict):
             out = ring_conv2d(
                 a,
@@ -119,6 +149,11 @@ def bilinear(op: Any, params: Any, a_shape: Any, b_shape: Any) -> tuple[int, int
     except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
         raise ValueError(f"malformed operands of a {op!r} product: {e}") from None
     raise ValueError(f"unknown bilinear op {op!r}")
+
+
+def row_major(t: Any) -> bool:
+    """Whether tensor argument ``t`` is laid out row by row (its last stride is 1)."""
+    return not isinstance(t, torch.Tensor) or t.dim() < 2 or t.stride(-1) == 1
 
 
 def tensor_elems(p: dict[str, Any], name: str) -> int:
@@ -155,18 +190,19 @@ def stream_records(tags: int) -> SizeFunction:
     return keeps
 
 
-def elementwise(k: int, name: str) -> SizeFunction:
-    """``k`` int64 tensors of the size of argument ``name``."""
+def elementwise(k: float, name: str) -> SizeFunction:
+    """A step that holds ``k`` int64 tensors of the size of argument ``name`` at its peak
+    (:func:`declared`)."""
 
     def peak(p: dict[str, Any]) -> int:
-        return k * WORD * tensor_elems(p, name) + SLACK
+        return declared(k * WORD * tensor_elems(p, name))
 
     return peak
 
 
 def derived(p: dict[str, Any]) -> int:
     """One int64 tensor of the shape parameter ``shape`` (a stream derived from a seed)."""
-    return WORD * numel(p.get("shape")) + SLACK
+    return declared(WORD * numel(p.get("shape")))
 
 
 def fixed(p: dict[str, Any]) -> int:

@@ -24,10 +24,11 @@ from mpc.protocols.rules import (
     same,
 )
 from mpc.protocols.sizes import (
-    SLACK,
     WORD,
     bilinear,
+    declared,
     numel,
+    row_major,
     shape_of,
     stream_records,
     tensor_elems,
@@ -45,10 +46,13 @@ def _triple_rule(call: ProtocolCall) -> Any:
 
 
 def _triple_size(p: dict[str, Any]) -> int:
-    a_shape, b_shape = p.get("a_shape"), p.get("b_shape")
-    out, temp = bilinear(p.get("op"), p.get("params"), a_shape, b_shape)
+    """a and b, c (in a's buffer for a product of one shape) and the others' derived
+    shares of c, and the product's temporaries."""
+    a_shape, b_shape, op = p.get("a_shape"), p.get("b_shape"), p.get("op")
+    out, temp = bilinear(op, p.get("params"), a_shape, b_shape)
     ea, eb = numel(a_shape, "a_shape"), numel(b_shape, "b_shape")
-    return 2 * WORD * (ea + eb) + 3 * out + temp + SLACK
+    in_place = op == "mul" and a_shape == b_shape
+    return declared(WORD * (ea + eb) + (1 if in_place else 2) * out + temp)
 
 
 @step(rule=_triple_rule, size=_triple_size, keeps=stream_records(3), makes_material=True)
@@ -83,7 +87,8 @@ def _mask_rule(call: ProtocolCall) -> Any:
 
 
 def _mask_size(p: dict[str, Any]) -> int:
-    return 3 * WORD * (tensor_elems(p, "x") + tensor_elems(p, "y")) + SLACK
+    """[e | f], a, and b (derived, then freed)."""
+    return declared(2 * WORD * (tensor_elems(p, "x") + tensor_elems(p, "y")))
 
 
 @step(
@@ -123,8 +128,12 @@ def _combine_rule(call: ProtocolCall) -> Any:
 
 
 def _combine_size(p: dict[str, Any]) -> int:
-    out, temp = bilinear(p.get("op"), p.get("params"), shape_of(p.get("a")), shape_of(p.get("y")))
-    return 3 * out + temp + SLACK
+    """The result (in e's buffer for a product of one shape), else the two products and
+    their temporaries."""
+    a, y, op = p.get("a"), p.get("y"), p.get("op")
+    out, temp = bilinear(op, p.get("params"), shape_of(a), shape_of(y), row_major(y))
+    in_place = op == "mul" and shape_of(a) == shape_of(y)
+    return declared(out if in_place else 2 * out + temp)
 
 
 @step(rule=_combine_rule, size=_combine_size, keeps=stream_records(1))
@@ -165,10 +174,13 @@ def beaver_combine(
 
 
 def _public_size(p: dict[str, Any]) -> int:
-    share, public = shape_of(p.get("share")), shape_of(p.get("public"))
+    """The product and its temporaries."""
+    share, public = p.get("share"), p.get("public")
     first, second = (public, share) if p.get("public_first") is True else (share, public)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 2 * out + temp + SLACK
+    out, temp = bilinear(
+        p.get("op"), p.get("params"), shape_of(first), shape_of(second), row_major(second)
+    )
+    return declared(out + temp)
 
 
 @step(size=_public_size)

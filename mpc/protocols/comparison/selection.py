@@ -19,8 +19,8 @@ import torch
 from mpc.math import groups_of_four
 from mpc.protocols.rules import OPENED, is_last, kept, nonce_of, party_seed, record, same
 from mpc.protocols.sizes import (
-    SLACK,
     WORD,
+    declared,
     derived,
     elementwise,
     numel,
@@ -138,7 +138,7 @@ def _dabit_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_dabit_mask_rule,
-    size=elementwise(3, "v"),
+    size=elementwise(2, "v"),
     keeps=stream_records(1),
     makes_material=True,
     opens={"dabit.e": SUM},
@@ -168,7 +168,7 @@ def _dabit_product_rule(call: ProtocolCall) -> Any:
 
 
 def _dabit_product_size(p: dict[str, Any]) -> int:
-    return 3 * WORD * max(tensor_elems(p, "t"), tensor_elems(p, "e")) + SLACK
+    return declared(2 * WORD * max(tensor_elems(p, "t"), tensor_elems(p, "e")))
 
 
 @step(
@@ -219,7 +219,7 @@ def _cmp_select_finish_size(p: dict[str, Any]) -> int:
         n = numel(list(torch.broadcast_shapes(*shapes)))
     except RuntimeError as e:
         raise ValueError(f"the shares of a selection do not broadcast: {e}") from None
-    return 6 * WORD * n + SLACK
+    return declared(4 * WORD * n)
 
 
 @step(rule=_cmp_select_finish_rule, size=_cmp_select_finish_size)

@@ -22,12 +22,10 @@ from mpc.protocols.max_of_four.steps import group_material, group_terms, group_w
 from mpc.protocols.opening.steps import open_pieces, split
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
-    SLACK,
     WORD,
-    all_bytes,
+    declared,
     elementwise,
     fixed,
-    largest,
     numel,
     records,
     stream_records,
@@ -64,8 +62,10 @@ def _dealer_compare_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_compare_size(p: dict[str, Any]) -> int:
-    # (per element of [G, 6]: 180 words a group for 44 terms; [G, 10]: 300 for 104)
-    return (2 * selected_count(p) + 64 + group_words(p)) * WORD * numel(p.get("shape")) + SLACK
+    """The carry tree's material and its temporaries (27 words an element at the peak,
+    measured at 2^20 elements), two words per selected value and the groups' material."""
+    words = 27 + 2 * selected_count(p) + group_words(p)
+    return declared(words * WORD * numel(p.get("shape")))
 
 
 def _dealer_compare_keeps(p: dict[str, Any]) -> int:
@@ -202,7 +202,7 @@ def _cmp_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_cmp_mask_rule,
-    size=elementwise(3, "x"),
+    size=elementwise(2, "x"),
     keeps=stream_records(1),
     makes_material=True,
     opens={"cmp.c": SUM},
@@ -225,10 +225,20 @@ def _seal_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: in
     return [seal("carry.ef", level_nonce, level), kept("carry.a", level_nonce, level)]
 
 
-def _comparison_step_size(p: dict[str, Any]) -> int:
-    """A carry-tree step (cmp_init, carry_step): a few copies of everything it is given,
-    and of the largest of them."""
-    return 4 * all_bytes(p) + 128 * WORD * largest(p) + SLACK
+def _init_size(p: dict[str, Any]) -> int:
+    """The words of c - r, level 0's bit planes and products, level 1's operands and their
+    masks: 17 words an element of c (13.5 at the last party, whose r bits are dealt),
+    measured at 2^20 elements."""
+    words = 17 if p.get("r_bits") is None else 13.5
+    return declared(words * WORD * tensor_elems(p, "c"))
+
+
+def _level_size(p: dict[str, Any]) -> int:
+    """A level's operands, masks and mask products unpacked to bit planes, the
+    combination, the next level's operands: 75 words a word of g (69 at the last party,
+    whose products are dealt), measured at 2^20 elements."""
+    words = 75 if p.get("c") is None else 69
+    return declared(words * WORD * tensor_elems(p, "g"))
 
 
 def _cmp_init_rule(call: ProtocolCall) -> Any:
@@ -243,7 +253,7 @@ def _cmp_init_rule(call: ProtocolCall) -> Any:
     return out + _seal_level(call, nonce, call.value("next_nonce"), 1)
 
 
-@step(rule=_cmp_init_rule, size=_comparison_step_size, keeps=stream_records(4), makes_material=True)
+@step(rule=_cmp_init_rule, size=_init_size, keeps=stream_records(4), makes_material=True)
 def cmp_init(
     ctx: Any,
     seed: torch.Tensor,
@@ -327,9 +337,7 @@ def _carry_step_rule(call: ProtocolCall) -> Any:
     return out + _seal_level(call, comparison, call.value("next_nonce"), level + 1)
 
 
-@step(
-    rule=_carry_step_rule, size=_comparison_step_size, keeps=stream_records(3), makes_material=True
-)
+@step(rule=_carry_step_rule, size=_level_size, keeps=stream_records(3), makes_material=True)
 def carry_step(
     ctx: Any,
     seed: torch.Tensor,
@@ -391,7 +399,9 @@ def _cmp_bit_mask_rule(call: ProtocolCall) -> Any:
 
 
 def _cmp_bit_mask_size(p: dict[str, Any]) -> int:
-    return WORD * (6 * tensor_elems(p, "top") + 2 * tensor_elems(p, "g")) + SLACK
+    """The carries unpacked, the daBit's bits and the result (4 words an element), and
+    the last level's g."""
+    return declared(WORD * (4 * tensor_elems(p, "top") + tensor_elems(p, "g")))
 
 
 @step(
@@ -424,7 +434,7 @@ def _cmp_bit_finish_rule(call: ProtocolCall) -> Any:
     return None
 
 
-@step(rule=_cmp_bit_finish_rule, size=elementwise(5, "d"), keeps=stream_records(1))
+@step(rule=_cmp_bit_finish_rule, size=elementwise(3, "d"), keeps=stream_records(1))
 def cmp_bit_finish(
     ctx: Any,
     seed: torch.Tensor,

@@ -15,7 +15,7 @@ import torch
 
 from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
-from mpc.protocols.sizes import SLACK, WORD, int_param, numel, stream_records, tensor_elems
+from mpc.protocols.sizes import WORD, declared, int_param, numel, stream_records, tensor_elems
 from mpc.protocols.step import step
 from mpc.protocols.streams import TAG_R, TAG_TRIG, consume, stream, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
@@ -37,7 +37,10 @@ def _dealer_fourier_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_fourier_size(p: dict[str, Any]) -> int:
-    return (8 * _terms(p) + 6) * WORD * numel(p.get("shape")) + SLACK
+    """The output (two words a harmonic), the mask, its angle and a harmonic's terms:
+    2 K + 6 words an element in float32 (``single``), 2 K + 8 in float64."""
+    words = 2 * _terms(p) + (6 if p.get("single") is True else 8)
+    return declared(words * WORD * numel(p.get("shape")))
 
 
 # the most values one comparison selects (:func:`mpc.protocols.compare.select_by_msb`)
@@ -82,7 +85,10 @@ def _fourier_finish_rule(call: ProtocolCall) -> Any:
 
 
 def _fourier_finish_size(p: dict[str, Any]) -> int:
-    return (8 * _terms(p) + 6) * WORD * tensor_elems(p, "c") + SLACK
+    """One harmonic at a time into one buffer: 7.5 words an element in float32
+    (``single``), 10 in float64, whatever the terms."""
+    words = 7.5 if p.get("single") is True else 10
+    return declared(words * WORD * tensor_elems(p, "c"))
 
 
 @step(rule=_fourier_finish_rule, size=_fourier_finish_size, keeps=stream_records(1))

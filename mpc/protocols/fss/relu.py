@@ -39,7 +39,7 @@ import torch
 from mpc.math import dcf
 from mpc.protocols.fss.steps import DCF_CHUNK_BYTES
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
-from mpc.protocols.sizes import SLACK, WORD, numel, records, stream_records, tensor_elems
+from mpc.protocols.sizes import WORD, declared, numel, records, stream_records, tensor_elems
 from mpc.protocols.step import step
 from mpc.protocols.streams import TAG_FSS_ROOT, TAG_R, TAG_U, consume, derive, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
@@ -101,10 +101,11 @@ def _eval_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_bytes(p: dict[str, Any]) -> int:
-    """The correction words once and half again for the copies on the way (as the
-    comparison's), the mask, roots, payloads and the five words (a few words an element)."""
+    """The correction words and a tenth more for a chunk's copies on the way (as the
+    comparison's), the mask, roots, payloads and the five words (24 words an element)
+    and one chunk of the level loop."""
     n = numel(p.get("shape"))
-    return WORD * (3 * key_words(n) // 2 + 24 * n) + DCF_CHUNK_BYTES + SLACK
+    return declared(WORD * (1.1 * key_words(n) + 24 * n)) + DCF_CHUNK_BYTES
 
 
 def _dealer_keeps(p: dict[str, Any]) -> int:
@@ -113,8 +114,8 @@ def _dealer_keeps(p: dict[str, Any]) -> int:
 
 def _eval_bytes(p: dict[str, Any]) -> int:
     """The root seeds, the input's low bits, the three outputs, the five words and the
-    terms (about 20 words an element) and one chunk of the level loop."""
-    return 20 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
+    terms (20 words an element) and one chunk of the level loop."""
+    return declared(20 * WORD * tensor_elems(p, "c")) + DCF_CHUNK_BYTES
 
 
 # -- the steps ---------------------------------------------------------------------------

@@ -47,8 +47,8 @@ from mpc.protocols.max_of_four.steps import group_material, group_terms, group_w
 from mpc.protocols.opening.steps import split
 from mpc.protocols.rules import OPENED, SEED, dealer_seeds, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
-    SLACK,
     WORD,
+    declared,
     fixed,
     int_param,
     numel,
@@ -68,7 +68,9 @@ from mpc.protocols.streams import (
 )
 from pointers.worker.sealing import ProtocolCall, seal
 
-DCF_CHUNK_BYTES = 4 << 20  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf)
+DCF_CHUNK_BYTES = (
+    1 << 20
+)  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf; measured under 1 MiB)
 
 
 def check_bits(bits: Any) -> int:
@@ -115,14 +117,13 @@ def _dealer_fss_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_fss_size(p: dict[str, Any]) -> int:
-    """The correction words once (one object for both parties) and half again for the
-    copies on the way (measured: 1.14 times the correction words of a max-pool's 98,304
-    comparisons, all included, where it was 2.15 while the last party's copy was packed
-    with its share of u; tests/test_mpc_fss_costs.py), the mask, roots and payloads (a few
-    words an element) and the selections."""
+    """The correction words (one object for both parties) and a tenth more for a
+    chunk's copies on the way (measured: 1.05 to 1.14 times them, all included, from
+    98,304 to 2^20 comparisons; tests/test_mpc_fss_costs.py), the mask, roots and
+    payloads (10 words an element), the selections and one chunk of the level loop."""
     n = numel(p.get("shape"))
-    extra = (2 * selected_count(p) + 24 + group_words(p)) * n
-    return WORD * (3 * _fss_words(p, n) // 2 + extra) + DCF_CHUNK_BYTES + SLACK
+    extra = (2 * selected_count(p) + 10 + group_words(p)) * n
+    return declared(WORD * (1.1 * _fss_words(p, n) + extra)) + DCF_CHUNK_BYTES
 
 
 def _dealer_fss_keeps(p: dict[str, Any]) -> int:
@@ -232,9 +233,9 @@ def _fss_eval_rule(call: ProtocolCall) -> Any:
 
 
 def _fss_eval_size(p: dict[str, Any]) -> int:
-    """The root seeds, the input's low bits, the output and its terms (a few words an
+    """The root seeds, the input's low bits, the output and its terms (6 words an
     element) and one chunk of the level loop."""
-    return 12 * WORD * tensor_elems(p, "c") + DCF_CHUNK_BYTES + SLACK
+    return declared(6 * WORD * tensor_elems(p, "c")) + DCF_CHUNK_BYTES
 
 
 @step(rule=_fss_eval_rule, size=_fss_eval_size, keeps=stream_records(2), opens={"fss.d": SUM})

@@ -18,7 +18,7 @@ import torch
 from mpc.math import groups_of_four
 from mpc.protocols.comparison.selection import D_OPENED, T_KINDS, minus_mask, select_once
 from mpc.protocols.rules import OPENED, nonce_of, party_seed, record, same
-from mpc.protocols.sizes import SLACK, WORD, elementwise, elems, stream_records
+from mpc.protocols.sizes import WORD, declared, elementwise, elems, stream_records
 from mpc.protocols.step import SUM, step
 from mpc.protocols.streams import TAG_A, TAG_C, TAG_U, consume, derive, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
@@ -38,11 +38,15 @@ def group_terms(call: ProtocolCall, shape: Any) -> int:
 # -- the dealer ----------------------------------------------------------------------------
 
 
-def group_words(p: dict[str, Any]) -> int:
-    """Words an element of a dealer's call deals for groups of four (its ``group_nonce``),
-    for its size: per element of [G, 6], 180 words a group for 44 terms; of [G, 10], 300
-    for 104."""
-    return 30 if p.get("group_nonce") is not None else 0
+def group_words(p: dict[str, Any]) -> float:
+    """Words an element (of its ``shape``, [G, 6] or [G, 10]) that a dealer's call holds
+    for groups of four (its ``group_nonce``) at its peak, for its size: 1.2 times the
+    words of the daBits' products (44 a group of [G, 6], 104 of [G, 10]), as measured."""
+    shape = p.get("shape")
+    if p.get("group_nonce") is None or not isinstance(shape, list) or len(shape) != 2:
+        return 0
+    k = shape[1] if shape[1] in (groups_of_four.PLAIN, groups_of_four.RELU) else 6
+    return 1.2 * groups_of_four.terms(k) / k
 
 
 def group_material(
@@ -72,7 +76,7 @@ def _group_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_group_mask_rule,
-    size=elementwise(3, "a"),
+    size=elementwise(2, "a"),
     keeps=stream_records(1),
     makes_material=True,
     opens={"group.e": SUM},
@@ -111,10 +115,10 @@ def _group_select_rule(call: ProtocolCall) -> Any:
 def _group_select_size(p: dict[str, Any]) -> int:
     """The max of groups of four: the daBits' products ([G, 44] derived or viewed; [G, 104]
     after a ReLU, d [G, 10]), the expansion's coefficients and terms (a few [G] words per
-    product)."""
+    product): 61 words a group of [G, 6], 133 of [G, 10], measured at 2^18 groups."""
     groups = elems(p.get("a")) // 4 + 1
-    per = 160 if elems(p.get("d")) <= 6 * groups else 200  # (measured 127 at 2^18)
-    return per * WORD * groups + SLACK
+    per = 61 if elems(p.get("d")) <= 6 * groups else 133
+    return declared(per * WORD * groups)
 
 
 @step(rule=_group_select_rule, size=_group_select_size, keeps=stream_records(2))

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from mpc.protocols.rules import OPENED, kept
-from mpc.protocols.sizes import SLACK, all_bytes, nbytes, tensors
+from mpc.protocols.sizes import all_bytes, declared, nbytes, tensors
 from mpc.protocols.step import XOR, opened_kinds, opens, step
 from pointers.worker.sealing import ProtocolCall, seal
 
@@ -68,12 +68,14 @@ def _open_rule(call: ProtocolCall) -> Any:
 
 
 def _pack_size(p: dict[str, Any]) -> int:
-    return 2 * all_bytes(p) + SLACK
+    """The packed copy of the parts."""
+    return declared(all_bytes(p))
 
 
 def _open_size(p: dict[str, Any]) -> int:
-    sizes = [nbytes(t) for t in tensors(p.get("pieces"))]
-    return sum(sizes) + 2 * max(sizes, default=0) + SLACK
+    """The sum (or XOR) of the pieces, in one new tensor of a piece's size (the values
+    are views of it)."""
+    return declared(max((nbytes(t) for t in tensors(p.get("pieces"))), default=0))
 
 
 # -- the steps ----------------------------------------------------------------------------

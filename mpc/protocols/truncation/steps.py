@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, nonce_of, party_seed
-from mpc.protocols.sizes import SLACK, WORD, elementwise, numel, stream_records
+from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records
 from mpc.protocols.step import SUM, step
 from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
@@ -79,7 +79,11 @@ def _dealer_trunc_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_trunc_size(p: dict[str, Any]) -> int:
-    return 8 * WORD * numel(p.get("shape")) + SLACK
+    """r, U and D (and the narrow s), the others' derived shares, the packed output: 4
+    words an element where s is int16 or narrower, 5 above (measured at 2^20)."""
+    bits = p.get("bits")
+    words = 4 if type(bits) is int and bits <= 16 else 5
+    return declared(words * WORD * numel(p.get("shape")))
 
 
 @step(
@@ -129,7 +133,7 @@ def _trunc_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_trunc_mask_rule,
-    size=elementwise(3, "z"),
+    size=elementwise(1, "z"),
     keeps=stream_records(1),
     makes_material=True,
     opens={"trunc.c": SUM},
@@ -152,7 +156,7 @@ def _trunc_finish_rule(call: ProtocolCall) -> Any:
     return None
 
 
-@step(rule=_trunc_finish_rule, size=elementwise(5, "c"), keeps=stream_records(2))
+@step(rule=_trunc_finish_rule, size=elementwise(3, "c"), keeps=stream_records(2))
 def trunc_finish(
     ctx: Any,
     seed: torch.Tensor,

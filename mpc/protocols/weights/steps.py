@@ -37,11 +37,12 @@ import torch
 from mpc.math.ring import ring_bilinear
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
-    SLACK,
     WORD,
     bilinear,
+    declared,
     elementwise,
     numel,
+    row_major,
     shape_of,
     stream_records,
 )
@@ -70,7 +71,8 @@ def _dealer_weight_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_weight_size(p: dict[str, Any]) -> int:
-    return 3 * WORD * numel(p.get("shape")) + SLACK
+    """B and one party's stream."""
+    return declared(2 * WORD * numel(p.get("shape")))
 
 
 @step(
@@ -94,10 +96,12 @@ def _dealer_weight_triple_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_weight_triple_size(p: dict[str, Any]) -> int:
-    x_shape, b = p.get("x_shape"), shape_of(p.get("b"))
-    first, second = (b, x_shape) if p.get("w_first") is True else (x_shape, b)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 2 * WORD * numel(x_shape, "x_shape") + 3 * out + temp + SLACK
+    """A, C, the others' derived shares of C, the product's temporaries."""
+    x_shape, b = p.get("x_shape"), p.get("b")
+    w_first = p.get("w_first") is True
+    first, second = (shape_of(b), x_shape) if w_first else (x_shape, shape_of(b))
+    out, temp = bilinear(p.get("op"), p.get("params"), first, second, w_first or row_major(b))
+    return declared(WORD * numel(x_shape, "x_shape") + 2 * out + temp)
 
 
 @step(
@@ -145,7 +149,7 @@ def _weight_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_weight_mask_rule,
-    size=elementwise(3, "w"),
+    size=elementwise(2, "w"),
     keeps=stream_records(1),
     makes_material=True,
     opens={"weight.f": SUM},
@@ -165,7 +169,7 @@ def _weight_product_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_weight_product_mask_rule,
-    size=elementwise(3, "x"),
+    size=elementwise(2, "x"),
     keeps=stream_records(1),
     makes_material=True,
     opens={"wprod.e": SUM},
@@ -199,10 +203,12 @@ def _weight_product_rule(call: ProtocolCall) -> Any:
 
 
 def _weight_product_size(p: dict[str, Any]) -> int:
-    x, w = shape_of(p.get("a")), shape_of(p.get("w"))
-    first, second = (w, x) if p.get("w_first") is True else (x, w)
-    out, temp = bilinear(p.get("op"), p.get("params"), first, second)
-    return 3 * out + 2 * temp + SLACK
+    """The two products and their temporaries."""
+    x, w = p.get("a"), p.get("w")
+    w_first = p.get("w_first") is True
+    first, second = (shape_of(w), shape_of(x)) if w_first else (shape_of(x), shape_of(w))
+    out, temp = bilinear(p.get("op"), p.get("params"), first, second, w_first or row_major(w))
+    return declared(2 * out + temp)
 
 
 @step(rule=_weight_product_rule, size=_weight_product_size, keeps=stream_records(1))
