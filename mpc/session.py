@@ -119,7 +119,7 @@ class Session:
                 (seed,) = pt.call_function(
                     crypto_provider,
                     name_of(new_seed),
-                    [i, len(parties)],
+                    [i, ids],
                     out=[((16,), torch.uint8)],
                 )
                 assert seed is not None  # (out= given: a pointer per output)

@@ -27,6 +27,7 @@ BOTH_WORKER_KINDS = {
     "test_share_pieces",
     "test_release_rules",
     "test_fss_attacks",
+    "test_opening_attacks",
     "test_federated",
     "test_pysyft_compat",
 }
