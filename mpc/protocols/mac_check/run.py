@@ -38,22 +38,23 @@ def mac_check(session: Session) -> None:
 
 def _run(session: Session, residuals: list[Shares], total: int) -> None:
     nonce = session.next_nonce()
-    (commits,) = at_parties(session, mac_check_commit, lambda i: [nonce], [((32,), U8)])
+    seed = session.party_seeds  # (each party's step runs on its seed: its place)
+    (commits,) = at_parties(session, mac_check_commit, lambda i: [seed[i], nonce], [((32,), U8)])
     c = exchange(session, commits)
     seeds, frozen = at_parties(
         session,
         mac_check_reveal,
-        lambda i: [nonce, c[i], [r[i] for r in residuals]],
+        lambda i: [seed[i], nonce, c[i], [r[i] for r in residuals]],
         [((32,), U8), ((2, total), I64)],
     )
     s = exchange(session, seeds)
     (zc,) = at_parties(
-        session, mac_check_combine, lambda i: [nonce, s[i], frozen[i]], [((32,), U8)]
+        session, mac_check_combine, lambda i: [seed[i], nonce, s[i], frozen[i]], [((32,), U8)]
     )
     zcs = exchange(session, zc)
-    (z,) = at_parties(session, mac_check_open, lambda i: [nonce, zcs[i]], [((32,), U8)])
+    (z,) = at_parties(session, mac_check_open, lambda i: [seed[i], nonce, zcs[i]], [((32,), U8)])
     zs = exchange(session, z)
-    (ok,) = at_parties(session, mac_check_verify, lambda i: [nonce, zs[i]], [((1,), I64)])
+    (ok,) = at_parties(session, mac_check_verify, lambda i: [seed[i], nonce, zs[i]], [((1,), I64)])
     pt.get_all(ok)
 
 

@@ -36,7 +36,7 @@ from mpc.errors import MACCheckError
 from mpc.math import ring128 as r128
 from mpc.math.prg import PRG
 from mpc.protocols.auth_shares.steps import RESIDUAL, party_state
-from mpc.protocols.rules import nonce_of
+from mpc.protocols.rules import nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, WORD, tensors
 from mpc.protocols.step import step
 from pointers.worker.sealing import ProtocolCall, seal
@@ -90,6 +90,7 @@ def _origins(call: ProtocolCall, name: str, kind: str, nonce: int) -> list[str]:
 
 
 def _commit_rule(call: ProtocolCall) -> Any:
+    party_seed(call)  # (this party's place among the session's parties)
     nonce = nonce_of(call)
     st = party_state(call.state)
     if st["failed"]:
@@ -103,7 +104,7 @@ def _commit_rule(call: ProtocolCall) -> Any:
 
 
 @step(rule=_commit_rule, size=lambda p: SLACK, makes_material=True)
-def mac_check_commit(ctx: Any, nonce: int) -> torch.Tensor:
+def mac_check_commit(ctx: Any, seed: torch.Tensor, nonce: int) -> torch.Tensor:
     """A fresh coin seed, kept here, and its hash, for the peers."""
     check = party_state(ctx.function_state)["check"]
     check["seed"] = os.urandom(32)
@@ -114,6 +115,7 @@ def mac_check_commit(ctx: Any, nonce: int) -> torch.Tensor:
 
 
 def _reveal_rule(call: ProtocolCall) -> Any:
+    party_seed(call)  # (this party's place among the session's parties)
     nonce = nonce_of(call)
     check = _running(call, nonce, "commit")
     check["commit_origins"] = _origins(call, "commits", COIN_COMMIT, nonce)
@@ -145,7 +147,11 @@ def _reveal_size(p: dict[str, Any]) -> int:
 
 @step(rule=_reveal_rule, size=_reveal_size, makes_material=True)
 def mac_check_reveal(
-    ctx: Any, nonce: int, commits: list[torch.Tensor], residuals: list[torch.Tensor] | None
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    commits: list[torch.Tensor],
+    residuals: list[torch.Tensor] | None,
 ) -> list[torch.Tensor]:
     """This party's coin seed (for the peers) and its residuals, frozen in one (2, n)
     tensor in a fixed order."""
@@ -162,6 +168,7 @@ def mac_check_reveal(
 
 
 def _combine_rule(call: ProtocolCall) -> Any:
+    party_seed(call)  # (this party's place among the session's parties)
     nonce = nonce_of(call)
     check = _running(call, nonce, "reveal")
     check["seed_origins"] = _origins(call, "seeds", COIN, nonce)
@@ -178,7 +185,7 @@ def _combine_size(p: dict[str, Any]) -> int:
 
 @step(rule=_combine_rule, size=_combine_size, makes_material=True)
 def mac_check_combine(
-    ctx: Any, nonce: int, seeds: list[torch.Tensor], frozen: torch.Tensor
+    ctx: Any, seed: torch.Tensor, nonce: int, seeds: list[torch.Tensor], frozen: torch.Tensor
 ) -> torch.Tensor:
     """Check the peers' seeds against their commitments; the coins from all the seeds;
     z_i = sum chi w_i, and the hash of z_i with a fresh nonce (for the peers)."""
@@ -211,6 +218,7 @@ def mac_check_combine(
 
 
 def _open_rule(call: ProtocolCall) -> Any:
+    party_seed(call)  # (this party's place among the session's parties)
     nonce = nonce_of(call)
     check = _running(call, nonce, "combine")
     check["z_origins"] = _origins(call, "commits", Z_COMMIT, nonce)
@@ -219,7 +227,9 @@ def _open_rule(call: ProtocolCall) -> Any:
 
 
 @step(rule=_open_rule, size=lambda p: SLACK, makes_material=True)
-def mac_check_open(ctx: Any, nonce: int, commits: list[torch.Tensor]) -> torch.Tensor:
+def mac_check_open(
+    ctx: Any, seed: torch.Tensor, nonce: int, commits: list[torch.Tensor]
+) -> torch.Tensor:
     """z_i and its nonce (for the peers), once every peer committed to its own."""
     st = party_state(ctx.function_state)
     check = st["check"]
@@ -233,6 +243,7 @@ def mac_check_open(ctx: Any, nonce: int, commits: list[torch.Tensor]) -> torch.T
 
 
 def _verify_rule(call: ProtocolCall) -> Any:
+    party_seed(call)  # (this party's place among the session's parties)
     nonce = nonce_of(call)
     check = _running(call, nonce, "open")
     check["zs_origins"] = _origins(call, "zs", Z, nonce)
@@ -240,7 +251,9 @@ def _verify_rule(call: ProtocolCall) -> Any:
 
 
 @step(rule=_verify_rule, size=lambda p: SLACK)
-def mac_check_verify(ctx: Any, nonce: int, zs: list[torch.Tensor]) -> torch.Tensor:
+def mac_check_verify(
+    ctx: Any, seed: torch.Tensor, nonce: int, zs: list[torch.Tensor]
+) -> torch.Tensor:
     """Check each peer's z_j against its commitment and that the z_j sum to zero (mod
     2^128): then every opening this check froze is vouched for. Returns the last opening
     it covers (an ordinary one-element tensor: the client waits for it)."""
