@@ -10,10 +10,12 @@ tensor([3.2500, 5.0000])
 from mpc import ops as _ops  # noqa: F401  (fills the op registry)
 from mpc.accounting import Recorder, stats
 from mpc.api import get, share
+from mpc.authenticated import AuthenticatedTensor
 from mpc.config import MPCConfig
 from mpc.debugging import DebugMismatch, DebugRefused, DebugRevealWarning, debug
 from mpc.errors import (
     CryptoProviderRequired,
+    MACCheckError,
     MPCError,
     PartyMismatchError,
     ShapeError,
@@ -31,6 +33,7 @@ from mpc.shared import SharedTensor
 
 __all__ = [
     "Approval",
+    "AuthenticatedTensor",
     "CryptoProviderRequired",
     "DebugMismatch",
     "DebugRefused",
@@ -39,6 +42,7 @@ __all__ = [
     "FixedPointRangeWarning",
     "HeldError",
     "HeldShared",
+    "MACCheckError",
     "MPCConfig",
     "MPCError",
     "OwnedShared",

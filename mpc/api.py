@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, cast, overload
 
 import torch
 from torch import nn
 
+from mpc.authenticated import AuthenticatedTensor, share_authenticated_any
 from mpc.compat import check_protocol, share_remote, unwrap_fixed_precision
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
@@ -32,6 +34,7 @@ def share(
     protocol: str | None = ...,
     public_buffers: Iterable[str] = ...,
     shared_buffers: Iterable[str] = ...,
+    security: str | None = ...,
 ) -> SharedTensor: ...
 @overload
 def share(
@@ -45,6 +48,7 @@ def share(
     protocol: str | None = ...,
     public_buffers: Iterable[str] = ...,
     shared_buffers: Iterable[str] = ...,
+    security: str | None = ...,
 ) -> nn.Module: ...
 
 
@@ -59,6 +63,7 @@ def share(
     protocol: str | None = None,
     public_buffers: Iterable[str] = (),
     shared_buffers: Iterable[str] = (),
+    security: str | None = None,
 ) -> Any:
     """Secret-share ``x`` (a tensor, or a model's parameters and buffers) among ``parties``.
 
@@ -84,6 +89,10 @@ def share(
     ``config``: the comparison by function secret sharing, ``comparison="fss"``; with more
     parties, the default comparison) or ``"snn"`` (the default comparison), and
     ``x.fix_precision()`` tensors or models (shared with their precision).
+
+    ``security="malicious"`` (short for ``config=MPCConfig(security="malicious")``) shares
+    with MACs: an :class:`mpc.authenticated.AuthenticatedTensor`, whose outputs reach the
+    client only after a check that catches any party that deviates (docs/security.md).
     """
     check_protocol(protocol)
     x, frac_bits = unwrap_fixed_precision(x, frac_bits)
@@ -96,9 +105,13 @@ def share(
             if protocol == "fss" and len(parties) == 2:  # PySyft's FSS (2 parties)
                 kw["comparison"] = "fss"
             config = MPCConfig(**kw)
+        if security is not None and security != config.security:
+            config = dataclasses.replace(config, security=security)
         session = session_for(list(parties), crypto_provider, config)
     elif parties:
         raise TypeError("pass either parties or session, not both")
+    elif security is not None and security != session.config.security:
+        raise MPCError(f"security={security!r}, but the session's is {session.config.security!r}")
     else:
         gone = session.restarted()
         if gone:
@@ -107,6 +120,13 @@ def share(
                 "their shares and seeds died with the old process: share without session= "
                 "(the group then gets a new session), or make a new mpc.Session"
             )
+    if session.config.security == "malicious":
+        if remote or public_buffers or shared_buffers or requires_grad:
+            raise MPCError(
+                "the malicious mode shares the client's own tensors and models, not trained "
+                "(remote models, public_buffers, shared_buffers and requires_grad are refused)"
+            )
+        return share_authenticated_any(x, session, frac_bits)
     if remote:  # the owner's worker splits its registered values: held weights (mpc.held)
         if public_buffers or shared_buffers or requires_grad:
             raise MPCError(
@@ -139,7 +159,7 @@ def get(x: Any) -> Any:
     those: build a new one to go on in the clear. A model shared by its owner from its
     worker (held parameters) never opens: that raises before anything changes.
     """
-    if isinstance(x, SharedTensor):
+    if isinstance(x, SharedTensor | AuthenticatedTensor):
         return x.get()
     if not isinstance(x, nn.Module):
         raise TypeError(f"mpc.get expects a SharedTensor or an nn.Module, got {type(x).__name__}")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 RING_BITS = 64
 COMPARISONS = ("default", "fss")
+SECURITIES = ("semi-honest", "malicious")
 
 
 # Tensors that travel in one piece (the last party's input share, a weight instance's F,
@@ -30,6 +31,11 @@ class MPCConfig:
 
     Products are exact in the ring while |value| < 2^(62 - 2 * frac_bits) before
     truncation (2^30 at 16 bits); see docs/secret-sharing.md for the error bounds.
+
+    ``security``: ``"semi-honest"`` (the default: the parties follow the protocol) or
+    ``"malicious"`` (authenticated shares: a party that deviates is caught before any
+    output reaches the client; docs/security.md). The malicious mode takes the default
+    comparison.
     """
 
     frac_bits: int = 16
@@ -38,6 +44,7 @@ class MPCConfig:
     concurrent_from: int | None = 1 << 15
     comparison: str = "default"
     fss_bits: int = 64
+    security: str = "semi-honest"
 
     def __post_init__(self) -> None:
         c = self.concurrent_from
@@ -49,5 +56,12 @@ class MPCConfig:
             raise ValueError(f"frac_bits must be in [0, 28], got {self.frac_bits}")
         if self.comparison not in COMPARISONS:
             raise ValueError(f"comparison must be one of {COMPARISONS}, got {self.comparison!r}")
+        if self.security not in SECURITIES:
+            raise ValueError(f"security must be one of {SECURITIES}, got {self.security!r}")
+        if self.security == "malicious" and self.comparison != "default":
+            raise ValueError(
+                "security='malicious' runs its own authenticated comparison: it takes "
+                f"comparison='default', got {self.comparison!r}"
+            )
         if type(self.fss_bits) is not int or not 2 <= self.fss_bits <= RING_BITS:
             raise ValueError(f"fss_bits must be an int in [2, {RING_BITS}], got {self.fss_bits!r}")

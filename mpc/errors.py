@@ -43,5 +43,11 @@ class ComparisonModeError(MPCError, ValueError):
     """The session's comparison mode does not fit its parties (FSS is 2-party only)."""
 
 
+class MACCheckError(MPCError):
+    """The authenticated mode's MAC check failed: a party deviated from the protocol (or a
+    value was changed where it is stored). Nothing opened since the previous check reaches
+    the client, and the session releases nothing more. The message names the check."""
+
+
 class ShapeError(MPCError, ValueError):
     """The operands' shapes do not fit the op (a matmul's inner dimensions, a broadcast)."""

@@ -212,7 +212,7 @@ def share_offered(model: nn.Module, session: Session, frac_bits: int | None) -> 
         shares = pt_call_function(
             owner,
             HELD_SHARE_FUNCTION,
-            [name, shape, f, session.n],
+            [name, shape, f, session.n, [p.id for p in session.parties]],
             out=[(tuple(shape), torch.int64)] * session.n,
         )
         moved = [s.move(p) for s, p in zip(shares, session.parties)]  # type: ignore[union-attr]

@@ -54,7 +54,8 @@ def install(worker: Any) -> None:
 class Session:
     """Parties (2 to 5 workers), an optional dealer and the config (fixed point, the
     comparison mode: ``comparison="fss"`` is short for ``config=MPCConfig(comparison="fss")``,
-    2 parties only)."""
+    2 parties only; ``security="malicious"`` for ``config=MPCConfig(security="malicious")``,
+    authenticated shares)."""
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class Session:
         crypto_provider: Any | None = None,
         config: MPCConfig | None = None,
         comparison: str | None = None,
+        security: str | None = None,
     ) -> None:
         parties = list(parties)
         if not 2 <= len(parties) <= MAX_PARTIES:
@@ -69,6 +71,8 @@ class Session:
         config = config or MPCConfig()
         if comparison is not None:  # (shorthand for the config's field)
             config = dataclasses.replace(config, comparison=comparison)
+        if security is not None:  # (shorthand for the config's field)
+            config = dataclasses.replace(config, security=security)
         if config.comparison == "fss" and len(parties) != 2:
             raise ComparisonModeError(
                 f"comparison='fss' (function secret sharing) is for 2 parties, got "
@@ -106,13 +110,16 @@ class Session:
         # in-place write in this session computes them first
         self.deferred: weakref.WeakSet[Any] = weakref.WeakSet()
         self.dealer_seeds: list[pt.PointerTensor] = []
+        # the authenticated mode's state (its MAC key, its pending openings), made on the
+        # first authenticated op (mpc.protocols.auth_shares.state)
+        self.authenticated: Any = None
         if crypto_provider is not None:
             for i, p in enumerate(parties):
                 crypto_provider.introduce(p)
                 (seed,) = pt.call_function(
                     crypto_provider,
                     name_of(new_seed),
-                    [i, len(parties)],
+                    [i, ids],
                     out=[((16,), torch.uint8)],
                 )
                 assert seed is not None  # (out= given: a pointer per output)

@@ -19,6 +19,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_nonces",
     "test_mpc_functions",
     "test_mpc_truncmul",
+    "test_mpc_malicious",
     "test_mpc_training",
     "test_sealing",
     "test_sealing_attacks",
@@ -26,6 +27,7 @@ BOTH_WORKER_KINDS = {
     "test_share_pieces",
     "test_release_rules",
     "test_fss_attacks",
+    "test_opening_attacks",
     "test_federated",
     "test_pysyft_compat",
 }

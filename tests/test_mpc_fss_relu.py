@@ -149,8 +149,8 @@ def test_a_narrower_domain_keeps_the_two_round_run() -> None:
 
 
 def test_the_step_is_sealed_and_runs_once() -> None:
-    """The dealer's words are sealed (no client reads them), party 0 cannot take the last
-    party's words, and replaying a party's step is refused (key and streams consumed)."""
+    """The dealer's words are sealed (no client reads them), the last party's words go to
+    the last party only, and replaying a party's step is refused (key and streams consumed)."""
     alice, bob, carol = (pt.VirtualWorker(w) for w in ("alice", "bob", "carol"))
     x = mpc.share(torch.tensor([5, -5, 7]), alice, bob, crypto_provider=carol, config=FSS)
     calls: list[tuple[Any, list[Any]]] = []
@@ -185,12 +185,6 @@ def test_the_step_is_sealed_and_runs_once() -> None:
         [s.dealer_seeds, nonce, [n], 1],
         out=[((fss_relu.key_words(n),), torch.int64), ((5 * n,), torch.int64)],
     )
-    cw0, wrong = cw.copy_to(alice, lend=True), consts.move(alice)
-    with pytest.raises(pt.RemoteError, match="only the last party|protocol material|takes"):
-        pt.call_function(
-            alice,
-            "mpc.fss_relu_eval",
-            [s.party_seeds[0], nonce, True, cw0, wrong, x.shares[0], 1],
-            out=[((n,), torch.int64)],
-        )
-        alice.request(Describe([]))
+    with pytest.raises(pt.RemoteError, match="goes only to 'bob'"):
+        consts.move(alice)  # its dealer sends the last party's words to the last party only
+        carol.request(Describe([]))

@@ -259,7 +259,9 @@ def test_the_seed_tells_a_party_its_place(trio: Any) -> None:
     )
     # a seed for a place that does not exist, and the dealer's seeds out of order
     _refused(
-        carol, lambda: step(carol, "mpc.new_seed", [2, 2], [((16,), torch.uint8)]), "party 0 to 1"
+        carol,
+        lambda: step(carol, "mpc.new_seed", [2, [alice.id, bob.id]], [((16,), torch.uint8)]),
+        "party 0 to 1",
     )
     _refused(
         carol,

@@ -15,12 +15,18 @@ from typing import Any
 from mpc.material import sizes
 from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
+from mpc.protocols.auth_beaver import steps as auth_beaver
+from mpc.protocols.auth_local import steps as auth_local
+from mpc.protocols.auth_opening import steps as auth_opening
+from mpc.protocols.auth_shares import steps as auth_shares
+from mpc.protocols.auth_truncation import steps as auth_truncation
 from mpc.protocols.beaver import steps as beaver
 from mpc.protocols.comparison import selection
 from mpc.protocols.comparison import steps as comparison
 from mpc.protocols.fourier import steps as fourier
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as fss
+from mpc.protocols.mac_check import steps as mac_check
 from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
 from mpc.protocols.seeds import steps as seeds
@@ -43,6 +49,13 @@ STEP_MODULES = (
     weights,
     fss,
     fss_relu,
+    # the authenticated mode (security="malicious")
+    auth_shares,
+    auth_local,
+    auth_opening,
+    mac_check,
+    auth_beaver,
+    auth_truncation,
 )
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {

@@ -9,7 +9,9 @@ worker needs to know of it::
 
 - ``rule``: what the worker checks before the step runs (which sealed inputs it takes,
   the labels of its outputs; :func:`pointers.worker.sealing.protocol_function`). None:
-  the step takes and makes no sealed object (a local product by a public value).
+  the step takes and makes no sealed object (a local product by a public value). Every
+  output that may leave the worker is then bound to the parties of the session whose
+  seed the step runs on (:func:`mpc.protocols.rules.bind_outputs`).
 - ``size`` and ``keeps``: the bytes one call allocates at its peak and keeps after it
   returned, from its parameters (:func:`pointers.worker.functions.sized`): a worker with
   a storage limit checks them before the step runs.
@@ -31,8 +33,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
+from mpc.protocols.rules import bind_outputs
 from pointers.worker.functions import SizeFunction, sized
-from pointers.worker.sealing import Rule, protocol_function
+from pointers.worker.sealing import ProtocolCall, Rule, protocol_function
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,13 +74,24 @@ def step(
 
     def declare(fn: F) -> F:
         if rule is not None:
-            protocol_function(rule)(fn)
+            protocol_function(_bound(rule))(fn)
         sized(size, keeps)(fn)
         fn.__step__ = StepSpec(name or f"mpc.{fn.__name__}", makes_material, opened)  # type: ignore[attr-defined]
         _OPENINGS.update(opened)
         return fn
 
     return declare
+
+
+def _bound(rule: Rule) -> Rule:
+    """``rule``, its outputs bound to the session's parties (:func:`bind_outputs`)."""
+
+    def checked(call: ProtocolCall) -> Any:
+        return bind_outputs(call, rule(call))
+
+    checked.__doc__ = rule.__doc__
+    checked.__qualname__ = getattr(rule, "__qualname__", "rule")
+    return checked
 
 
 def spec_of(fn: Any) -> StepSpec:

@@ -363,7 +363,7 @@ class Worker(Execution):
             sent: Any = False
             if sealed:  # the copy records its sender; a seed leaves its dealer once
                 holding.check_send(sealed)
-                sent = delivered_seal(sealed, self.id)
+                sent = delivered_seal(sealed, self.id, msg.peer)
                 entry.sealed = sealed = after_delivery(sealed)
             del entry  # (it refers to the value too)
             if msg.delete:

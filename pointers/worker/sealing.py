@@ -12,7 +12,8 @@ the worker enforces the rules, whatever the client sends:
   protocol instance (its nonce): the registered function that made it, not the client,
   writes it. A peer delivery (``copy_to``, ``move``) keeps the label and records the
   sender as its origin; an object whose label allows no more deliveries (a seed, once it
-  left the dealer) cannot be sent again;
+  left the dealer) cannot be sent again, and one whose label names the workers it may go
+  to (``to``: a protocol session's computing parties) goes to no other;
 * a registered function that takes or makes sealed objects is a *protocol step*: it
   declares a rule (:func:`protocol_function`) that the worker runs with the labels of the
   arguments before the step runs. The rule checks that each sealed input is the output of
@@ -30,7 +31,7 @@ reconstructs with ``get()``) are ordinary objects.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
@@ -42,11 +43,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 RULE = "protocol material is sealed at the workers (docs/security.md)"
 
 # The wire and store form of a sealed object's label: a list
-#   [kind, nonce, index, origin, deliveries, extra]
+#   [kind, nonce, index, origin, deliveries, extra] or, bound to a group of parties,
+#   [kind, nonce, index, origin, deliveries, extra, to]
 # kind: what made it (a protocol step's output name); nonce and index: the protocol instance
 # and its sub-step; origin: "" where it was made, else the worker that delivered it;
 # deliveries: how many more times it may be sent to a peer (-1: any); extra: the step's
-# own data (a list). A sealed entry of a store holds its label (a non-empty list).
+# own data (a list); to: the only workers it may be delivered to (a list of ids; absent:
+# any), written by the step that made it and checked by its worker at every delivery (a
+# delivered copy of it is never sent on, and travels without it). A sealed entry of a
+# store holds its label (a non-empty list).
 UNLIMITED = -1
 SPENT = "spent"
 # an owner's data at its own worker (pointers.worker.owners): extra (owner, the value's
@@ -65,9 +70,11 @@ class Label:
     origin: str = ""
     deliveries: int = UNLIMITED
     extra: tuple[Any, ...] = ()
+    to: tuple[str, ...] = ()
 
     def wire(self) -> list[Any]:
-        return [self.kind, self.nonce, self.index, self.origin, self.deliveries, list(self.extra)]
+        out = [self.kind, self.nonce, self.index, self.origin, self.deliveries, list(self.extra)]
+        return [*out, list(self.to)] if self.to else out
 
     @staticmethod
     def of(sealed: Any) -> Label | None:
@@ -77,7 +84,7 @@ class Label:
             return None
         if (
             isinstance(sealed, list)
-            and len(sealed) == 6
+            and len(sealed) in (6, 7)
             and type(sealed[0]) is str
             and type(sealed[1]) is int
             and type(sealed[2]) is int
@@ -85,7 +92,20 @@ class Label:
             and type(sealed[4]) is int
             and isinstance(sealed[5], list)
         ):
-            return Label(sealed[0], sealed[1], sealed[2], sealed[3], sealed[4], tuple(sealed[5]))
+            to: tuple[str, ...] = ()
+            if len(sealed) == 7:
+                group = sealed[6]
+                if not (
+                    isinstance(group, list)
+                    and group
+                    and all(type(w) is str for w in group)
+                    and len(set(group)) == len(group)
+                ):
+                    return Label("unlabelled")
+                to = tuple(group)
+            return Label(
+                sealed[0], sealed[1], sealed[2], sealed[3], sealed[4], tuple(sealed[5]), to
+            )
         return Label("unlabelled")
 
     @property
@@ -94,23 +114,37 @@ class Label:
 
 
 def seal(kind: str, nonce: int = 0, index: int = 0, *, deliveries: int = UNLIMITED,
-         extra: tuple[Any, ...] = ()) -> list[Any]:  # fmt: skip
+         extra: tuple[Any, ...] = (), to: tuple[str, ...] = ()) -> list[Any]:  # fmt: skip
     """The ``sealed`` value of an object made here (a label's wire form)."""
-    return Label(kind, nonce, index, "", deliveries, extra).wire()
+    return Label(kind, nonce, index, "", deliveries, extra, to).wire()
 
 
-def delivered_seal(sealed: Any, sender: str) -> list[Any]:
+def delivered_seal(sealed: Any, sender: str, peer: str) -> list[Any]:
     """The seal a delivered copy of a sealed object carries (origin: the sender), or a
-    refusal if the label allows no more deliveries. The sender's entry is updated by the
-    caller with :func:`after_delivery`."""
+    refusal if the label allows no more deliveries, or names the workers it may go to
+    (``to``) and ``peer`` is not one of them. A copy of a bound object is never sent on
+    (the worker that made it delivers it where it goes), so it travels unbound and with
+    no delivery left. The sender's entry is updated by the caller with
+    :func:`after_delivery`."""
     label = Label.of(sealed)
     assert label is not None
     if label.kind == OWNERS_DATA:
         raise NotAllowedError(f"sending an owner's data to a peer is refused; {OWNERS_RULE}")
     if label.deliveries == 0:  # (delivered as often as it may be, or kept where it is)
         raise refused(f"sending a {label.kind} to a peer (again)")
-    left = 0 if label.deliveries != UNLIMITED else UNLIMITED
-    return Label(label.kind, label.nonce, label.index, sender, left, label.extra).wire()
+    if label.to and (peer not in label.to or peer == sender):
+        raise NotAllowedError(
+            f"worker {sender!r}: sending a {label.kind} to {peer!r} is refused: it goes only "
+            f"to {_names(label.to, sender)}, the computing parties it was made for (never "
+            f"the crypto provider, nor a worker outside them); {RULE}"
+        )
+    left = 0 if label.deliveries != UNLIMITED or label.to else UNLIMITED
+    return replace(label, origin=sender, deliveries=left, to=()).wire()
+
+
+def _names(to: tuple[str, ...], but: str) -> str:
+    others = [repr(w) for w in to if w != but]
+    return ", ".join(others) if others else "no other worker"
 
 
 def after_delivery(sealed: Any) -> Any:
@@ -118,9 +152,7 @@ def after_delivery(sealed: Any) -> Any:
     label = Label.of(sealed)
     if label is None or label.deliveries == UNLIMITED:
         return sealed
-    return Label(
-        label.kind, label.nonce, label.index, label.origin, label.deliveries - 1, label.extra
-    ).wire()
+    return replace(label, deliveries=label.deliveries - 1).wire()
 
 
 @dataclass
@@ -212,7 +244,9 @@ class ProtocolCall:
 
     def pieces(self, name: str) -> list[Label]:
         """Labels of a list parameter of sealed objects (each consumed if the step runs):
-        the first made here, the others delivered by distinct peers (an opening)."""
+        the first made here, the others delivered by distinct peers (an opening). If this
+        worker's own piece is bound to a group of workers (``to``), this worker is one of
+        them and the others come from every other worker of the group, once each."""
         a = self.args.get(name)
         if a is None or a.entries is None or len(a.entries) < 2:
             raise self.refuse(f"parameter {name!r} takes this party's piece and its peers'")
@@ -236,6 +270,13 @@ class ProtocolCall:
                 first.extra,
             ):
                 raise self.refuse(f"the pieces of {name!r} are not pieces of one value")
+        if first.to and (
+            self.worker_id not in first.to or {self.worker_id, *origins} != set(first.to)
+        ):
+            raise self.refuse(
+                f"the pieces of {name!r} are this party's and one from each other party of "
+                f"{list(first.to)}, got pieces from {origins}"
+            )
         self.spend.extend(a.entries)
         return labels
 

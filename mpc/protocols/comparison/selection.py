@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mpc.math import groups_of_four
-from mpc.protocols.rules import OPENED, kept, nonce_of, party_seed, record, same
+from mpc.protocols.rules import OPENED, is_last, kept, nonce_of, party_seed, record, same
 from mpc.protocols.sizes import (
     WORD,
     declared,
@@ -109,7 +109,7 @@ def _party_derive_rule(call: ProtocolCall) -> Any:
     """Only the daBit's arithmetic share t, for the products of a selection."""
     nonce = nonce_of(call)
     seed = party_seed(call)
-    if seed.extra == (seed.index + 1,):
+    if is_last(seed):
         raise call.refuse("the last party's daBit share is the dealer's, not derived")
     if call.value("tag") != TAG_T_ARITH:
         raise call.refuse("a party derives only the daBit's arithmetic share here")

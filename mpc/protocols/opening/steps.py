@@ -3,6 +3,14 @@
 Which values may be opened: those a step declared with ``opens`` (their kinds, each
 opened by a sum or an XOR; :func:`mpc.protocols.step.step`), masked by this party for
 the purpose, and each used once.
+
+Where the pieces go: a party's piece (its share minus its share of a mask that the
+dealer knows) is bound, by the step that masked it, to the session's computing parties
+that the party's seed names (:func:`mpc.protocols.rules.bind_outputs`). Its worker
+delivers it to those parties only, whatever peer the client names (never the dealer,
+which would learn the value, nor a worker outside the session), and a delivered piece is
+not sent on; a party opens a value only from its own piece and one from each other party
+of the same session (:meth:`pointers.worker.sealing.ProtocolCall.pieces`).
 """
 
 from __future__ import annotations
@@ -21,15 +29,19 @@ from pointers.worker.sealing import ProtocolCall, seal
 
 def _pack_rule(call: ProtocolCall) -> Any:
     """A party's shares of the values one round opens, packed: each must be a value this
-    party masked to open (one kind of opening: sums or XORs), used up here."""
+    party masked to open (one kind of opening: sums or XORs), used up here, all of one
+    session's parties, to whom the packed values alone may go (their ``to``)."""
     labels = call.materials("parts", opened_kinds(), "the values to open", local=True, consume=True)
     if len({opens(lb.kind) for lb in labels}) != 1:
         raise call.refuse("a packed opening is all sums or all XORs")
+    group = labels[0].to
+    if not group or any(lb.to != group for lb in labels):
+        raise call.refuse("a packed opening packs values of one session's parties")
     parts = [
         [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape]]
         for lb, v in zip(labels, call.value("parts"))
     ]
-    return [seal("packed", extra=tuple(parts))]
+    return [seal("packed", extra=tuple(parts), to=group)]
 
 
 def _open_rule(call: ProtocolCall) -> Any:

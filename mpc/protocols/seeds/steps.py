@@ -24,14 +24,27 @@ from pointers.worker.sealing import ProtocolCall, seal
 
 
 def _new_seed_rule(call: ProtocolCall) -> Any:
-    """Party ``index``'s seed of a group of ``parties``: it leaves the dealer once, to its
-    party, and tells that party its place."""
+    """Party ``index``'s seed of the session's computing ``parties`` (their worker ids, in
+    order): it leaves the dealer once, to that party only (its label's ``to``), and tells
+    it its place and the parties (the label's extra: their count, then their ids), to whom
+    alone the material made under the seed may go (:func:`mpc.protocols.rules.bind_outputs`).
+    The dealer is never one of the parties."""
     index, parties = call.value("index"), call.value("parties")
-    if type(parties) is not int or not 2 <= parties <= 5:
-        raise call.refuse("a seed is for a group of 2 to 5 parties")
-    if type(index) is not int or not 0 <= index < parties:
-        raise call.refuse(f"a seed is for party 0 to {parties - 1}")
-    return [seal(SEED, 0, index, deliveries=1, extra=(parties,))]
+    if not (
+        type(parties) is list
+        and 2 <= len(parties) <= 5
+        and all(type(p) is str and p for p in parties)
+        and len(set(parties)) == len(parties)
+    ):
+        raise call.refuse("a seed is for a group of 2 to 5 distinct parties, by worker id")
+    if call.worker_id in parties:
+        raise call.refuse(
+            f"the crypto provider {call.worker_id!r} cannot be one of the parties it deals to"
+        )
+    if type(index) is not int or not 0 <= index < len(parties):
+        raise call.refuse(f"a seed is for party 0 to {len(parties) - 1}")
+    group = (len(parties), *parties)
+    return [seal(SEED, 0, index, deliveries=1, extra=group, to=(parties[index],))]
 
 
 def _new_seed_size(p: dict[str, Any]) -> int:
@@ -39,9 +52,10 @@ def _new_seed_size(p: dict[str, Any]) -> int:
 
 
 @step(rule=_new_seed_rule, size=_new_seed_size, makes_material=True)
-def new_seed(ctx: Any, index: int, parties: int) -> torch.Tensor:
+def new_seed(ctx: Any, index: int, parties: list[str]) -> torch.Tensor:
     """A fresh 16-byte seed from the operating system (stored at the dealer) for party
-    ``index`` of ``parties`` (its label records the party's place)."""
+    ``index`` of ``parties`` (worker ids; its label records the party's place and the
+    parties)."""
     return torch.tensor(list(os.urandom(16)), dtype=torch.uint8)
 
 

@@ -1,0 +1,203 @@
+"""Attacks on the malicious mode, as a deviating party makes them: at every protocol step a
+party changes what it holds or sends (an error e added to its share, its MAC share, its
+piece of an opening, its triple or truncation-pair share, the value it opened, its
+residual, its output share, its word in the MAC check), or hands on stale material (the
+same output of the step's previous instance), for e in {1, 2^16, 2^63, a random word}, at
+the first and at the last party. Every deviation is caught: ``get()`` raises
+:class:`mpc.MACCheckError` and returns no value, and the session releases nothing after.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from deviations import deviating
+
+import mpc
+import pointers as pt
+from mpc.protocols.auth_beaver.steps import auth_beaver_combine, auth_beaver_mask
+from mpc.protocols.auth_local.steps import (
+    auth_bilinear_public,
+    auth_linear,
+    auth_scale,
+    auth_sum,
+    auth_view,
+)
+from mpc.protocols.auth_opening.steps import auth_open
+from mpc.protocols.auth_shares.steps import (
+    auth_input,
+    auth_key,
+    auth_output_mask,
+    auth_release,
+)
+from mpc.protocols.auth_truncation.steps import auth_trunc_finish, auth_trunc_mask
+from mpc.protocols.mac_check.steps import (
+    mac_check_combine,
+    mac_check_commit,
+    mac_check_open,
+    mac_check_reveal,
+)
+
+X = torch.tensor([1.5, 2.0, -0.5, 3.0])
+Y = torch.tensor([2.0, 3.0, 1.0, -1.0])
+PUB = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
+ERRORS = {"1": 1, "2^16": 1 << 16, "2^63": 1 << 63, "random": None}
+
+
+def session(workers: list[Any], dealer: Any) -> mpc.Session:
+    """The session (its workers' functions installed: a deviation replaces one of them)."""
+    return mpc.Session(workers, dealer, security="malicious")
+
+
+def program(s: mpc.Session) -> Any:
+    """Every step of the products and local ops: inputs, a product and its truncation, a
+    public constant, a second product, a reshape, a product by a public matrix, a sum, an
+    integer scale; its output (the MAC check, the release)."""
+    x = mpc.share(X, session=s)
+    y = mpc.share(Y, session=s)
+    z = (x * y + 1.0) * y
+    return (z.reshape(2, 2) @ PUB).sum(0) * 3
+
+
+def expected() -> torch.Tensor:
+    z = (X * Y + 1.0) * Y
+    return (z.reshape(2, 2) @ PUB).sum(0) * 3
+
+
+# (step, output, where in it: (limb, value/MAC) of a share, (limb,) of a piece, () of a word)
+CASES: list[tuple[Any, int, tuple[int, ...], str]] = [
+    (auth_key, 0, (0,), "its share of the MAC key"),
+    (auth_input, 0, (0, 0), "its input share"),
+    (auth_input, 0, (0, 1), "its input share's MAC"),
+    (auth_beaver_mask, 0, (0,), "its piece of [e | f]"),
+    (auth_beaver_mask, 1, (0,), "the MAC of its piece of [e | f]"),
+    (auth_beaver_mask, 2, (0, 0), "its triple share a"),
+    (auth_beaver_mask, 2, (0, 1), "the MAC of its triple share a"),
+    (auth_beaver_mask, 3, (0, 0), "its triple share c"),
+    (auth_open, 0, (0,), "the value it opened"),
+    (auth_open, 1, (0,), "its residual for the check"),
+    (auth_beaver_combine, 0, (0, 0), "its product share"),
+    (auth_beaver_combine, 0, (0, 1), "its product share's MAC"),
+    (auth_trunc_mask, 0, (0,), "its piece of the truncation's c"),
+    (auth_trunc_mask, 2, (0, 0, 0), "its share of the truncation pair's U"),
+    (auth_trunc_mask, 2, (1, 0, 0), "its share of the truncation pair's H"),
+    (auth_trunc_finish, 0, (0, 0), "its truncated share"),
+    (auth_linear, 0, (0, 0), "its share of a sum with a constant"),
+    (auth_view, 0, (0, 0), "its share after a reshape"),
+    (auth_bilinear_public, 0, (0, 0), "its share of a product by a public matrix"),
+    (auth_sum, 0, (0, 0), "its share of a sum"),
+    (auth_scale, 0, (0, 0), "its share of a product by a public integer"),
+    (auth_output_mask, 0, (0,), "its piece of the output"),
+    (auth_output_mask, 1, (0,), "its output piece's MAC"),
+    (auth_release, 0, (), "the output it releases to the client"),
+    (mac_check_commit, 0, (), "its commitment to its coin seed"),
+    (mac_check_reveal, 0, (), "its coin seed"),
+    (mac_check_combine, 0, (), "its commitment to z"),
+    (mac_check_open, 0, (), "its z"),
+]
+
+
+def _error(e: int | None) -> int:
+    return int.from_bytes(os.urandom(8), "little") | 1 if e is None else e
+
+
+@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
+@pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
+@pytest.mark.parametrize(
+    "step,output,part,what", CASES, ids=[f"{c[0].__name__}-{c[3]}" for c in CASES]
+)
+def test_every_deviation_is_caught(
+    step: Any, output: int, part: tuple[int, ...], what: str, who: int, error: str
+) -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    dealer = pt.VirtualWorker("carol")
+    s = session(workers, dealer)
+    e = _error(ERRORS[error])
+    if not part:  # (a word of bytes: the check's messages)
+        e %= 256 or 1
+        e = e or 1
+    with deviating(workers[who], step, output, e, part) as count:
+        with pytest.raises(mpc.MACCheckError) as caught:
+            out = program(s).get()
+            pytest.fail(f"no check caught {what} + {e}: the client got {out}")  # (unreached)
+    assert count[0] >= 1, f"the program never ran {step.__name__}"
+    assert "check failed" in str(caught.value)
+
+
+@pytest.mark.parametrize("who", [0, 2], ids=["first", "last"])
+@pytest.mark.parametrize("step,output,part,what", CASES[1:12:2], ids=[c[3] for c in CASES[1:12:2]])
+def test_every_deviation_is_caught_with_three_parties(
+    step: Any, output: int, part: tuple[int, ...], what: str, who: int
+) -> None:
+    workers = [pt.VirtualWorker(n) for n in ("alice", "bob", "dave")]
+    s = session(workers, pt.VirtualWorker("carol"))
+    with deviating(workers[who], step, output, _error(None), part):
+        with pytest.raises(mpc.MACCheckError):
+            program(s).get()
+
+
+STALE = [
+    (auth_beaver_mask, 2, "its triple share a of the previous product"),
+    (auth_beaver_mask, 3, "its triple share c of the previous product"),
+    (auth_trunc_mask, 2, "its truncation pair of the previous truncation"),
+    (auth_open, 0, "the value the previous opening opened"),
+]
+
+
+@pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
+@pytest.mark.parametrize("step,output,what", STALE, ids=[c[2] for c in STALE])
+def test_stale_material_is_caught(step: Any, output: int, what: str, who: int) -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = session(workers, pt.VirtualWorker("carol"))
+    with deviating(workers[who], step, output, stale=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            program(s).get()
+    assert count[0] >= 1
+
+
+@pytest.mark.parametrize("error", [1 << 64, 1 << 127, 3 << 100], ids=["2^64", "2^127", "3*2^100"])
+def test_an_error_above_the_value_bits_is_caught_or_harmless(error: int) -> None:
+    """An error in the high 64 bits of a share (mod 2^128) leaves the value (its low 64
+    bits) as it is: the check may let it through (it vouches for the low bits), and then
+    the output is right."""
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = session(workers, pt.VirtualWorker("carol"))
+    with deviating(workers[0], auth_beaver_combine, 0, error >> 64, (1, 0)):
+        try:
+            out = program(s).get()
+        except mpc.MACCheckError:
+            return
+    torch.testing.assert_close(out, expected(), atol=1e-3, rtol=1e-4)
+
+
+def test_honest_program_is_right() -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    out = program(session(workers, pt.VirtualWorker("carol"))).get()
+    torch.testing.assert_close(out, expected(), atol=1e-3, rtol=1e-4)
+
+
+def test_after_a_failed_check_nothing_is_released() -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = session(workers, pt.VirtualWorker("carol"))
+    x = mpc.share(X, session=s)
+    with deviating(workers[1], auth_beaver_combine, 0, 1 << 16):
+        bad = x * x
+    with pytest.raises(mpc.MACCheckError):
+        bad.get()
+    with pytest.raises(mpc.MACCheckError):
+        x.get()  # (honest, but the session's check failed: it releases nothing more)
+
+
+def test_the_attack_of_the_issue_is_caught() -> None:
+    """alice adds 2^20 (16.0 in fixed point) to her stored share of x = [1.5, 2.0]; then
+    (x * y).get() with y = [2.0, 3.0] (the semi-honest mode returns [35., 54.])."""
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    x = mpc.share(torch.tensor([1.5, 2.0]), alice, bob, crypto_provider=carol, security="malicious")
+    y = mpc.share(torch.tensor([2.0, 3.0]), alice, bob, crypto_provider=carol, security="malicious")
+    stored = alice.store.entry(x.shares[0]._ref.obj_id).value
+    stored[0, 0] += 1 << 20  # (in process, the attacker writes its own store)
+    with pytest.raises(mpc.MACCheckError, match="check failed"):
+        (x * y).get()
