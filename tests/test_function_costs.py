@@ -13,10 +13,19 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "secret-sharing.md"
 
 
 def _docs_rows() -> dict[str, str]:
-    rows = {}
+    """The rows of the costs table (the one whose header names the default rounds; the
+    docs hold other tables keyed by the same functions, the accuracy table among them)."""
+    rows: dict[str, str] = {}
+    inside = False
     for line in DOCS.read_text().splitlines():
+        if line.startswith("| function | default rounds |"):
+            inside = True
+            continue
+        if inside and not line.startswith("|"):
+            break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] in function_costs.FUNCTIONS and len(cells) == 7:
+        if inside and cells[0] in function_costs.FUNCTIONS and len(cells) == 7:
+            assert cells[0] not in rows, f"{cells[0]} twice in the costs table"
             rows[cells[0]] = line
     return rows
 
