@@ -324,7 +324,13 @@ class HeldPlan(SharedPlan):
 
     def _held_fields(self, variant: Programs) -> dict[str, tuple[list[Any], list[int]]]:
         """Per party: its [slot, name] pairs of the inputs, the weights and the kept or
-        carried slots, and its output slot."""
+        carried slots, and its output slot (the same at every run)."""
+        done = self.__dict__.setdefault("_fields", {})
+        if id(variant) not in done:
+            done[id(variant)] = self._fields_of(variant)
+        return done[id(variant)]  # type: ignore[no-any-return]
+
+    def _fields_of(self, variant: Programs) -> dict[str, tuple[list[Any], list[int]]]:
         out = {}
         n = self.session.n
         k_inputs = self.k_later if variant is self.later else self.k_inputs

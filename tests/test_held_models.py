@@ -407,3 +407,19 @@ def test_a_tiny_gpt2_from_its_owner_keeps_its_tied_embeddings() -> None:
     out, held = _from_its_owner(model, onehot, call)
     assert held.lm_head.weight is held.transformer.wte.weight  # shared once, still tied
     assert (out - expected).abs().max() < 5e-2
+
+
+def test_an_offer_file_is_read_back_and_a_bad_one_refused(tmp_path: Path) -> None:
+    model = _model()
+    approval = mpc.approve(model, torch.randn(8, 4), parties=PARTIES, crypto_provider="carol")
+    path = tmp_path / "offer.bin"
+    mpc.save_offer(model, approval, path)
+    policy = holding.load_offer(path)
+    assert policy.approvals == {p: set(ds) for p, ds in approval.items()}
+    assert policy.params["0.weight"].digest == approval.params["0.weight"]
+    assert torch.equal(policy.params["0.weight"].value, model[0].weight.detach())
+    data = path.read_bytes()
+    for bad in (b"not an offer", data[:-3], data + b"x", data[:40]):
+        path.write_bytes(bad)
+        with pytest.raises(ValueError, match="offer file"):
+            holding.load_offer(path)

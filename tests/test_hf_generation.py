@@ -50,15 +50,20 @@ def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
 
     shared_ids: list[bool] = []
     logits_rows: list[int] = []
-    forward = type(model).forward
+    base = model.base_model
+    forward = type(base).forward
+    head = model.get_output_embeddings()
+    head_forward = type(head).forward
+    d_model = model.config.n_embd
 
-    @functools.wraps(forward)  # (its signature too: greedy_generate reads it)
+    @functools.wraps(forward)
     def spy_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        given = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        given = kwargs.get("input_ids", args[0] if args else None)
+        if given is None:
+            given = kwargs.get("inputs_embeds")
         shared_ids.append(isinstance(given, mpc.SharedTensor))
         cache = kwargs["past_key_values"]
         out = forward(self, *args, **kwargs)
-        logits_rows.append(out.logits.shape[1])
         if isinstance(cache, SharedStaticCache):  # one program per token (mpc.generate)
             keys, values = cache.keys[0], cache.values[0]
         else:
@@ -66,8 +71,14 @@ def test_greedy_decoding_matches_plaintext_and_reveals_only_tokens(
         assert isinstance(keys, mpc.SharedTensor) and isinstance(values, mpc.SharedTensor)
         return out
 
+    def spy_head(self: Any, x: Any) -> Any:
+        if self is head:  # the rows the LM head computes logits for
+            logits_rows.append(x.numel() // d_model)
+        return head_forward(self, x)
+
     monkeypatch.setattr(mpc.SharedTensor, "get", spy)
-    monkeypatch.setattr(type(model), "forward", spy_forward)
+    monkeypatch.setattr(type(base), "forward", spy_forward)
+    monkeypatch.setattr(type(head), "forward", spy_head)
     for lookup in ("one_hot", "compare"):
         revealed.clear()
         shared_ids.clear()

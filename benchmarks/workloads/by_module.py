@@ -89,7 +89,11 @@ def by_module(model: nn.Module) -> Iterator[Breakdown]:
             if stack:
                 stack[-1][2] += spent
 
-        hooks.append(model.register_forward_pre_hook(model_pre))
+        # (a pass starts at the base model: generation calls it alone, and its own LM head
+        # on the last rows after it)
+        base = getattr(model, "base_model", None)
+        base = base if isinstance(base, nn.Module) else model
+        hooks.append(base.register_forward_pre_hook(model_pre))
         for m in model.modules():
             if m is not model and kind_of(m) is not None:
                 hooks.append(m.register_forward_pre_hook(pre))

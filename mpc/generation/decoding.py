@@ -27,7 +27,6 @@ argmax.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -51,13 +50,17 @@ def embedding(model: nn.Module) -> Any:
     return emb
 
 
-def keeps_last_logits(model: nn.Module) -> dict[str, Any]:
-    """``{"logits_to_keep": 1}`` where ``model``'s forward takes it, else nothing."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+def last_logits(model: nn.Module, hidden: Any, n: int = 1) -> Any:
+    """The logits (b, n, vocab) of the last ``n`` positions of the base model's
+    ``hidden`` states (b, L, d): the model's output embeddings (its LM head) on those rows
+    only, as one matrix (b n, d). (Through the LM head model's own ``logits_to_keep``, the
+    prefill's rows are a strided view and a step's are not: torch lays the head's weight
+    out two ways for them, so two weight instances, and every step made its own.)"""
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if head is None:
+        raise MPCError(f"{type(model).__name__} has no output embeddings (an LM head)")
+    b, d = hidden.shape[0], hidden.shape[-1]
+    return head(hidden[:, -n:, :].reshape(b * n, d)).reshape(b, n, -1)
 
 
 class Decoder:
@@ -76,7 +79,6 @@ class Decoder:
         frac = session.config.frac_bits
         self.rotary = Rotary(model, self.positions, frac) if self.kind == "rotary" else None
         self.cache = SharedStaticCache(self.positions, self.rotary)
-        self.keep_last = keeps_last_logits(model)
 
     # (the attention reads this, the positions and the rotary through the model's keyword
     # arguments)
@@ -98,16 +100,16 @@ class Decoder:
         embeds = rows @ embedding(model).weight
         mask = torch.zeros(b, 1, length, self.capacity)  # (ignored: it skips HF's own mask)
         with attention.selected(model):
-            out = model(
+            out = model.base_model(  # type: ignore[operator]
                 inputs_embeds=embeds,
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
                 **{attention.STATE: self},
-                **self.keep_last,
             )
         self.cache.prefill = False
-        return out.logits[:, -1].argmax(-1, keepdim=True)  # type: ignore[no-any-return]
+        logits = last_logits(model, out.last_hidden_state)
+        return logits[:, -1].argmax(-1, keepdim=True)  # type: ignore[no-any-return]
 
     def run_step(self, model: nn.Module, rows: SharedTensor) -> SharedTensor:
         """L tokens' one-hot rows (b, L, vocab) through the model at the position the
@@ -125,17 +127,17 @@ class Decoder:
             embeds = embeds + wpe.with_shares(shares)
         mask = torch.zeros(b, 1, length, self.capacity)
         with attention.selected(model):
-            out = model(
+            out = model.base_model(  # type: ignore[operator]
                 inputs_embeds=embeds,
                 position_ids=torch.zeros(b, length, dtype=torch.int64),
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
                 **{attention.STATE: self},
-                **self.keep_last,
             )
         self.positions.end_step()
-        return out.logits[:, -1].argmax(-1, keepdim=True)  # type: ignore[no-any-return]
+        logits = last_logits(model, out.last_hidden_state)
+        return logits[:, -1].argmax(-1, keepdim=True)  # type: ignore[no-any-return]
 
 
 def one_hot_rows(ids: torch.Tensor, vocab: int, session: Session) -> SharedTensor:
@@ -211,4 +213,4 @@ class PlainPrograms:
         return self.plan._run(self.later, (rows, *more))
 
 
-__all__ = ["Decoder", "PlainPrograms", "embedding", "keeps_last_logits", "one_hot_rows"]
+__all__ = ["Decoder", "PlainPrograms", "embedding", "last_logits", "one_hot_rows"]

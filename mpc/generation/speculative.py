@@ -44,7 +44,7 @@ from torch import nn
 
 from mpc.errors import MPCError
 from mpc.generation import attention
-from mpc.generation.decoding import Decoder, embedding
+from mpc.generation.decoding import Decoder, embedding, last_logits
 from mpc.ops.masking import MASKED_VALUE
 from mpc.session import Session
 from mpc.shared import SharedTensor
@@ -129,17 +129,16 @@ class SpeculativeDecoder(Decoder):
         embeds = embeds + (one_hot @ wpe[: self.npos] - base)
         mask = torch.zeros(b, 1, length, self.capacity)
         with attention.selected(model):
-            out = model(
+            out = model.base_model(  # type: ignore[operator]
                 inputs_embeds=embeds,
                 position_ids=torch.zeros(b, length, dtype=torch.int64),
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
-                logits_to_keep=length,
                 **{attention.STATE: self},
             )
         self.validity = None
-        a = out.logits.argmax(-1)  # (b, L): greedy's token after each prefix
+        a = last_logits(model, out.last_hidden_state, length).argmax(-1)  # (b, L)
         eq = (a[:, :-1] == drafts).long()  # (b, k)
         prefix = [eq[:, :1]]
         for i in range(1, self.drafts):

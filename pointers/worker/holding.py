@@ -35,7 +35,6 @@ its owner's policy (:func:`set_policy`), set at the worker, never by a client's 
 from __future__ import annotations
 
 import hashlib
-import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +43,7 @@ import msgpack
 import torch
 
 from pointers.errors import NotAllowedError
-from pointers.wire import serde
+from pointers.wire import files
 from pointers.wire.messages import Delete
 from pointers.wire.serde import Slot, SlotRef, ref_id
 from pointers.worker.sealing import RULE, SPENT, Label, seal, spend
@@ -162,53 +161,25 @@ OFFER_MAGIC = b"pointers-offer-1\n"
 
 def save_offer(path: Any, policy: Policy) -> None:
     """Write an owner's policy (its approvals and its registered values with their
-    scales) to ``path``, for ``python -m pointers serve --offer PATH``: a msgpack document
-    (:mod:`pointers.wire.serde`, never pickle) and the tensors' bytes."""
+    scales) to ``path``, for ``python -m pointers serve --offer PATH``: a document in the
+    wire's encoding (:mod:`pointers.wire.files`, never pickle)."""
     doc = {
         "approvals": {party: sorted(ds) for party, ds in policy.approvals.items()},
         "params": {n: [p.value, p.frac_bits] for n, p in policy.params.items()},
     }
-    header, buffers = serde.encode(doc)
-    with open(path, "wb") as f:
-        f.write(OFFER_MAGIC)
-        f.write(struct.pack("<QQ", len(header), len(buffers)))
-        f.write(header)
-        for b in buffers:
-            raw = b.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
+    files.write_document(path, OFFER_MAGIC, doc)
 
 
 def load_offer(path: Any) -> Policy:
     """The policy :func:`save_offer` wrote (checked as :func:`make_policy` checks it)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    where = f"offer file {str(path)!r}"
-    if not data.startswith(OFFER_MAGIC):
-        raise ValueError(f"{where}: not an offer (write it with mpc.save_offer)")
-    at = len(OFFER_MAGIC)
+    doc = files.read_document(path, OFFER_MAGIC, "an offer file")
     try:
-        n_header, n_buffers = struct.unpack_from("<QQ", data, at)
-        at += 16
-        if n_header > serde.MAX_HEADER_BYTES or n_buffers > serde.MAX_BUFFERS:
-            raise ValueError("too large")
-        header = data[at : at + n_header]
-        at += n_header
-        buffers = []
-        for _ in range(n_buffers):
-            (n,) = struct.unpack_from("<Q", data, at)
-            at += 8
-            if at + n > len(data):
-                raise ValueError("truncated")
-            buffers.append(memoryview(data)[at : at + n])
-            at += n
-        doc = serde.decode(header, buffers)
         approvals, params = doc["approvals"], doc["params"]
         pairs = {n: (v[0], v[1]) for n, v in params.items()}
     except Exception as e:
-        raise ValueError(f"{where} is malformed: {type(e).__name__}: {e}") from None
-    if at != len(data):
-        raise ValueError(f"{where} is malformed: {len(data) - at} bytes after its end")
+        raise ValueError(
+            f"offer file {str(path)!r} is malformed: {type(e).__name__}: {e}"
+        ) from None
     return make_policy(approvals, pairs)
 
 
@@ -249,6 +220,7 @@ def program_digest(
     store: Any,
     uses: dict[int, str] | None = None,
     params: dict[str, str] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> str:
     """The digest an owner approves: a program's commands as this party stores them, with
     each reference to an object that exists before the run replaced by its kind (its
@@ -257,11 +229,38 @@ def program_digest(
     an object an earlier run kept, that object's key (the kept slot of the approved
     program that made it: the digest fixes which kept object each carried slot takes).
     ``params``: per parameter name, the digest of the registered value and scale its slot
-    takes (:func:`param_digest`): the owner approves a computation on those values."""
+    takes (:func:`param_digest`): the owner approves a computation on those values.
+    ``cache``: the stored program's own record (its constants, and the digest of its
+    commands for the kinds those constants have): a program's structure is walked once,
+    and each run checks only the kinds of its constants and its declared slots."""
+    slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
+    doc = [party, commands_digest(raw, store, cache), slots, sorted(outputs)]
+    return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
+
+
+def program_constants(raw: list[Any], cache: dict[Any, Any] | None = None) -> list[int]:
+    """The ids a program refers to directly (objects that exist before its runs), once
+    per stored program (``cache``)."""
+    if cache is not None and "constants" in cache:
+        return cache["constants"]  # type: ignore[no-any-return]
+    out = sorted(_constants(raw))
+    if cache is not None:
+        cache["constants"] = out
+    return out
+
+
+def commands_digest(raw: list[Any], store: Any, cache: dict[Any, Any] | None = None) -> str:
+    """The digest of a program's commands, each reference to an object that exists
+    before the run replaced by its kind (its sealed label's kind in ``store``, or
+    "ordinary"); with ``cache``, computed once per kinds of the constants."""
 
     def kind_of(obj_id: int) -> str:
         label = Label.of(store.entry(obj_id).sealed)
         return "ordinary" if label is None else label.kind
+
+    key = ("commands", tuple(kind_of(c) for c in program_constants(raw, cache)))
+    if cache is not None and key in cache:
+        return cache[key]  # type: ignore[no-any-return]
 
     def canon(o: Any) -> Any:
         if isinstance(o, Slot):
@@ -283,14 +282,17 @@ def program_digest(
             return o
         return ["other", type(o).__name__, repr(o)]
 
-    slots = sorted([int(s), _slot_name(s, n, uses or {}, params or {})] for s, n in held)
     # the deletes of a run's temporaries are not part of what is approved: where they
     # fall depends on when the client's pointers died and on its kind of connection (an
     # in-process client deletes as it goes, a network one in batches), and a delete
     # reveals nothing (it can only make the run, or a later one, fail)
     commands = [c for c in raw if not (isinstance(c, list) and c and c[0] == Delete.KIND)]
-    doc = [party, canon(commands), slots, sorted(outputs)]
-    return hashlib.sha256(msgpack.packb(doc, use_bin_type=True)).hexdigest()
+    digest = hashlib.sha256(msgpack.packb(canon(commands), use_bin_type=True)).hexdigest()
+    if cache is not None:
+        if len(cache) > 16:  # (kinds do not change from run to run: a bound, not a store)
+            cache.clear()
+        cache[key] = digest
+    return digest
 
 
 def _slot_name(slot: int, name: Any, uses: dict[int, str], params: dict[str, str]) -> str:
@@ -376,6 +378,7 @@ def begin(
     bindings: list[int],
     held: list[list[Any]],
     outputs: list[int],
+    cache: dict[Any, Any] | None = None,
 ) -> HeldRun | None:
     """Check a run that declares ``held`` parameter slots (None: an ordinary run): each
     slot bound to a share of the named parameter delivered by one owner, and the program's
@@ -478,9 +481,9 @@ def begin(
     for s, _ in keeps:  # (a kept object is made by the run: an id of its own, as an output)
         if bindings.count(bindings[s]) != 1 or bindings[s] in store:
             raise NotAllowedError(f"kept slot {s} must be bound to a new id of its own; {RULE}")
-    readable |= _constants(program_raw)
+    readable |= set(program_constants(program_raw, cache))
 
-    digest = program_digest(program_raw, held, outputs, worker_id, store, uses, values)
+    digest = program_digest(program_raw, held, outputs, worker_id, store, uses, values, cache)
     if [worker_id, digest] not in (approvals or []):
         raise NotAllowedError(
             f"worker {worker_id!r}: this program (digest {digest[:16]}...) is not a "
@@ -616,7 +619,9 @@ __all__ = [
     "load_offer",
     "save_offer",
     "make_policy",
+    "commands_digest",
     "param_digest",
+    "program_constants",
     "program_digest",
     "release",
     "running",

@@ -348,6 +348,9 @@ class Program:
         self.raw = raw
         self.n_slots = _max_slot(raw) + 1
         self.steps = [Step(r) for r in raw]
+        # what an approved run's check derives from the structure alone, kept for the
+        # next runs (pointers.worker.holding.program_digest's cache)
+        self.checks: dict[Any, Any] = {}
 
 
 def program_from_wire(messages: list[Any]) -> Program:
@@ -396,6 +399,7 @@ def held_run(worker: Worker, program: Program, msg: RunProgram) -> holding.HeldR
             list(msg.bindings),
             list(msg.held),
             list(msg.outputs),
+            program.checks,
         )
 
 
