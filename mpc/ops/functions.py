@@ -538,7 +538,6 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # 0.02), within the room of the sum; the 2^-j is a free change of scale
     odd = n // (n & -n)
     inv = max(16, min(16 + odd.bit_length(), 44 - fx.scale))
-    mean = total.times_public(1.0 / odd, inv).halve((n & -n).bit_length() - 1)
     if n & (n - 1) == 0:
         mu = total.halve(n.bit_length() - 1)  # exact
         if fx.scale > low:
@@ -546,10 +545,12 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         elif n >= 128:  # the squares at 2 (scale + log2 n) bits would pass 2^62 once n
             # var >= 2^(30 - 2 log2 n) (n = 1024: var >= 1); at scale + 4: n var < 4e6
             (mu,) = approx.truncate_many([mu], [fx.scale + 4])
-    elif fx.scale > low:
-        fx, mu = approx.truncate_many([fx, mean], [low, low + 4])
     else:
-        (mu,) = approx.truncate_many([mean], [fx.scale + 4])
+        mean_n = total.times_public(1.0 / odd, inv).halve((n & -n).bit_length() - 1)
+        if fx.scale > low:
+            fx, mu = approx.truncate_many([fx, mean_n], [low, low + 4])
+        else:
+            (mu,) = approx.truncate_many([mean_n], [fx.scale + 4])
     dev = fx.add(mu, -1)
     pairs = [(dev, dev)]
     shared_weight = isinstance(weight, SharedTensor)
