@@ -276,6 +276,14 @@ def _fuse_activation(m: nn.Module) -> None:
         m.forward = _tanh_gelu  # type: ignore[method-assign]
 
 
+def fuse_activations(model: nn.Module) -> None:
+    """Make ``model``'s activations that transformers writes out as the tanh GELU's formula
+    call the fused op (in place; what :func:`share` does to a model it shares). A model its
+    owner shares from its worker is fused where its programs are recorded, on both sides."""
+    for m in model.modules():
+        _fuse_activation(m)
+
+
 def _fold_batch_norm(bn: nn.modules.batchnorm._BatchNorm) -> None:
     # (running statistics: what an eval-mode batch norm normalises with)
     mean, var = cast(torch.Tensor, bn.running_mean), cast(torch.Tensor, bn.running_var)

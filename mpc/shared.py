@@ -7,6 +7,7 @@ routed through :mod:`mpc.registry`; an op without a secure implementation raises
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -19,7 +20,7 @@ from mpc.math.encoding import abs_sums, decode, encode
 from mpc.math.prg import PRG, new_seed, random_ring
 from mpc.protocols.parties import run_step
 from mpc.protocols.seeds.steps import share_from_seed
-from mpc.protocols.truncation.run import truncate
+from mpc.protocols.truncation.run import truncate_together
 from mpc.registry import HOOKS, LAZY, OPS
 from mpc.session import Session
 
@@ -233,11 +234,29 @@ class SharedTensor(torch.Tensor):
         deferred shares (:meth:`resolve`)."""
         self.resolve()
         if self.pending:
-            with self.session.concurrently(self.numel()):
-                self.shares = truncate(self.session, self.shares, self.pending)
-            self.frac_bits -= self.pending
-            self.pending = 0
+            together = [self] + [t for t in self._pending_siblings() if t is not self]
+            with self.session.concurrently(max(t.numel() for t in together)):
+                done = truncate_together(self.session, [(t.shares, t.pending) for t in together])
+            for t, shares in zip(together, done):
+                t.shares = shares
+                t.frac_bits -= t.pending
+                t.pending = 0
         return self
+
+    #: the pieces of one pending value (a split's outputs and their views, such as the
+    #: query, key and value of one projection), weakly: materialising one truncates every
+    #: piece still pending in the same round (set by the shape ops, mpc.ops.local)
+    siblings: list[weakref.ref[SharedTensor]] | None = None
+
+    def _pending_siblings(self) -> list[SharedTensor]:
+        if not self.siblings:
+            return []
+        alive = [t for t in (r() for r in self.siblings) if t is not None]
+        return [
+            t
+            for t in alive
+            if t.pending and t.deferred is None and not t.released and t.session is self.session
+        ]
 
     def get(self, delete: bool = True) -> torch.Tensor:
         """Reconstruct the value at the caller, and free its shares (as PySyft's ``get()``

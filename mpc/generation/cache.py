@@ -83,8 +83,8 @@ class PartyPositions:
         self.seen += self.length
 
     def mask_scores(self, scores: SharedTensor) -> SharedTensor:
-        """Scores (..., L, C) with the positions a query does not see masked."""
-        scores.materialize()
+        """Scores (..., L, C) with the positions a query does not see masked (a pending
+        truncation stays pending: the softmax reads the scores at their full scale)."""
         masked = int(encode(MASKED_VALUE, scores.frac_bits))
         shares = []
         for i, (s, keep) in enumerate(zip(scores.shares, self.keep)):

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpc.api import fuse_activations
 from mpc.errors import MPCError
 from mpc.generation import attention
 from mpc.generation.cache import PartyPositions, Rotary, SharedStaticCache, positional_kind
@@ -71,6 +72,7 @@ class Decoder:
     def __init__(self, model: nn.Module, session: Session, capacity: int) -> None:
         if capacity < 2:
             raise ValueError(f"capacity must be at least 2 tokens, got {capacity}")
+        fuse_activations(model)  # (a held model's GELU too: the owner's and the client's)
         self.kind = positional_kind(model)
         self.capacity = capacity
         self.positions = PartyPositions(session, capacity)

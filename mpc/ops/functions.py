@@ -370,7 +370,15 @@ def tanh(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _apply_wide("tanh", args[0])
 
 
-@register(aten.gelu.default)
+def _fx_pending(x: SharedTensor) -> Fx:
+    """x as an Fx at its full scale, a pending truncation not applied (for a function that
+    reads its input as it is and truncates it in a round it pays anyway), up to 40 bits."""
+    if not x.pending or not x.dtype.is_floating_point or x.frac_bits > 40:
+        return _fx(x)
+    return Fx(x.session, list(x.shares), x.frac_bits)
+
+
+@register(aten.gelu.default, lazy=True)
 def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """GELU, erf or tanh form: a masked Fourier series (10 harmonics of period 16, fitted
     on [-5, 5]) of x clamped to [-5, 5], plus relu(x - 5)
@@ -379,17 +387,17 @@ def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
     x = _shared("gelu", args[0])
     series = trig.GELU_TANH_SERIES if approximate == "tanh" else trig.GELU_SERIES
-    return _out(x, trig.relu_like(_fx(x), series, _f(x)))
+    return _out(x, trig.relu_like(_fx_pending(x), series, _f(x)))
 
 
-@register(aten.silu.default)
+@register(aten.silu.default, lazy=True)
 def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """SiLU x sigmoid(x): a masked Fourier series (16 harmonics of period 32, fitted on
     [-12, 12]) of x clamped to [-12, 12], plus relu(x - 12)
     (:func:`mpc.protocols.fourier.run.relu_like`): 6 rounds, 2 comparisons and no products per
     element; max error about 1.1e-4 (fit 3.5e-5, saturation 7.4e-5, fixed point)."""
     x = _shared("silu", args[0])
-    return _out(x, trig.relu_like(_fx(x), trig.SILU_SERIES, _f(x)))
+    return _out(x, trig.relu_like(_fx_pending(x), trig.SILU_SERIES, _f(x)))
 
 
 # -- softmax ------------------------------------------------------------------------------
@@ -495,7 +503,7 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _var(x, _dims(x, dim), _correction(args, kwargs), kwargs.get("keepdim", False))
 
 
-@register(aten.native_layer_norm.default)
+@register(aten.native_layer_norm.default, lazy=True)
 def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
     the count n is a power of two below 128: a shift; else 1), the squared deviations summed (2),
@@ -504,23 +512,32 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     domain: variance in [2^-14, 2^16), n var < 4e6; for n = 2^k <= 64, var < 2^(30 - 3k)):
     10 rounds for a power-of-two n below 128, 11 otherwise
     (23 and 25 with rsqrt and a product). A shared weight costs no round: (x - mean)
-    weight is computed beside the squares, in the same Beaver round and truncation.
-    Returns (out, mean, rstd) like torch, rstd as a meta tensor (never formed)."""
+    weight is computed beside the squares, in the same Beaver round and truncation. An
+    input still to be truncated (a residual stream after a projection) is read at its full
+    scale: its truncation and the mean's share one round (then |sum of x| < 2^14 m, m the
+    odd part of n). Returns (out, mean, rstd) like torch, rstd as a meta tensor (never
+    formed)."""
     x, shape, weight, bias, eps = args[:5]
+    for t in (weight, bias):
+        if isinstance(t, SharedTensor):
+            t.materialize()
     dims = list(range(x.dim() - len(shape), x.dim()))
     n = 1
     for d in dims:
         n *= x.shape[d]
-    fx = _fx(x)
+    wide = x.pending and x.dtype.is_floating_point and x.frac_bits - x.pending >= 16
+    fx = Fx(x.session, list(x.shares), x.frac_bits) if wide else _fx(x)
     # the squared deviations are summed at twice the deviations' scale (the input's + 4):
     # an input wider than the session's scale (e.g. tanh's 24 bits) comes down to it first,
     # with the mean's truncation where there is one, or their sum passes 2^62 (GPT-2 small's
     # last layers, variance ~0.1 over 768 features, came out wrong by ~1e2)
     low = 16  # (n var 2^40 < 2^62: n var up to 4e6)
     total = fx.with_shares([s.sum(dims, keepdim=True) for s in fx.shares])
-    # 1/n with 16 significant bits (at 16 bits, 1/768 was 0.4% off: a mean of 1 came out
-    # 4e-3 off, 0.2 after the division by a deviation of 0.02), within the room of the sum
-    inv = max(16, min(16 + n.bit_length(), 44 - fx.scale))
+    # 1/n = 2^-j / m with the odd part m at 16 significant bits (at 16 bits, 1/768 was
+    # 0.4% off: a mean of 1 came out 4e-3 off, 0.2 after the division by a deviation of
+    # 0.02), within the room of the sum; the 2^-j is a free change of scale
+    odd = n // (n & -n)
+    inv = max(16, min(16 + odd.bit_length(), 44 - fx.scale))
     if n & (n - 1) == 0:
         mu = total.halve(n.bit_length() - 1)  # exact
         if fx.scale > low:
@@ -528,10 +545,12 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         elif n >= 128:  # the squares at 2 (scale + log2 n) bits would pass 2^62 once n
             # var >= 2^(30 - 2 log2 n) (n = 1024: var >= 1); at scale + 4: n var < 4e6
             (mu,) = approx.truncate_many([mu], [fx.scale + 4])
-    elif fx.scale > low:
-        fx, mu = approx.truncate_many([fx, total.times_public(1.0 / n, inv)], [low, low + 4])
     else:
-        (mu,) = approx.truncate_many([total.times_public(1.0 / n, inv)], [fx.scale + 4])
+        mean_n = total.times_public(1.0 / odd, inv).halve((n & -n).bit_length() - 1)
+        if fx.scale > low:
+            fx, mu = approx.truncate_many([fx, mean_n], [low, low + 4])
+        else:
+            (mu,) = approx.truncate_many([mean_n], [fx.scale + 4])
     dev = fx.add(mu, -1)
     pairs = [(dev, dev)]
     shared_weight = isinstance(weight, SharedTensor)

@@ -8,6 +8,7 @@ by party 0 only, or multiplies every share.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -99,6 +100,8 @@ def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if x.pending or x.views_of_pending:  # see mpc.ops.inplace
         for t in [x, *outs]:
             t.views_of_pending = True
+    if x.pending:
+        _join_siblings(x, outs)
     view_of(x, outs, func, args[1:], kwargs)  # a view of a model's weight
     return type(per[0])(outs) if isinstance(per[0], list | tuple) else outs[0]
 
@@ -124,6 +127,23 @@ def _long_indices(x: SharedTensor, indices: list[Any]) -> list[Any]:
             out.append(idx)
             dim += 1
     return out
+
+
+def _join_siblings(x: SharedTensor, outs: list[SharedTensor]) -> None:
+    """The pieces of a pending value (a split's outputs, and the views of those) are
+    siblings: materialising one truncates every piece still pending, in one round
+    (:meth:`mpc.shared.SharedTensor.materialize`; the query, key and value of one
+    projection: one round, not three)."""
+    group = x.siblings
+    if group is None:
+        if len(outs) < 2:
+            return
+        group = []
+    if len(group) >= 64:  # (drop the pieces gone)
+        group[:] = [r for r in group if r() is not None]
+    for t in outs:
+        group.append(weakref.ref(t))
+        t.siblings = group
 
 
 def _as_shared_list(xs: list[Any]) -> tuple[SharedTensor, list[list[Any]], int]:

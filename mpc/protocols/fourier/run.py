@@ -78,6 +78,11 @@ TRIG_BITS, TRIG_COEF_BITS = 30, 24
 
 
 def fourier_series(x: Fx, series: Series, out: int) -> Fx:
+    """F(x) at scale ``out``: :func:`series_value`, then its truncation (2 rounds)."""
+    return truncate_many([series_value(x, series)], [out])[0]
+
+
+def series_value(x: Fx, series: Series) -> Fx:
     """F(x) for a trigonometric series of period P = 2^p (:mod:`mpc.math.fourier`), in 2
     rounds for any number of terms: a mask opening and one truncation.
 
@@ -88,7 +93,8 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
     theta), phi the public angle of c and theta the secret one of r, expand into public
     coefficients times the dealer's shares of sin k theta and cos k theta (2K values per
     element): F is *linear* in the material, local once c is open (no products, no
-    comparison). Then one truncation (round 2) brings the scale-48 sum to ``out``.
+    comparison): the value returned, at scale TRIG_COEF_BITS + TRIG_BITS, one round. Its
+    truncation (:func:`fourier_series`) is the second.
 
     This is the masked-Fourier-series evaluation of Boura, Chillotti, Gama, Jetchev,
     Peceny and Petric, "High-precision privacy-preserving real-valued function evaluation"
@@ -125,7 +131,7 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
         ),
         [(shape, I64)],
     )
-    return truncate_many([x.with_shares(z, TRIG_COEF_BITS + TRIG_BITS)], [out])[0]
+    return x.with_shares(z, TRIG_COEF_BITS + TRIG_BITS)
 
 
 # sigmoid on [-10, 10] by 12 sines of period 32 (fit error 1.1e-4; 1 - sigmoid(10) =
@@ -165,10 +171,15 @@ def relu_like(x: Fx, series: Series, out: int) -> Fx:
     of them) and the series costs 2 rounds (:func:`fourier_series`): 6 rounds, 2
     comparisons per element and no products, as :func:`sigmoid` (a piecewise polynomial
     costs 3 to 5 comparisons, about 10 products and twice the rounds). Error: the fit's,
-    plus f's distance from 0 or x past the clamp, plus the fixed point's."""
+    plus f's distance from 0 or x past the clamp, plus the fixed point's.
+
+    x may be a product still to be truncated (its scale up to 62 - the series' period
+    bits): the comparisons and the series read it as it is, and relu(x - T) comes down to
+    ``out`` in the series' own truncation, so that truncation costs no round."""
     t = series.half_width
     below, above = relus_public(x, [-t, t])
-    f = fourier_series(below.add(above, -1).add_public(-t), series, out)
+    f = series_value(below.add(above, -1).add_public(-t), series)
+    f, above = truncate_many([f, above], [out, out])
     return f.add(above)
 
 

@@ -81,4 +81,18 @@ def truncate(session: Session, z: Shares, bits: int) -> Shares:
     return run.finish(c.value)
 
 
-__all__ = ["TruncRun", "truncate"]
+def truncate_together(session: Session, values: list[tuple[Shares, int]]) -> list[Shares]:
+    """[z >> bits] for each (z, bits) of ``values``, all opened in one round (``bits`` 0:
+    z itself)."""
+    runs = [(z, TruncRun(session, z, bits) if bits else None) for z, bits in values]
+    one = Round(session)
+    opened = [run.open_in(one) if run is not None else None for _, run in runs]
+    if any(o is not None for o in opened):
+        one.open()
+    return [
+        run.finish(o.value) if run is not None and o is not None else z
+        for (z, run), o in zip(runs, opened)
+    ]
+
+
+__all__ = ["TruncRun", "truncate", "truncate_together"]
