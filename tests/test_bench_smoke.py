@@ -370,6 +370,13 @@ def test_transformers_workload_tiny(workload: str) -> None:
         assert first == row["max_bytes_per_party"]
         assert row["token_mismatches"] == 0 and row["tokens_checked"] >= 3
         assert row["elements"] == 1 and row["client_messages"] <= 9  # a program per worker
+        # the step's rounds by module: every kind ran, and the rest (the embedding's
+        # product, the head, the argmax) is what the token's run took beyond them
+        kinds = row["rounds_by_module"]
+        assert set(kinds) == {"attention", "layer norm", "MLP"} and min(kinds.values()) > 0
+        assert 0 < sum(kinds.values()) < row["rounds"]
+        line = wl.format_table([row])
+        assert f"{row['workload']} decode" in line and "rounds by module: attention" in line
     else:
         assert row["max_abs_err"] < 5e-2 and row["mean_abs_err"] < 5e-3
         assert first > row["max_bytes_per_party"]

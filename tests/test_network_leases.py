@@ -89,9 +89,10 @@ _CHILD = textwrap.dedent(
     for w in (alice, bob, carol):
         w.reset()  # its own session only: the test process's objects stay
     x = torch.arange(1 << 20, dtype=torch.float32) / 7
+    probe = mpc.share(x, alice, bob, crypto_provider=carol)
+    assert torch.allclose(probe.get(), x, atol=1e-3)  # shares work (get() frees the probe's)
     kept = [mpc.share(x + k, alice, bob, crypto_provider=carol) for k in range(n)]
-    kept.append(pt.send(torch.ones(1 << 20), alice))  # and a plain tensor
-    assert torch.allclose(kept[0].get(), x, atol=1e-3)  # shares work, then stay there
+    kept.append(pt.send(torch.ones(1 << 20), alice))  # and a plain tensor: they stay there
     for w in (alice, bob, carol):
         w.sync()
     print("READY", flush=True)

@@ -27,6 +27,7 @@ import torch
 import mpc
 import pointers as pt
 from benchmarks.workloads import workers
+from benchmarks.workloads.by_module import by_module
 from benchmarks.workloads.rss import reset_peak_rss
 from benchmarks.workloads.workers import (
     DEALER_NAME,
@@ -129,8 +130,10 @@ def _decode(
         model_ptr = mpc.offered(owned, factory(OWNERS[wid]))
     held = mpc.share(model_ptr, *ws, crypto_provider=carol, config=workers.CONFIG)
     session = session_of(held)
-    progs = programs(held, prompt, prompt + STEPS)
+    with by_module(owned) as breakdown:  # (the client records both programs here)
+        progs = programs(held, prompt, prompt + STEPS)
     assert isinstance(progs, HeldPrograms)
+    step_by_kind = dict(breakdown.last.by_kind)  # the step's pass, recorded after the prefill's
     with torch.no_grad():
         first = progs.prefill(one_hot_rows(ids, vocab, session)).get()
     produced: list[int] = [int(first)]  # the tokens the client learned, in order
@@ -154,7 +157,11 @@ def _decode(
     def check() -> dict[str, Any]:
         run()
         wrong = sum(1 for p, g in zip(produced, greedy) if p != g)
-        return {"token_mismatches": wrong, "tokens_checked": len(produced)}
+        return {
+            "token_mismatches": wrong,
+            "tokens_checked": len(produced),
+            "rounds_by_module": step_by_kind,
+        }
 
     return Workload(
         wid,

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.workloads.by_module import Pass, describe
+
 
 def _fmt_time(s: float | None) -> str:
     if s is None or (isinstance(s, float) and math.isnan(s)):
@@ -161,6 +163,7 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
             else:  # (one table of both kinds: each note says which rows it covers)
                 out += [f"in-process rows: {CPU_NOTE}", f"network rows: {NETWORK_CPU_NOTE}"]
         out += [ELEMENTS_NOTE, DEALER_NOTE]
+        out += [line for r in mpc_rows if (line := rounds_by_module(r))]
     if ptr_rows:
         if out:
             out.append("")
@@ -168,6 +171,16 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
     if any(r.get("workers") == "network" for r in rows):
         out.append(NETWORK_NOTE)
     return "\n".join(out)
+
+
+def rounds_by_module(row: dict[str, Any]) -> str:
+    """``W16 decode p32: rounds by module: attention 408, ...`` for a row that counted its
+    rounds by module (W16, W17: one token), else ``""``."""
+    kinds = row.get("rounds_by_module")
+    if not kinds or row.get("rounds") is None:
+        return ""
+    table = Pass(dict(kinds)).table(int(row["rounds"]))
+    return f"{row['workload']} {row['op']} {row['size']}: rounds by module: {describe(table)}"
 
 
 def format_markdown(rows: list[dict[str, Any]]) -> str:
