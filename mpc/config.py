@@ -14,6 +14,13 @@ SECURITIES = ("semi-honest", "malicious")
 # worker is at most 256 MiB by default, and GPT-2's token embedding is 309 MB.
 PIECE_BYTES = 64 << 20
 
+# A protocol run whose largest step would declare more than this many bytes (the most a
+# worker allocates for one call: a served worker's limit per client is 4 GiB by default,
+# all it stores included) runs on pieces of its operands, one after the other
+# (mpc.protocols.pieces): a comparison of more than about 3 million elements, a Fourier
+# series of more than about 3 million.
+STEP_BYTES = 1 << 30
+
 
 @dataclass(frozen=True)
 class MPCConfig:

@@ -195,6 +195,15 @@ class Session:
     def watch(self) -> None:
         accounting.watch(self.parties, self.dealer)
 
+    def sync(self) -> None:
+        """Wait until the parties and the dealer ran every command sent to them (network
+        workers; in process they have already): what they hold for it is then freed
+        before more is sent (:mod:`mpc.protocols.pieces`)."""
+        for w in self._workers():
+            sync = getattr(w, "sync", None)
+            if callable(sync):
+                sync()
+
     def __repr__(self) -> str:
         dealer = self.dealer.id if self.dealer is not None else None
         return f"Session(parties={[p.id for p in self.parties]}, crypto_provider={dealer!r})"

@@ -10,10 +10,16 @@ last steps (:mod:`mpc.protocols.comparison.base`).
 
 from __future__ import annotations
 
+import math
+
 from mpc.errors import MPCError
+from mpc.protocols import pieces
 from mpc.protocols.comparison.base import ComparisonRun
 from mpc.protocols.comparison.run import CarryRun
+from mpc.protocols.comparison.steps import dealer_compare
 from mpc.protocols.fss import run as fss
+from mpc.protocols.fss.relu import dealer_fss_relu
+from mpc.protocols.fss.steps import dealer_fss
 from mpc.protocols.parties import Shares
 from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
@@ -38,9 +44,32 @@ def comparison_run(
     return run(session, x, values, trunc=trunc, group=group)
 
 
+def in_pieces(session: Session, shape: list[int], selected: int = 0, grouped: bool = False) -> int:
+    """How many pieces a comparison of ``shape`` (with ``selected`` products, of groups
+    of four) runs in: its dealer's step, the run's largest, declares at most
+    :data:`mpc.config.STEP_BYTES` a piece (:mod:`mpc.protocols.pieces`)."""
+    fss_mode = session.config.comparison == "fss"
+    params = {
+        "shape": list(shape),
+        "product_nonces": [0] * selected,
+        "group_nonce": 0 if grouped else None,
+        "select": selected > 0 or grouped,
+        "bits": session.config.fss_bits,
+    }
+    rows = shape[0] if grouped else math.prod(shape)
+    return pieces.count(dealer_fss if fss_mode else dealer_compare, params, rows)
+
+
 def msb(session: Session, x: Shares) -> Shares:
     """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds (1 with the
-    session option ``comparison="fss"``: :mod:`mpc.protocols.fss`)."""
+    session option ``comparison="fss"``: :mod:`mpc.protocols.fss`); an operand too big
+    for one run runs in pieces (:func:`in_pieces`), each piece its rounds."""
+    shape = list(x[0].shape)
+    k = in_pieces(session, shape)
+    if k > 1:
+        return pieces.join(
+            pieces.each(session, pieces.split(x, k), lambda p: msb(session, p)), shape
+        )
     return comparison_run(session, x, []).finish_bit()
 
 
@@ -53,8 +82,17 @@ def select_by_msb(
     The products ride on the daBit: with d = msb(x) ^ t opened in the last round,
     msb(x) = d + (1 - 2d) t, so v * msb(x) = d v + (1 - 2d) [v t]; the Beaver product
     [v t] is opened in round 1, together with c. ReLU is x * (1 - msb(x)), the max of a
-    and b is b + (a - b) msb(b - a): both cost exactly one comparison's rounds.
+    and b is b + (a - b) msb(b - a): both cost exactly one comparison's rounds (an
+    operand too big for one run: in pieces, :func:`in_pieces`).
     """
+    shape = list(x[0].shape)
+    k = in_pieces(session, shape, len(values))
+    if k > 1:
+        parts = [pieces.split(v, k) for v in [x, *values]]
+        runs = pieces.each(
+            session, zip(*parts), lambda p: select_by_msb(session, p[0], list(p[1:]), complement)
+        )
+        return [pieces.join(list(col), shape) for col in zip(*runs)]
     return comparison_run(session, x, values).finish_select(complement)
 
 
@@ -68,6 +106,16 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     ``comparison="fss"``: one round where it applies (:func:`mpc.protocols.fss.run.
     relu_truncating`).
     """
+    shape = list(z[0].shape)
+    k = in_pieces(session, shape, 1)
+    if session.config.comparison == "fss":
+        params = {"shape": [math.prod(shape)], "f": bits}
+        k = max(k, pieces.count(dealer_fss_relu, params, math.prod(shape)))
+    if k > 1:
+        parts = pieces.each(
+            session, pieces.split(z, k), lambda p: relu_truncating(session, p, bits)
+        )
+        return pieces.join(parts, shape)
     if session.config.comparison == "fss":
         out = fss.relu_truncating(session, z, bits)
         if out is not None:
@@ -80,6 +128,14 @@ def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Share
     """[relu(x)] (``pending``: of x >> pending, as :func:`relu_truncating`) and the
     arithmetic bit [x >= 0] that ReLU's backward multiplies the gradient by, from one
     comparison: the bit is d + (1 - 2d) [t] complemented, local once d is open."""
+    shape = list(x[0].shape)
+    k = in_pieces(session, shape, 1)
+    if k > 1:
+        runs = pieces.each(
+            session, pieces.split(x, k), lambda p: relu_with_mask(session, p, pending)
+        )
+        relus, masks = zip(*runs)
+        return pieces.join(list(relus), shape), pieces.join(list(masks), shape)
     trunc = TruncRun(session, x, pending) if pending else None
     run = comparison_run(session, x, [] if pending else [x], trunc=trunc)
     (out,) = run.finish_select(complement=True)
@@ -89,6 +145,7 @@ def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Share
 __all__ = [
     "MODES",
     "comparison_run",
+    "in_pieces",
     "msb",
     "relu_truncating",
     "relu_with_mask",

@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from mpc.math.fourier import Series, fit_series
+from mpc.protocols import pieces
 from mpc.protocols.approx import Fx, truncate_many
 from mpc.protocols.compare import select_by_msb
 from mpc.protocols.comparison.steps import cmp_mask
@@ -105,6 +106,15 @@ def series_value(x: Fx, series: Series) -> Fx:
     bits = x.scale + series.period_bits
     if bits > 62:
         raise ValueError(f"internal: a period of 2^{bits} ring units is too long")
+    params = {"shape": shape, "terms": terms, "single": series.single}
+    k = pieces.count(dealer_fourier, params, math.prod(shape))
+    if k > 1:  # (an operand too big for one run: in pieces, mpc.protocols.pieces)
+        parts = pieces.each(
+            session,
+            pieces.split(x.shares, k),
+            lambda p: fourier_series(x.with_shares(p), series, out),
+        )
+        return parts[0].with_shares(pieces.join([p.shares for p in parts], shape), out)
     nonce = session.next_nonce()
     seed = session.party_seeds
     (trig_last,) = deal(

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from mpc.math import groups_of_four
-from mpc.protocols.compare import comparison_run
+from mpc.protocols import pieces
+from mpc.protocols.compare import comparison_run, in_pieces
 from mpc.protocols.parties import Shares
 from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
@@ -38,6 +39,13 @@ def max_of_four(
     truncation opens in round 1 and the truncated values' masked opening rides on round 2)."""
     if onehot and relu:
         raise ValueError("max_of_four: the one-hot argmax is of the values, not of a ReLU's")
+    rows = int(groups[0].shape[0])
+    k = in_pieces(session, [rows, 10 if relu else 6], grouped=True)
+    if k > 1:  # (an operand too big for one run: in pieces of its groups)
+        parts = pieces.split(groups, k, True)
+        runs = pieces.each(session, parts, lambda p: max_of_four(session, p, onehot, relu, pending))
+        best = pieces.join([r[0] for r in runs])
+        return best, (pieces.join([r[1] for r in runs]) if onehot else None)
     # x_c = a_i - a_j (msb(x_c) = [a_i < a_j]) for all six pairs: one product by a public
     # matrix of 1, -1 and 0 at each party (exact in the ring), not 18 ops and a stack
     matrix = _PAIRS_AND_VALUES if relu else _PAIR_DIFFERENCES
