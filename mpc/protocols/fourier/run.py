@@ -84,8 +84,8 @@ def fourier_series(x: Fx, series: Series, out: int) -> Fx:
 
 
 def series_value(x: Fx, series: Series) -> Fx:
-    """F(x) for a trigonometric series of period P = 2^p (:mod:`mpc.math.fourier`), in 2
-    rounds for any number of terms: a mask opening and one truncation.
+    """F(x) for a trigonometric series of period P = 2^p (:mod:`mpc.math.fourier`), in 1
+    round for any number of terms (a mask opening), not yet truncated.
 
     The angle 2 pi k x / P of x at scale s is 2 pi k z / 2^(s + p) for the ring element z:
     periodic modulo 2^(s + p), which divides 2^64. So with the dealer's r (uniform, shared)
@@ -112,9 +112,9 @@ def series_value(x: Fx, series: Series) -> Fx:
         parts = pieces.each(
             session,
             pieces.split(x.shares, k),
-            lambda p: fourier_series(x.with_shares(p), series, out),
+            lambda p: series_value(x.with_shares(p), series),
         )
-        return parts[0].with_shares(pieces.join([p.shares for p in parts], shape), out)
+        return parts[0].with_shares(pieces.join([p.shares for p in parts], shape))
     nonce = session.next_nonce()
     seed = session.party_seeds
     (trig_last,) = deal(

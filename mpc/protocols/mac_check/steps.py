@@ -196,10 +196,10 @@ def mac_check_combine(
         raise _fail(st, "this party's own coin seed changed")
     all_seeds = [own]
     for origin, s in zip(check["seed_origins"], seeds[1:]):
-        seed = _bytes(s)
-        if check["commits"].get(origin) != _hash(seed):
+        theirs = _bytes(s)
+        if check["commits"].get(origin) != _hash(theirs):
             raise _fail(st, f"party {origin!r}'s coin seed does not match its commitment")
-        all_seeds.append(seed)
+        all_seeds.append(theirs)
     if set(check["seed_origins"]) != set(check["commits"]):
         raise _fail(st, "the coin seeds come from other parties than the commitments")
     coin_seed = _hash(b"".join(sorted(all_seeds)))[:16]
