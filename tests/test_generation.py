@@ -160,7 +160,7 @@ def dep() -> Deployment:
     return Deployment()
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("llama", marks=pytest.mark.slow)])
 def test_a_model_its_owner_shares_generates_its_greedy_tokens(kind: str) -> None:
     d = Deployment(kind)
     assert {p: len(ds) for p, ds in d.approval.items()} == {"alice": 2, "bob": 2}
@@ -391,6 +391,7 @@ def test_speculation_gives_the_greedy_tokens_and_opens_nothing_past_the_correcti
     assert {len([v for v in values if v >= 0]) for values in opened[1:-1]} <= {1, k + 1}
 
 
+@pytest.mark.slow  # (24 s; speculation on a held model: test_speculation_gives_the_greedy_tokens)
 def test_speculation_with_prompt_lookup_on_a_held_model(dep: Deployment) -> None:
     """The owner approves the drafts' pass too; the parties advance their rows by k + 1
     a pass whatever is accepted (the count accepted stays shared)."""

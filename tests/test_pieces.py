@@ -23,7 +23,7 @@ def _trio() -> tuple[pt.VirtualWorker, pt.VirtualWorker, pt.VirtualWorker]:
     return pt.VirtualWorker("alice"), pt.VirtualWorker("bob"), pt.VirtualWorker("carol")
 
 
-@pytest.mark.parametrize("mode", ["default", "fss"])
+@pytest.mark.parametrize("mode", ["default", pytest.param("fss", marks=pytest.mark.slow)])
 def test_comparisons_too_big_for_one_step_run_in_pieces(
     monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
@@ -50,6 +50,7 @@ def test_comparisons_too_big_for_one_step_run_in_pieces(
     )
 
 
+@pytest.mark.slow  # (80 s: dozens of pieces, each a full run)
 def test_the_max_of_groups_and_a_series_run_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     alice, bob, carol = _trio()
     img = torch.randn(1, 2, 32, 32)
