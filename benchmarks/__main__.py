@@ -537,12 +537,15 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         # (and the client's calls, in which a command may wait that long, a longer
         # timeout still: HF_TIMEOUT)
         server_args += ["--deadline", str(HF_DEADLINE)]
+        # a held model's shares go from its owner's worker to each party whole: GPT-2's
+        # token embedding is 309 MB, over the default 256 MiB a message
+        server_args += ["--max-message-mb", str(HF_MESSAGE_MB)]
         # glibc keeps freed large tensors in its heap once its dynamic mmap threshold has
         # grown: a BERT-base party process reached 13 GB (2 layers: 3.5 GB, 1.2 GB with this)
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
         print(
             f"  (W14-W17: each worker serves --max-stored-mb {HF_STORED_MB} --deadline "
-            f"{HF_DEADLINE}, with "
+            f"{HF_DEADLINE} --max-message-mb {HF_MESSAGE_MB}, with "
             f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']})",
             file=sys.stderr,
         )
@@ -561,6 +564,7 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
 
 HF_WORKLOADS = ("W14", "W15", "W16", "W17")
 HF_STORED_MB = 16384
+HF_MESSAGE_MB = 512
 HF_DEADLINE = 600  # seconds (serve --deadline)
 HF_TIMEOUT = 900.0  # seconds per call of the client (connect(timeout=...); default 120)
 
