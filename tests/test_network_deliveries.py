@@ -397,3 +397,23 @@ def test_a_full_pipeline_waits_for_its_oldest_call_only(served, monkeypatch):
     assert all(pipelined for pipelined, _ in sent), sent
     assert max(flying for _, flying in sent) == conn.PIPELINE - 1
     assert torch.equal(p.get(), torch.full((2,), 3.0 + conn.PIPELINE + 2))
+
+
+def test_a_delivery_over_the_message_limit_is_refused_to_both_sides(served):
+    """A peer's object over the receiver's --max-message-mb is read, dropped and refused
+    with a reason both sides see (it used to close the data connection: the sender saw
+    only an EOF), and the connection stays usable."""
+    deadline = 30.0
+    alice = served("alice")
+    bob = served("bob", max_message_bytes=256 * 1024, deadline=deadline)
+    big = pt.send(torch.ones(100_000), alice)  # 800 kB: over bob's 256 kB a message
+    small = pt.send(torch.ones(4), alice)
+    alice.sync()
+    far = big.move(bob)
+    start = time.monotonic()
+    with pytest.raises(pt.PointerError, match="message limit"):
+        far.get()
+    assert time.monotonic() - start < deadline / 2
+    with pytest.raises(pt.RemoteError, match="could not deliver object .* 'bob'.*message limit"):
+        alice.sync()
+    assert torch.equal(small.copy_to(bob).get(), torch.ones(4))

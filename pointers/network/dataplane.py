@@ -82,6 +82,9 @@ PREFIX = struct.Struct(">4sI")
 ACK = struct.Struct(">I")
 THRESHOLD = 64 << 10  # a delivery's tensor bytes from which it takes the data plane
 MAX_FRAME_HEADER = 64 << 10  # bytes of a frame header (a sealed label included)
+# a frame's body over the message limit is read and dropped, and refused to its sender, up
+# to this many times the limit (beyond: the connection is closed)
+DRAIN_FACTOR = 4
 MAX_ACK = 8 << 10  # bytes of an ack
 SOCKET_BUFFER = 4 << 20  # SO_SNDBUF / SO_RCVBUF of a data connection
 ANSWER_TIMEOUT = 5.0  # s without an ack while frames wait: the connection is dead
@@ -332,10 +335,23 @@ class DataPlaneServer:
                 raise FrameError(f"a frame header of {hlen} bytes exceeds {MAX_FRAME_HEADER}")
             head = bytearray(hlen)
             recv_exact(sock, memoryview(head))
-            frame = decode_frame_header(bytes(head), cfg.max_message_bytes)  # (raises: closed)
+            # (a body past DRAIN_FACTOR times the limit: closed; up to it, drained and refused)
+            limit = cfg.max_message_bytes
+            frame = decode_frame_header(bytes(head), DRAIN_FACTOR * limit)  # (raises: closed)
             try:
                 ns = server._delivery_namespace(who, PARTY, frame.info)
                 store = ns.store
+                if frame.nbytes > limit:
+                    big = LimitExceeded(
+                        f"a delivery of object {frame.obj_id} ({frame.nbytes} bytes) exceeds "
+                        f"worker {server.id!r}'s message limit of {limit} bytes (serve "
+                        "--max-message-mb)"
+                    )
+                    try:  # a command here waiting for it fails now, not at the deadline
+                        store.delivery_failed(who, frame.obj_id, f"LimitExceeded: {big}")
+                    except Exception:  # noqa: S110 - best effort: the sender reports it too
+                        pass
+                    raise big
                 if store.max_bytes is not None and store.used() + frame.nbytes > store.max_bytes:
                     full = LimitExceeded(
                         f"a delivery of object {frame.obj_id} ({frame.nbytes} bytes) would "
