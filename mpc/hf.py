@@ -15,16 +15,7 @@ import torch
 from torch import nn
 
 from mpc.errors import MPCError
-from mpc.session import Session
-from mpc.shared import SharedTensor, share_tensor
-
-
-def session_of(model: nn.Module) -> Session:
-    """The session a shared model's weights live in."""
-    for p in model.parameters():
-        if isinstance(p, SharedTensor):
-            return p.session
-    raise MPCError("the model is not shared: call mpc.share(model, ...) first")
+from mpc.shared import SharedTensor, session_of, share_tensor
 
 
 def share_token_ids(ids: torch.Tensor, model: nn.Module) -> SharedTensor:

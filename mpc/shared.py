@@ -491,3 +491,12 @@ def public_to_shares(value: torch.Tensor, like: SharedTensor) -> list[pt.Pointer
     for p in like.session.parties[1:]:
         out.append(pt.send(torch.zeros_like(value), p))
     return out
+
+
+def session_of(model: Any) -> Session:
+    """The session a shared model's weights live in (a module whose parameters were
+    shared with :func:`mpc.share`)."""
+    for p in model.parameters():
+        if isinstance(p, SharedTensor):
+            return p.session
+    raise MPCError("the model is not shared: call mpc.share(model, ...) first")

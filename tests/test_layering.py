@@ -106,6 +106,7 @@ POINTERS_ORDER = [
     # what a worker is made of, and what its clients see of it
     "pointers.worker.memory",
     "pointers.worker.sealing",
+    "pointers.worker.policy",
     "pointers.worker.holding",
     "pointers.worker.owners",
     "pointers.worker.store",
@@ -315,7 +316,6 @@ MPC_LAYERS: list[tuple[str, Callable[[str], bool]]] = [
 #: mpc.hf imports mpc.generation.generate inside a function (which builds on mpc.hf);
 #: mpc.crypten.mpc imports the package ``mpc.crypten`` (its init) inside a function
 MPC_CIRCLE_EDGES_ALLOWED = {
-    ("mpc.hf", "mpc.generation.generate"),
     ("mpc.crypten.mpc", "mpc.crypten"),
 }
 
@@ -378,6 +378,7 @@ STEP_POINTERS = {
     "pointers.errors",
     "pointers.worker.functions",
     "pointers.worker.sealing",
+    "pointers.worker.policy",
     "pointers.worker.holding",
 }
 

@@ -12,9 +12,8 @@ from mpc.errors import MPCError
 from mpc.generation.decoding import PlainPrograms, embedding, one_hot_rows
 from mpc.generation.held import HeldPrograms
 from mpc.generation.speculative import SpeculativeDecoder, prompt_lookup
-from mpc.hf import session_of
 from mpc.offered import HeldShared
-from mpc.shared import share_tensor
+from mpc.shared import session_of, share_tensor
 
 _CACHE = "_mpc_generation_programs"  # a model's programs by their shape (see programs())
 MAX_CACHED = 8
