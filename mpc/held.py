@@ -73,6 +73,7 @@ from mpc.protocols.weights import run as weights
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
 from pointers.worker import holding
+from pointers.worker import policy as owner_policy
 
 RUN_WAIT = 600.0  # seconds a held plan's call waits for the parties' runs, at most
 Call = Callable[..., Any]
@@ -107,7 +108,7 @@ class Approval(dict[str, list[str]]):
     """What :func:`approve` returns: per party id, the digests of the programs the owner
     approves there (a plain ``{party: [digest, ...]}`` as JSON), with the scale and the
     digests of the values they were approved for (``frac_bits``, ``params``: per
-    parameter name, :func:`pointers.worker.holding.param_digest`)."""
+    parameter name, :func:`pointers.worker.policy.param_digest`)."""
 
     frac_bits: int = 16
     params: dict[str, str]
@@ -126,10 +127,10 @@ def _registered(model: nn.Module, frac_bits: int) -> dict[str, tuple[torch.Tenso
 
 def registered_values(model: nn.Module, frac_bits: int) -> dict[str, str]:
     """Per parameter name, the digest of ``model``'s value at ``frac_bits`` (what an
-    approval names: :func:`pointers.worker.holding.param_digest`)."""
+    approval names: :func:`pointers.worker.policy.param_digest`)."""
     return {
         n: v.digest
-        for n, v in holding.make_policy({}, _registered(model, frac_bits)).params.items()
+        for n, v in owner_policy.make_policy({}, _registered(model, frac_bits)).params.items()
     }
 
 
@@ -165,10 +166,10 @@ def approve(
 
 def _policy(
     model: nn.Module, approvals: Mapping[str, Sequence[str]], frac_bits: int | None
-) -> holding.Policy:
+) -> owner_policy.Policy:
     f = frac_bits if frac_bits is not None else getattr(approvals, "frac_bits", None)
     f = MPCConfig().frac_bits if f is None else f
-    policy = holding.make_policy(dict(approvals), _registered(model, f))
+    policy = owner_policy.make_policy(dict(approvals), _registered(model, f))
     expected = getattr(approvals, "params", None)
     if expected is not None:
         changed = sorted(n for n, d in expected.items() if policy.params[n].digest != d)
@@ -202,7 +203,7 @@ def offer(
         )
     policy = _policy(model, approvals, frac_bits)
     functions.register_all(HELD_FUNCTIONS)
-    holding.set_policy(worker, policy)
+    owner_policy.set_policy(worker, policy)
     return offered(model, worker)
 
 
@@ -216,7 +217,7 @@ def save_offer(
     at ``frac_bits``: default the scale :func:`approve` used) and the approvals of
     :func:`approve` to ``path``, which ``python -m pointers serve --offer PATH`` takes as
     that worker's policy. The client then shares ``mpc.offered(model, owner)``."""
-    holding.save_offer(path, _policy(model, approvals, frac_bits))
+    owner_policy.save_offer(path, _policy(model, approvals, frac_bits))
 
 
 # -- the client's side -----------------------------------------------------------------------

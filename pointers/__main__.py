@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         offer = None
         if args.offer:
-            from pointers.worker.holding import load_offer
+            from pointers.worker.policy import load_offer
 
             offer = load_offer(args.offer)
         from pointers.worker.owners import DataPolicy, load_data

@@ -21,6 +21,7 @@ from pointers.errors import NotAllowedError, PointerError, RemoteError
 from pointers.wire.messages import ExecuteOp, RunProgram
 from pointers.wire.serde import Ref
 from pointers.worker import holding
+from pointers.worker import policy as owner_policy
 from pointers.worker.sealing import Label
 
 PARTIES = ["alice", "bob"]
@@ -303,9 +304,9 @@ def test_the_scale_is_the_owners() -> None:
 def test_policy_takes_digests_only() -> None:
     w = pt.VirtualWorker("o")
     with pytest.raises(ValueError, match="64 hex"):
-        holding.set_policy(w, {"alice": ["short"]})
+        owner_policy.set_policy(w, {"alice": ["short"]})
     with pytest.raises(TypeError):
-        holding.set_policy(w, {1: ["a" * 64]})  # type: ignore[dict-item]
+        owner_policy.set_policy(w, {1: ["a" * 64]})  # type: ignore[dict-item]
 
 
 def test_a_tiny_bert_from_its_owner() -> None:
@@ -414,7 +415,7 @@ def test_an_offer_file_is_read_back_and_a_bad_one_refused(tmp_path: Path) -> Non
     approval = mpc.approve(model, torch.randn(8, 4), parties=PARTIES, crypto_provider="carol")
     path = tmp_path / "offer.bin"
     mpc.save_offer(model, approval, path)
-    policy = holding.load_offer(path)
+    policy = owner_policy.load_offer(path)
     assert policy.approvals == {p: set(ds) for p, ds in approval.items()}
     assert policy.params["0.weight"].digest == approval.params["0.weight"]
     assert torch.equal(policy.params["0.weight"].value, model[0].weight.detach())
@@ -422,4 +423,4 @@ def test_an_offer_file_is_read_back_and_a_bad_one_refused(tmp_path: Path) -> Non
     for bad in (b"not an offer", data[:-3], data + b"x", data[:40]):
         path.write_bytes(bad)
         with pytest.raises(ValueError, match="offer file"):
-            holding.load_offer(path)
+            owner_policy.load_offer(path)

@@ -16,6 +16,7 @@ from mpc.math.encoding import encode
 from mpc.math.prg import split_additive
 from mpc.protocols.sizes import SLACK, WORD
 from pointers.worker import holding
+from pointers.worker import policy as owner_policy
 from pointers.worker.functions import sized
 from pointers.worker.sealing import Label, ProtocolCall, protocol_function
 
@@ -40,7 +41,7 @@ def held_share_rule(call: ProtocolCall) -> Any:
     name, shape = call.value("name"), _shape(call.value("shape"))
     if shape is None:
         raise call.refuse("a parameter's shape is a list of at most 8 sizes")
-    param = holding.held_param(call.policy, call.worker_id, name, shape)  # (refuses others)
+    param = owner_policy.held_param(call.policy, call.worker_id, name, shape)  # (refuses others)
     if call.value("frac_bits") != param.frac_bits:
         raise call.refuse(
             f"parameter {name!r} is registered at frac_bits={param.frac_bits}, not "
@@ -92,7 +93,7 @@ def held_share(
     ``parties[k]`` (the rule binds it there)."""
     if isinstance(n_shares, bool) or not isinstance(n_shares, int) or not 2 <= n_shares <= 5:
         raise ValueError(f"n_shares must be an int in [2, 5], got {n_shares!r}")
-    param = holding.held_param(getattr(ctx, "holding_policy", None), ctx.id, name, shape)
+    param = owner_policy.held_param(getattr(ctx, "holding_policy", None), ctx.id, name, shape)
     return split_additive(encode(param.value, param.frac_bits), n_shares)
 
 

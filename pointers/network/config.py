@@ -65,7 +65,7 @@ class ServerConfig:
     data_plane: bool = field(default_factory=lambda: os.environ.get(DATA_PLANE_ENV) != "0")
     data_port: int = 0  # the data plane's TCP port (0: a free one, told to peers over gRPC)
     # a model owner's policy for the values it shares from here: its approvals and its
-    # registered values (serve --offer FILE; pointers.worker.holding.Policy), the same
+    # registered values (serve --offer FILE; pointers.worker.policy.Policy), the same
     # object on every session's namespace
     offer: Any = field(default=None, compare=False, hash=False)
     # data owners (pointers.worker.owners.DataPolicy): as a party, the deployment's listed

@@ -27,7 +27,7 @@ from pointers.network.peers import PeerLinks
 from pointers.network.quotas import FairProgramPool
 from pointers.network.served import ServedWorker
 from pointers.network.transport import IDENTITY_METADATA
-from pointers.worker import holding
+from pointers.worker import policy as owner_policy
 from pointers.worker.memory import trim_heap
 
 
@@ -71,7 +71,7 @@ class Sessions(PeerLinks):
                     max_held_bytes=cfg.max_held_bytes,
                 )
                 if cfg.offer is not None:  # the owner's policy (held values), not the client's
-                    holding.set_policy(ns, cfg.offer)
+                    owner_policy.set_policy(ns, cfg.offer)
                 if cfg.data_owners is not None:  # data owners: the deployment's, never a client's
                     ns.data_policy = cfg.data_owners
                     cfg.data_owners.place(ns, client)

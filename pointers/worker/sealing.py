@@ -178,7 +178,7 @@ class ProtocolCall:
     state: dict[str, Any]  # the worker's function state (per client namespace)
     args: dict[str, Arg]
     spend: list[Any] = field(default_factory=list)  # entries consumed if the step runs
-    # the worker owner's approvals for the values it shares (pointers.worker.holding.Policy)
+    # the worker owner's approvals for the values it shares (pointers.worker.policy.Policy)
     policy: Any = None
     # what the worker knows of data owners (pointers.worker.owners.DataPolicy)
     data_policy: Any = None
