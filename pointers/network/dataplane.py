@@ -341,28 +341,27 @@ class DataPlaneServer:
             try:
                 ns = server._delivery_namespace(who, PARTY, frame.info)
                 store = ns.store
+                over = None
                 if frame.nbytes > limit:
-                    big = LimitExceeded(
-                        f"a delivery of object {frame.obj_id} ({frame.nbytes} bytes) exceeds "
-                        f"worker {server.id!r}'s message limit of {limit} bytes (serve "
+                    over = (
+                        f"exceeds worker {server.id!r}'s message limit of {limit} bytes (serve "
                         "--max-message-mb)"
                     )
-                    try:  # a command here waiting for it fails now, not at the deadline
-                        store.delivery_failed(who, frame.obj_id, f"LimitExceeded: {big}")
-                    except Exception:  # noqa: S110 - best effort: the sender reports it too
-                        pass
-                    raise big
-                if store.max_bytes is not None and store.used() + frame.nbytes > store.max_bytes:
-                    full = LimitExceeded(
-                        f"a delivery of object {frame.obj_id} ({frame.nbytes} bytes) would "
-                        f"take client {frame.client!r}'s storage at worker {server.id!r} "
-                        f"over its limit of {store.max_bytes} bytes (serve --max-stored-mb)"
+                elif store.max_bytes is not None and store.used() + frame.nbytes > store.max_bytes:
+                    over = (
+                        f"would take client {frame.client!r}'s storage at worker "
+                        f"{server.id!r} over its limit of {store.max_bytes} bytes (serve "
+                        "--max-stored-mb)"
+                    )
+                if over is not None:
+                    refused = LimitExceeded(
+                        f"a delivery of object {frame.obj_id} ({frame.nbytes} bytes) {over}"
                     )
                     try:  # a command here waiting for it fails now, not at the deadline
-                        store.delivery_failed(who, frame.obj_id, f"LimitExceeded: {full}")
+                        store.delivery_failed(who, frame.obj_id, f"LimitExceeded: {refused}")
                     except Exception:  # noqa: S110 - best effort: the sender reports it too
                         pass
-                    raise full
+                    raise refused
             except Exception as e:  # refused before any allocation: skip its body
                 _drain(sock, frame.nbytes)
                 _ack(sock, e)
