@@ -117,3 +117,13 @@ def with_faults(
             raise ValueError(f"fault on {f.function!r}: no such function at this worker")
         out[f.function] = deviating(out[f.function], f)
     return out
+
+
+def inject(registry: Any, fault: Fault) -> Callable[..., Any]:
+    """Apply ``fault`` to an in-process worker's function registry (``worker.functions``;
+    refused unless the deployment allows faults); the original function, to put back
+    with ``registry.replace(fault.function, original)``."""
+    check_allowed()
+    original: Callable[..., Any] = registry.get(fault.function)
+    registry.replace(fault.function, deviating(original, fault))
+    return original
