@@ -20,6 +20,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_functions",
     "test_mpc_truncmul",
     "test_mpc_malicious",
+    "test_mpc_malicious_compare",
     "test_mpc_training",
     "test_sealing",
     "test_sealing_attacks",

@@ -251,6 +251,7 @@ def _our_servers(marker: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="looks for leftover processes in /proc")
 def test_cli_network_runs_on_served_workers(tmp_path: Path) -> None:

@@ -341,6 +341,7 @@ def _from_its_owner(model: nn.Module, x: torch.Tensor, call: Any) -> tuple[torch
     return mpc.plan(held, xs, call=call)(xs).get(), held
 
 
+@pytest.mark.slow
 def test_network_workers(tmp_path: Path) -> None:
     """The same deployment on served workers: the owner's worker holds its approvals
     from ``serve --offer``; the parties check every run; the client opens only the

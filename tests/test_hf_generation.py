@@ -11,11 +11,23 @@ import pytest
 import torch
 
 import mpc
+import pointers as pt
 from mpc.generation.cache import SharedStaticCache
 from mpc.hf import greedy_generate
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
+
+
+@pytest.fixture(
+    scope="module",
+    params=[2, pytest.param(3, marks=pytest.mark.slow)],
+    ids=lambda n: f"{n}parties",
+)
+def group(request: pytest.FixtureRequest) -> Any:
+    """2 parties in the default suite; 3 in the slow one (each test takes 5-13 s)."""
+    names = ["alice", "bob", "dave"][: request.param]
+    return [pt.VirtualWorker(n) for n in names], pt.VirtualWorker("carol")
 
 
 def gpt2(seed: int = 0) -> Any:

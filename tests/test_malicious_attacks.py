@@ -19,6 +19,7 @@ from deviations import deviating
 import mpc
 import pointers as pt
 from mpc.protocols.auth_beaver.steps import auth_beaver_combine, auth_beaver_mask
+from mpc.protocols.auth_comparison.steps import auth_cmp_leaves, auth_cmp_mask
 from mpc.protocols.auth_local.steps import (
     auth_bilinear_public,
     auth_linear,
@@ -201,3 +202,59 @@ def test_the_attack_of_the_issue_is_caught() -> None:
     stored[0, 0] += 1 << 20  # (in process, the attacker writes its own store)
     with pytest.raises(mpc.MACCheckError, match="check failed"):
         (x * y).get()
+
+
+# -- the comparison's steps ------------------------------------------------------------------
+
+
+def compare_program(s: mpc.Session) -> Any:
+    """A comparison, a ReLU and a max: every step of the authenticated comparison."""
+    x = mpc.share(X, session=s)
+    y = mpc.share(Y, session=s)
+    return torch.maximum(torch.relu(x), y) + (x < y)
+
+
+# (step, output, where, what): "flips a bit" is an error of 1 in a bit's share
+CMP_CASES: list[tuple[Any, int, tuple[int, ...], str]] = [
+    (auth_cmp_mask, 0, (0,), "its piece of the comparison's c"),
+    (auth_cmp_mask, 1, (0,), "the MAC of its piece of c"),
+    (auth_cmp_mask, 2, (0, 0), "its share of a dealt bit"),
+    (auth_cmp_mask, 2, (0, 1), "the MAC of its share of a dealt bit"),
+    (auth_cmp_leaves, 0, (0, 0), "its share of a leaf of the borrow tree"),
+    (auth_cmp_leaves, 1, (0, 0), "its share of the top bit's xor"),
+]
+
+
+@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
+@pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
+@pytest.mark.parametrize("step,output,part,what", CMP_CASES, ids=[c[3] for c in CMP_CASES])
+def test_every_deviation_in_a_comparison_is_caught(
+    step: Any, output: int, part: tuple[int, ...], what: str, who: int, error: str
+) -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = session(workers, pt.VirtualWorker("carol"))
+    e = _error(ERRORS[error])
+    with deviating(workers[who], step, output, e, part) as count:
+        with pytest.raises(mpc.MACCheckError):
+            out = compare_program(s).get()
+            pytest.fail(f"no check caught {what} + {e}: the client got {out}")
+    assert count[0] >= 1
+
+
+@pytest.mark.parametrize("step,output,what", [
+    (auth_cmp_mask, 2, "the bits of the previous comparison"),
+    (auth_cmp_leaves, 0, "the leaves of the previous comparison"),
+], ids=["bits", "leaves"])  # fmt: skip
+def test_stale_comparison_material_is_caught(step: Any, output: int, what: str) -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = session(workers, pt.VirtualWorker("carol"))
+    with deviating(workers[1], step, output, stale=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            compare_program(s).get()
+    assert count[0] >= 1
+
+
+def test_honest_comparison_program_is_right() -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    out = compare_program(session(workers, pt.VirtualWorker("carol"))).get()
+    torch.testing.assert_close(out, torch.maximum(torch.relu(X), Y) + (X < Y), atol=1e-4, rtol=0)

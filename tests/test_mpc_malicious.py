@@ -256,6 +256,9 @@ OPS: list[tuple[str, Callable[[Any, Any], Any]]] = [
     ("public", lambda a, b: a * 0.5 + 1.25),
     ("sum", lambda a, b: a.sum(-1, keepdim=True) + b),
     ("flip", lambda a, b: a.flip(-1) - b),
+    ("relu", lambda a, b: torch.relu(a - b)),
+    ("max", lambda a, b: torch.maximum(a, b * 2)),
+    ("lt", lambda a, b: (a < b) * a),
 ]
 
 

@@ -5,7 +5,8 @@ protocol is caught by the MAC check before any output reaches the client
 :mod:`mpc.authenticated.ops` and :mod:`mpc.authenticated.nonlinear`, its protocols the
 ``auth_*`` and ``mac_check`` folders of :mod:`mpc.protocols`."""
 
-from mpc.authenticated import ops as _ops  # noqa: F401  (fills the op table)
+from mpc.authenticated import nonlinear as _nonlinear  # noqa: F401  (fills the op table)
+from mpc.authenticated import ops as _ops  # noqa: F401
 from mpc.authenticated.share import share_authenticated_any
 from mpc.authenticated.tensor import AuthenticatedTensor, share_authenticated
 

@@ -41,6 +41,7 @@ __all__ = [
     "mul",
     "mul64",
     "neg",
+    "shl",
     "sub",
     "sum128",
     "to_ints",
@@ -129,6 +130,13 @@ def neg(a: torch.Tensor) -> torch.Tensor:
     hi = -a[1]
     hi -= (lo != 0).to(torch.int64)  # (the borrow of 0 - a0)
     return torch.stack([lo, hi])
+
+
+def shl(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """a * 2^s mod 2^128 for shifts ``s`` in [0, 63] (an int64 tensor broadcasting over
+    ``a``'s dims after the limbs): two shifts and a carry, no product."""
+    carry = (a[0] >> (64 - s)) & ((torch.ones_like(s) << s) - 1)  # (0 where s is 0)
+    return torch.stack([a[0] << s, (a[1] << s) | carry])
 
 
 def _mulhi(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,9 @@ STATE = "mpc.auth"  # the key of a party's state in its function state
     TAG_TRUNC_R,
     TAG_TRUNC_U,
     TAG_TRUNC_H,
-) = range(100, 109)
+    TAG_CMP_BITS,
+    TAG_CMP_R,
+) = range(100, 111)
 
 W128 = 2 * WORD  # bytes of a 128-bit ring element
 VM = 4 * WORD  # bytes of an authenticated share's element (value and MAC)

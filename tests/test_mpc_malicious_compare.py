@@ -1,0 +1,150 @@
+"""Comparisons in the malicious mode (``security="malicious"``): x < y, ReLU, max and
+max-pooling on authenticated shares against plaintext torch, for 2 and 3 parties, in
+process and on network workers; their rounds; their errors. The attacks on their steps are
+in tests/test_malicious_attacks.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_mpc_malicious import SETTINGS, Parties, floats, property_test, reveal, shapes
+from torch import nn
+
+import mpc
+import pointers as pt
+
+U = 2.0**-16  # one unit of the fixed-point encoding
+# values a comparison must get right: zero, one unit either side, and far from zero (the
+# comparison is exact for |x - y| < 2^46 at 16 fractional bits)
+EDGES = [0.0, U, -U, 2 * U, -2 * U, 1.0, -1.0, 2.0**44, -(2.0**44), 2.0**45 - 1, -(2.0**45)]
+
+
+@pytest.fixture(params=[2, 3], ids=lambda n: f"{n}parties")
+def mp(request: pytest.FixtureRequest, make_worker: Any, worker_kind: str) -> Parties:
+    return Parties(make_worker, request.param, worker_kind)
+
+
+def encoded(x: torch.Tensor) -> torch.Tensor:
+    """x as the engine holds it (rounded to the fixed-point grid), in float64."""
+    return torch.round(x.double() / U) * U
+
+
+@property_test(SETTINGS)
+def test_comparisons_match_torch(mp: Parties, data: Any) -> None:
+    shape = shapes(data, 2)
+    x, y = floats(data, shape), floats(data, shape)
+    # ties and values one unit apart
+    x.view(-1)[0] = y.view(-1)[0]
+    if x.numel() > 1:
+        x.view(-1)[1] = y.view(-1)[1] + U
+    sx, sy = mp.share(x), mp.share(y)
+    ex, ey = encoded(x), encoded(y)
+    for name, got, want in [
+        ("lt", sx < sy, ex < ey),
+        ("gt", sx > sy, ex > ey),
+        ("ge", sx >= sy, ex >= ey),
+        ("le", sx <= sy, ex <= ey),
+        ("lt public", sx < 0.5, ex < 0.5),
+        ("gt public", 0.25 > sx, 0.25 > ex),
+    ]:
+        out = reveal(got)
+        assert out.dtype == torch.bool, name
+        assert torch.equal(out, want), (name, x, y)
+
+
+def test_comparisons_at_the_edges_of_the_range(mp: Parties) -> None:
+    x = torch.tensor(EDGES, dtype=torch.float64)
+    sx = mp.share(x)
+    assert torch.equal(reveal(sx < 0), x < 0)
+    assert torch.equal(reveal(sx > 0), x > 0)
+    torch.testing.assert_close(reveal(torch.relu(sx)), torch.relu(x), atol=U, rtol=0)
+
+
+@property_test(SETTINGS)
+def test_relu_and_max_match_torch(mp: Parties, data: Any) -> None:
+    shape = shapes(data, 3)
+    x, y = floats(data, shape), floats(data, shape)
+    sx, sy = mp.share(x), mp.share(y)
+    tol = dict(atol=U, rtol=0)
+    torch.testing.assert_close(reveal(torch.relu(sx)), torch.relu(encoded(x)).float(), **tol)
+    torch.testing.assert_close(reveal(torch.maximum(sx, sy)), torch.maximum(x, y), **tol)
+    torch.testing.assert_close(reveal(torch.minimum(sx, sy)), torch.minimum(x, y), **tol)
+    torch.testing.assert_close(reveal(torch.amax(sx, dim=-1)), x.amax(-1), **tol)
+    torch.testing.assert_close(reveal(sx.amax(0, keepdim=True)), x.amax(0, keepdim=True), **tol)
+    torch.testing.assert_close(reveal(sx.max()), x.max(), **tol)
+
+
+def test_max_pooling_and_a_small_cnn_match_torch(mp: Parties) -> None:
+    torch.manual_seed(0)
+    img = torch.randn(2, 3, 6, 7)
+    got = reveal(F.max_pool2d(mp.share(img), 2))
+    torch.testing.assert_close(got, F.max_pool2d(img, 2), atol=U, rtol=0)
+    got = reveal(F.max_pool2d(mp.share(img), 3, stride=2))
+    torch.testing.assert_close(got, F.max_pool2d(img, 3, stride=2), atol=U, rtol=0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 10), nn.ReLU(),
+        nn.Linear(10, 3),
+    ).eval()  # fmt: skip
+    x = torch.rand(2, 1, 8, 8)
+    with torch.no_grad():
+        want = model(x)
+    mp.share_model(model)
+    torch.testing.assert_close(reveal(model(mp.share(x))), want, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.virtual_only("LeNet in process; the served case is the small CNN above")
+def test_lenet_of_the_benchmark_matches_torch(mp: Parties) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(256, 100), nn.ReLU(), nn.Linear(100, 10),
+    ).eval()  # fmt: skip
+    x = torch.rand(2, 1, 28, 28)
+    with torch.no_grad():
+        want = model(x)
+    mp.share_model(model)
+    out = reveal(model(mp.share(x)))
+    torch.testing.assert_close(out, want, atol=2e-3, rtol=1e-3)
+    assert torch.equal(out.argmax(1), want.argmax(1))
+
+
+# -- what it costs --------------------------------------------------------------------------
+
+
+@pytest.mark.virtual_only("rounds are the same on network workers")
+def test_rounds_of_a_comparison_and_a_relu(mp: Parties) -> None:
+    x = mp.share(torch.tensor([1.5, -2.0, 0.0]))
+    x.get()  # (the inputs' check: not counted below)
+    with mpc.stats() as s:
+        bit = x < 0
+    # the opening of c, the borrow tree's 6 levels (62 leaves), the last bit's product
+    assert s.rounds == 8
+    with mpc.stats() as s:
+        y = torch.relu(x)
+    assert s.rounds == 9  # and the product by the bit
+    assert torch.equal(bit.get(), torch.tensor([False, True, False]))
+    assert torch.equal(y.get(), torch.tensor([1.5, 0.0, 0.0]))
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.virtual_only("the errors are raised at the client")
+def test_clear_errors_of_the_comparisons() -> None:
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    x = mpc.share(torch.ones(1, 1, 4, 4), alice, bob, crypto_provider=carol, security="malicious")
+    with pytest.raises(mpc.UnsupportedOpError, match="padding"):
+        F.max_pool2d(x, 2, padding=1)
+    with pytest.raises(mpc.UnsupportedOpError, match="one dim"):
+        torch.amax(x, dim=(2, 3))
+    with pytest.raises(mpc.UnsupportedOpError, match="authenticated mode"):
+        torch.max(x, dim=1)  # (indices would cost an argmax)
+    with pytest.raises(mpc.UnsupportedOpError, match="both operands"):
+        torch.maximum(x, torch.zeros(1, 1, 4, 4))
+    _, idx = F.max_pool2d(x, 2, return_indices=True)
+    assert idx.device.type == "meta"  # (no indices: any use fails loudly)
