@@ -74,6 +74,8 @@ from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
 from pointers.worker import holding
 from pointers.worker import policy as owner_policy
+from pointers.worker.lanes import release_idle_lanes
+from pointers.worker.program import Recording
 
 RUN_WAIT = 600.0  # seconds a held plan's call waits for the parties' runs, at most
 Call = Callable[..., Any]
@@ -160,8 +162,16 @@ def approve(
     approval = Approval({p.id: plan.digests(p, digests) for p in workers})
     approval.frac_bits, approval.params = cfg.frac_bits, digests
     del plan, shared, session, workers, dealer
-    gc.collect()  # (the recording's workers and what they hold go now, not at a later gc)
+    recording_dropped()
     return approval
+
+
+def recording_dropped() -> None:
+    """After an owner's recording on its own in-process workers, once the caller dropped
+    them: they and what they hold go now, not at a later collection, nor when their lane
+    threads end by themselves (:func:`pointers.worker.lanes.release_idle_lanes`)."""
+    gc.collect()
+    release_idle_lanes()
 
 
 def _policy(
@@ -258,14 +268,20 @@ class HeldPlan(SharedPlan):
         self.names = [name for _, _, _, name in self.slots_of]
         self.k_inputs, self.k_later = len(examples), len(later_inputs)
         stand_ins, originals = [], []
-        for m, attr, is_param, _ in self.slots_of:
-            t = tensor_at(m, attr, is_param)
-            originals.append(t)
-            # a public pattern (not secret, not a share): the values never enter the program
-            value = torch.linspace(-0.05, 0.05, t.numel()).reshape(tuple(t.shape))
-            stand_in = share_tensor(value, session)
-            weights.mark_fixed(stand_in)  # (its products make, then use, an instance)
-            stand_ins.append(stand_in)
+        # the stand-ins and both recordings run nothing at the workers: no run reads
+        # their results (each real run binds the owner's shares), and they would be a
+        # second model's shares, weight instances and activations beside the owner's
+        workers = [*session.parties, *([session.dealer] if session.dealer is not None else [])]
+        with Recording(workers, runs=False):
+            for m, attr, is_param, _ in self.slots_of:
+                t = tensor_at(m, attr, is_param)
+                originals.append(t)
+                # a public pattern (not secret, not a share): the values never enter the
+                # program
+                value = torch.linspace(-0.05, 0.05, t.numel()).reshape(tuple(t.shape))
+                stand_in = share_tensor(value, session)
+                weights.mark_fixed(stand_in)  # (its products make, then use, an instance)
+                stand_ins.append(stand_in)
         swap = {id(t): s for t, s in zip(originals, stand_ins)}
 
         def swapped(fn: Call, k: int) -> Call:
@@ -277,13 +293,14 @@ class HeldPlan(SharedPlan):
 
         with torch.no_grad(), weights.held_instances():
             # the first query
-            super().__init__(swapped(self.call, self.k_inputs), *examples, *stand_ins)
+            super().__init__(swapped(self.call, self.k_inputs), *examples, *stand_ins, runs=False)
             first = self._first
             self.later = Programs(
                 swapped(self.later_call, self.k_later),
                 self.workers,
                 (*later_inputs, *stand_ins),
                 first,
+                runs=False,
             )
         self.later.output = None  # type: ignore[assignment]
         self.made = False  # whether the first query ran (or has its material dealt)
@@ -322,6 +339,11 @@ class HeldPlan(SharedPlan):
         swap.clear()
         del stand_ins, st
         gc.collect()
+        # and now: their deletes wait at the client for its next message to each worker,
+        # and the dealer's (the stand-ins' masks B) for the next run that uses the
+        # dealer; the real run's weight instances would be made beside them
+        for w in self.workers:
+            w.flush_deletes()
 
     def _held_fields(self, variant: Programs) -> dict[str, tuple[list[Any], list[int]]]:
         """Per party: its [slot, name] pairs of the inputs, the weights and the kept or
@@ -448,6 +470,7 @@ __all__ = [
     "approve",
     "offer",
     "plan",
+    "recording_dropped",
     "registered_values",
     "save_offer",
 ]

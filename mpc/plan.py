@@ -52,10 +52,13 @@ class Programs:
         workers: list[Any],
         inputs: tuple[SharedTensor, ...],
         carried_from: Programs | None = None,
+        runs: bool = True,
     ) -> None:
         # (inference: no autograd graph, whose saved values no program would delete)
+        # ``runs`` False: recorded without running at the workers (on stand-in values:
+        # ``output`` is then a result no worker holds)
         with recording_nonces() as nonces, accounting.stats() as counted, torch.no_grad():
-            with Recording(workers) as rec:
+            with Recording(workers, runs) as rec:
                 out = fn(*inputs)
                 if not isinstance(out, SharedTensor):
                     raise MPCError("a plan must return one SharedTensor")
@@ -113,7 +116,7 @@ class SharedPlan:
     """A function of SharedTensors recorded into one program per worker (per input
     signature: shapes, dtypes and fixed-point scales)."""
 
-    def __init__(self, fn: Callable[..., Any], *examples: SharedTensor) -> None:
+    def __init__(self, fn: Callable[..., Any], *examples: SharedTensor, runs: bool = True) -> None:
         if not examples or not all(isinstance(e, SharedTensor) for e in examples):
             raise TypeError("mpc.plan needs example SharedTensor inputs")
         session = examples[0].session
@@ -127,7 +130,7 @@ class SharedPlan:
             [session.dealer] if session.dealer is not None else []
         )
         self.n_inputs = len(examples)
-        first = Programs(fn, self.workers, examples)
+        first = Programs(fn, self.workers, examples, runs=runs)
         self._variants: dict[Signature, Programs] = {signature(examples): first}
         self.example_output = first.output
         first.output = None  # type: ignore[assignment]

@@ -317,18 +317,18 @@ def test_material_dealt_ahead_of_the_first_query() -> None:
 
 
 def test_after_a_failed_first_query_the_instances_are_made_again() -> None:
-    """A first query whose run failed at the parties (here: its nonces were used before,
-    by the recording): nothing is kept, the later program is refused; forget_instances
-    makes the next query a first query again."""
+    """A first query whose run failed at the parties (here: the client bound one nonce
+    to all its nonce slots): nothing is kept, the later program is refused;
+    forget_instances makes the next query a first query again."""
     d = Deployment()
     q = d.query
-    used = {k: q._first.slots.extras[arg] for k, (kind, arg) in enumerate(q._first.slots.kind)
-            if kind == "extra"}  # fmt: skip
+    extras = [k for k, (kind, _) in enumerate(q._first.slots.kind) if kind == "extra"]
+    assert len(extras) > 1
 
     def change(variant: Any, b: list[int]) -> None:
         if variant is q._first:
-            for k, v in used.items():
-                b[k] = v
+            for k in extras:
+                b[k] = b[extras[0]]
 
     with bindings_changed(q, change), pytest.raises(REFUSED, match="before|used twice"):
         q(d.share(d.x)).get()

@@ -425,3 +425,30 @@ def test_an_offer_file_is_read_back_and_a_bad_one_refused(tmp_path: Path) -> Non
         path.write_bytes(bad)
         with pytest.raises(ValueError, match="offer file"):
             owner_policy.load_offer(path)
+
+
+def test_recording_a_held_plan_makes_nothing_at_the_workers() -> None:
+    """The client records a held plan on stand-in weights without running it: the
+    workers receive its programs (and deletes), and nothing else: no stand-in share,
+    weight instance, dealer mask or activation beside the owner's shares (a second
+    model's worth of memory); the plan then runs as approved."""
+    import gc
+
+    d = Deployment()
+    workers = [*d.parties, d.carol]
+    x = d.share(d.x)
+    gc.collect()
+    for w in workers:
+        w.flush_deletes()
+    before = {w.id: (set(w.store.view()), w.stats.messages_received) for w in workers}
+    query = mpc.plan(d.held, x)
+    for w in workers:
+        ids, messages = before[w.id]
+        made = set(w.store.view()) - ids
+        assert made == {query._first.program_ids[w.id], query.later.program_ids[w.id]}
+        sent = w.stats.messages_received - messages
+        # its two programs, and the deletes sent as each of the three recordings ends (the
+        # stand-ins', the first query's, the later queries'); running them took hundreds
+        assert sent <= 2 + 4, f"{w.id}: {sent} messages"
+    out = query(d.share(d.x)).get()
+    assert (out - d.expected).abs().max() < 1e-2

@@ -219,3 +219,36 @@ def test_a_plan_without_a_dealer_has_nothing_to_preprocess(make_worker):
     double = mpc.plan(lambda t: t + t, x)
     with pytest.raises(mpc.MPCError, match="no crypto provider"):
         double.preprocess(1)
+
+
+def test_a_recording_that_runs_nothing_records_the_same_programs(trio):
+    """``runs=False`` (how a held plan records on stand-in weights): the workers receive
+    the stored program only, and it is the program a running recording records (but for
+    where the deletes of temporaries fall, which no run depends on); a recorded command
+    whose reply the caller waits for is refused there."""
+    from mpc.plan import Programs
+    from pointers.errors import PointerError
+    from pointers.wire.messages import Tag
+    from pointers.worker.program import Recording
+
+    x = _share(torch.tensor([[1.0, -2.0], [0.5, 3.0]]), trio)
+
+    def fn(t):
+        return torch.relu(t @ t) * 2.0
+
+    def commands(p):
+        return {w: [c for c in cmds if c[0] != Delete.KIND] for w, cmds in p.programs.items()}
+
+    ran = Programs(fn, list(trio), (x,))
+    ran.output = None
+    gc.collect()
+    before = _settled_sizes(trio)
+    dry = Programs(fn, list(trio), (x,), runs=False)
+    dry.output = None
+    gc.collect()
+    assert _settled_sizes(trio) == [n + 1 for n in before]  # its stored program
+    assert commands(dry) == commands(ran)
+    assert dry.slots.kind == ran.slots.kind
+    alice = trio[0]
+    with Recording([alice], runs=False), pytest.raises(PointerError, match="reply"):
+        alice.request(Tag(x.shares[0].id_at_location, ["t"], ""))

@@ -19,7 +19,6 @@ material or kept object twice or elsewhere.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ from mpc.config import MPCConfig
 from mpc.errors import MPCError
 from mpc.generation.decoding import Decoder, embedding, one_hot_rows
 from mpc.generation.speculative import SpeculativeDecoder
-from mpc.held import RUN_WAIT, Approval, HeldPlan, registered_values
+from mpc.held import RUN_WAIT, Approval, HeldPlan, recording_dropped, registered_values
 from mpc.offered import HeldShared, secret_slots, tensor_at
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
@@ -106,7 +105,7 @@ def approve_generation(
                 if d not in approval[w.id]:
                     approval[w.id].append(d)
         del plan, session, workers
-        gc.collect()
+        recording_dropped()
     approval.frac_bits, approval.params = cfg.frac_bits, values
     return approval
 

@@ -67,7 +67,7 @@ from pointers.wire.messages import (
     encode_message,
 )
 from pointers.worker.base import Frames
-from pointers.worker.client import Recorder, WorkerStats
+from pointers.worker.client import Recorder, WorkerStats, sends
 
 _HELLO_TIMEOUT = 10.0
 # a hello after the connection dropped waits this long for it to come back (a restarted
@@ -157,6 +157,8 @@ class NetworkWorker:
         a :class:`PendingReply` returned."""
         if self.recorder is not None:
             self.recorder.record_command(self.id, msg)
+            if not sends(self.recorder, msg, wait):
+                return None
         held = self._held_deletes
         if held is not None and (wait or len(held) >= _DELETE_BATCH):
             self.flush_deletes()  # recording: deletes are commands of the program

@@ -43,7 +43,7 @@ from pointers.wire.messages import (
     encode_message,
 )
 from pointers.worker import holding
-from pointers.worker.client import Recorder, WorkerStats
+from pointers.worker.client import Recorder, WorkerStats, sends
 from pointers.worker.execution import Execution, Handler, handler_table, handles, tensor_meta
 from pointers.worker.functions import FunctionRegistry
 from pointers.worker.owners import DataPolicy
@@ -505,6 +505,8 @@ class VirtualWorker(Worker):
         """Every command passes here (the recorder, if any, sees it first)."""
         if self.recorder is not None:
             self.recorder.record_command(self.id, msg)
+            if not sends(self.recorder, msg, want_reply):
+                return None
         block = self._block
         if block is not None:  # running concurrently (pointers.worker.lanes)
             if not want_reply:

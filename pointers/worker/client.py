@@ -11,18 +11,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pointers.wire.messages import Message
+from pointers.errors import PointerError
+from pointers.wire.messages import Delete, Message
 
-__all__ = ["Recorder", "WorkerClient", "WorkerStats"]
+__all__ = ["Recorder", "WorkerClient", "WorkerStats", "sends"]
 
 
 class Recorder(Protocol):
     """What a worker client tells a :class:`pointers.worker.program.Recording`: every
     command it sends (before it is sent; may refuse it by raising) and every id it
-    allocates. Set with the client's ``set_recorder``."""
+    allocates. Set with the client's ``set_recorder``. ``runs`` False: the client sends
+    no command it records (it only records them)."""
+
+    runs: bool
 
     def record_command(self, worker_id: str, msg: Message) -> None: ...
     def record_new_id(self, worker_id: str, obj_id: int) -> None: ...
+
+
+def sends(recorder: Recorder, msg: Message, wants_reply: bool) -> bool:
+    """Whether a client sends a command ``recorder`` recorded: always, but in a recording
+    that runs nothing (``runs`` False), where only deletes are sent (of the objects of
+    earlier runs that died meanwhile: a recorded-only command made nothing to delete) and
+    a command whose reply its caller waits for is refused (there is no reply to give)."""
+    if recorder.runs or isinstance(msg, Delete):
+        return True
+    if wants_reply:
+        raise PointerError(
+            f"a {msg.KIND!r} command waits for a reply: a recording that runs nothing "
+            "(runs=False) cannot give one"
+        )
+    return False
 
 
 @dataclass

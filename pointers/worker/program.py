@@ -100,10 +100,15 @@ class Recording:
 
     The commands still run (the recording run computes real results); a command that
     needs a reply (a fetch, a search) cannot be part of a program and raises.
+    ``runs=False``: the commands are captured and not sent (nothing runs at the workers,
+    nothing is made there: a recording whose results no one reads, such as one on
+    stand-in values). The recorded commands are the same, since none of them waits for a
+    reply.
     """
 
-    def __init__(self, workers: Iterable[WorkerClient]) -> None:
+    def __init__(self, workers: Iterable[WorkerClient], runs: bool = True) -> None:
         self.workers = list(workers)
+        self.runs = bool(runs)
         self.messages: dict[str, list[Message]] = {w.id: [] for w in self.workers}
         self.new_ids: dict[str, list[int]] = {w.id: [] for w in self.workers}
         self._outer: dict[str, Recorder | None] = {}  # a recording this one runs inside
