@@ -2,8 +2,8 @@
 party, over randomized trials.
 
 Each trial runs one of a few programs (products and truncations; comparisons, ReLU and
-max; a small CNN with max-pooling) on 2 or 3 in-process parties with
-``security="malicious"``, with one party deviating once: at a protocol step it ran in an
+max; a small CNN with max-pooling; the last two also with ``comparison="fss"``) on 2 or 3
+in-process parties with ``security="malicious"``, with one party deviating once: at a protocol step it ran in an
 honest run of the same program (chosen at random, and which of its calls), it adds an
 error (1, 2^16, 2^63 or a random word) to a random word of one of its outputs (for a
 share, a piece or a residual: in the low 64 bits, the value's; the high 64 bits are
@@ -55,18 +55,22 @@ def cnn(img: Any, kernel: Any) -> Any:
     return F.max_pool2d(torch.relu(F.conv2d(img, kernel)), 2).sum((1, 2, 3))
 
 
-#: name -> (function, its two inputs)
-PROGRAMS: dict[str, tuple[Callable[[Any, Any], Any], torch.Tensor, torch.Tensor]] = {
-    "products": (products, X, Y),
-    "comparisons": (comparisons, X, Y),
-    "cnn": (cnn, IMG, KERNEL),
+#: name -> (function, its two inputs, the comparison protocol: "fss" runs on 2 parties)
+PROGRAMS: dict[str, tuple[Callable[[Any, Any], Any], torch.Tensor, torch.Tensor, str]] = {
+    "products": (products, X, Y, "default"),
+    "comparisons": (comparisons, X, Y, "default"),
+    "comparisons (fss)": (comparisons, X, Y, "fss"),
+    "cnn": (cnn, IMG, KERNEL, "default"),
+    "cnn (fss)": (cnn, IMG, KERNEL, "fss"),
 }
 
 
 def _run(name: str, n: int, fault: tuple[int, Fault] | None = None) -> torch.Tensor:
-    fn, a, b = PROGRAMS[name]
+    fn, a, b, comparison = PROGRAMS[name]
     workers = [pt.VirtualWorker(f"p{i}") for i in range(n)]
-    s = mpc.Session(workers, pt.VirtualWorker("dealer"), security="malicious")
+    s = mpc.Session(
+        workers, pt.VirtualWorker("dealer"), security="malicious", comparison=comparison
+    )
     if fault is not None:
         inject(workers[fault[0]].functions, fault[1])
     x, y = mpc.share(a, session=s), mpc.share(b, session=s)
@@ -87,9 +91,11 @@ def honest_calls(name: str, n: int) -> tuple[Calls, torch.Tensor]:
     """What each party's protocol steps return in an honest run: per (party, step), per
     call, the shapes of its tensor outputs; and the honest output."""
     calls: Calls = collections.defaultdict(list)
-    fn, a, b = PROGRAMS[name]
+    fn, a, b, comparison = PROGRAMS[name]
     workers = [pt.VirtualWorker(f"p{i}") for i in range(n)]
-    s = mpc.Session(workers, pt.VirtualWorker("dealer"), security="malicious")
+    s = mpc.Session(
+        workers, pt.VirtualWorker("dealer"), security="malicious", comparison=comparison
+    )
     for i, w in enumerate(workers):
         for step in w.functions.names():
             if step.startswith("mpc.auth") or step.startswith("mpc.mac_check"):
@@ -134,7 +140,7 @@ def draw_fault(rng: random.Random, calls: Calls) -> tuple[int, Fault]:
 
 def trial(rng: random.Random, cache: dict[tuple[str, int], Any]) -> tuple[str, str, Fault]:
     name = rng.choice(sorted(PROGRAMS))
-    n = rng.choice([2, 3])
+    n = 2 if PROGRAMS[name][3] == "fss" else rng.choice([2, 3])
     if (name, n) not in cache:
         cache[(name, n)] = honest_calls(name, n)
     calls, want = cache[(name, n)]

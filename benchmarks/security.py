@@ -45,8 +45,6 @@ def check_options(comparison: str, security: str, workloads: list[str], plan: bo
     """Why these options cannot run together (None: they can)."""
     if security == "semi-honest":
         return None
-    if comparison != "default":
-        return "--security malicious runs the default comparison (the FSS mode is semi-honest)"
     if plan:
         return "--security malicious runs op by op (no --plan)"
     other = [w for w in workloads if w not in MALICIOUS_WORKLOADS]

@@ -41,8 +41,8 @@ class MPCConfig:
 
     ``security``: ``"semi-honest"`` (the default: the parties follow the protocol) or
     ``"malicious"`` (authenticated shares: a party that deviates is caught before any
-    output reaches the client; docs/security.md). The malicious mode takes the default
-    comparison.
+    output reaches the client; docs/security.md). With ``comparison="fss"`` (2 parties)
+    its comparisons are one round, by DCF keys whose payload carries the bit's MAC.
     """
 
     frac_bits: int = 16
@@ -65,10 +65,10 @@ class MPCConfig:
             raise ValueError(f"comparison must be one of {COMPARISONS}, got {self.comparison!r}")
         if self.security not in SECURITIES:
             raise ValueError(f"security must be one of {SECURITIES}, got {self.security!r}")
-        if self.security == "malicious" and self.comparison != "default":
+        if self.security == "malicious" and self.comparison == "fss" and self.fss_bits != 64:
             raise ValueError(
-                "security='malicious' runs its own authenticated comparison: it takes "
-                f"comparison='default', got {self.comparison!r}"
+                "security='malicious' with comparison='fss' compares all 64 bits: it takes "
+                f"fss_bits=64, got {self.fss_bits!r}"
             )
         if type(self.fss_bits) is not int or not 2 <= self.fss_bits <= RING_BITS:
             raise ValueError(f"fss_bits must be an int in [2, {RING_BITS}], got {self.fss_bits!r}")

@@ -40,7 +40,6 @@ def test_security_both_prints_the_side_by_side_table(
 
 def test_security_option_errors(capsys: pytest.CaptureFixture) -> None:
     for argv, why in [
-        (["--security", "malicious", "--comparison", "fss"], "FSS mode is semi-honest"),
         (["--security", "malicious", "--workloads", "W7"], "not W7"),
         (["--security", "both", "--workloads", "W5", "--plan"], "no --plan"),
     ]:

@@ -20,6 +20,7 @@ import mpc
 import pointers as pt
 from mpc.protocols.auth_beaver.steps import auth_beaver_combine, auth_beaver_mask
 from mpc.protocols.auth_comparison.steps import auth_cmp_leaves, auth_cmp_mask
+from mpc.protocols.auth_fss.steps import auth_fss_eval, auth_fss_mask
 from mpc.protocols.auth_local.steps import (
     auth_bilinear_public,
     auth_linear,
@@ -258,3 +259,40 @@ def test_honest_comparison_program_is_right() -> None:
     workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
     out = compare_program(session(workers, pt.VirtualWorker("carol"))).get()
     torch.testing.assert_close(out, torch.maximum(torch.relu(X), Y) + (X < Y), atol=1e-4, rtol=0)
+
+
+# -- the FSS comparison's steps (2 parties) ------------------------------------------------------
+
+FSS_CASES: list[tuple[Any, int, tuple[int, ...], str]] = [
+    (auth_fss_mask, 0, (0,), "its piece of the FSS comparison's c"),
+    (auth_fss_mask, 1, (0,), "the MAC of its piece of c"),
+    (auth_fss_mask, 2, (0, 0), "its share of u"),
+    (auth_fss_mask, 2, (0, 1), "the MAC of its share of u"),
+    (auth_fss_eval, 0, (0, 0), "its evaluation of the DCF (the bit)"),
+    (auth_fss_eval, 0, (0, 1), "its evaluation's MAC"),
+]
+
+
+@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
+@pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
+@pytest.mark.parametrize("step,output,part,what", FSS_CASES, ids=[c[3] for c in FSS_CASES])
+def test_every_deviation_in_an_fss_comparison_is_caught(
+    step: Any, output: int, part: tuple[int, ...], what: str, who: int, error: str
+) -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = mpc.Session(workers, pt.VirtualWorker("carol"), security="malicious", comparison="fss")
+    e = _error(ERRORS[error])
+    with deviating(workers[who], step, output, e, part) as count:
+        with pytest.raises(mpc.MACCheckError):
+            out = compare_program(s).get()
+            pytest.fail(f"no check caught {what} + {e}: the client got {out}")
+    assert count[0] >= 1
+
+
+def test_stale_fss_material_is_caught() -> None:
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = mpc.Session(workers, pt.VirtualWorker("carol"), security="malicious", comparison="fss")
+    with deviating(workers[1], auth_fss_mask, 2, stale=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            compare_program(s).get()
+    assert count[0] >= 1

@@ -22,9 +22,14 @@ U = 2.0**-16  # one unit of the fixed-point encoding
 EDGES = [0.0, U, -U, 2 * U, -2 * U, 1.0, -1.0, 2.0**44, -(2.0**44), 2.0**45 - 1, -(2.0**45)]
 
 
-@pytest.fixture(params=[2, 3], ids=lambda n: f"{n}parties")
+@pytest.fixture(params=[2, 3, "fss"], ids=lambda n: n if n == "fss" else f"{n}parties")
 def mp(request: pytest.FixtureRequest, make_worker: Any, worker_kind: str) -> Parties:
-    return Parties(make_worker, request.param, worker_kind)
+    """2 and 3 parties with the default comparison; 2 with the FSS comparison."""
+    fss = request.param == "fss"
+    parties = Parties(make_worker, 2 if fss else request.param, worker_kind)
+    if fss:
+        parties.config = mpc.MPCConfig(security="malicious", comparison="fss")
+    return parties
 
 
 def encoded(x: torch.Tensor) -> torch.Tensor:
@@ -120,13 +125,15 @@ def test_lenet_of_the_benchmark_matches_torch(mp: Parties) -> None:
 def test_rounds_of_a_comparison_and_a_relu(mp: Parties) -> None:
     x = mp.share(torch.tensor([1.5, -2.0, 0.0]))
     x.get()  # (the inputs' check: not counted below)
+    fss = mp.config.comparison == "fss"
     with mpc.stats() as s:
         bit = x < 0
-    # the opening of c, the borrow tree's 6 levels (62 leaves), the last bit's product
-    assert s.rounds == 8
+    # the opening of c, then by default the borrow tree's 6 levels (62 leaves) and the
+    # last bit's product; with FSS nothing more (the DCF is local)
+    assert s.rounds == (1 if fss else 8)
     with mpc.stats() as s:
         y = torch.relu(x)
-    assert s.rounds == 9  # and the product by the bit
+    assert s.rounds == (2 if fss else 9)  # and the product by the bit
     assert torch.equal(bit.get(), torch.tensor([False, True, False]))
     assert torch.equal(y.get(), torch.tensor([1.5, 0.0, 0.0]))
 

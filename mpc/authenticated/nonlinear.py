@@ -23,6 +23,7 @@ from mpc.authenticated.ops import (
 from mpc.authenticated.tensor import register
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.protocols.auth_comparison.run import auth_ltz
+from mpc.protocols.auth_fss.run import auth_fss_ltz
 from mpc.protocols.auth_local.run import linear
 
 aten = torch.ops.aten
@@ -39,7 +40,9 @@ def difference(a: Any, b: Any) -> Auth:
 def negative(d: Auth) -> Auth:
     """[d < 0]: an authenticated bit (dtype bool, an integer)."""
     ready(d)
-    return Auth(auth_ltz(d.session, d.shares), d.session, 0, torch.bool)
+    fss = d.session.config.comparison == "fss"
+    ltz = auth_fss_ltz if fss else auth_ltz
+    return Auth(ltz(d.session, d.shares), d.session, 0, torch.bool)
 
 
 def one_minus(bit: Auth) -> Auth:

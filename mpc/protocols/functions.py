@@ -17,6 +17,7 @@ from mpc.material.held import FUNCTIONS as HELD_FUNCTIONS
 from mpc.material.owned import release_sum
 from mpc.protocols.auth_beaver import steps as auth_beaver
 from mpc.protocols.auth_comparison import steps as auth_comparison
+from mpc.protocols.auth_fss import steps as auth_fss
 from mpc.protocols.auth_local import steps as auth_local
 from mpc.protocols.auth_opening import steps as auth_opening
 from mpc.protocols.auth_shares import steps as auth_shares
@@ -58,6 +59,7 @@ STEP_MODULES = (
     auth_beaver,
     auth_truncation,
     auth_comparison,
+    auth_fss,
 )
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {

@@ -60,7 +60,10 @@ STATE = "mpc.auth"  # the key of a party's state in its function state
     TAG_TRUNC_H,
     TAG_CMP_BITS,
     TAG_CMP_R,
-) = range(100, 111)
+    TAG_AFSS_R,
+    TAG_AFSS_U,
+    TAG_AFSS_ROOT,
+) = range(100, 114)
 
 W128 = 2 * WORD  # bytes of a 128-bit ring element
 VM = 4 * WORD  # bytes of an authenticated share's element (value and MAC)

@@ -1,0 +1,55 @@
+"""The authenticated FSS comparison, the client's side (the steps and why it is sound:
+:mod:`mpc.protocols.auth_fss.steps`): the dealer's keys, each party's mask, one
+authenticated opening, each party's evaluation. One round; 2 parties."""
+
+from __future__ import annotations
+
+import math
+
+from mpc.protocols.auth_fss.steps import (
+    auth_fss_eval,
+    auth_fss_mask,
+    correction_words,
+    dealer_auth_fss,
+    key_words,
+)
+from mpc.protocols.auth_opening.run import open_auth
+from mpc.protocols.auth_shares.state import auth_state
+from mpc.protocols.parties import I64, Shares, at_parties, call
+from mpc.protocols.step import name_of
+from mpc.session import Session
+
+
+def auth_fss_ltz(session: Session, z: Shares) -> Shares:
+    """Authenticated shares of [z < 0] (0 or 1, an integer) for every z (its low 64 bits
+    read signed), 2 parties: one round."""
+    if session.n != 2:
+        raise ValueError("the FSS comparison is for 2 parties")
+    state = auth_state(session)
+    dealer = session.require_dealer("a comparison")
+    nonce = session.next_nonce()
+    shape = [int(d) for d in z[0].shape[2:]]
+    n = math.prod(shape)
+    cw, corr = call(
+        dealer,
+        name_of(dealer_auth_fss),
+        [session.dealer_seeds, state.alpha, nonce, shape],
+        [((key_words(n),), I64), ((correction_words(n),), I64)],
+    )
+    keys = [cw.copy_to(p, lend=True) for p in session.parties]  # (read only)
+    corr_last = corr.move(session.parties[1])
+    seed, macs = session.party_seeds, state.keys
+    piece, mac, u = at_parties(
+        session,
+        auth_fss_mask,
+        lambda i: [seed[i], macs[i], nonce, i == 0, z[i], corr_last if i == 1 else None],
+        [((2, *shape), I64), ((2, *shape), I64), ((2, 2, *shape), I64)],
+    )
+    (c,) = open_auth(session, [(piece, mac)])
+    (out,) = at_parties(
+        session,
+        auth_fss_eval,
+        lambda i: [seed[i], macs[i], nonce, i == 0, keys[i], u[i], c[i]],
+        [((2, 2, *shape), I64)],
+    )
+    return out
