@@ -61,8 +61,9 @@ from pathlib import Path
 from typing import Any
 
 import pointers as pt
-from benchmarks import report, results, workloads
+from benchmarks import report, results, security, workloads
 from benchmarks.crossover import crossover_table
+from benchmarks.planned import PLAN_WORKLOADS, as_plan, preprocess_plan
 from benchmarks.workloads import (
     MPC_CASES,
     NOT_ELEMENTS,
@@ -80,7 +81,6 @@ from benchmarks.workloads import (
 )
 from benchmarks.workloads.generation import write_offer
 from benchmarks.workloads.workers import OWNERS
-from mpc.config import MPCConfig
 from pointers.worker.lanes import release_idle_lanes
 
 LATENCY_NEEDS_NETWORK = (
@@ -96,7 +96,6 @@ LATENCY_HELP = (
 BANDWIDTH_NEEDS_NETWORK = (
     "--bandwidth needs --network: the worker processes and the client delay what they send"
 )
-PLAN_WORKLOADS = ("W5", "W13")
 
 
 def parse_size(text: str) -> int:
@@ -248,6 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         "round; 2 parties), or both (each case twice, then the crossover table)",
     )
     ap.add_argument(
+        "--security",
+        choices=("semi-honest", "malicious", "both"),
+        default="semi-honest",
+        help="the security mode: semi-honest (the default), malicious (authenticated "
+        f"shares, SPDZ2k-style: {', '.join(security.MALICIOUS_WORKLOADS)}), or both (each "
+        "case twice, then the side-by-side table)",
+    )
+    ap.add_argument(
         "--serial",
         action="store_true",
         help="in-process workers run one after the other in one thread, even for large "
@@ -288,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in workloads if w not in OPS]
     if unknown:
         ap.error(f"unknown workload(s) {', '.join(unknown)} (known: {', '.join(_ids())})")
+    if args.security != "semi-honest" and not workloads:
+        workloads = list(security.MALICIOUS_WORKLOADS)
+    why = security.check_options(args.comparison, args.security, workloads, args.plan)
+    if why:
+        ap.error(why)
     cases = select_cases(args.quick, args.k, args.parties, common, per, workloads, args.hf_tiny)
     if not cases:
         ap.error("no case matches --workloads/-k")
@@ -317,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(plan=list(PLAN_WORKLOADS))
     if args.preprocess:
         meta.update(preprocess=True)
-    meta.update(comparison=args.comparison)
+    meta.update(comparison=args.comparison, security=args.security)
     try:
         with _sigterm_as_interrupt() if args.network else contextlib.nullcontext():
             loopback = _run(cases, args, 0.0)[0] if latency else []
@@ -337,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.comparison == "both":
         print()
         print(crossover_table(rows))
+    if args.security == "both":
+        print()
+        print(security.security_table(rows))
     for row in rows:
         if row.get("preprocess_s") is not None:
             print(
@@ -352,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.comparison == "both":
             print()
             print(crossover_table(rows, markdown=True))
+        if args.security == "both":
+            print()
+            print(security.security_table(rows, markdown=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(_finite({"meta": meta, "rows": rows}), f, indent=1, default=str)
@@ -394,12 +412,12 @@ def _run(
             factory = cluster.connect
             if any(c.workload in HF_WORKLOADS for c in cases):  # (see _start_cluster)
                 factory = functools.partial(cluster.connect, timeout=HF_TIMEOUT)
-        modes = ["default", "fss"] if args.comparison == "both" else [args.comparison]
+        modes = security.modes(args.comparison, args.security)
         progress = _progress(len(cases) * len(modes) * (args.repeat + 2), args.no_progress)
         for case, mode in ((c, m) for c in cases for m in modes):
-            progress.set_description(case.id + ("" if mode == "default" else f" ({mode})"))
-            # the sessions' config (None: the default one, as without --comparison)
-            workloads.workers.CONFIG = None if mode == "default" else MPCConfig(comparison=mode)
+            progress.set_description(case.id + mode.suffix())
+            # the sessions' config (None: the default one, as without the options)
+            workloads.workers.CONFIG = mode.config()
             w = case.build(factory)
             planned = args.plan and case.workload in PLAN_WORKLOADS
             offline = as_plan(w) if planned else None
@@ -414,9 +432,8 @@ def _run(
                 row.update(plan=True, plan_record_s=offline)
             if dealt is not None:
                 row.update(preprocess_s=dealt)
-            row.update(comparison=mode)
-            if mode != "default":
-                row["op"] = f"{row['op']} ({mode})"
+            row.update(comparison=mode.comparison, security=mode.security)
+            row["op"] += mode.suffix()
             if cluster is not None:
                 cluster.close_connections()  # the next case connects afresh
                 row.update(workers="network", latency_ms=latency)
@@ -457,52 +474,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def as_plan(w: Any) -> float:
-    """Make ``w`` run as an ``mpc.plan`` of its function (W5, W13): record the plan now
-    (not timed by the benchmark) and return the seconds that took; each run is then one
-    plan call, and the correctness check compares the plan's output with plaintext."""
-    import time
-
-    import mpc
-
-    if w.fn is None:
-        raise ValueError(f"workload {w.id} cannot run as a plan (no function of its inputs)")
-    start = time.perf_counter()
-    plan = mpc.plan(w.fn, *w.inputs)
-    w.sync()
-    recorded = time.perf_counter() - start
-    inputs = w.inputs
-
-    def run() -> Any:
-        return plan(*inputs)
-
-    def check() -> dict[str, Any]:
-        out, ref = run().get(), w.plain()
-        result: dict[str, Any] = {"max_abs_err": float((out - ref).abs().max())}
-        if w.id == "W5":
-            result["argmax_mismatches"] = int((out.argmax(1) != ref.argmax(1)).sum())
-        return result
-
-    w.run, w.check = run, check
-    w.plan = plan
-    w.op = f"{w.op} plan"
-    w.programs = True  # each timed run's sync waits for the plan's programs
-    return recorded
-
-
-def preprocess_plan(w: Any, calls: int) -> float:
-    """Deal the material of ``w``'s next ``calls`` plan calls now (``mpc.preprocess``);
-    the seconds per call that took (dealer's work and deliveries, waited for)."""
-    import time
-
-    import mpc
-
-    start = time.perf_counter()
-    mpc.preprocess(w.plan, calls)
-    w.sync()
-    return (time.perf_counter() - start) / calls
 
 
 def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = None) -> Any:

@@ -2,7 +2,8 @@
 
 Groups (each module under ``mpc.ops`` registers one): local on shares (views, sums, ops
 with a public operand), bilinear (Beaver: mul, matmul, conv), non-linear (comparison
-protocol: compare, relu, max, pooling). An op not registered raises an error naming it.
+protocol: compare, relu, max, pooling). The malicious mode's ops (``mpc.authenticated``)
+register in :data:`AUTH_OPS`. An op not registered raises an error naming it.
 """
 
 from __future__ import annotations
@@ -13,19 +14,28 @@ from typing import Any
 Handler = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 OPS: dict[Any, Handler] = {}
+# The malicious mode's ops on AuthenticatedTensor (mpc.authenticated.ops and .nonlinear),
+# keyed the same way: the two modes share no op code, each op is in one table or the other
+AUTH_OPS: dict[Any, Handler] = {}
 # Handlers that accept operands with a pending truncation (see SharedTensor.pending);
 # for every other handler the dispatcher truncates such operands first.
 LAZY: set[Handler] = set()
 
 
-def register(*ops: Any, lazy: bool = False) -> Callable[[Handler], Handler]:
+def register(
+    *ops: Any, lazy: bool = False, authenticated: bool = False
+) -> Callable[[Handler], Handler]:
+    """Register the decorated handler for ``ops`` (on SharedTensor; ``authenticated``: on
+    AuthenticatedTensor)."""
+    table = AUTH_OPS if authenticated else OPS
+
     def deco(fn: Handler) -> Handler:
         if lazy:
             LAZY.add(fn)
         for op in ops:
-            if op in OPS:
+            if op in table:
                 raise ValueError(f"{op} is registered twice")
-            OPS[op] = fn
+            table[op] = fn
         return fn
 
     return deco

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from pointers.errors import NotAllowedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,6 +173,15 @@ def _parser() -> argparse.ArgumentParser:
         help="the largest weight (an owner's count) of a value this party adds into an "
         "aggregate (default 65536)",
     )
+    s.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME:OUTPUT:ERROR[:INDEX]",
+        help="for tests of the malicious mode only (refused unless the environment sets "
+        "POINTERS_ALLOW_FAULTS=1): function NAME adds ERROR to a word of its output OUTPUT "
+        "at INDEX (comma-separated), as a cheating party would (repeatable)",
+    )
     return p
 
 
@@ -208,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     try:
+        faults: tuple[Any, ...] = ()
+        if args.fault:
+            from pointers.worker.faults import check_allowed, parse_fault
+
+            check_allowed()
+            faults = tuple(parse_fault(f) for f in args.fault)
         offer = None
         if args.offer:
             from pointers.worker.policy import load_offer
@@ -242,10 +260,11 @@ def main(argv: list[str] | None = None) -> int:
             data_port=args.data_port,
             offer=offer,
             data_owners=data_owners,
+            faults=faults,
             **({} if args.data_plane is None else {"data_plane": args.data_plane}),
         )
         serve(config, watch_stdin=args.watch_stdin, exit_when_stopped=True)
-    except (ValueError, OSError, FileNotFoundError) as e:
+    except (ValueError, OSError, FileNotFoundError, NotAllowedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

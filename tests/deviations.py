@@ -13,24 +13,7 @@ from typing import Any
 import torch
 
 from mpc.protocols.step import name_of
-
-
-def signed(e: int) -> int:
-    """The int64 with the bits of ``e mod 2^64``."""
-    e %= 1 << 64
-    return e - (1 << 64) if e >> 63 else e
-
-
-def add_error(t: torch.Tensor, part: tuple[int, ...], error: int) -> torch.Tensor:
-    """A copy of ``t`` with ``error`` added (mod 2^64, or mod 2^8 for bytes) to the first
-    element of ``t[part]``."""
-    out = t.clone()
-    idx = part + (0,) * (out.dim() - len(part))
-    if out.dtype == torch.uint8:
-        out[idx] = (int(out[idx]) + error) % 256
-    else:
-        out[idx] = signed(int(out[idx]) + error)
-    return out
+from pointers.worker.faults import add_error
 
 
 @contextlib.contextmanager

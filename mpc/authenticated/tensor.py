@@ -3,9 +3,10 @@ malicious mode, ``security="malicious"``).
 
 Its shares are pointers to each party's authenticated share, laid out ``(2, 2, *shape)``
 (limbs, then value and MAC: :mod:`mpc.protocols.auth_shares.steps`) and sealed at the
-parties. Each aten op is routed through :data:`mpc.authenticated.ops.OPS` (a table of its
-own, beside the semi-honest one: the two modes share no op code); an op without an
-authenticated implementation raises :class:`~mpc.errors.UnsupportedOpError`.
+parties. Each aten op is routed through :data:`mpc.registry.AUTH_OPS` (the malicious
+mode's table in the one registry, beside the semi-honest one: the two modes share no op
+code); an op without an authenticated implementation raises
+:class:`~mpc.errors.UnsupportedOpError`.
 ``get()`` runs the MAC check over every opening of the session since the last one before
 anything reaches the client.
 """
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import pointers as pt
+from mpc import registry
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.math.encoding import decode, encode
 from mpc.protocols.auth_shares.run import reveal, share_input
@@ -29,19 +31,10 @@ _CPU = torch.device("cpu")
 
 Handler = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
-#: aten overload -> its implementation on authenticated tensors (mpc.authenticated.ops)
-OPS: dict[Any, Handler] = {}
-
 
 def register(*ops: Any) -> Callable[[Handler], Handler]:
-    def deco(fn: Handler) -> Handler:
-        for op in ops:
-            if op in OPS:
-                raise ValueError(f"{op} is registered twice")
-            OPS[op] = fn
-        return fn
-
-    return deco
+    """Register an op on authenticated tensors (in the one registry: mpc.registry.AUTH_OPS)."""
+    return registry.register(*ops, authenticated=True)
 
 
 class AuthenticatedTensor(torch.Tensor):
@@ -143,7 +136,7 @@ class AuthenticatedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        handler = OPS.get(func)
+        handler = registry.AUTH_OPS.get(func)
         if handler is None:
             raise UnsupportedOpError(
                 str(func), "not available in the authenticated mode (security='malicious') yet"

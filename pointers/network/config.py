@@ -72,6 +72,9 @@ class ServerConfig:
     # owners, the least number an aggregate spans and the bound on each weight (serve
     # --owner, --min-owners, --max-weight); as an owner's worker, its data (serve --data)
     data_owners: Any = field(default=None, compare=False, hash=False)
+    # for the tests of the malicious mode only: functions of this worker that deviate
+    # (serve --fault; pointers.worker.faults, refused unless POINTERS_ALLOW_FAULTS=1)
+    faults: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         check_identity(self.worker_id)

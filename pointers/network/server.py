@@ -74,6 +74,7 @@ from pointers.network.transport import (
 )
 from pointers.wire import serde
 from pointers.wire.messages import Delete, ErrorReply, Reply, decode_message, encode_message
+from pointers.worker.faults import with_faults
 
 _OK_NONE, _ = encode_message(Reply(None))
 _SKIPPED, _ = encode_message(
@@ -95,7 +96,9 @@ class WorkerServer(Sessions):
     ) -> None:
         self.config = config
         self.id = config.worker_id
-        self.functions = dict(plugin_functions() if functions is None else functions)
+        self.functions = with_faults(
+            plugin_functions() if functions is None else functions, config.faults
+        )
         self.epoch = os.urandom(8).hex()  # tells clients when a worker was restarted
         self.credentials: Credentials | None = (
             None if config.insecure else load_credentials(config.certs or "", config.worker_id)

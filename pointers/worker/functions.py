@@ -124,6 +124,14 @@ class FunctionRegistry:
         for name, fn in table.items():
             self.register(name, fn)
 
+    def replace(self, name: str, fn: RegisteredFunction) -> RegisteredFunction:
+        """Put ``fn`` in place of the function registered as ``name``; the old one
+        (fault injection for tests: :mod:`pointers.worker.faults`)."""
+        old = self.get(name)
+        self._functions[name] = fn
+        self._parameters.pop(name, None)
+        return old
+
     def get(self, name: str) -> RegisteredFunction:
         try:
             return self._functions[name]
