@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -245,6 +246,9 @@ def test_a_step_takes_only_what_one_prefill_kept(dep: Deployment) -> None:
     progs = dep.programs()
     progs.prefill(dep.rows(prompt_of(8))).get()
     first = list(progs.plan.later.carry)
+    # (this client keeps the first generation: an honest one deletes what its prefill
+    # kept when the next prefill starts)
+    progs.plan.later.carry = None
     progs.prefill(dep.rows(prompt_of(9))).get()
     slot = _carried_slots(progs, "alice")[0]
     k1 = progs.plan.carried[slot]
@@ -255,6 +259,29 @@ def test_a_step_takes_only_what_one_prefill_kept(dep: Deployment) -> None:
 
     with bindings_changed(progs.plan, mix), pytest.raises(REFUSED, match="different runs"):
         progs.step(dep.rows(torch.tensor([[1]]))).get()
+
+
+def test_a_new_generation_frees_what_the_last_one_kept() -> None:
+    """Each prefill's run keeps the cache, the position and the weights' instances for
+    its steps at the parties (and the instances' masks at the dealer); the next prefill
+    starts a new generation and deletes them, and a step leaves nothing of its own: the
+    workers hold one generation's worth, however many prompts and tokens."""
+    d = Deployment()
+    everyone = [*d.parties, d.carol]
+
+    def generation(seed: int, n: int) -> dict[str, int]:
+        prompt = prompt_of(seed)
+        out = mpc.generate(d.held, prompt, n, max_length=MAX_LENGTH)
+        assert torch.equal(out, plaintext(d.plain, prompt, n))
+        gc.collect()
+        for w in everyone:
+            w.flush_deletes()
+        return {w.id: len(w.store) for w in everyone}
+
+    first = generation(12, 2)
+    assert len(kept(d.parties[0])) > 0
+    assert generation(13, 2) == first
+    assert generation(14, 5) == first
 
 
 def test_swapped_caches_and_a_client_position_are_not_approved(dep: Deployment) -> None:

@@ -81,6 +81,9 @@ class PartyPositions:
         for t in self.t:
             t.add_(self.length)
         self.seen += self.length
+        # the step's positions and views are its own temporaries: dropped here, the
+        # recorded step deletes them (kept, every run of it would leave them at the parties)
+        self.idx, self.sel, self.keep = [], [], []
 
     def mask_scores(self, scores: SharedTensor) -> SharedTensor:
         """Scores (..., L, C) with the positions a query does not see masked (a pending

@@ -159,6 +159,25 @@ def _recorded_bindings(variant: Programs) -> list[int]:
     return out
 
 
+def drop_generation(
+    first: Programs, later: Programs, carry: list[int] | None, workers: list[Any]
+) -> None:
+    """Delete, at their workers, what a prefill's program run (its bindings ``carry``)
+    kept for its steps: the cache, the position, the weights' instances and the dealer's
+    masks of those (the objects ``later``'s carried slots take). For a new prefill, which
+    starts a new generation: no step takes them again (a step takes what the last
+    prefill's run kept), and no pointer of the client's refers to them (a program run's
+    objects have none), so they would stay at the parties and the dealer for good."""
+    if carry is None:
+        return
+    by_id = {w.id: w for w in workers}
+    for kind, arg in later.slots.kind:
+        if kind == "carried" and first.slots.kind[arg][0] == "new":
+            by_id[first.slots.kind[arg][1]].queue_delete(carry[arg])
+    for w in workers:
+        w.flush_deletes()
+
+
 class PlainPrograms:
     """A client-shared model's prefill and step programs (recorded as they first run).
     ``decoder``: another :class:`Decoder` (a speculative one), whose ``later`` method is
@@ -178,6 +197,8 @@ class PlainPrograms:
         self.plan: SharedPlan | None = None
         self.later: Programs | None = None
         self.prefills = 0
+        self.carry: list[int] | None = None  # the last prefill's bindings
+        self.ran = False  # whether those are a program run's (not the recording's)
 
     def prefill(self, rows: SharedTensor) -> SharedTensor:
         if self.plan is None or (self.later is None and self.prefills):
@@ -189,9 +210,12 @@ class PlainPrograms:
             out: SharedTensor = self.plan.example_output
             self.plan.example_output = None  # type: ignore[assignment]
             self.carry = _recorded_bindings(self.plan._first)
+            self.ran = False  # (its objects: the client's pointers hold them)
         else:
+            if self.later is not None and self.ran:  # (the last generation's)
+                drop_generation(self.plan._first, self.later, self.carry, self.plan.workers)
             out = self.plan._run(self.plan._first, (rows,))
-            self.carry = self.plan.last_bindings
+            self.carry, self.ran = self.plan.last_bindings, True
             if self.later is not None:
                 self.later.carry = self.carry
         self.prefills += 1
@@ -213,4 +237,11 @@ class PlainPrograms:
         return self.plan._run(self.later, (rows, *more))
 
 
-__all__ = ["Decoder", "PlainPrograms", "embedding", "last_logits", "one_hot_rows"]
+__all__ = [
+    "Decoder",
+    "PlainPrograms",
+    "drop_generation",
+    "embedding",
+    "last_logits",
+    "one_hot_rows",
+]

@@ -28,7 +28,7 @@ from torch import nn
 import pointers as pt
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
-from mpc.generation.decoding import Decoder, embedding, one_hot_rows
+from mpc.generation.decoding import Decoder, drop_generation, embedding, one_hot_rows
 from mpc.generation.speculative import SpeculativeDecoder
 from mpc.held import RUN_WAIT, Approval, HeldPlan, recording_dropped, registered_values
 from mpc.offered import HeldShared, secret_slots, tensor_at
@@ -134,6 +134,8 @@ class HeldPrograms:
     def _run(self, first: bool, *inputs: SharedTensor) -> SharedTensor:
         plan = self.plan
         variant = plan._first if first else plan.later
+        if first:  # a new generation: the last one's cache, position and instances go
+            drop_generation(plan._first, plan.later, plan.later.carry, plan.workers)
         out = plan._run(variant, (*inputs, *self._weights()), plan._held_fields(variant))
         if first:
             plan.later.carry = plan.last_bindings
