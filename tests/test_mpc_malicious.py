@@ -216,8 +216,10 @@ def test_clear_errors() -> None:
         mpc.share(torch.ones(2), alice, bob, security="malicious")
     with pytest.raises(ValueError, match="security must be one of"):
         mpc.MPCConfig(security="paranoid")
-    with pytest.raises(ValueError, match="comparison='default'"):
-        mpc.MPCConfig(security="malicious", comparison="fss")
+    with pytest.raises(ValueError, match="fss_bits=64"):
+        mpc.MPCConfig(security="malicious", comparison="fss", fss_bits=32)
+    with pytest.raises(mpc.MPCError, match="2 parties"):
+        mpc.Session([alice, bob, carol], pt.VirtualWorker("d"), comparison="fss")
     x = mpc.share(torch.ones(2), alice, bob, crypto_provider=carol, security="malicious")
     semi = mpc.share(torch.ones(2), alice, bob, crypto_provider=carol)
     with pytest.raises(mpc.UnsupportedOpError, match="authenticated mode"):

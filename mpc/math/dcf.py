@@ -83,12 +83,12 @@ _ALL = np.uint64((1 << 64) - 1)
 _TWO = np.uint64(2)
 
 
-def _check_bits(bits: int) -> None:
+def check_bits(bits: int) -> None:
     if type(bits) is not int or not 1 <= bits <= MAX_BITS:
         raise ValueError(f"a DCF domain has 1 to {MAX_BITS} bits, got {bits!r}")
 
 
-def _u64(t: torch.Tensor, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+def as_u64(t: torch.Tensor, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """A contiguous int64 tensor's words as a uint64 array (no copy)."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
         raise TypeError(f"{name} must be an int64 tensor")
@@ -97,7 +97,7 @@ def _u64(t: torch.Tensor, name: str, shape: tuple[int, ...] | None = None) -> np
     return t.detach().contiguous().numpy().view(_U64)
 
 
-class _MMO:
+class MMO:
     """H(u) = AES_K(u) xor u over a buffer of 16-byte blocks (a fixed public key K:
     :data:`FIXED_KEY`, or :data:`FIXED_KEY2` for a payload's third word)."""
 
@@ -126,7 +126,7 @@ def _check_words(p: int) -> None:
 def key_words(bits: int, p: int = 1) -> int:
     """int64 words of one element's correction words (common to both parties), for a
     payload of ``p`` words."""
-    _check_bits(bits)
+    check_bits(bits)
     _check_words(p)
     return (2 + p) * bits + p
 
@@ -143,7 +143,7 @@ def gen(
     beta[q] * [x < alpha], elementwise: ``alpha`` n values in [0, 2^bits) (a flat int64
     tensor), ``beta`` [p, n] ring words (or [n]: one word), ``roots`` the two parties' root
     seeds ([n, 2] int64 each, uniform; their two low bits are ignored)."""
-    _check_bits(bits)
+    check_bits(bits)
     n = alpha.numel()
     if beta.dim() == 1 and beta.shape[0] == n:
         beta = beta.view(1, n)
@@ -151,13 +151,13 @@ def gen(
         raise ValueError(f"beta must have shape [p, {n}] or [{n}], got {list(beta.shape)}")
     p = beta.shape[0]
     _check_words(p)
-    a = _u64(alpha.reshape(-1), "alpha")
+    a = as_u64(alpha.reshape(-1), "alpha")
     if bits < 64 and np.any(a >> np.uint64(bits)):
         raise ValueError(f"alpha must lie in [0, 2^{bits})")
-    b = _u64(beta, "beta")
-    r0, r1 = (_u64(r, "root", (n, 2)) for r in roots)
+    b = as_u64(beta, "beta")
+    r0, r1 = (as_u64(r, "root", (n, 2)) for r in roots)
     cw = np.empty((key_words(bits, p), n), dtype=_U64)
-    mmo, mmo2 = _MMO(), _MMO(FIXED_KEY2)
+    mmo, mmo2 = MMO(), MMO(FIXED_KEY2)
     for lo in range(0, n, GEN_CHUNK):
         hi = min(lo + GEN_CHUNK, n)
         _gen_chunk(mmo, mmo2, a[lo:hi], b[:, lo:hi], bits, r0[lo:hi], r1[lo:hi], cw[:, lo:hi])
@@ -172,7 +172,7 @@ def _values(h: np.ndarray, h2: np.ndarray | None, j: int, p: int) -> list[np.nda
     return words[:p]
 
 
-def _leaf(mmo2: _MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
+def _leaf(mmo2: MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
     """The p leaf words of seeds ``s`` ([party, m, 2], low bits clear)."""
     words = [s[..., 1]]
     if p > 1:
@@ -182,8 +182,8 @@ def _leaf(mmo2: _MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
 
 
 def _gen_chunk(
-    mmo: _MMO,
-    mmo2: _MMO,
+    mmo: MMO,
+    mmo2: MMO,
     alpha: np.ndarray,
     beta: np.ndarray,
     bits: int,
@@ -248,17 +248,17 @@ def evaluate(
     seeds ([n, 2] int64), the correction words ([key_words(bits, p), n]) and the public
     inputs ``x`` (n values; only their low ``bits`` bits are read): [p, n] int64 for a
     payload of ``words`` = p words, or for None (one word) in ``x``'s shape."""
-    _check_bits(bits)
+    check_bits(bits)
     p = 1 if words is None else words
     _check_words(p)
     if party not in (0, 1):
         raise ValueError(f"a DCF has parties 0 and 1, got {party!r}")
     n = x.numel()
-    xs = _u64(x.reshape(-1), "x")
-    s0 = _u64(root, "root", (n, 2))
-    cws = _u64(cw, "cw", (key_words(bits, p), n))
+    xs = as_u64(x.reshape(-1), "x")
+    s0 = as_u64(root, "root", (n, 2))
+    cws = as_u64(cw, "cw", (key_words(bits, p), n))
     out = np.empty((p, n), dtype=_U64)
-    mmo, mmo2 = _MMO(), _MMO(FIXED_KEY2)
+    mmo, mmo2 = MMO(), MMO(FIXED_KEY2)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         out[:, lo:hi] = _eval_chunk(mmo, mmo2, party, s0[lo:hi], cws[:, lo:hi], xs[lo:hi], bits, p)
@@ -269,8 +269,8 @@ def evaluate(
 
 
 def _eval_chunk(
-    mmo: _MMO,
-    mmo2: _MMO,
+    mmo: MMO,
+    mmo2: MMO,
     party: int,
     root: np.ndarray,
     cw: np.ndarray,

@@ -24,17 +24,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpc.math.dcf import _ALL, _CLEAR, _MMO, _ONE, _U64, FIXED_KEY2, _bit, _check_bits, _u64
+from mpc.math.dcf import FIXED_KEY2, MMO, as_u64, check_bits
 
 __all__ = ["evaluate", "gen", "key_words"]
 
 CHUNK = 4096
+_U64 = np.dtype("<u8")
 _Z = np.uint64(0)
+_ONE = np.uint64(1)
+_ALL = np.uint64((1 << 64) - 1)
+_CLEAR = np.uint64(~3 & ((1 << 64) - 1))  # (a seed's two low bits: the control bits)
+
+
+def _bit(x: np.ndarray, shift: int) -> np.ndarray:
+    return (x >> np.uint64(shift)) & _ONE
 
 
 def key_words(bits: int) -> int:
     """int64 words of one element's correction words (common to both parties)."""
-    _check_bits(bits)
+    check_bits(bits)
     return 6 * bits + 4
 
 
@@ -57,7 +65,7 @@ def _sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _add(a, _neg(b))
 
 
-def _blocks(mmo: _MMO, mmo2: _MMO, s_lo: np.ndarray, s_hi: np.ndarray, tweak: int) -> np.ndarray:
+def _blocks(mmo: MMO, mmo2: MMO, s_lo: np.ndarray, s_hi: np.ndarray, tweak: int) -> np.ndarray:
     """The value of seeds (s_lo | tweak, s_hi) as ``[4, ...]`` words: H_K, then H_K2."""
     u = np.stack([s_lo | np.uint64(tweak), s_hi], axis=-1)
     h, h2 = mmo(np.ascontiguousarray(u)), mmo2(np.ascontiguousarray(u))
@@ -70,15 +78,15 @@ def gen(
     """The correction words (``[key_words(bits), n]`` int64) of the keys for
     beta * [x < alpha]: ``alpha`` n values in [0, 2^bits), ``beta`` ``[4, n]`` (two
     elements of Z/2^128 per x), ``roots`` the parties' root seeds (``[n, 2]`` each)."""
-    _check_bits(bits)
+    check_bits(bits)
     n = alpha.numel()
-    a = _u64(alpha.reshape(-1), "alpha")
+    a = as_u64(alpha.reshape(-1), "alpha")
     if bits < 64 and np.any(a >> np.uint64(bits)):
         raise ValueError(f"alpha must lie in [0, 2^{bits})")
-    b = _u64(beta, "beta", (4, n))
-    r0, r1 = (_u64(r, "root", (n, 2)) for r in roots)
+    b = as_u64(beta, "beta", (4, n))
+    r0, r1 = (as_u64(r, "root", (n, 2)) for r in roots)
     cw = np.empty((key_words(bits), n), dtype=_U64)
-    mmo, mmo2 = _MMO(), _MMO(FIXED_KEY2)
+    mmo, mmo2 = MMO(), MMO(FIXED_KEY2)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         _gen_chunk(mmo, mmo2, a[lo:hi], b[:, lo:hi], bits, r0[lo:hi], r1[lo:hi], cw[:, lo:hi])
@@ -86,8 +94,8 @@ def gen(
 
 
 def _gen_chunk(
-    mmo: _MMO,
-    mmo2: _MMO,
+    mmo: MMO,
+    mmo2: MMO,
     alpha: np.ndarray,
     beta: np.ndarray,
     bits: int,
@@ -143,15 +151,15 @@ def evaluate(
     """Party ``party``'s additive shares (``[4, n]`` int64) of beta * [x < alpha] from
     its root seeds (``[n, 2]``), the correction words and the public inputs ``x`` (n
     values; their low ``bits`` bits are read)."""
-    _check_bits(bits)
+    check_bits(bits)
     if party not in (0, 1):
         raise ValueError(f"a DCF has parties 0 and 1, got {party!r}")
     n = x.numel()
-    xs = _u64(x.reshape(-1), "x")
-    s0 = _u64(root, "root", (n, 2))
-    cws = _u64(cw, "cw", (key_words(bits), n))
+    xs = as_u64(x.reshape(-1), "x")
+    s0 = as_u64(root, "root", (n, 2))
+    cws = as_u64(cw, "cw", (key_words(bits), n))
     out = np.empty((4, n), dtype=_U64)
-    mmo, mmo2 = _MMO(), _MMO(FIXED_KEY2)
+    mmo, mmo2 = MMO(), MMO(FIXED_KEY2)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         acc = _eval_chunk(mmo, mmo2, party, s0[lo:hi], cws[:, lo:hi], xs[lo:hi], bits)
@@ -160,7 +168,7 @@ def evaluate(
 
 
 def _eval_chunk(
-    mmo: _MMO, mmo2: _MMO, party: int, root: np.ndarray, cw: np.ndarray, x: np.ndarray, bits: int
+    mmo: MMO, mmo2: MMO, party: int, root: np.ndarray, cw: np.ndarray, x: np.ndarray, bits: int
 ) -> np.ndarray:
     m = x.shape[0]
     s_lo = root[:, 0] & _CLEAR
