@@ -352,7 +352,8 @@ HF = pytest.mark.skipif("W14" not in wl.WORKLOADS, reason="transformers is not i
 
 @HF
 @pytest.mark.parametrize(
-    "workload", ["W14", "W15", "W16", pytest.param("W17", marks=pytest.mark.slow)]
+    "workload",
+    ["W14", "W15", *(pytest.param(w, marks=pytest.mark.slow) for w in ("W16", "W17"))],
 )
 def test_transformers_workload_tiny(workload: str) -> None:
     """W14-W17 with the tiny configs: they run, agree with float32 (W14, W15: max and mean

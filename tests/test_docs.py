@@ -14,7 +14,19 @@ def _blocks(page: Path) -> list[str]:
     return BLOCK.findall(page.read_text())
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if _blocks(p)], ids=lambda p: p.name)
+# (transformers.md builds and generates with models for 20 s: in the slow suite)
+SLOW_PAGES = {"transformers.md"}
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p
+        for p in PAGES
+        if _blocks(p)
+    ],
+    ids=lambda p: p.name,
+)
 def test_page_code_runs(page: Path) -> None:
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     blocks = _blocks(page)

@@ -261,6 +261,7 @@ def test_a_step_takes_only_what_one_prefill_kept(dep: Deployment) -> None:
         progs.step(dep.rows(torch.tensor([[1]]))).get()
 
 
+@pytest.mark.slow
 def test_a_new_generation_frees_what_the_last_one_kept() -> None:
     """Each prefill's run keeps the cache, the position and the weights' instances for
     its steps at the parties (and the instances' masks at the dealer); the next prefill
@@ -378,7 +379,7 @@ def test_held_generation_on_served_workers(tmp_path: Any) -> None:
 # -- several tokens a pass: the client's drafts verified on shares ------------------------
 
 
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_speculation_gives_the_greedy_tokens_and_opens_nothing_past_the_correction(
     k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

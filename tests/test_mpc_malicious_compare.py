@@ -37,6 +37,7 @@ def encoded(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x.double() / U) * U
 
 
+@pytest.mark.virtual_only("served parties: the small CNN below and tests/test_malicious_faults.py")
 @property_test(SETTINGS)
 def test_comparisons_match_torch(mp: Parties, data: Any) -> None:
     shape = shapes(data, 2)
@@ -60,6 +61,7 @@ def test_comparisons_match_torch(mp: Parties, data: Any) -> None:
         assert torch.equal(out, want), (name, x, y)
 
 
+@pytest.mark.virtual_only("served parties: the small CNN below and tests/test_malicious_faults.py")
 def test_comparisons_at_the_edges_of_the_range(mp: Parties) -> None:
     x = torch.tensor(EDGES, dtype=torch.float64)
     sx = mp.share(x)
@@ -68,6 +70,7 @@ def test_comparisons_at_the_edges_of_the_range(mp: Parties) -> None:
     torch.testing.assert_close(reveal(torch.relu(sx)), torch.relu(x), atol=U, rtol=0)
 
 
+@pytest.mark.virtual_only("served parties: the small CNN below and tests/test_malicious_faults.py")
 @property_test(SETTINGS)
 def test_relu_and_max_match_torch(mp: Parties, data: Any) -> None:
     shape = shapes(data, 3)

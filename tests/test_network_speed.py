@@ -206,6 +206,7 @@ def test_floor_table_reports_rounds_times_latency():
     assert md.splitlines()[0].startswith("| workload |") and md.count("\n") == 4
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_a_network_run_with_latency_states_its_goal_and_one_cpu_note(capsys):
     argv = ["--network", "--latency-ms", "5", "--workloads", "W1", "--sizes", "W1=1e3"]

@@ -355,6 +355,7 @@ def test_a_held_run_sends_its_pieces_to_its_parties_only() -> None:
     _attack_a_held_run(model_ptr, [alice, bob], carol)
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_a_held_run_on_served_workers(tmp_path: Path) -> None:
     """The same attack on served workers (the owner's worker serves its offer)."""
