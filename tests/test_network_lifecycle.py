@@ -210,6 +210,7 @@ def test_a_worker_dials_only_its_configured_peers(cluster, tmp_path):
         server.kill()
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_reported_within_seconds(cluster, tmp_path):
     """SIGSTOP: the process keeps its sockets but answers nothing (as when partitioned);
     keepalive pings report it in about 5 s (before: the 120 s call timeout), to the
