@@ -145,6 +145,7 @@ def _refusals(futures: list[Any]) -> list[str]:
 # ---------------------------------------------------------------------------- finding 9
 
 
+@pytest.mark.slow
 def test_waiting_inspections_never_starve_lease_renewals_or_hellos(cluster: Cluster) -> None:
     """16 ``Inspect {what: programs, timeout: 3600}`` (the test servers have 16 threads
     a pool) held every inspection thread: an idle client's lease renewals queued behind
@@ -256,6 +257,7 @@ def certs(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_slow_worker_does_not_hold_the_renewals_at_the_others(certs: Path) -> None:
     """One heartbeat thread renewed every connection in turn, each with the timeout the
     worker's own lease set: a worker holding its renewals (here for its 5 s, lease 20 s)

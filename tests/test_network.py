@@ -331,6 +331,7 @@ def test_plan_over_shared_values_runs_on_served_workers(trio):
     assert alice.stats.peer_messages_sent > 0 and carol.stats.peer_messages_sent > 0
 
 
+@pytest.mark.slow
 def test_party_killed_before_a_plan_call_fails_within_the_deadline(net):
     deadline = 2.0
     alice, dave, carol = (net.fresh(w, deadline=deadline) for w in ("alice", "dave", "carol"))

@@ -234,6 +234,7 @@ def test_sessions_per_identity_are_capped(cluster):
     cluster.close_connections()
 
 
+@pytest.mark.slow
 def test_an_idle_living_client_keeps_its_objects(cluster):
     ctx = ClientContext()
     carol = cluster.connect("carol", context=ctx)
