@@ -31,8 +31,6 @@ from mpc.math import ring128 as r128
 from mpc.math.prg import PRG
 from mpc.protocols.auth_shares.steps import (
     OPENED,
-    PIECE,
-    PIECE_MAC,
     TAG_CMP_BITS,
     TAG_CMP_R,
     VM,
@@ -40,14 +38,14 @@ from mpc.protocols.auth_shares.steps import (
     deal_value,
     kept_share,
     key_of,
+    masked_opening_rule,
     pack,
     party_value,
     share_elems,
-    share_of,
     unpack,
     with_public,
 )
-from mpc.protocols.rules import dealer_seeds, kept, nonce_of, party_seed
+from mpc.protocols.rules import dealer_seeds, nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, numel, stream_records
 from mpc.protocols.step import step
 from mpc.protocols.streams import consume
@@ -96,17 +94,7 @@ def dealer_auth_cmp(
 # -- the parties ---------------------------------------------------------------------------
 
 
-def _mask_rule(call: ProtocolCall) -> Any:
-    nonce = nonce_of(call)
-    party_seed(call, "corr")
-    key = key_of(call)
-    share_of(call, "z", key.nonce)
-    call.material("corr", KIND, nonce, local=False, optional=True, consume=True)
-    return [
-        seal(PIECE + "cmp", nonce),
-        seal(PIECE_MAC + "cmp", nonce, deliveries=0),
-        kept(KEPT, nonce, extra=(key.nonce,)),
-    ]
+_mask_rule = masked_opening_rule("cmp", KIND, KEPT)
 
 
 def _mask_size(p: dict[str, Any]) -> int:

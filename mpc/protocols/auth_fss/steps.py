@@ -32,8 +32,6 @@ from mpc.math import dcf128
 from mpc.math import ring128 as r128
 from mpc.protocols.auth_shares.steps import (
     OPENED,
-    PIECE,
-    PIECE_MAC,
     TAG_AFSS_R,
     TAG_AFSS_ROOT,
     TAG_AFSS_U,
@@ -43,14 +41,14 @@ from mpc.protocols.auth_shares.steps import (
     deal_value,
     kept_share,
     key_of,
+    masked_opening_rule,
     pack,
     party_value,
     share_elems,
-    share_of,
     unpack,
     with_public,
 )
-from mpc.protocols.rules import SEED, dealer_seeds, kept, nonce_of, party_seed
+from mpc.protocols.rules import SEED, dealer_seeds, nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, WORD, numel, stream_records
 from mpc.protocols.step import step
 from mpc.protocols.streams import consume, derive
@@ -115,17 +113,7 @@ def dealer_auth_fss(
 # -- the parties ---------------------------------------------------------------------------
 
 
-def _mask_rule(call: ProtocolCall) -> Any:
-    nonce = nonce_of(call)
-    party_seed(call, "corr")
-    key = key_of(call)
-    share_of(call, "z", key.nonce)
-    call.material("corr", CORR, nonce, local=False, optional=True, consume=True)
-    return [
-        seal(PIECE + "afss", nonce),
-        seal(PIECE_MAC + "afss", nonce, deliveries=0),
-        kept(U, nonce, extra=(key.nonce,)),
-    ]
+_mask_rule = masked_opening_rule("afss", CORR, U)
 
 
 @step(rule=_mask_rule, size=lambda p: 12 * VM * share_elems(p, "z") + SLACK,

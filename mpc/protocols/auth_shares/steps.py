@@ -24,12 +24,13 @@ share, where the value is not random: one word, the value matters mod 2^64 only)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from mpc.math import ring128 as r128
-from mpc.protocols.rules import dealer_seeds, nonce_of, party_seed
+from mpc.protocols.rules import dealer_seeds, kept, nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, WORD, numel, stream_records
 from mpc.protocols.step import step
 from mpc.protocols.streams import consume, derive
@@ -120,6 +121,37 @@ def public_of(call: ProtocolCall, name: str, optional: bool = False) -> None:
         raise call.refuse(f"parameter {name!r} takes a public value, not protocol material")
     if not isinstance(a.value, torch.Tensor) or a.value.dtype != torch.int64:
         raise call.refuse(f"parameter {name!r} takes an int64 tensor")
+
+
+def masked_opening_rule(
+    what: str,
+    corr: str,
+    keeps: str,
+    check: Callable[[ProtocolCall], Any] | None = None,
+    extra: Callable[[ProtocolCall], tuple[Any, ...]] = lambda call: (),
+) -> Callable[[ProtocolCall], Any]:
+    """The rule of a party's first step of an opening of z + r (truncation, comparison):
+    it takes the party's seed and MAC key, a share ``z`` made here under that key and, at
+    the last party, the dealer's corrections (kind ``corr``, consumed); it makes the piece
+    to open (``auth.piece:<what>``), its MAC share (kept) and the party's dealt material
+    for its finish (kind ``keeps``, kept, bound to the key and ``extra(call)``).
+    ``check``: what else the step checks of its parameters."""
+
+    def rule(call: ProtocolCall) -> Any:
+        nonce = nonce_of(call)
+        party_seed(call, "corr")
+        key = key_of(call)
+        share_of(call, "z", key.nonce)
+        if check is not None:
+            check(call)
+        call.material("corr", corr, nonce, local=False, optional=True, consume=True)
+        return [
+            seal(PIECE + what, nonce),
+            seal(PIECE_MAC + what, nonce, deliveries=0),
+            kept(keeps, nonce, extra=(key.nonce, *extra(call))),
+        ]
+
+    return rule
 
 
 def alpha_of(call: ProtocolCall) -> None:

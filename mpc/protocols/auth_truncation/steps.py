@@ -25,8 +25,6 @@ import torch
 from mpc.math import ring128 as r128
 from mpc.protocols.auth_shares.steps import (
     OPENED,
-    PIECE,
-    PIECE_MAC,
     TAG_TRUNC_H,
     TAG_TRUNC_R,
     TAG_TRUNC_U,
@@ -35,14 +33,14 @@ from mpc.protocols.auth_shares.steps import (
     deal_value,
     kept_share,
     key_of,
+    masked_opening_rule,
     pack,
     party_value,
     share_elems,
-    share_of,
     unpack,
     with_public,
 )
-from mpc.protocols.rules import dealer_seeds, int_of, kept, nonce_of, party_seed
+from mpc.protocols.rules import dealer_seeds, int_of, nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, numel, stream_records
 from mpc.protocols.step import step
 from mpc.protocols.streams import consume
@@ -102,18 +100,9 @@ def dealer_auth_trunc(
 # -- the parties ---------------------------------------------------------------------------
 
 
-def _mask_rule(call: ProtocolCall) -> Any:
-    nonce = nonce_of(call)
-    party_seed(call, "corr")
-    key = key_of(call)
-    share_of(call, "z", key.nonce)
-    _bits(call)
-    call.material("corr", "auth.trunc", nonce, local=False, optional=True, consume=True)
-    return [
-        seal(PIECE + "trunc", nonce),
-        seal(PIECE_MAC + "trunc", nonce, deliveries=0),
-        kept(UH, nonce, extra=(key.nonce, call.value("bits"))),
-    ]
+_mask_rule = masked_opening_rule(
+    "trunc", "auth.trunc", UH, check=_bits, extra=lambda call: (call.value("bits"),)
+)
 
 
 @step(rule=_mask_rule, size=lambda p: 12 * VM * share_elems(p, "z") + SLACK,
