@@ -215,25 +215,46 @@ def compare_program(s: mpc.Session) -> Any:
     return torch.maximum(torch.relu(x), y) + (x < y)
 
 
-# (step, output, where, what): "flips a bit" is an error of 1 in a bit's share
-CMP_CASES: list[tuple[Any, int, tuple[int, ...], str]] = [
-    (auth_cmp_mask, 0, (0,), "its piece of the comparison's c"),
-    (auth_cmp_mask, 1, (0,), "the MAC of its piece of c"),
-    (auth_cmp_mask, 2, (0, 0), "its share of a dealt bit"),
-    (auth_cmp_mask, 2, (0, 1), "the MAC of its share of a dealt bit"),
-    (auth_cmp_leaves, 0, (0, 0), "its share of a leaf of the borrow tree"),
-    (auth_cmp_leaves, 1, (0, 0), "its share of the top bit's xor"),
+def two_parties(comparison: str) -> tuple[list[Any], mpc.Session]:
+    """alice and bob, and their malicious session with the ``comparison`` protocol."""
+    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
+    s = mpc.Session(workers, pt.VirtualWorker("carol"), security="malicious", comparison=comparison)
+    return workers, s
+
+
+# (comparison, step, output, where, what): "flips a bit" is an error of 1 in a bit's share
+CMP_CASES: list[tuple[str, Any, int, tuple[int, ...], str]] = [
+    ("default", auth_cmp_mask, 0, (0,), "its piece of the comparison's c"),
+    ("default", auth_cmp_mask, 1, (0,), "the MAC of its piece of c"),
+    ("default", auth_cmp_mask, 2, (0, 0), "its share of a dealt bit"),
+    ("default", auth_cmp_mask, 2, (0, 1), "the MAC of its share of a dealt bit"),
+    ("default", auth_cmp_leaves, 0, (0, 0), "its share of a leaf of the borrow tree"),
+    ("default", auth_cmp_leaves, 1, (0, 0), "its share of the top bit's xor"),
+    # the FSS comparison (2 parties)
+    ("fss", auth_fss_mask, 0, (0,), "its piece of the FSS comparison's c"),
+    ("fss", auth_fss_mask, 1, (0,), "the MAC of its piece of the FSS comparison's c"),
+    ("fss", auth_fss_mask, 2, (0, 0), "its share of u"),
+    ("fss", auth_fss_mask, 2, (0, 1), "the MAC of its share of u"),
+    ("fss", auth_fss_eval, 0, (0, 0), "its evaluation of the DCF (the bit)"),
+    ("fss", auth_fss_eval, 0, (0, 1), "its evaluation's MAC"),
 ]
 
 
 @pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
 @pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
-@pytest.mark.parametrize("step,output,part,what", CMP_CASES, ids=[c[3] for c in CMP_CASES])
+@pytest.mark.parametrize(
+    "comparison,step,output,part,what", CMP_CASES, ids=[c[4] for c in CMP_CASES]
+)
 def test_every_deviation_in_a_comparison_is_caught(
-    step: Any, output: int, part: tuple[int, ...], what: str, who: int, error: str
+    comparison: str,
+    step: Any,
+    output: int,
+    part: tuple[int, ...],
+    what: str,
+    who: int,
+    error: str,
 ) -> None:
-    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
-    s = session(workers, pt.VirtualWorker("carol"))
+    workers, s = two_parties(comparison)
     e = _error(ERRORS[error])
     with deviating(workers[who], step, output, e, part) as count:
         with pytest.raises(mpc.MACCheckError):
@@ -242,13 +263,15 @@ def test_every_deviation_in_a_comparison_is_caught(
     assert count[0] >= 1
 
 
-@pytest.mark.parametrize("step,output,what", [
-    (auth_cmp_mask, 2, "the bits of the previous comparison"),
-    (auth_cmp_leaves, 0, "the leaves of the previous comparison"),
-], ids=["bits", "leaves"])  # fmt: skip
-def test_stale_comparison_material_is_caught(step: Any, output: int, what: str) -> None:
-    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
-    s = session(workers, pt.VirtualWorker("carol"))
+@pytest.mark.parametrize("comparison,step,output,what", [
+    ("default", auth_cmp_mask, 2, "the bits of the previous comparison"),
+    ("default", auth_cmp_leaves, 0, "the leaves of the previous comparison"),
+    ("fss", auth_fss_mask, 2, "the u of the previous FSS comparison"),
+], ids=["bits", "leaves", "fss-u"])  # fmt: skip
+def test_stale_comparison_material_is_caught(
+    comparison: str, step: Any, output: int, what: str
+) -> None:
+    workers, s = two_parties(comparison)
     with deviating(workers[1], step, output, stale=True) as count:
         with pytest.raises(mpc.MACCheckError):
             compare_program(s).get()
@@ -259,40 +282,3 @@ def test_honest_comparison_program_is_right() -> None:
     workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
     out = compare_program(session(workers, pt.VirtualWorker("carol"))).get()
     torch.testing.assert_close(out, torch.maximum(torch.relu(X), Y) + (X < Y), atol=1e-4, rtol=0)
-
-
-# -- the FSS comparison's steps (2 parties) ------------------------------------------------------
-
-FSS_CASES: list[tuple[Any, int, tuple[int, ...], str]] = [
-    (auth_fss_mask, 0, (0,), "its piece of the FSS comparison's c"),
-    (auth_fss_mask, 1, (0,), "the MAC of its piece of c"),
-    (auth_fss_mask, 2, (0, 0), "its share of u"),
-    (auth_fss_mask, 2, (0, 1), "the MAC of its share of u"),
-    (auth_fss_eval, 0, (0, 0), "its evaluation of the DCF (the bit)"),
-    (auth_fss_eval, 0, (0, 1), "its evaluation's MAC"),
-]
-
-
-@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
-@pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
-@pytest.mark.parametrize("step,output,part,what", FSS_CASES, ids=[c[3] for c in FSS_CASES])
-def test_every_deviation_in_an_fss_comparison_is_caught(
-    step: Any, output: int, part: tuple[int, ...], what: str, who: int, error: str
-) -> None:
-    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
-    s = mpc.Session(workers, pt.VirtualWorker("carol"), security="malicious", comparison="fss")
-    e = _error(ERRORS[error])
-    with deviating(workers[who], step, output, e, part) as count:
-        with pytest.raises(mpc.MACCheckError):
-            out = compare_program(s).get()
-            pytest.fail(f"no check caught {what} + {e}: the client got {out}")
-    assert count[0] >= 1
-
-
-def test_stale_fss_material_is_caught() -> None:
-    workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
-    s = mpc.Session(workers, pt.VirtualWorker("carol"), security="malicious", comparison="fss")
-    with deviating(workers[1], auth_fss_mask, 2, stale=True) as count:
-        with pytest.raises(mpc.MACCheckError):
-            compare_program(s).get()
-    assert count[0] >= 1
