@@ -65,8 +65,11 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # the max's first level paired entries (16 + 2 x 6 comparisons a row, not 8 x 6 + 6)
     "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 26, 559_752),
     # (x - mean) / sqrt(var + eps) likewise: 10 rounds; 23 and 200,600 with rsqrt, 12 and
-    # 430,242 before the products rode in the truncations' rounds (8,448 words fewer)
-    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 10, 362_658),
+    # 430,242 before the products rode in the truncations' rounds (8,448 words fewer);
+    # 362,658 before the squares' products rode on the truncation of x and the mean (the
+    # Beaver opening of the deviations, 8,192 words, became x's truncation: 4,096 + 64);
+    # 10 rounds before the squares' sum's truncation rode in the bins' comparison
+    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 9, 330_402),
     # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
     # selection on their daBits (mpc/math/groups_of_four.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes

@@ -26,6 +26,7 @@ from mpc.protocols.approx import Fx
 from mpc.protocols.compare import select_by_msb
 from mpc.protocols.fourier import run as trig
 from mpc.protocols.inverse import times_inverse_power
+from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -426,7 +427,8 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
 @register(aten._softmax.default, aten._safe_softmax.default, lazy=True)
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by groups of four (4 rounds a
-    level: 16 for k = 100), exp on (-inf, 0] by a clamp and a Fourier series (6, see
+    level: 16 for k = 100; few rows, such as a decoding step's, by ranks in 8 rounds
+    whatever k, :mod:`mpc.protocols.ranks`), exp on (-inf, 0] by a clamp and a Fourier series (6, see
     :func:`mpc.protocols.fourier.run.exp_nonpositive`), and e / sum by fine bins on the sum in
     [1, k] and a cubic (8, :func:`mpc.protocols.inverse.times_inverse_power`, relative
     error 8e-6): 30 rounds for k = 100 (38 with a separate reciprocal and product). An
@@ -505,18 +507,20 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 @register(aten.native_layer_norm.default, lazy=True)
 def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """(x - mean) rsqrt(var + eps) weight + bias over the last dims: mean (no round when
-    the count n is a power of two below 128: a shift; else 1), the squared deviations summed (2),
-    then (x - mean) weight / sqrt(S / n + eps) for their sum S by fine bins on S and a
-    cubic (8, :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6;
-    domain: variance in [2^-14, 2^16), n var < 4e6; for n = 2^k <= 64, var < 2^(30 - 3k)):
-    10 rounds for a power-of-two n below 128, 11 otherwise
-    (23 and 25 with rsqrt and a product). A shared weight costs no round: (x - mean)
-    weight is computed beside the squares, in the same Beaver round and truncation. An
-    input still to be truncated (a residual stream after a projection) is read at its full
-    scale: its truncation and the mean's share one round (then |sum of x| < 2^14 m, m the
-    odd part of n). Returns (out, mean, rstd) like torch, rstd as a meta tensor (never
-    formed)."""
+    """(x - mean) rsqrt(var + eps) weight + bias over the last dims: x and the mean
+    truncated to the input's scale + 4 with the products of the squared deviations (and of
+    the weighted deviations, for a shared weight) riding on that round (1,
+    :mod:`mpc.protocols.truncated_products`: (x - mu)^2 = x^2 - 2 x mu + mu^2, no Beaver
+    opening), the squares' sum S and the weighted deviations truncated (1), then (x -
+    mean) weight / sqrt(S / n + eps) by fine bins on S and a cubic (8,
+    :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6; domain:
+    variance in [2^-14, 2^16), n var < 4e6): 10 rounds (7 with FSS comparisons; 23 and
+    25 with rsqrt and a product). An input still to be truncated (a residual stream
+    after a projection) is read at its full scale: its truncation is the first round's
+    (then |sum of x| < 2^14 m, m the odd part of n); a value with no bits to lose there
+    (an input at the session's scale, a weight) is lifted by one bit, so it comes out
+    exact or one unit more. Returns (out, mean, rstd) like torch, rstd as a meta tensor
+    (never formed)."""
     x, shape, weight, bias, eps = args[:5]
     for t in (weight, bias):
         if isinstance(t, SharedTensor):
@@ -527,47 +531,53 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         n *= x.shape[d]
     wide = x.pending and x.dtype.is_floating_point and x.frac_bits - x.pending >= 16
     fx = Fx(x.session, list(x.shares), x.frac_bits) if wide else _fx(x)
-    # the squared deviations are summed at twice the deviations' scale (the input's + 4):
-    # an input wider than the session's scale (e.g. tanh's 24 bits) comes down to it first,
-    # with the mean's truncation where there is one, or their sum passes 2^62 (GPT-2 small's
-    # last layers, variance ~0.1 over 768 features, came out wrong by ~1e2)
-    low = 16  # (n var 2^40 < 2^62: n var up to 4e6)
+    # the deviations at the input's scale + 4 (16 + 4 for an input wider than the session's
+    # scale, e.g. tanh's 24 bits: their squares summed at twice that pass 2^62 otherwise;
+    # GPT-2 small's last layers, variance ~0.1 over 768 features, came out wrong by ~1e2)
+    dev_scale = min(fx.scale, 16) + 4  # (n var 2^40 < 2^62: n var up to 4e6)
     total = fx.with_shares([s.sum(dims, keepdim=True) for s in fx.shares])
     # 1/n = 2^-j / m with the odd part m at 16 significant bits (at 16 bits, 1/768 was
     # 0.4% off: a mean of 1 came out 4e-3 off, 0.2 after the division by a deviation of
     # 0.02), within the room of the sum; the 2^-j is a free change of scale
     odd = n // (n & -n)
     inv = max(16, min(16 + odd.bit_length(), 44 - fx.scale))
-    if n & (n - 1) == 0:
-        mu = total.halve(n.bit_length() - 1)  # exact
-        if fx.scale > low:
-            fx, mu = approx.truncate_many([fx, mu], [low, low + 4])
-        elif n >= 128:  # the squares at 2 (scale + log2 n) bits would pass 2^62 once n
-            # var >= 2^(30 - 2 log2 n) (n = 1024: var >= 1); at scale + 4: n var < 4e6
-            (mu,) = approx.truncate_many([mu], [fx.scale + 4])
-    else:
-        mean_n = total.times_public(1.0 / odd, inv).halve((n & -n).bit_length() - 1)
-        if fx.scale > low:
-            fx, mu = approx.truncate_many([fx, mean_n], [low, low + 4])
-        else:
-            (mu,) = approx.truncate_many([mean_n], [fx.scale + 4])
-    dev = fx.add(mu, -1)
-    pairs = [(dev, dev)]
+    mean_n = total.times_public(1.0 / odd, inv) if odd > 1 else total
+    mean_n = mean_n.halve((n & -n).bit_length() - 1)
+    # x, the mean and a shared weight truncated in one round, with the products that the
+    # squared deviations and the weighted deviations are made of riding on it
+    # (mpc.protocols.truncated_products: x^2 - 2 x mu + mu^2 and x w - mu w, exact in the
+    # ring): no Beaver round. A value with no bits to lose is lifted by one bit first (the
+    # truncation is then floor or one more: at most one unit of its scale)
+    values = [fx, mean_n]
+    scales = [dev_scale, dev_scale]
     shared_weight = isinstance(weight, SharedTensor)
     if shared_weight:
-        pairs.append((dev, _fx(weight)))
-    prods = approx.mul_many(pairs, None)  # untruncated
-    sq = prods[0].with_shares([s.sum(dims, keepdim=True) for s in prods[0].shares])
-    # the sum of squares S = n var and the weighted deviations come down to WORK and the
-    # session's scale in one truncation; then dev / sqrt(S / n + eps) = dev sqrt(n) (S + n
-    # eps)^-1/2 by fine bins on S and a cubic (mpc.protocols.inverse: 8 rounds)
-    # (S at up to 36 - log2 n bits: the bins' slopes 1/S keep 8 significant bits at 60 bits)
-    scaled = [min(approx.WORK, 36 - math.ceil(math.log2(n)))] + ([_f(x)] if shared_weight else [])
-    s_sum, *dw = approx.truncate_many([sq, *prods[1:]], scaled)
-    lo, hi = approx.SQ_JMIN + math.log2(n), approx.SQ_JTOP + math.log2(n)
-    s_eps = s_sum.add_public(float(eps) * n)
-    v = dw[0] if shared_weight else dev
-    out = _out(x, times_inverse_power(v, s_eps, 0.5, lo, hi, _f(x), mult=math.sqrt(n)))
+        values.append(_fx(weight))
+        scales.append(_f(x))
+    values = [v if v.scale > t else v.lift(t + 1) for v, t in zip(values, scales)]
+    pairs = [(0, 0), (0, 1), (1, 1)] + ([(0, 2), (1, 2)] if shared_weight else [])
+    trunc, prods = truncate_and_multiply(values, scales, [0.0] * len(values), pairs)
+    xt, mu = trunc[0], trunc[1]
+    xx, xmu, mumu = prods[:3]
+    sq = xx.add(xmu.with_shares([2 * t for t in xmu.shares]), -1)
+    sq = sq.with_shares([t.sum(dims, keepdim=True) for t in sq.shares]).add(
+        mumu.with_shares([t * n for t in mumu.shares])
+    )
+    dev = xt.add(mu, -1)
+    weighted = [prods[3].add(prods[4], -1)] if shared_weight else []
+    # dev / sqrt(S / n + eps) = dev sqrt(n) (S + n eps)^-1/2 by fine bins on the squares'
+    # sum S and a cubic (mpc.protocols.inverse: 8 rounds). The bins compare S at its full
+    # scale (2 dev_scale: S < 2^22, n var < 4e6, the domain), while S comes down to WORK
+    # bits (at most 36 - log2 n: the bins' slopes 1/S keep 8 significant bits at 60 bits)
+    # and the weighted deviations to the session's scale in truncations that ride in the
+    # comparison's first round (mpc.protocols.riders): no round of their own
+    s_bits = sq.scale - min(approx.WORK, 36 - math.ceil(math.log2(n)))
+    lo = approx.SQ_JMIN + math.log2(n)
+    hi = min(approx.SQ_JTOP + math.log2(n), 62 - sq.scale)
+    s_eps = sq.add_public(float(eps) * n)
+    v, v_bits = (weighted[0], weighted[0].scale - _f(x)) if shared_weight else (dev, 0)
+    pending = (v_bits, s_bits)
+    out = _out(x, times_inverse_power(v, s_eps, 0.5, lo, hi, _f(x), math.sqrt(n), pending=pending))
     mean = _out(x, mu)
     if weight is not None and not shared_weight:
         out = out * weight

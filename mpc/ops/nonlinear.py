@@ -19,6 +19,7 @@ from mpc.ops.backward import keep_pool_argmax, relu_keeping_mask
 from mpc.ops.common import aten, check_public
 from mpc.ops.local import add_shared, neg_shared
 from mpc.ops.relu_pool import deferred_relu, pool_of_relu
+from mpc.protocols import ranks
 from mpc.protocols.compare import msb, relu_with_mask, select_by_msb
 from mpc.protocols.max_of_four.run import max_of_four
 from mpc.registry import register
@@ -108,10 +109,22 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
     integers.
 
     The levels of :func:`_plan` (4 rounds each): pairs while that costs no level
-    (:func:`_pair_level`), then groups of four (:func:`_group_level`)."""
+    (:func:`_pair_level`), then groups of four (:func:`_group_level`). Few rows of few
+    entries take two comparison runs instead, whatever k (:mod:`mpc.protocols.ranks`),
+    where that saves rounds."""
+    k = x.shape[-1]
+    levels = len(_plan(k))
+    if with_index and x.session.config.comparison == "fss":
+        levels = max(k - 1, 1).bit_length()  # (the pairwise tree's)
+    if ranks.worth_it(x.session, x.numel() // max(k, 1), k, levels):
+        x.materialize()
+        v, i = ranks.max_by_ranks(x.session, x.shares, with_index)
+        return x.with_shares(v), (
+            SharedTensor(i, x.session, 0, torch.int64) if i is not None else None
+        )
     if with_index:
         return _max_with_index(x)
-    for kind, _ in _plan(x.shape[-1]):
+    for kind, _ in _plan(k):
         x = _pair_level(x) if kind == PAIR else _group_level(x, kind == PADDED)
     return x, None
 

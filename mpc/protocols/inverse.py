@@ -39,7 +39,9 @@ import torch
 from mpc.protocols.approx import WORK, Fx, fit, select, step_bits, truncate_many
 from mpc.protocols.beaver.run import BeaverRun
 from mpc.protocols.opening.run import Round
+from mpc.protocols.riders.run import riding
 from mpc.protocols.truncated_products.run import truncate_and_multiply
+from mpc.protocols.truncation.run import TruncRun
 
 PER_OCTAVE = 4
 COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
@@ -101,14 +103,28 @@ def times_inverse_power(
     out: int,
     mult: float = 1.0,
     per_octave: int = PER_OCTAVE,
+    pending: tuple[int, int] = (0, 0),
 ) -> Fx:
     """[v * mult * x^-p] at scale ``out`` (x positive, in [2^lo, 2^hi): the module
-    docstring), in 8 rounds. v's shape broadcasts x's (x: one value per row)."""
+    docstring), in 8 rounds. v's shape broadcasts x's (x: one value per row).
+
+    ``pending``: bits of v and of x still to be truncated. The comparison reads x at its
+    full scale (thresholds below 2^62 ring units: x's domain ends there), and both
+    truncations ride in the comparison's first round (:mod:`mpc.protocols.riders`): no
+    round of their own."""
+    v_bits, x_bits = pending
     thresholds, betas, gammas, gs, bscale, gscale, coefs = _table(
-        p, lo, hi, per_octave, x.scale, mult
+        p, lo, hi, per_octave, x.scale - x_bits, mult
     )
     a, b, c, d = coefs
-    bits = step_bits(x, thresholds)  # one comparison run (4 rounds)
+    runs = [TruncRun(t.session, t.shares, k) for t, k in ((v, v_bits), (x, x_bits)) if k]
+    with riding(runs) as rides:
+        bits = step_bits(x, thresholds)  # one comparison run (4 rounds)
+    done = iter(rides.results)
+    if v_bits:
+        v = v.with_shares(next(done), v.scale - v_bits)
+    if x_bits:
+        x = x.with_shares(next(done), x.scale - x_bits)
     beta = select(x, bits, betas, bscale)
     gamma = select(x, bits, gammas, x.scale + bscale)
     g = select(x, bits, gs, gscale)

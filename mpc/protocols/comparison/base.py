@@ -27,6 +27,7 @@ from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.max_of_four.steps import group_mask, group_select
 from mpc.protocols.opening.run import Opened, Round
 from mpc.protocols.parties import I64, Shares, at_parties, last_only, run_step
+from mpc.protocols.riders.run import take
 from mpc.protocols.streams import TAG_T_ARITH
 from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
@@ -96,7 +97,12 @@ class ComparisonRun:
         group_opening = None
         if group is not None and trunc is None:  # (truncated: opened in round 2, _late)
             group_opening = round1.add(self._group_mask(group))
+        riders = take()  # (truncations riding in this round: mpc.protocols.riders)
+        if riders is not None:
+            riders.open_in(round1)
         round1.open()
+        if riders is not None:
+            riders.finish()
         self.group_e = group_opening.value if group_opening is not None else None
         return c, products, product_openings, trunc_opening
 

@@ -1,0 +1,97 @@
+"""The max (and argmax) of a few values in two comparison runs, whatever their number: by
+ranks instead of a tree.
+
+For the k entries x_0..x_(k-1) of a row, one comparison run gives every pair's bit
+l_ab = [x_a < x_b] (a < b): k (k - 1) / 2 comparisons. Entry b *beats* entry a when
+x_b > x_a, or x_b = x_a and b < a (the first maximum wins, as torch's). So the rank of
+entry i, the number of entries that beat it,
+
+    rank_i = sum over pairs (i, b), b > i, of l_ib  +  sum over pairs (a, i), a < i, of 1 - l_ai,
+
+is linear in the bits (a product with a public incidence matrix, local), and exactly one
+entry, the first maximum, has rank 0. A second comparison run on rank_i - 1 (small
+integers: negative exactly at rank 0) gives delta_i = [rank_i = 0] with the products
+delta_i x_i riding on its daBit (:func:`mpc.protocols.compare.select_by_msb`), so the max
+is sum_i delta_i x_i and the argmax sum_i delta_i i (the index selected alongside).
+
+Rounds: two comparison runs, 8 by default and 3 with ``comparison="fss"`` (1 for the
+bits, 2 for the selection), where a tree takes one run per level (4 rounds, or 2 with
+FSS): for k = 33, 12 by default and 6 with FSS. The price is the comparisons: k (k - 1)
+/ 2 + k a row where the tree needs about 1.5 k, so :func:`worth_it` takes this path only
+for few rows of few entries (a decoding step's softmax: 12 heads, 33 keys).
+
+Nothing is opened but the comparisons' own masked values, as for every comparison; the
+order of the entries stays secret (the ranks are shares).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import cast
+
+import torch
+
+from mpc.protocols.compare import msb, select_by_msb
+from mpc.protocols.parties import I64, Shares
+from mpc.session import Session
+
+#: the most pairwise comparisons one call runs (rows times k (k - 1) / 2): 2^13 costs a
+#: party about 170 KB by default (21 bytes a comparison) and the dealer about 25 MB of
+#: keys with FSS (3 KB a comparison); a decoding step's softmax over 12 heads and 33 keys
+#: takes 6,336
+MAX_PAIRS = 1 << 13
+
+
+@cache
+def _pairs(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a, b) for every pair a < b, and the incidence matrix (pairs x k) that turns the
+    pairs' bits l_ab into the ranks: +1 at (p, a), -1 at (p, b)."""
+    a, b = torch.triu_indices(k, k, 1)
+    m = torch.zeros(a.numel(), k, dtype=I64)
+    p = torch.arange(a.numel())
+    m[p, a] = 1
+    m[p, b] = -1
+    return a, b, m
+
+
+def rank_rounds(session: Session) -> int:
+    """The rounds of :func:`max_by_ranks` in the session's comparison mode."""
+    return 3 if session.config.comparison == "fss" else 8
+
+
+def worth_it(session: Session, rows: int, k: int, tree_levels: int) -> bool:
+    """Whether ranks take fewer rounds than a tree of ``tree_levels`` levels for ``rows``
+    rows of k entries, within :data:`MAX_PAIRS` comparisons."""
+    per_level = 2 if session.config.comparison == "fss" else 4
+    pairs = rows * k * (k - 1) // 2
+    return k >= 3 and pairs <= MAX_PAIRS and rank_rounds(session) < tree_levels * per_level
+
+
+def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares, Shares | None]:
+    """The max over the last dim of ``x`` (shape [..., k], ring elements), kept as [..., 1],
+    and with ``with_index`` the first argmax (integers, [..., 1]); module docstring."""
+    k = int(x[0].shape[-1])
+    a, b, incidence = _pairs(k)
+    diffs = cast(Shares, [torch.index_select(s, -1, a) - torch.index_select(s, -1, b) for s in x])
+    lt = msb(session, diffs)  # [x_a < x_b] per pair
+    # rank_i - 1: the bits' part, plus the count of entries before i (each a pair (a, i)
+    # whose term is 1 - l_ai) minus 1, added by party 0
+    offset = torch.arange(k, dtype=I64) - 1
+    ranks = cast(Shares, [torch.matmul(t, incidence) for t in lt])
+    ranks[0] = ranks[0] + offset
+    values = [list(x)]
+    if with_index:
+        idx = torch.arange(k, dtype=I64).expand(tuple(x[0].shape)).contiguous()
+        # (made where each share lives: party 0's holds the indices, the others' zeros)
+        values.append(
+            cast(
+                Shares,
+                [
+                    torch.zeros_like(s) + idx if i == 0 else torch.zeros_like(s)
+                    for i, s in enumerate(x)
+                ],
+            )
+        )
+    sel = select_by_msb(session, ranks, values)
+    out = [[s.sum(-1, keepdim=True) for s in v] for v in sel]
+    return out[0], (out[1] if with_index else None)
