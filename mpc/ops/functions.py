@@ -404,8 +404,11 @@ def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 # -- softmax ------------------------------------------------------------------------------
 
 
-def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int]:
-    """x - max(x) over dim (last), e^(x - max), and the sum of the e's."""
+def _softmax_parts(
+    x: SharedTensor, dim: int, wide: bool = False
+) -> tuple[SharedTensor, Fx, Fx, int]:
+    """x - max(x) over dim (last), e^(x - max), and the sum of the e's (``wide``: before
+    the exponential's truncation, at :data:`~mpc.protocols.fourier.run.SERIES_SCALE`)."""
     k = x.shape[dim]
     if x.pending and x.frac_bits <= 40:
         # the max, the clamp and the series read x at its full scale (no products: no
@@ -415,7 +418,7 @@ def _softmax_parts(x: SharedTensor, dim: int) -> tuple[SharedTensor, Fx, Fx, int
         x.materialize()
     mx, _ = max_reduce(x, dim, True, False)
     d = add_shared(x, mx, -1)  # <= 0
-    e = trig.exp_nonpositive(_fx(d), hi_scale(x))
+    e = trig.exp_nonpositive(_fx(d), None if wide else hi_scale(x))
     factors = keep_in_softmax(x, dim)
     if factors is not None:  # public masks weigh exactly 0 (mpc.ops.masking): local
         e = e.with_shares([s * factors[0] for s in e.shares])
@@ -437,10 +440,15 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     element: about 2.5 comparisons (the max's groups and the clamp) and three products
     with a per-row operand; per row, 4 log2 k + 5 comparisons."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
-    d, e, total, jtop = _softmax_parts(x, dim)
-    # the sum is in [1, k]: e / sum by fine bins and a cubic (mpc.protocols.inverse)
+    # the sum is in [1, k]: e / sum by fine bins and a cubic (mpc.protocols.inverse). For
+    # k < 256 the bins compare the sum at the series' own scale, and the truncations of
+    # the e's and of their sum ride in that comparison's first round (one round fewer)
     hi = math.floor(math.log2(x.shape[dim])) + 1
-    out = _out(x, times_inverse_power(e, total, 1.0, -1, hi, _f(x)))
+    wide = hi + trig.SERIES_SCALE <= 62
+    d, e, total, jtop = _softmax_parts(x, dim, wide)
+    bits = e.scale - hi_scale(x)
+    pending = (bits, bits) if wide else (0, 0)
+    out = _out(x, times_inverse_power(e, total, 1.0, -1, hi, _f(x), pending=pending))
     factors = keep_in_softmax(x, dim)
     if func is aten._safe_softmax.default and factors is not None and not factors[1].all():
         out = out.with_shares([s * factors[1] for s in out.shares])  # rows all -inf: 0

@@ -58,16 +58,20 @@ def clamp_public(x: Fx, lo: float | None, hi: float | None) -> Fx:
 EXP_SERIES = fit_series(lambda t: torch.exp(t - 8.0), 8.0, 5, 10)
 
 
-def exp_nonpositive(x: Fx, out: int) -> Fx:
+def exp_nonpositive(x: Fx, out: int | None) -> Fx:
     """[e^x] for x <= 0 (softmax's x - max): z = max(x, -16) (one comparison run, 7
     rounds, one comparison per element), then e^z = F(z + 8) by the masked Fourier series
     :data:`EXP_SERIES` (2 rounds, :func:`fourier_series`): 9 rounds, no products.
 
     Error: 1.1e-6 absolute (the fit) plus about 1e-7 (fixed point). x < -16 reads as -16
     (e^-16 = 1.1e-7); x > 0 is outside the domain (the series is periodic: x in (0, 16]
-    reads as a value of the free half-period, not e^x)."""
-    z = clamp_public(x, EXP_LO, None)
-    return fourier_series(z.add_public(8.0), EXP_SERIES, out)
+    reads as a value of the free half-period, not e^x). ``out=None``: the series' value
+    before its truncation, at scale :data:`SERIES_SCALE` (8 rounds: the caller truncates
+    it in a round it pays anyway)."""
+    z = clamp_public(x, EXP_LO, None).add_public(8.0)
+    if out is None:
+        return series_value(z, EXP_SERIES)
+    return fourier_series(z, EXP_SERIES, out)
 
 
 # -- trigonometric series -------------------------------------------------------------------
@@ -76,6 +80,7 @@ def exp_nonpositive(x: Fx, out: int) -> Fx:
 # series' value at scale 54 stays below the truncation's 2^62 while |F| < 2^8, and the
 # rounding error is about (sum of |coefficients|) 2^-31 (1e-7 for exp's 134)
 TRIG_BITS, TRIG_COEF_BITS = 30, 24
+SERIES_SCALE = TRIG_BITS + TRIG_COEF_BITS  # a series' value before its truncation
 
 
 def fourier_series(x: Fx, series: Series, out: int) -> Fx:
@@ -141,7 +146,7 @@ def series_value(x: Fx, series: Series) -> Fx:
         ),
         [(shape, I64)],
     )
-    return x.with_shares(z, TRIG_COEF_BITS + TRIG_BITS)
+    return x.with_shares(z, SERIES_SCALE)
 
 
 # sigmoid on [-10, 10] by 12 sines of period 32 (fit error 1.1e-4; 1 - sigmoid(10) =
