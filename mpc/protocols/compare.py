@@ -14,7 +14,7 @@ import math
 
 from mpc.errors import MPCError
 from mpc.protocols import pieces
-from mpc.protocols.comparison.base import ComparisonRun
+from mpc.protocols.comparison.base import ComparisonRun, Late
 from mpc.protocols.comparison.run import CarryRun
 from mpc.protocols.comparison.steps import dealer_compare
 from mpc.protocols.fss import run as fss
@@ -32,7 +32,7 @@ def comparison_run(
     session: Session,
     x: Shares,
     values: list[Shares],
-    trunc: TruncRun | None = None,
+    trunc: Late | None = None,
     group: Shares | None = None,
 ) -> ComparisonRun:
     """The comparison run of the session's mode (:data:`MODES`) on ``x``, selecting
@@ -96,6 +96,22 @@ def select_by_msb(
     return comparison_run(session, x, values).finish_select(complement)
 
 
+def late_fits(session: Session, shape: list[int], selected: int) -> bool:
+    """Whether a comparison of ``shape`` with ``selected`` values and a late one
+    (:func:`select_late`) runs in one piece."""
+    return in_pieces(session, shape, selected + 1) == 1
+
+
+def select_late(session: Session, x: Shares, values: list[Shares], late: Late) -> list[Shares]:
+    """[v (1 - msb(x))] for each v, then for the value ``late`` yields, in one
+    comparison run (4 rounds, 2 with FSS): the late value's opening rides in the
+    comparison's first round and its product with the daBit in the next
+    (:class:`~mpc.protocols.comparison.base.Late`). For operands :func:`late_fits`."""
+    if not late_fits(session, list(x[0].shape), len(values)):
+        raise ValueError("internal: a comparison with a late value runs in one piece")
+    return comparison_run(session, x, values, trunc=late).finish_select(complement=True)
+
+
 def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
     """[relu(z >> bits)] in 4 rounds, for a product z not yet truncated.
 
@@ -146,8 +162,10 @@ __all__ = [
     "MODES",
     "comparison_run",
     "in_pieces",
+    "late_fits",
     "msb",
     "relu_truncating",
     "relu_with_mask",
     "select_by_msb",
+    "select_late",
 ]

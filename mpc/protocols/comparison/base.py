@@ -12,7 +12,7 @@ and the nonces) and the open d; ``finish_bit``, ``finish_select``, ``finish_mask
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -29,8 +29,19 @@ from mpc.protocols.opening.run import Opened, Round
 from mpc.protocols.parties import I64, Shares, at_parties, last_only, run_step
 from mpc.protocols.riders.run import take
 from mpc.protocols.streams import TAG_T_ARITH
-from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
+
+
+class Late(Protocol):
+    """A value whose masked opening travels in a comparison's first round and whose
+    result, finished once that round opened, is selected too (its product [v t] opens in
+    the next round): a pending truncation (:class:`~mpc.protocols.truncation.run.TruncRun`,
+    :func:`mpc.protocols.compare.relu_truncating`) or a masked Fourier series
+    (:class:`~mpc.protocols.fourier.run.SeriesRun`: exp, GELU, SiLU)."""
+
+    def open_in(self, round: Round) -> Opened: ...
+
+    def finish(self, c: Shares) -> Shares: ...
 
 
 class ComparisonRun:
@@ -51,7 +62,7 @@ class ComparisonRun:
         session: Session,
         x: Shares,
         values: list[Shares],
-        trunc: TruncRun | None = None,
+        trunc: Late | None = None,
         group: Shares | None = None,
     ) -> None:
         self.session = session
@@ -81,7 +92,7 @@ class ComparisonRun:
         x: Shares,
         values: list[Shares],
         product_nonces: list[int],
-        trunc: TruncRun | None,
+        trunc: Late | None,
         group: Shares | None,
     ) -> tuple[Opened, list[DabitProduct], list[Opened], Opened | None]:
         """Round 1 of either mode: c = x + r, the products' e = v - a, the truncation's
@@ -111,7 +122,7 @@ class ComparisonRun:
         products: list[DabitProduct],
         openings: list[Opened],
         c_products: list[Any],
-        trunc: TruncRun | None,
+        trunc: Late | None,
         trunc_opening: Opened | None,
         product_nonces: list[int],
     ) -> tuple[list[DabitProduct], Shares | None]:
@@ -156,7 +167,7 @@ class ComparisonRun:
         return masked
 
     def _late(
-        self, trunc: TruncRun | None, opening: Opened | None, product_nonces: list[int]
+        self, trunc: Late | None, opening: Opened | None, product_nonces: list[int]
     ) -> tuple[list[DabitProduct], Shares | None]:
         """After round 1, a truncation's result: selected too (its product [v t], opened in
         round 2), or the groups of four themselves (their masked values, opened in round 2,
@@ -254,7 +265,7 @@ class DabitProduct:
         return vt
 
 
-def _selected(values: list[Shares], trunc: TruncRun | None, group: Shares | None) -> int:
+def _selected(values: list[Shares], trunc: Late | None, group: Shares | None) -> int:
     """The products [v t] of a run: the values, and a truncated value unless the
     truncation is of the groups of four (whose selection has its own material)."""
     selected = len(values) + (trunc is not None and group is None)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from mpc.math import carry_tree, groups_of_four
-from mpc.protocols.comparison.base import ComparisonRun, numel
+from mpc.protocols.comparison.base import ComparisonRun, Late, numel
 from mpc.protocols.comparison.steps import (
     carry_step,
     cmp_bit_finish,
@@ -37,7 +37,6 @@ from mpc.protocols.comparison.steps import (
 )
 from mpc.protocols.opening.run import Round, exchange
 from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
-from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
 
 
@@ -51,7 +50,7 @@ class CarryRun(ComparisonRun):
         session: Session,
         x: Shares,
         values: list[Shares],
-        trunc: TruncRun | None = None,
+        trunc: Late | None = None,
         group: Shares | None = None,
     ) -> None:
         super().__init__(session, x, values, trunc=trunc, group=group)

@@ -11,17 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import cast
 
 import torch
 
 from mpc.math.fourier import Series, fit_series
 from mpc.protocols import pieces
 from mpc.protocols.approx import Fx, truncate_many
-from mpc.protocols.compare import select_by_msb
+from mpc.protocols.compare import late_fits, select_by_msb, select_late
 from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.fourier.steps import dealer_fourier, fourier_finish
-from mpc.protocols.opening.run import Round
-from mpc.protocols.parties import I64, at_parties, deal, last_only
+from mpc.protocols.opening.run import Opened, Round
+from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only
 
 # -- clamping, and exp of non-positive values ------------------------------------------------
 
@@ -59,15 +60,27 @@ EXP_SERIES = fit_series(lambda t: torch.exp(t - 8.0), 8.0, 5, 10)
 
 
 def exp_nonpositive(x: Fx, out: int | None) -> Fx:
-    """[e^x] for x <= 0 (softmax's x - max): z = max(x, -16) (one comparison run, 7
-    rounds, one comparison per element), then e^z = F(z + 8) by the masked Fourier series
-    :data:`EXP_SERIES` (2 rounds, :func:`fourier_series`): 9 rounds, no products.
+    """[e^x] for x <= 0 (softmax's x - max): e^x = b F(x + 8) with b = [x >= -16] and F
+    the masked Fourier series :data:`EXP_SERIES` (e^(v - 8) on [-8, 8]) of x + 8
+    unclamped: one comparison run of x + 16 (4 rounds, 2 with FSS comparisons) in whose
+    first round the series' masked value opens, and in whose next round F's product with
+    the daBit (:func:`mpc.protocols.compare.select_late`): no round of the series' own.
+    Where b = 0 the series reads x out of its period (any value), and the product is 0:
+    x < -16 gives 0 (e^-16 = 1.1e-7). ``out``: the result's scale (its truncation, one
+    more round); None: the value before truncation, at :data:`SERIES_SCALE`, for a caller
+    that truncates it in a round it pays anyway (softmax's division). An operand too big
+    for one run clamps first (relu(x + 16) - 16, one comparison run) and runs the series
+    after it (2 rounds).
 
-    Error: 1.1e-6 absolute (the fit) plus about 1e-7 (fixed point). x < -16 reads as -16
-    (e^-16 = 1.1e-7); x > 0 is outside the domain (the series is periodic: x in (0, 16]
-    reads as a value of the free half-period, not e^x). ``out=None``: the series' value
-    before its truncation, at scale :data:`SERIES_SCALE` (8 rounds: the caller truncates
-    it in a round it pays anyway)."""
+    Error: 1.1e-6 absolute (the fit) plus about 1e-7 (fixed point); x > 0 is outside the
+    domain (the series is periodic: x in (0, 16] reads as a value of the free half-period,
+    not e^x)."""
+    shifted = x.add_public(8.0)
+    if late_fits(x.session, x.shape, 0) and _pieces(shifted, EXP_SERIES) == 1:
+        run = SeriesRun(shifted, EXP_SERIES)
+        (e,) = select_late(x.session, x.add_public(-EXP_LO).shares, [], run)
+        f = x.with_shares(e, SERIES_SCALE)
+        return f if out is None else truncate_many([f], [out])[0]
     z = clamp_public(x, EXP_LO, None).add_public(8.0)
     if out is None:
         return series_value(z, EXP_SERIES)
@@ -107,12 +120,8 @@ def series_value(x: Fx, series: Series) -> Fx:
     (FC 2018), with the period a power of two so that the ring's own wrap-around is the
     period's. Error: the fit's (``series.max_error`` on [-T, T]; F is periodic, so the
     caller clamps x into [-T, T] first) plus about K 2^-23 from the fixed point."""
-    session, shape, terms = x.session, x.shape, series.terms
-    bits = x.scale + series.period_bits
-    if bits > 62:
-        raise ValueError(f"internal: a period of 2^{bits} ring units is too long")
-    params = {"shape": shape, "terms": terms, "single": series.single}
-    k = pieces.count(dealer_fourier, params, math.prod(shape))
+    session, shape = x.session, x.shape
+    k = _pieces(x, series)
     if k > 1:  # (an operand too big for one run: in pieces, mpc.protocols.pieces)
         parts = pieces.each(
             session,
@@ -120,33 +129,77 @@ def series_value(x: Fx, series: Series) -> Fx:
             lambda p: series_value(x.with_shares(p), series),
         )
         return parts[0].with_shares(pieces.join([p.shares for p in parts], shape))
-    nonce = session.next_nonce()
-    seed = session.party_seeds
-    (trig_last,) = deal(
-        session,
-        "trigonometric series",
-        dealer_fourier,
-        [nonce, shape, bits, terms, TRIG_BITS, series.single],
-        out=[([terms, *shape, 2], I64)],
-    )
-    (masked,) = at_parties(
-        session, cmp_mask, lambda i: [seed[i], nonce, x.shares[i]], [(shape, I64)]
-    )
+    run = SeriesRun(x, series)
     one = Round(session)
-    c = one.add(masked)
+    c = run.open_in(one)
     one.open()
-    trig = last_only(session, trig_last)
-    coefs = [series.const, list(series.cos), list(series.sin)]
-    (z,) = at_parties(
-        session,
-        fourier_finish,
-        lambda i: (
-            [seed[i], nonce, i == 0, trig(i), c.value[i], bits, *coefs]
-            + [TRIG_COEF_BITS, TRIG_BITS, series.single]
-        ),
-        [(shape, I64)],
-    )
-    return x.with_shares(z, SERIES_SCALE)
+    return x.with_shares(run.finish(c.value), SERIES_SCALE)
+
+
+def _pieces(x: Fx, series: Series) -> int:
+    params = {"shape": x.shape, "terms": series.terms, "single": series.single}
+    return pieces.count(dealer_fourier, params, math.prod(x.shape))
+
+
+class SeriesRun:
+    """:func:`series_value` in phases: the dealer's material and each party's masked c at
+    construction, the opening wherever the caller puts it (``open_in``: a comparison's
+    first round, :class:`~mpc.protocols.comparison.base.Late`), then ``finish``: the
+    shares of F(x) at :data:`SERIES_SCALE`, ``copies`` times stacked along a new first
+    dim (for a comparison of stacked bounds)."""
+
+    def __init__(self, x: Fx, series: Series, copies: int = 1) -> None:
+        session, shape, terms = x.session, x.shape, series.terms
+        self.session, self.series, self.shape, self.copies = session, series, shape, copies
+        self.bits = bits = x.scale + series.period_bits
+        if bits > 62:
+            raise ValueError(f"internal: a period of 2^{bits} ring units is too long")
+        self.nonce = nonce = session.next_nonce()
+        seed = session.party_seeds
+        (self.trig_last,) = deal(
+            session,
+            "trigonometric series",
+            dealer_fourier,
+            [nonce, shape, bits, terms, TRIG_BITS, series.single],
+            out=[([terms, *shape, 2], I64)],
+        )
+        (self.masked,) = at_parties(
+            session, cmp_mask, lambda i: [seed[i], nonce, x.shares[i]], [(shape, I64)]
+        )
+
+    def open_in(self, round: Round) -> Opened:
+        return round.add(self.masked)
+
+    def finish(self, c: Shares) -> Shares:
+        session, series, seed, nonce = (
+            self.session,
+            self.series,
+            self.session.party_seeds,
+            self.nonce,
+        )
+        trig = last_only(session, self.trig_last)
+        coefs = [series.const, list(series.cos), list(series.sin)]
+        (z,) = at_parties(
+            session,
+            fourier_finish,
+            lambda i: (
+                [seed[i], nonce, i == 0, trig(i), c[i], self.bits, *coefs]
+                + [TRIG_COEF_BITS, TRIG_BITS, series.single]
+            ),
+            [(self.shape, I64)],
+        )
+        if self.copies == 1:
+            return z
+        return cast(Shares, [torch.stack([s] * self.copies) for s in z])
+
+
+def series_at(series: Series, t: float) -> float:
+    """F(t) in float64 (the plaintext series)."""
+    w = 2 * math.pi * t / 2.0**series.period_bits
+    total = series.const
+    for k, (a, b) in enumerate(zip(series.cos, series.sin), start=1):
+        total += a * math.cos(k * w) + b * math.sin(k * w)
+    return total
 
 
 # sigmoid on [-10, 10] by 12 sines of period 32 (fit error 1.1e-4; 1 - sigmoid(10) =
@@ -179,19 +232,38 @@ SILU_SERIES = replace(fit_series(lambda t: t * torch.sigmoid(t), SILU_CLAMP, 5, 
 
 
 def relu_like(x: Fx, series: Series, out: int) -> Fx:
-    """f(x) = F(clamp(x, -T, T)) + relu(x - T) for an f that is 0 below -T and x above T
-    (GELU, SiLU), F the series ``series`` fitted to f on [-T, T] (:data:`GELU_SERIES`,
-    :data:`GELU_TANH_SERIES`, :data:`SILU_SERIES`): below -T, f(-T) = F(-T); above T,
-    F(T) + (x - T). The clamp's two ReLUs come from one comparison run (relu(x - T) is one
-    of them) and the series costs 2 rounds (:func:`fourier_series`): 6 rounds, 2
-    comparisons per element and no products, as :func:`sigmoid` (a piecewise polynomial
-    costs 3 to 5 comparisons, about 10 products and twice the rounds). Error: the fit's,
-    plus f's distance from 0 or x past the clamp, plus the fixed point's.
+    """f(x) for an f that is 0 below -T and x above T (GELU, SiLU), F the series
+    ``series`` fitted to f on [-T, T] (:data:`GELU_SERIES`, :data:`GELU_TANH_SERIES`,
+    :data:`SILU_SERIES`): with b_lo = [x >= -T] and b_hi = [x >= T] from one comparison
+    run of x + T and x - T,
+
+        f(x) = (b_lo - b_hi) F(x) + b_hi (x - T + F(T)),
+
+    F read at x unclamped (out of its period where its factor is 0). The series' masked
+    value opens in the comparison's first round, its products with the daBits in the
+    next (:func:`mpc.protocols.compare.select_late`), and b_hi (x - T + F(T)) rides on
+    the comparison as a ReLU; then one truncation: 5 rounds (3 with FSS comparisons), 2
+    comparisons per element and no products. An operand too big for one run takes the
+    clamp first (relu(x + T) - relu(x - T) - T, one comparison run), then the series of
+    the clamped value (2 rounds, its truncation with relu(x - T)'s): 6 rounds. Error: the
+    fit's, plus f's distance from 0 or x past the clamp, plus the fixed point's.
 
     x may be a product still to be truncated (its scale up to 62 - the series' period
-    bits): the comparisons and the series read it as it is, and relu(x - T) comes down to
-    ``out`` in the series' own truncation, so that truncation costs no round."""
+    bits): the comparisons and the series read it as it is, and the selected values come
+    down to ``out`` in the final truncation, so x's own truncation costs no round."""
     t = series.half_width
+    if late_fits(x.session, [2, *x.shape], 1) and _pieces(x, series) == 1:
+        run = SeriesRun(x, series, copies=2)
+        stacked = cast(Shares, [torch.stack([s, s]) for s in x.shares])
+        shift = torch.tensor([t, -t], dtype=torch.float64).view([2] + [1] * len(x.shape))
+        enc = (shift * 2**x.scale).round().to(I64)
+        cmp = cast(Shares, [s + enc if i == 0 else s for i, s in enumerate(stacked)])
+        hi = round(series_at(series, t) * 2**x.scale)  # (x - T, then + F(T))
+        vals = cast(Shares, [s + enc + hi if i == 0 else s for i, s in enumerate(stacked)])
+        sel, fsel = select_late(x.session, cmp, [vals], run)
+        series_part = x.with_shares([f[0] - f[1] for f in fsel], SERIES_SCALE)
+        f, above = truncate_many([series_part, x.with_shares([s[1] for s in sel])], [out, out])
+        return f.add(above)
     below, above = relus_public(x, [-t, t])
     f = series_value(below.add(above, -1).add_public(-t), series)
     f, above = truncate_many([f, above], [out, out])

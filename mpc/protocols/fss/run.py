@@ -20,7 +20,7 @@ Online:
 from __future__ import annotations
 
 from mpc.math import groups_of_four
-from mpc.protocols.comparison.base import ComparisonRun, numel
+from mpc.protocols.comparison.base import ComparisonRun, Late, numel
 from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as material
@@ -28,7 +28,6 @@ from mpc.protocols.fss.relu import dealer_fss_relu, fss_relu_eval
 from mpc.protocols.fss.steps import dealer_fss, fss_eval, fss_unpack
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares, at_parties, run_step
-from mpc.protocols.truncation.run import TruncRun
 from mpc.session import Session
 
 
@@ -42,7 +41,7 @@ class FssRun(ComparisonRun):
         session: Session,
         x: Shares,
         values: list[Shares],
-        trunc: TruncRun | None = None,
+        trunc: Late | None = None,
         group: Shares | None = None,
     ) -> None:
         if session.n != 2:  # (a session refuses comparison="fss" for more parties)
