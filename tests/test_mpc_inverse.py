@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mpc
 import pointers as pt
+from mpc.config import MPCConfig
 from mpc.protocols.approx import Fx
-from mpc.protocols.inverse import times_inverse_power
+from mpc.protocols.inverse import fine_bins, times_inverse_power
 from mpc.shared import share_tensor
 
 
@@ -43,3 +46,50 @@ def test_times_inverse_power(n: int, p: float, lo: float, hi: float, mult: float
     # outside: x below the domain (0 and negative too) reads as 2^lo, above as 2^hi
     excess = (got - want).abs()[k:] - (3e-5 * want.abs()[k:] + 2.0**-18)
     assert excess.max() <= 0, excess
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from([(2, "default"), (3, "default"), (2, "fss")]),
+    st.sampled_from([(1.0, -1, 8, 1.0), (0.5, -4.5, 25.5, 20.0)]),
+    st.integers(1, 4),
+    st.randoms(use_true_random=False),
+)
+def test_times_inverse_power_of_few_rows_by_fine_bins(mode, case, rows, rnd):
+    """Few rows take bins 1/64 octave wide and a line (7 rounds, 4 with FSS) where their
+    comparisons fit the budget: within 3e-5 of float64 over the domain, edges included."""
+    (n, comparison), (p, lo, hi, mult) = mode, case
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(n)]
+    config = MPCConfig(comparison=comparison)
+    session = mpc.share(
+        torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("dealer"), config=config
+    ).session
+    fine = fine_bins(session, rows, lo, hi)
+    # log-uniform inside, a bin edge, and the domain's ends
+    picks = [2.0 ** rnd.uniform(lo, hi) for _ in range(rows)]
+    picks[0] = rnd.choice(
+        [2.0**lo, 2.0 ** (hi - 1e-3), 2.0 ** (lo + rnd.randint(0, 64) / 64), picks[0]]
+    )
+    xs = torch.tensor(picks, dtype=torch.float64)
+    v = torch.randn(rows, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(rows))
+    x_sh = share_tensor(xs[:, None].float(), session, 24)
+    v_sh = share_tensor(v.float(), session, 16)
+    with mpc.stats() as s:
+        out = times_inverse_power(
+            Fx(session, v_sh.shares, 16), Fx(session, x_sh.shares, 24), p, lo, hi, 20, mult
+        )
+    fss = comparison == "fss"
+    assert s.rounds == (1 if fss else 4) + (3 if fine else 4)
+    got = mpc.SharedTensor(out.shares, session, 20, torch.float32).get().double()
+    xq = torch.round(xs * 2**24) / 2**24
+    vq = torch.round(v.float().double() * 2**16) / 2**16
+    want = vq * mult * xq.clamp(2.0**lo, 2.0**hi)[:, None] ** -p
+    excess = (got - want).abs() - (3e-5 * want.abs() + 2.0**-18)
+    assert excess.max() <= 0, excess.max()
+
+
+def test_fine_bins_take_few_rows_only() -> None:
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
+    session = mpc.share(torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("d")).session
+    assert fine_bins(session, 1, -4.5, 25.5)  # a decoding step's layer norm: 1,920 bins
+    assert not fine_bins(session, 32, -4.5, 25.5)  # a prefill's 32 rows keep the cubic

@@ -73,4 +73,6 @@ def test_layer_norm_of_a_pending_input_with_a_shared_weight(fss: bool) -> None:
         got = F.layer_norm(sx @ sw, (n,), sweight, bias).get()
     want = F.layer_norm(x @ w, (n,), weight, bias)
     assert torch.allclose(got, want, atol=2e-3), (got - want).abs().max()
-    assert s.rounds == (7 if fss else 10)  # the product's Beaver round and layer norm's
+    # the product's Beaver round and layer norm's (3 rows: fine bins and a line by
+    # default, mpc.protocols.inverse.fine_bins; FSS's budget of comparisons keeps the cubic)
+    assert s.rounds == (7 if fss else 9)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -44,6 +45,11 @@ from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.protocols.truncation.run import TruncRun
 
 PER_OCTAVE = 4
+# few rows (a decoding step's layer norm or softmax): bins 1/64 octave wide, where a line
+# fits z^-p within 1e-5 (one product level fewer), within FINE_BINS comparisons a call (the
+# default comparison's 61 dealer bytes each; FSS's 3 KB keys take fewer)
+FINE_PER_OCTAVE = 64
+FINE_BINS = {"default": 8192, "fss": 2048}
 COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
 
 
@@ -67,10 +73,11 @@ def _levels(pairs: list[tuple[Fx, Fx]]) -> list[Fx]:
 
 @lru_cache(maxsize=64)
 def _table(
-    p: float, lo: float, hi: float, per_octave: int, x_scale: int, mult: float
+    p: float, lo: float, hi: float, per_octave: int, x_scale: int, mult: float, degree: int = 3
 ) -> tuple[list[float], list[float], list[float], list[float], int, int, list[float]]:
     """Thresholds, per-bin beta (as encoded), gamma and g, beta's and g's scales, and the
-    cubic's coefficients [A, B, C, D] (C and D rounded to COEF_BITS)."""
+    polynomial's coefficients: the cubic's [A, B, C, D] (C and D rounded to COEF_BITS), or
+    with ``degree=1`` the line's [A, B]."""
     count = max(1, math.ceil((hi - lo) * per_octave - 1e-9))
     thresholds = [2.0 ** (lo + k / per_octave) for k in range(count + 1)]
     bscale = 60 - x_scale
@@ -89,9 +96,17 @@ def _table(
     gammas.append(1.0)
     gs.append(mult * thresholds[-1] ** -p)
     gscale = min(WORK - math.floor(math.log2(min(gs))), 58 - math.ceil(math.log2(max(gs))))
-    coefs = fit(lambda u: (1 + u) ** -p, zlo - 1, zhi - 1, 3, relative=True)
+    coefs = fit(lambda u: (1 + u) ** -p, zlo - 1, zhi - 1, degree, relative=True)
     coefs = coefs[:2] + [round(c * 2**COEF_BITS) / 2**COEF_BITS for c in coefs[2:]]
     return thresholds, betas, gammas, gs, bscale, gscale, coefs
+
+
+def fine_bins(session: Any, rows: int, lo: float, hi: float) -> bool:
+    """Whether :func:`times_inverse_power` takes bins 1/64 octave wide and a line (7
+    rounds, 4 with FSS) for ``rows`` values of x in [2^lo, 2^hi): within
+    :data:`FINE_BINS` comparisons in the session's mode."""
+    count = math.ceil((hi - lo) * FINE_PER_OCTAVE)
+    return rows * count <= FINE_BINS.get(session.config.comparison, 0)
 
 
 def times_inverse_power(
@@ -113,10 +128,10 @@ def times_inverse_power(
     truncations ride in the comparison's first round (:mod:`mpc.protocols.riders`): no
     round of their own."""
     v_bits, x_bits = pending
+    fine = fine_bins(x.session, math.prod(x.shape), lo, hi)
     thresholds, betas, gammas, gs, bscale, gscale, coefs = _table(
-        p, lo, hi, per_octave, x.scale - x_bits, mult
+        p, lo, hi, FINE_PER_OCTAVE if fine else per_octave, x.scale - x_bits, mult, 1 if fine else 3
     )
-    a, b, c, d = coefs
     runs = [TruncRun(t.session, t.shares, k) for t, k in ((v, v_bits), (x, x_bits)) if k]
     with riding(runs) as rides:
         bits = step_bits(x, thresholds)  # one comparison run (4 rounds)
@@ -130,6 +145,15 @@ def times_inverse_power(
     g = select(x, bits, gs, gscale)
     # level 1: z = beta x + gamma, E = v g
     zr, er = _levels([(x, beta), (v, g)])
+    if fine:  # A E + B E u: E u rides in the truncation of z and E (the line: 3 rounds)
+        a, b = coefs
+        (u, e), (eur,) = truncate_and_multiply(
+            [zr.add(gamma), er], [WORK, WORK], [-1.0, 0.0], [(1, 0)]
+        )
+        # (two truncations in one round: E u B at 8 more bits, as |u| < 0.02)
+        ea, eub = truncate_many([e.times_public(a, WORK), eur.times_public(b, 8)], [out, out])
+        return ea.add(eub)
+    a, b, c, d = coefs
     # z and E truncated, u = z - 1, and level 2's E u and u^2 from the same round
     # (mpc.protocols.truncated_products: products of freshly truncated values need no opening)
     (u, e), (eur, u2r) = truncate_and_multiply(
