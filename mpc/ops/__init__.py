@@ -8,5 +8,6 @@ from mpc.ops import (  # noqa: F401
     inplace,
     local,
     nonlinear,
+    norms,
     transformer,
 )

@@ -26,7 +26,6 @@ from mpc.protocols.approx import Fx
 from mpc.protocols.compare import select_by_msb
 from mpc.protocols.fourier import run as trig
 from mpc.protocols.inverse import times_inverse_power
-from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -35,7 +34,9 @@ def hi_scale(x: SharedTensor) -> int:
     return max(x.session.config.frac_bits, 24)
 
 
-def _fx(x: SharedTensor) -> Fx:
+def as_fx(x: SharedTensor) -> Fx:
+    """x as an :class:`~mpc.protocols.approx.Fx` at its scale (a pending truncation
+    applied; integers read as fixed point at the session's scale)."""
     x.materialize()
     if x.frac_bits == 0:  # integers: as fixed point
         f = x.session.config.frac_bits
@@ -43,12 +44,14 @@ def _fx(x: SharedTensor) -> Fx:
     return Fx(x.session, list(x.shares), x.frac_bits)
 
 
-def _out(x: SharedTensor, v: Fx) -> SharedTensor:
+def from_fx(x: SharedTensor, v: Fx) -> SharedTensor:
+    """The shared tensor of ``v``, of x's dtype (float32 for an integer x)."""
     dtype = x.dtype if x.dtype.is_floating_point else torch.float32
     return SharedTensor(v.shares, x.session, v.scale, dtype)
 
 
-def _f(x: SharedTensor) -> int:
+def session_frac(x: SharedTensor) -> int:
+    """The session's fractional bits (the scale a function's result comes down to)."""
     return x.session.config.frac_bits
 
 
@@ -86,7 +89,7 @@ def pow_scalar(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if isinstance(n, int):
         if n == 0:
             ones = torch.ones(x.shape, dtype=torch.float64)
-            f = _f(x)
+            f = session_frac(x)
             return SharedTensor(public_to_shares(encode_public(ones, f), x), x.session, f, x.dtype)
         if n < 0:
             return _int_pow(reciprocal(aten.reciprocal.default, (x,), {}), -n)
@@ -200,7 +203,7 @@ def where(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # shared condition, public branches: a - b is public
         d = (a - b) if isinstance(a, torch.Tensor) else torch.as_tensor(a - b)
         check_public(d, "where")
-        f = _f(c)
+        f = session_frac(c)
         enc = encode_public(d.to(torch.float64), f)
         shape = list(torch.broadcast_shapes(tuple(c.shape), tuple(enc.shape)))
         prod = SharedTensor([s * enc for s in c.shares], c.session, f, torch.float32)
@@ -226,7 +229,7 @@ def exp(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     known upper bound first (as softmax does). ``mpc.debug()`` catches it
     (:data:`mpc.ranges.DOMAINS`)."""
     x = _shared(func, args[0])
-    return _out(x, approx.exp(_fx(x), hi_scale(x)))
+    return from_fx(x, approx.exp(as_fx(x), hi_scale(x)))
 
 
 @register(aten.log.default)
@@ -236,7 +239,7 @@ def log(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     too: log(0) gives -11.09, not -inf) and 16 ln 2 above, without an error.
     ``mpc.debug()`` catches it."""
     x = _shared(func, args[0])
-    return _out(x, approx.log(_fx(x), _f(x)))
+    return from_fx(x, approx.log(as_fx(x), session_frac(x)))
 
 
 @register(aten.reciprocal.default)
@@ -246,17 +249,17 @@ def reciprocal(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     2^-12 <= |x| < 2^12; outside it returns +-2^12 below (1/0 and 1/1e-5 give 4096, not
     inf and 1e5) and +-2^-12 above, without an error. ``mpc.debug()`` catches it."""
     x = _shared(func, args[0])
-    return _out(x, approx.reciprocal(_fx(x), hi_scale(x)))
+    return from_fx(x, approx.reciprocal(as_fx(x), hi_scale(x)))
 
 
 def divide_shared(a: Any, b: SharedTensor) -> SharedTensor:
     """a / [b] = a * (1/[b]): 27 + 2 rounds (a public: 27 + 1)."""
-    r = approx.reciprocal(_fx(b), hi_scale(b))
+    r = approx.reciprocal(as_fx(b), hi_scale(b))
     if isinstance(a, SharedTensor):
-        fa = _fx(a)
-        (q,) = approx.mul_many([(fa, r)], [max(fa.scale, _f(b))])
-        return _out(a, q)
-    rb = _out(b, r)
+        fa = as_fx(a)
+        (q,) = approx.mul_many([(fa, r)], [max(fa.scale, session_frac(b))])
+        return from_fx(a, q)
+    rb = from_fx(b, r)
     return mul_public(rb, a)
 
 
@@ -288,13 +291,13 @@ def rsqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     truncation it pays anyway stops there): a small variance such as RMSNorm's mean of
     squares keeps its relative precision."""
     x = _shared(func, args[0])
-    return _out(x, approx.rsqrt(_fx_wide(x), _f(x) + 4))
+    return from_fx(x, approx.rsqrt(_fx_wide(x), session_frac(x) + 4))
 
 
 def _fx_wide(x: SharedTensor) -> Fx:
     """x as an Fx, a pending truncation applied only down to approx.WORK bits."""
     if not x.pending or not x.dtype.is_floating_point:
-        return _fx(x)
+        return as_fx(x)
     v = Fx(x.session, list(x.shares), x.frac_bits)
     if x.frac_bits <= approx.WORK:
         return v
@@ -308,9 +311,9 @@ def sqrt(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     0 <= x < 2^16; outside it x < 0 gives x 2^7 (sqrt(-4) gives -512, not nan), without
     an error. ``mpc.debug()`` catches it."""
     x = _shared(func, args[0])
-    fx = _fx(x)
+    fx = as_fx(x)
     r = approx.rsqrt(fx, approx.WORK)
-    return _out(x, approx.mul(fx, r, _f(x)))
+    return from_fx(x, approx.mul(fx, r, session_frac(x)))
 
 
 # -- sigmoid, tanh, gelu, silu: Fourier series and piecewise polynomials --------------------
@@ -350,8 +353,8 @@ _WIDE: dict[str, tuple[list[float], int, list[list[float]], list[float], list[fl
 def _apply_wide(name: str, x: Any) -> SharedTensor:
     x = _shared(name, x)
     edges, shift, inner, below, above, hi = _WIDE[name]
-    out = hi_scale(x) if hi else _f(x)
-    return _out(x, approx.piecewise_wide(_fx(x), edges, shift, inner, below, above, out))
+    out = hi_scale(x) if hi else session_frac(x)
+    return from_fx(x, approx.piecewise_wide(as_fx(x), edges, shift, inner, below, above, out))
 
 
 @register(aten.sigmoid.default)
@@ -360,7 +363,7 @@ def sigmoid(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     to [-10, 10]: 10 rounds, 2 comparisons and no products per element; max error 1.6e-4
     (fit 1.1e-4, saturation 4.5e-5) (:func:`mpc.protocols.fourier.run.sigmoid`)."""
     x = _shared("sigmoid", args[0])
-    return _out(x, trig.sigmoid(_fx(x), _f(x)))
+    return from_fx(x, trig.sigmoid(as_fx(x), session_frac(x)))
 
 
 @register(aten.tanh.default)
@@ -375,7 +378,7 @@ def _fx_pending(x: SharedTensor) -> Fx:
     """x as an Fx at its full scale, a pending truncation not applied (for a function that
     reads its input as it is and truncates it in a round it pays anyway), up to 40 bits."""
     if not x.pending or not x.dtype.is_floating_point or x.frac_bits > 40:
-        return _fx(x)
+        return as_fx(x)
     return Fx(x.session, list(x.shares), x.frac_bits)
 
 
@@ -388,7 +391,7 @@ def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
     x = _shared("gelu", args[0])
     series = trig.GELU_TANH_SERIES if approximate == "tanh" else trig.GELU_SERIES
-    return _out(x, trig.relu_like(_fx_pending(x), series, _f(x)))
+    return from_fx(x, trig.relu_like(_fx_pending(x), series, session_frac(x)))
 
 
 @register(aten.silu.default, lazy=True)
@@ -398,7 +401,7 @@ def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     (:func:`mpc.protocols.fourier.run.relu_like`): 6 rounds, 2 comparisons and no products per
     element; max error about 1.1e-4 (fit 3.5e-5, saturation 7.4e-5, fixed point)."""
     x = _shared("silu", args[0])
-    return _out(x, trig.relu_like(_fx_pending(x), trig.SILU_SERIES, _f(x)))
+    return from_fx(x, trig.relu_like(_fx_pending(x), trig.SILU_SERIES, session_frac(x)))
 
 
 # -- softmax ------------------------------------------------------------------------------
@@ -418,7 +421,7 @@ def _softmax_parts(
         x.materialize()
     mx, _ = max_reduce(x, dim, True, False)
     d = add_shared(x, mx, -1)  # <= 0
-    e = trig.exp_nonpositive(_fx(d), None if wide else hi_scale(x))
+    e = trig.exp_nonpositive(as_fx(d), None if wide else hi_scale(x))
     factors = keep_in_softmax(x, dim)
     if factors is not None:  # public masks weigh exactly 0 (mpc.ops.masking): local
         e = e.with_shares([s * factors[0] for s in e.shares])
@@ -448,7 +451,7 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     d, e, total, jtop = _softmax_parts(x, dim, wide)
     bits = e.scale - hi_scale(x)
     pending = (bits, bits) if wide else (0, 0)
-    out = _out(x, times_inverse_power(e, total, 1.0, -1, hi, _f(x), pending=pending))
+    out = from_fx(x, times_inverse_power(e, total, 1.0, -1, hi, session_frac(x), pending=pending))
     factors = keep_in_softmax(x, dim)
     if func is aten._safe_softmax.default and factors is not None and not factors[1].all():
         out = out.with_shares([s * factors[1] for s in out.shares])  # rows all -inf: 0
@@ -461,8 +464,8 @@ def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     [1, k]: 7 ceil(log2 k) + 9 + 16 rounds."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     d, e, total, jtop = _softmax_parts(x, dim)
-    lg = approx.log(total, _f(x), jmin=-2, jtop=jtop)
-    return add_shared(d, _out(x, lg), -1)
+    lg = approx.log(total, session_frac(x), jmin=-2, jtop=jtop)
+    return add_shared(d, from_fx(x, lg), -1)
 
 
 # -- mean / var / std / layer norm ----------------------------------------------------------
@@ -511,86 +514,3 @@ def var_mean(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     return _var(x, _dims(x, dim), _correction(args, kwargs), kwargs.get("keepdim", False))
-
-
-@register(aten.native_layer_norm.default, lazy=True)
-def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """(x - mean) rsqrt(var + eps) weight + bias over the last dims: x and the mean
-    truncated to the input's scale + 4 with the products of the squared deviations (and of
-    the weighted deviations, for a shared weight) riding on that round (1,
-    :mod:`mpc.protocols.truncated_products`: (x - mu)^2 = x^2 - 2 x mu + mu^2, no Beaver
-    opening), the squares' sum S and the weighted deviations truncated (1), then (x -
-    mean) weight / sqrt(S / n + eps) by fine bins on S and a cubic (8,
-    :func:`mpc.protocols.inverse.times_inverse_power`, relative error 2.2e-6; domain:
-    variance in [2^-14, 2^16), n var < 4e6): 10 rounds (7 with FSS comparisons; 23 and
-    25 with rsqrt and a product). An input still to be truncated (a residual stream
-    after a projection) is read at its full scale: its truncation is the first round's
-    (then |sum of x| < 2^14 m, m the odd part of n); a value with no bits to lose there
-    (an input at the session's scale, a weight) is lifted by one bit, so it comes out
-    exact or one unit more. Returns (out, mean, rstd) like torch, rstd as a meta tensor
-    (never formed)."""
-    x, shape, weight, bias, eps = args[:5]
-    for t in (weight, bias):
-        if isinstance(t, SharedTensor):
-            t.materialize()
-    dims = list(range(x.dim() - len(shape), x.dim()))
-    n = 1
-    for d in dims:
-        n *= x.shape[d]
-    wide = x.pending and x.dtype.is_floating_point and x.frac_bits - x.pending >= 16
-    fx = Fx(x.session, list(x.shares), x.frac_bits) if wide else _fx(x)
-    # the deviations at the input's scale + 4 (16 + 4 for an input wider than the session's
-    # scale, e.g. tanh's 24 bits: their squares summed at twice that pass 2^62 otherwise;
-    # GPT-2 small's last layers, variance ~0.1 over 768 features, came out wrong by ~1e2)
-    dev_scale = min(fx.scale, 16) + 4  # (n var 2^40 < 2^62: n var up to 4e6)
-    total = fx.with_shares([s.sum(dims, keepdim=True) for s in fx.shares])
-    # 1/n = 2^-j / m with the odd part m at 16 significant bits (at 16 bits, 1/768 was
-    # 0.4% off: a mean of 1 came out 4e-3 off, 0.2 after the division by a deviation of
-    # 0.02), within the room of the sum; the 2^-j is a free change of scale
-    odd = n // (n & -n)
-    inv = max(16, min(16 + odd.bit_length(), 44 - fx.scale))
-    mean_n = total.times_public(1.0 / odd, inv) if odd > 1 else total
-    mean_n = mean_n.halve((n & -n).bit_length() - 1)
-    # x, the mean and a shared weight truncated in one round, with the products that the
-    # squared deviations and the weighted deviations are made of riding on it
-    # (mpc.protocols.truncated_products: x^2 - 2 x mu + mu^2 and x w - mu w, exact in the
-    # ring): no Beaver round. A value with no bits to lose is lifted by one bit first (the
-    # truncation is then floor or one more: at most one unit of its scale)
-    values = [fx, mean_n]
-    scales = [dev_scale, dev_scale]
-    shared_weight = isinstance(weight, SharedTensor)
-    if shared_weight:
-        values.append(_fx(weight))
-        scales.append(_f(x))
-    values = [v if v.scale > t else v.lift(t + 1) for v, t in zip(values, scales)]
-    pairs = [(0, 0), (0, 1), (1, 1)] + ([(0, 2), (1, 2)] if shared_weight else [])
-    trunc, prods = truncate_and_multiply(values, scales, [0.0] * len(values), pairs)
-    xt, mu = trunc[0], trunc[1]
-    xx, xmu, mumu = prods[:3]
-    sq = xx.add(xmu.with_shares([2 * t for t in xmu.shares]), -1)
-    sq = sq.with_shares([t.sum(dims, keepdim=True) for t in sq.shares]).add(
-        mumu.with_shares([t * n for t in mumu.shares])
-    )
-    dev = xt.add(mu, -1)
-    weighted = [prods[3].add(prods[4], -1)] if shared_weight else []
-    # dev / sqrt(S / n + eps) = dev sqrt(n) (S + n eps)^-1/2 by fine bins on the squares'
-    # sum S and a cubic (mpc.protocols.inverse: 8 rounds). The bins compare S at its full
-    # scale (2 dev_scale: S < 2^22, n var < 4e6, the domain), while S comes down to WORK
-    # bits (at most 36 - log2 n: the bins' slopes 1/S keep 8 significant bits at 60 bits)
-    # and the weighted deviations to the session's scale in truncations that ride in the
-    # comparison's first round (mpc.protocols.riders): no round of their own
-    s_bits = sq.scale - min(approx.WORK, 36 - math.ceil(math.log2(n)))
-    lo = approx.SQ_JMIN + math.log2(n)
-    hi = min(approx.SQ_JTOP + math.log2(n), 62 - sq.scale)
-    s_eps = sq.add_public(float(eps) * n)
-    v, v_bits = (weighted[0], weighted[0].scale - _f(x)) if shared_weight else (dev, 0)
-    pending = (v_bits, s_bits)
-    out = _out(x, times_inverse_power(v, s_eps, 0.5, lo, hi, _f(x), math.sqrt(n), pending=pending))
-    mean = _out(x, mu)
-    if weight is not None and not shared_weight:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    # rstd is not computed (the fused division never forms it): a meta tensor, so that a
-    # use of it fails loudly (nothing in inference reads it)
-    return out, mean, torch.empty(tuple(mu.shape), dtype=torch.float32, device="meta")
