@@ -389,6 +389,36 @@ def test_ring_matmul_with_few_rows_is_exact(
     assert taken.count("mv") == (1 if mv else 0)  # the row-major b (the other: never faster)
 
 
+@pytest.mark.parametrize("column_major_faster", [False, True])
+def test_settle_layout_lays_a_kept_operand_out_once_and_stays_exact(
+    column_major_faster: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept operand (a weight's mask, multiplied by one row at each decoding step) is laid
+    out anew in place where this CPU measured its few-row products faster the other way:
+    the same object and values, so every later product is the same wrap-around sum; once
+    (the other layout then measures slower), never for many rows, a strided view or a
+    product too small for torch.mv."""
+    import mpc.math.ring as ring
+
+    fast, slow = 1e-12, 1e-9
+    row = ring.Speeds(many=fast, one=slow, mv=slow, copy=slow)
+    col = ring.Speeds(many=slow, one=slow, mv=fast if column_major_faster else slow, copy=slow)
+    monkeypatch.setattr(ring, "measured_speeds", lambda row_major: row if row_major else col)
+    b = ring_values(b"cols" * 4, (300, 200), "uniform")
+    kept, a = b.clone(), ring_values(b"rows" * 4, (20, 300), "uniform")
+    for rows in (20, 16, 0):  # many rows (or none): never
+        assert not ring.settle_layout(kept, rows)
+    assert not ring.settle_layout(kept.t()[:, :100], 1)  # a strided view: never
+    assert not ring.settle_layout(ring_values(b"tiny" * 4, (30, 20), "uniform"), 1)
+    assert kept.is_contiguous()
+    assert ring.settle_layout(kept, 1) is column_major_faster
+    assert torch.equal(kept, b)
+    assert kept.t().is_contiguous() is column_major_faster
+    assert not ring.settle_layout(kept, 1)  # (settled: the other way is now the slow one)
+    for n in (1, 3, 20):
+        assert torch.equal(ring_matmul(a[:n], kept), np_matmul(a[:n], b))
+
+
 def test_measured_speeds_pick_a_way_that_is_exact() -> None:
     """The speeds are measured on this CPU (positive, once per process), and whichever way
     they pick, a product with many rows and one with a single row stay exact."""

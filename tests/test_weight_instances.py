@@ -135,6 +135,62 @@ def test_an_in_place_update_makes_a_new_instance(trio: Any) -> None:
     assert s.bytes_per_party["alice"] >= 8 * 12  # the new F travelled
 
 
+@pytest.mark.virtual_only("it forces this process's measured speeds and counts the layouts")
+def test_one_row_products_lay_the_kept_masks_out_anew_and_stay_exact(
+    trio: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding's one-row products, where this CPU measured them faster by torch.mv on a
+    column-major weight: the first lays out anew, in place, the dealer's B, each party's F
+    and its share W (where nothing else uses W's memory); the results match torch before,
+    after, with many rows again, and after an in-place update (a new instance)."""
+    import mpc.math.ring as ring
+    from mpc.protocols.weights import steps
+
+    fast, slow = 1e-12, 1e-9
+    row = ring.Speeds(many=fast, one=slow, mv=slow, copy=slow)
+    col = ring.Speeds(many=slow, one=slow, mv=fast, copy=slow)
+    monkeypatch.setattr(ring, "measured_speeds", lambda row_major: row if row_major else col)
+    settled: list[tuple[int, ...]] = []
+    settle = steps.settle_layout
+
+    def spy(b: torch.Tensor, rows: int) -> bool:
+        done = settle(b, rows)
+        if done:
+            settled.append(tuple(b.shape))
+        return done
+
+    monkeypatch.setattr(steps, "settle_layout", spy)
+    alice, bob, carol = trio
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 192), nn.Linear(192, 176)).eval()
+    plain = nn.Sequential(nn.Linear(256, 192), nn.Linear(192, 176)).eval()
+    plain.load_state_dict(model.state_dict())
+    model.w = nn.Parameter(torch.randn(176, 224) / 16)  # a product x @ W (GPT-2's Conv1D)
+    plain.w = nn.Parameter(model.w.detach().clone())
+    mpc.share(model, alice, bob, crypto_provider=carol)
+
+    def both(rows: int) -> None:
+        x = torch.randn(rows, 256)
+        got = model[1](model[0](mpc.share(x, alice, bob, crypto_provider=carol))) @ model.w
+        assert torch.allclose(got.get(), plain[1](plain[0](x)) @ plain.w, atol=5e-2)
+
+    both(20)  # the instances, made by many rows: nothing laid out anew
+    assert settled == []
+    both(1)
+    # B at the dealer, F and W at each of the two parties (the instances' contiguous
+    # copies of the Linear layers' W.t() and the parameter w itself), for the three weights
+    assert sorted(settled) == sorted(5 * [(256, 192), (192, 176), (176, 224)])
+    both(1)
+    both(20)
+    assert len(settled) == 15  # once
+    with torch.no_grad():
+        delta = torch.randn(176, 224) / 16
+        model.w.add_(mpc.share(delta, alice, bob, crypto_provider=carol))
+        plain.w.add_(delta)
+    both(1)  # a new instance of w: its new B and F laid out anew (its W already is)
+    assert settled[15:] == 3 * [(176, 224)]
+
+
 def test_training_steps_stay_exact(trio: Any) -> None:
     """SGD on shared parameters: every step's products use the weights of that step."""
     alice, bob, carol = trio

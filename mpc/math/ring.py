@@ -326,6 +326,56 @@ def relayout_pays(a_shape: tuple[int, ...], b_shape: tuple[int, ...], b_row_majo
     return per_b * (here.many - other.many) > here.copy
 
 
+# a kept operand is laid out anew where its products measured at most this times as long
+# that way: measured on a (768, 1024) ``b`` that stays in cache, the gain is larger on a
+# model's weights (one machine of this project: 0.61 measured, 0.45-0.55 on GPT-2's)
+_SETTLE_MARGIN = 0.75
+COLUMNS_FROM = _COLUMNS_FROM  # (public: the rows from which no operand is settled)
+
+
+def _few_rows_cost(rows: int, n: int, speeds: Speeds) -> float:
+    """Seconds per element of a 2-D ``b`` of ``n`` elements that :func:`_int64_matmul`
+    takes for ``rows`` (fewer than :data:`_COLUMNS_FROM`) rows of ``a`` in the layout
+    that ``speeds`` was measured for."""
+    if rows * n >= _MV_FROM and rows * speeds.mv < speeds.one:
+        return rows * speeds.mv
+    return speeds.one
+
+
+def settle_pays(rows: int, b_shape: tuple[int, ...], b_row_major: bool) -> bool:
+    """Whether products of ``rows`` rows (fewer than :data:`_COLUMNS_FROM`: a decoding
+    step's) by a 2-D ``b`` of ``b_shape`` are faster on this CPU, as measured, with ``b``
+    in the other memory layout, by a margin that repays laying it out anew once
+    (:func:`settle_layout`)."""
+    if len(b_shape) != 2 or min(b_shape) <= 1 or not 0 < rows < _COLUMNS_FROM:
+        return False
+    n = math.prod(b_shape)
+    if rows * n < _MV_FROM:
+        return False
+    here = _few_rows_cost(rows, n, measured_speeds(b_row_major))
+    there = _few_rows_cost(rows, n, measured_speeds(not b_row_major))
+    return there < _SETTLE_MARGIN * here
+
+
+def settle_layout(b: torch.Tensor, rows: int) -> bool:
+    """Lay the 2-D int64 ``b`` out anew, in place (same object, same values, the other of
+    row-major and column-major; its old memory is freed where nothing else uses it),
+    where :func:`settle_pays` says products of ``rows`` rows by it are faster that way:
+    for an operand kept across many such products, such as a fixed weight's mask in the
+    one-row products of decoding (one row times a row-major weight runs about 2x slower
+    than ``torch.mv`` on a column-major one on CPUs measured in this project). True if
+    it did. Exact: only the layout changes."""
+    if b.device.type != "cpu" or b.dim() != 2 or b.dtype != torch.int64:
+        return False
+    row_major, col_major = b.is_contiguous(), b.t().is_contiguous()
+    if row_major == col_major:  # a strided view (or one row or column): left as it is
+        return False
+    if not settle_pays(rows, tuple(b.shape), row_major):
+        return False
+    b.data = _relaid(b)
+    return True
+
+
 def _int64_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.matmul`` of int64 tensors, in the way :func:`measured_speeds` says is
     fastest on this CPU for ``b``'s layout and ``a``'s rows: with fewer than

@@ -29,12 +29,19 @@ the weight's streams.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
 import torch
 
-from mpc.math.ring import ring_bilinear
+from mpc.math.ring import (
+    COLUMNS_FROM,
+    ring_bilinear,
+    settle_layout,
+    settle_pays,
+    speeds_measured,
+)
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
 from mpc.protocols.sizes import (
     WORD,
@@ -54,6 +61,63 @@ from pointers.worker.sealing import ProtocolCall, seal
 def _bilinear(op: str, params: dict[str, Any], w_first: bool, m: Any, w: Any) -> torch.Tensor:
     """op(m, w), or op(w, m) where the weight is the first operand."""
     return ring_bilinear(op, params, w, m) if w_first else ring_bilinear(op, params, m, w)
+
+
+def _rows(shape: Any) -> int:
+    """Rows of an activation of ``shape`` in a matmul by a weight (0 if not a shape)."""
+    if not isinstance(shape, list | tuple) or len(shape) < 1:
+        return 0
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n // max(int(shape[-1]), 1)
+
+
+def _settles(op: Any, w_first: Any, rows: int, w: Any) -> bool:
+    """Whether a product of ``rows`` rows by the kept 2-D weight operand ``w`` may lay it
+    out anew first (:func:`_settle`): a matmul with the weight second, where this process
+    measured that it pays (before it measured its speeds: the larger case, as in
+    :func:`mpc.protocols.sizes.bilinear`)."""
+    if not (op == "matmul" and w_first is False and isinstance(w, torch.Tensor) and w.dim() == 2):
+        return False
+    if not speeds_measured():  # (the speeds are measured by a product, not here)
+        return 0 < rows < COLUMNS_FROM
+    return settle_pays(rows, tuple(w.shape), row_major(w))
+
+
+def _uses(t: torch.Tensor) -> int:
+    """Tensors using ``t``'s memory, as torch's private counter sees it from here (-1 if
+    that counter is gone)."""
+    try:
+        return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+    except (AttributeError, RuntimeError):
+        return -1
+
+
+@functools.cache
+def _lone_uses() -> int:
+    """What :func:`_uses` says of a tensor whose memory nothing else uses (measured once:
+    the count differs between torch versions)."""
+    return _uses(torch.empty(2))
+
+
+def _alone(t: torch.Tensor) -> bool:
+    """Whether ``t`` is all of its memory and no other tensor uses it (a view of it would
+    keep the old memory alive if ``t`` were laid out anew)."""
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        return False
+    uses = _uses(t)
+    return uses != -1 and uses == _lone_uses()
+
+
+def _settle(op: str, w_first: bool, rows: int, operand: torch.Tensor) -> None:
+    """Lay a weight instance's kept operand (the dealer's B, a party's F or its share W)
+    out anew, in place, where the products of ``rows`` rows by it are faster in the other
+    layout (:func:`mpc.math.ring.settle_layout`; a decoding step's one-row products by a
+    row-major weight: about 2x). Once: the later products of as many rows find it laid out
+    so. The values, and so every share and opening, are unchanged."""
+    if op == "matmul" and not w_first:
+        settle_layout(operand, rows)
 
 
 def _weights(call: ProtocolCall) -> dict[int, Any]:
@@ -101,6 +165,8 @@ def _dealer_weight_triple_size(p: dict[str, Any]) -> int:
     w_first = p.get("w_first") is True
     first, second = (shape_of(b), x_shape) if w_first else (x_shape, shape_of(b))
     out, temp = bilinear(p.get("op"), p.get("params"), first, second, w_first or row_major(b))
+    if _settles(p.get("op"), p.get("w_first"), _rows(x_shape), b):  # B laid out anew
+        temp += WORD * numel(shape_of(b))
     return declared(WORD * numel(x_shape, "x_shape") + 2 * out + temp)
 
 
@@ -123,6 +189,8 @@ def dealer_weight_triple(
     """C = op(A, B) (op(B, A) with ``w_first``) for a fresh A: the last party's share."""
     consume(ctx, seeds, nonce, TAG_A, TAG_C)
     a = sum_derived(seeds, nonce, TAG_A, list(x_shape))
+    if _alone(b):  # (B is the dealer's own: the tensor dealer_weight made)
+        _settle(op, w_first, _rows(x_shape), b)
     c = _bilinear(op, params, w_first, a, b)
     for s in seeds[:-1]:
         c -= derive(s, nonce, TAG_C, list(c.shape))
@@ -208,6 +276,10 @@ def _weight_product_size(p: dict[str, Any]) -> int:
     w_first = p.get("w_first") is True
     first, second = (shape_of(w), shape_of(x)) if w_first else (shape_of(x), shape_of(w))
     out, temp = bilinear(p.get("op"), p.get("params"), first, second, w_first or row_major(w))
+    rows = _rows(shape_of(x))
+    for operand in (w, p.get("f")):  # W and F laid out anew (F's old memory may stay)
+        if _settles(p.get("op"), p.get("w_first"), rows, operand):
+            temp += WORD * numel(shape_of(operand))
     return declared(2 * out + temp)
 
 
@@ -230,6 +302,10 @@ def weight_product(
     if type(w_first) is not bool:
         raise TypeError("parameter 'w_first' is a bool")
     consume(ctx, [seed], nonce, TAG_C)
+    rows = _rows(list(e.shape))
+    _settle(op, w_first, rows, f)  # (F: the instance's own, opened once for it)
+    if _alone(w):  # (W: unless a view of it, or it of another tensor, would keep the old)
+        _settle(op, w_first, rows, w)
     z = _bilinear(op, params, w_first, e, w)
     z += _bilinear(op, params, w_first, a, f)
     z += derive(seed, nonce, TAG_C, list(z.shape)) if c is None else c
