@@ -294,5 +294,11 @@ def test_spent_material_lets_go_of_its_memory() -> None:
     for v in tensors:
         assert v.untyped_storage().nbytes() <= 8, (tuple(v.shape), v.untyped_storage().nbytes())
         assert v.shape[-1] >= 1 and v.dtype == torch.int64
+        with pytest.raises(RuntimeError):  # one stand-in serves a shape: it takes no write
+            v.add_(1)
+    by_shape: dict[tuple[int, ...], set[int]] = {}
+    for v in tensors:
+        by_shape.setdefault(tuple(v.shape), set()).add(id(v))
+    assert all(len(ids) == 1 for ids in by_shape.values()), by_shape  # (made once a shape)
     assert torch.allclose(z.get(), a * b, atol=1e-3)
     assert torch.allclose(x.get(), a, atol=1e-4)  # the operands are not material: whole

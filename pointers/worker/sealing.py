@@ -359,11 +359,24 @@ def spend(entries: list[Any]) -> None:
             e.value = _husk(e.value)
 
 
+_HUSKS: dict[tuple[Any, ...], torch.Tensor] = {}  # by shape, dtype and device
+_MAX_HUSKS = 4096  # (a program's steps spend a few hundred shapes: forgotten past this)
+
+
 def _husk(value: Any) -> Any:
     """What a spent entry keeps of its value: a tensor's shape and dtype (stride 0 over
-    one element); anything else as it is."""
+    one element); anything else as it is. One husk serves every spent tensor of a shape,
+    dtype and device (made once: a decoding step spends thousands; nothing writes to a
+    husk, and torch refuses a write to a tensor whose elements share memory)."""
     if type(value) is torch.Tensor and value.numel() > 1:
-        return torch.zeros((), dtype=value.dtype, device=value.device).expand(value.shape)
+        key = (value.shape, value.dtype, value.device)
+        husk = _HUSKS.get(key)
+        if husk is None:
+            if len(_HUSKS) >= _MAX_HUSKS:
+                _HUSKS.clear()
+            husk = torch.zeros((), dtype=value.dtype, device=value.device).expand(value.shape)
+            _HUSKS[key] = husk
+        return husk
     return value
 
 
