@@ -360,8 +360,9 @@ def _apply_wide(name: str, x: Any) -> SharedTensor:
 @register(aten.sigmoid.default)
 def sigmoid(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A masked Fourier series (12 sines of period 32, fitted on [-10, 10]) of x clamped
-    to [-10, 10]: 10 rounds, 2 comparisons and no products per element; max error 1.6e-4
-    (fit 1.1e-4, saturation 4.5e-5) (:func:`mpc.protocols.fourier.run.sigmoid`)."""
+    to [-10, 10], the series riding in the clamp's comparison: 5 rounds (3 with FSS), 2
+    comparisons and no products per element; max error 1.6e-4 (fit 1.1e-4, saturation
+    4.5e-5) (:func:`mpc.protocols.fourier.run.sigmoid`)."""
     x = _shared("sigmoid", args[0])
     return from_fx(x, trig.sigmoid(as_fx(x), session_frac(x)))
 
@@ -386,7 +387,7 @@ def _fx_pending(x: SharedTensor) -> Fx:
 def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """GELU, erf or tanh form: a masked Fourier series (10 harmonics of period 16, fitted
     on [-5, 5]) of x clamped to [-5, 5], plus relu(x - 5)
-    (:func:`mpc.protocols.fourier.run.relu_like`): 6 rounds, 2 comparisons and no products per
+    (:func:`mpc.protocols.fourier.run.relu_like`): 5 rounds, 2 comparisons and no products per
     element; max error 2.5e-5 measured (fit 3.7e-6, saturation 1.5e-6, fixed point)."""
     approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
     x = _shared("gelu", args[0])
@@ -398,7 +399,7 @@ def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """SiLU x sigmoid(x): a masked Fourier series (16 harmonics of period 32, fitted on
     [-12, 12]) of x clamped to [-12, 12], plus relu(x - 12)
-    (:func:`mpc.protocols.fourier.run.relu_like`): 6 rounds, 2 comparisons and no products per
+    (:func:`mpc.protocols.fourier.run.relu_like`): 5 rounds, 2 comparisons and no products per
     element; max error about 1.1e-4 (fit 3.5e-5, saturation 7.4e-5, fixed point)."""
     x = _shared("silu", args[0])
     return from_fx(x, trig.relu_like(_fx_pending(x), trig.SILU_SERIES, session_frac(x)))
@@ -434,14 +435,17 @@ def _softmax_parts(
 def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """softmax(x) = e^(x - max) / sum e^(x - max): the max by groups of four (4 rounds a
     level: 16 for k = 100; few rows, such as a decoding step's, by ranks in 8 rounds
-    whatever k, :mod:`mpc.protocols.ranks`), exp on (-inf, 0] by a clamp and a Fourier series (6, see
-    :func:`mpc.protocols.fourier.run.exp_nonpositive`), and e / sum by fine bins on the sum in
-    [1, k] and a cubic (8, :func:`mpc.protocols.inverse.times_inverse_power`, relative
-    error 8e-6): 30 rounds for k = 100 (38 with a separate reciprocal and product). An
-    input still to be truncated (attention's scores) is read at its full scale: the max,
-    the clamp and the series have no products, so its truncation is never paid. Per
+    whatever k, :mod:`mpc.protocols.ranks`), exp on (-inf, 0] as a masked Fourier series
+    riding in the clamp's comparison (4, :func:`mpc.protocols.fourier.run.
+    exp_nonpositive`), and e / sum by fine bins on the sum in [1, k] and a polynomial (8,
+    7 for few rows: :func:`mpc.protocols.inverse.times_inverse_power`, relative error
+    8e-6), the e's truncation riding in its comparison: 28 rounds for k = 100, 19 for a
+    decoding step's 12 heads over 33 keys (15 and 10 with FSS comparisons).
+    An input still to be truncated (attention's scores) is read at its full scale: the
+    max, the clamp and the series have no products, so its truncation is never paid. Per
     element: about 2.5 comparisons (the max's groups and the clamp) and three products
-    with a per-row operand; per row, 4 log2 k + 5 comparisons."""
+    with a per-row operand; per row, 4 log2 k + 5 comparisons (more by ranks and fine
+    bins, for few rows)."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
     # the sum is in [1, k]: e / sum by fine bins and a cubic (mpc.protocols.inverse). For
     # k < 256 the bins compare the sum at the series' own scale, and the truncations of

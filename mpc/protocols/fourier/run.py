@@ -272,8 +272,29 @@ def relu_like(x: Fx, series: Series, out: int) -> Fx:
 
 def sigmoid(x: Fx, out: int) -> Fx:
     """sigmoid(x) = F(clamp(x, -10, 10)), F the 12-sine series of period 32 fitted on
-    [-10, 10]: the clamp (one comparison run, 7 rounds, 2 comparisons per element) keeps
-    x where F is fitted, and the series costs 2 rounds (:func:`fourier_series`): 9 rounds,
-    no products. Error: 1.1e-4 (fit) + 4.5e-5 (saturation past +-10) + fixed point."""
+    [-10, 10]. With b_lo = [x >= -10] and b_hi = [x >= 10] from one comparison run (2
+    comparisons per element), F(clamp(x)) = (b_lo - b_hi) F(x) + b_hi F(10) + (1 - b_lo)
+    F(-10), F read at x unclamped (out of its period where its factor is 0): the series'
+    masked value opens in the comparison's first round and its products with the daBits
+    in the next (:func:`mpc.protocols.compare.select_late`), the constants ride as
+    selections, then one truncation: 5 rounds (3 with FSS comparisons), no products. An
+    operand too big for one run clamps first (one comparison run) and runs the series after
+    it (2 rounds): 6. Error: 1.1e-4 (fit) + 4.5e-5 (saturation past +-10) + fixed point."""
+    t = SIGMOID_CLAMP
+    if late_fits(x.session, [2, *x.shape], 1) and _pieces(x, SIGMOID_SERIES) == 1:
+        run = SeriesRun(x, SIGMOID_SERIES, copies=2)
+        shift = torch.tensor([t, -t], dtype=torch.float64).view([2] + [1] * len(x.shape))
+        enc = (shift * 2**x.scale).round().to(I64)
+        stacked = cast(Shares, [torch.stack([s, s]) for s in x.shares])
+        cmp = cast(Shares, [s + enc if i == 0 else s for i, s in enumerate(stacked)])
+        # the constants -F(-10) (with b_lo) and F(10) (with b_hi), at the series' scale
+        ends = [-series_at(SIGMOID_SERIES, -t), series_at(SIGMOID_SERIES, t)]
+        const = torch.tensor(ends, dtype=torch.float64).view([2] + [1] * len(x.shape))
+        const = (const * 2**SERIES_SCALE).round().to(I64)
+        vals = cast(Shares, [s * 0 + const if i == 0 else s * 0 for i, s in enumerate(stacked)])
+        (sel, fsel) = select_late(x.session, cmp, [vals], run)
+        shares = [f[0] - f[1] + c[0] + c[1] for f, c in zip(fsel, sel)]
+        shares[0] = shares[0] + round(series_at(SIGMOID_SERIES, -t) * 2**SERIES_SCALE)
+        return truncate_many([x.with_shares(shares, SERIES_SCALE)], [out])[0]
     xc = clamp_public(x, -SIGMOID_CLAMP, SIGMOID_CLAMP)
     return fourier_series(xc, SIGMOID_SERIES, out)
