@@ -56,15 +56,15 @@ def test_times_inverse_power(n: int, p: float, lo: float, hi: float, mult: float
     st.randoms(use_true_random=False),
 )
 def test_times_inverse_power_of_few_rows_by_fine_bins(mode, case, rows, rnd):
-    """Few rows take bins 1/64 octave wide and a line (7 rounds, 4 with FSS) where their
-    comparisons fit the budget: within 3e-5 of float64 over the domain, edges included."""
+    """Few rows take fine bins (1/64 octave for 1/x, 1/32 for x^-1/2) and a line (7
+    rounds, 4 with FSS) where their comparisons fit the budget: within 3e-5 of float64 over the domain, edges included."""
     (n, comparison), (p, lo, hi, mult) = mode, case
     parties = [pt.VirtualWorker(f"p{i}") for i in range(n)]
     config = MPCConfig(comparison=comparison)
     session = mpc.share(
         torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("dealer"), config=config
     ).session
-    fine = fine_bins(session, rows, lo, hi)
+    fine = fine_bins(session, rows, lo, hi, p)
     # log-uniform inside, a bin edge, and the domain's ends
     picks = [2.0 ** rnd.uniform(lo, hi) for _ in range(rows)]
     picks[0] = rnd.choice(
@@ -91,5 +91,5 @@ def test_times_inverse_power_of_few_rows_by_fine_bins(mode, case, rows, rnd):
 def test_fine_bins_take_few_rows_only() -> None:
     parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
     session = mpc.share(torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("d")).session
-    assert fine_bins(session, 1, -4.5, 25.5)  # a decoding step's layer norm: 1,920 bins
+    assert fine_bins(session, 1, -4.5, 25.5)  # a decoding step's layer norm: 960 bins
     assert not fine_bins(session, 32, -4.5, 25.5)  # a prefill's 32 rows keep the cubic

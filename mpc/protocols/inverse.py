@@ -45,10 +45,10 @@ from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.protocols.truncation.run import TruncRun
 
 PER_OCTAVE = 4
-# few rows (a decoding step's layer norm or softmax): bins 1/64 octave wide, where a line
-# fits z^-p within 1e-5 (one product level fewer), within FINE_BINS comparisons a call (the
-# default comparison's 61 dealer bytes each; FSS's 3 KB keys take fewer)
-FINE_PER_OCTAVE = 64
+
+
+#: the most fine bins' comparisons a call takes (:func:`fine_bins`): the default
+#: comparison's dealer material is 61 bytes each, FSS's keys 3 KB
 FINE_BINS = {"default": 8192, "fss": 2048}
 COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
 
@@ -101,11 +101,18 @@ def _table(
     return thresholds, betas, gammas, gs, bscale, gscale, coefs
 
 
-def fine_bins(session: Any, rows: int, lo: float, hi: float) -> bool:
-    """Whether :func:`times_inverse_power` takes bins 1/64 octave wide and a line (7
-    rounds, 4 with FSS) for ``rows`` values of x in [2^lo, 2^hi): within
+def fine_per_octave(p: float) -> int:
+    """Few rows (a decoding step's layer norm or softmax) take bins 1/64 octave wide for
+    p = 1 and 1/32 for p = 1/2 (whose curvature is 3/8 of 1/x's): there a line fits z^-p
+    within 3e-5, one product level fewer than the cubic."""
+    return 64 if p >= 1 else 32
+
+
+def fine_bins(session: Any, rows: int, lo: float, hi: float, p: float = 0.5) -> bool:
+    """Whether :func:`times_inverse_power` takes fine bins (:func:`fine_per_octave`) and a
+    line (7 rounds, 4 with FSS) for ``rows`` values of x in [2^lo, 2^hi): within
     :data:`FINE_BINS` comparisons in the session's mode."""
-    count = math.ceil((hi - lo) * FINE_PER_OCTAVE)
+    count = math.ceil((hi - lo) * fine_per_octave(p))
     return rows * count <= FINE_BINS.get(session.config.comparison, 0)
 
 
@@ -128,9 +135,15 @@ def times_inverse_power(
     truncations ride in the comparison's first round (:mod:`mpc.protocols.riders`): no
     round of their own."""
     v_bits, x_bits = pending
-    fine = fine_bins(x.session, math.prod(x.shape), lo, hi)
+    fine = fine_bins(x.session, math.prod(x.shape), lo, hi, p)
     thresholds, betas, gammas, gs, bscale, gscale, coefs = _table(
-        p, lo, hi, FINE_PER_OCTAVE if fine else per_octave, x.scale - x_bits, mult, 1 if fine else 3
+        p,
+        lo,
+        hi,
+        fine_per_octave(p) if fine else per_octave,
+        x.scale - x_bits,
+        mult,
+        1 if fine else 3,
     )
     runs = [TruncRun(t.session, t.shares, k) for t, k in ((v, v_bits), (x, x_bits)) if k]
     with riding(runs) as rides:
