@@ -9,9 +9,9 @@ are in :mod:`mpc.math.fourier`. Notation as in :mod:`mpc.protocols.approx`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -231,6 +231,25 @@ GELU_TANH_SERIES = replace(fit_series(_gelu_tanh, GELU_CLAMP, 4, 10), single=Tru
 SILU_SERIES = replace(fit_series(lambda t: t * torch.sigmoid(t), SILU_CLAMP, 5, 16), single=True)
 
 
+def _series_at_bounds(
+    x: Fx, series: Series, values: Callable[[Shares, torch.Tensor], list[Any]]
+) -> tuple[Shares, Shares] | None:
+    """One comparison run of x + T and x - T (stacked; T the series' half width) selecting
+    ``values(stacked x, the encoded shifts [T, -T])`` and, late, F(x) unclamped: per
+    party the selected values and [F b_lo, F b_hi] (b_lo = [x >= -T], b_hi = [x >= T]);
+    None where the operand does not fit one run."""
+    if not (late_fits(x.session, [2, *x.shape], 1) and _pieces(x, series) == 1):
+        return None
+    t = series.half_width
+    run = SeriesRun(x, series, copies=2)
+    stacked = cast(Shares, [torch.stack([s, s]) for s in x.shares])
+    shift = torch.tensor([t, -t], dtype=torch.float64).view([2] + [1] * len(x.shape))
+    enc = (shift * 2**x.scale).round().to(I64)
+    cmp = cast(Shares, [s + enc if i == 0 else s for i, s in enumerate(stacked)])
+    sel, fsel = select_late(x.session, cmp, [cast(Shares, values(stacked, enc))], run)
+    return sel, fsel
+
+
 def relu_like(x: Fx, series: Series, out: int) -> Fx:
     """f(x) for an f that is 0 below -T and x above T (GELU, SiLU), F the series
     ``series`` fitted to f on [-T, T] (:data:`GELU_SERIES`, :data:`GELU_TANH_SERIES`,
@@ -252,15 +271,12 @@ def relu_like(x: Fx, series: Series, out: int) -> Fx:
     bits): the comparisons and the series read it as it is, and the selected values come
     down to ``out`` in the final truncation, so x's own truncation costs no round."""
     t = series.half_width
-    if late_fits(x.session, [2, *x.shape], 1) and _pieces(x, series) == 1:
-        run = SeriesRun(x, series, copies=2)
-        stacked = cast(Shares, [torch.stack([s, s]) for s in x.shares])
-        shift = torch.tensor([t, -t], dtype=torch.float64).view([2] + [1] * len(x.shape))
-        enc = (shift * 2**x.scale).round().to(I64)
-        cmp = cast(Shares, [s + enc if i == 0 else s for i, s in enumerate(stacked)])
-        hi = round(series_at(series, t) * 2**x.scale)  # (x - T, then + F(T))
-        vals = cast(Shares, [s + enc + hi if i == 0 else s for i, s in enumerate(stacked)])
-        sel, fsel = select_late(x.session, cmp, [vals], run)
+    hi = round(series_at(series, t) * 2**x.scale)  # (x - T, then + F(T))
+    both = _series_at_bounds(
+        x, series, lambda st, enc: [s + enc + hi if i == 0 else s for i, s in enumerate(st)]
+    )
+    if both is not None:
+        sel, fsel = both
         series_part = x.with_shares([f[0] - f[1] for f in fsel], SERIES_SCALE)
         f, above = truncate_many([series_part, x.with_shares([s[1] for s in sel])], [out, out])
         return f.add(above)
@@ -281,18 +297,17 @@ def sigmoid(x: Fx, out: int) -> Fx:
     operand too big for one run clamps first (one comparison run) and runs the series after
     it (2 rounds): 6. Error: 1.1e-4 (fit) + 4.5e-5 (saturation past +-10) + fixed point."""
     t = SIGMOID_CLAMP
-    if late_fits(x.session, [2, *x.shape], 1) and _pieces(x, SIGMOID_SERIES) == 1:
-        run = SeriesRun(x, SIGMOID_SERIES, copies=2)
-        shift = torch.tensor([t, -t], dtype=torch.float64).view([2] + [1] * len(x.shape))
-        enc = (shift * 2**x.scale).round().to(I64)
-        stacked = cast(Shares, [torch.stack([s, s]) for s in x.shares])
-        cmp = cast(Shares, [s + enc if i == 0 else s for i, s in enumerate(stacked)])
-        # the constants -F(-10) (with b_lo) and F(10) (with b_hi), at the series' scale
-        ends = [-series_at(SIGMOID_SERIES, -t), series_at(SIGMOID_SERIES, t)]
-        const = torch.tensor(ends, dtype=torch.float64).view([2] + [1] * len(x.shape))
-        const = (const * 2**SERIES_SCALE).round().to(I64)
-        vals = cast(Shares, [s * 0 + const if i == 0 else s * 0 for i, s in enumerate(stacked)])
-        (sel, fsel) = select_late(x.session, cmp, [vals], run)
+    # the constants -F(-10) (with b_lo) and F(10) (with b_hi), at the series' scale
+    ends = [-series_at(SIGMOID_SERIES, -t), series_at(SIGMOID_SERIES, t)]
+    const = torch.tensor(ends, dtype=torch.float64).view([2] + [1] * len(x.shape))
+    const = (const * 2**SERIES_SCALE).round().to(I64)
+    both = _series_at_bounds(
+        x,
+        SIGMOID_SERIES,
+        lambda st, enc: [s * 0 + const if i == 0 else s * 0 for i, s in enumerate(st)],
+    )
+    if both is not None:
+        sel, fsel = both
         shares = [f[0] - f[1] + c[0] + c[1] for f, c in zip(fsel, sel)]
         shares[0] = shares[0] + round(series_at(SIGMOID_SERIES, -t) * 2**SERIES_SCALE)
         return truncate_many([x.with_shares(shares, SERIES_SCALE)], [out])[0]
