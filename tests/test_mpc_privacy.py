@@ -258,7 +258,9 @@ class Audit:
         assert self.tensors, "the audit recorded nothing"
         secret_floats = secret_floats.detach().reshape(-1)
         secret_ints = secret_ints.reshape(-1)
-        assert bool((secret_ints.abs() > 1000).all()), "secrets must be distinctive"
+        # distinctive: beyond 2^17, since a comparison's last carry level packs 16
+        # uniformly random bits into each int64 word, which hold every 16-bit value by chance
+        assert bool((secret_ints.abs() > 2**17).all()), "secrets must be distinctive"
         for who, how, t in self.tensors:
             if t.dtype == torch.bool or t.numel() == 0:
                 continue
@@ -374,7 +376,7 @@ def distinctive_cnn() -> nn.Sequential:
         for k, p in enumerate(model.parameters()):
             steps = torch.arange(p.numel(), dtype=torch.float32)
             signs = 1 - 2 * (steps % 2)
-            p.copy_(((0.1 + 0.05 * k + 0.0137 * steps) * signs).reshape(p.shape))
+            p.copy_(((2.1 + 2 * k + 0.0137 * steps) * signs).reshape(p.shape))
     return model
 
 
