@@ -82,6 +82,19 @@ def test_a_model_the_client_shared_generates_its_greedy_tokens(kind: str) -> Non
     assert torch.equal(mpc.generate(model, prompt, 6), expected)
 
 
+def test_generations_of_other_lengths_on_one_model_each_give_their_tokens() -> None:
+    """Each length records its own programs (another capacity): the second recording makes
+    its own weight instances instead of referring to the first's (it failed with a
+    KeyError), and going back to the first length reuses the first's programs."""
+    model = tiny("gpt2")
+    runs = [(prompt_of(18), 5), (prompt_of(20), 3), (prompt_of(18), 5)]
+    expected = [plaintext(model, p, n) for p, n in runs]
+    parties, carol = workers()
+    mpc.share(model, *parties, crypto_provider=carol)
+    for (prompt, n), want in zip(runs, expected):
+        assert torch.equal(mpc.generate(model, prompt, n), want)
+
+
 def test_a_token_is_one_program_per_worker() -> None:
     """After the first step (recorded as it runs), each token costs the client a few
     messages: the token's shared row, one run per worker, the argmax's fetch."""

@@ -178,6 +178,38 @@ def drop_generation(
         w.flush_deletes()
 
 
+DEAL_WAIT = 120.0  # seconds a new prefill waits for the dealer's programs still running
+
+
+def deal_steps(plan: SharedPlan, later: Programs, steps: int) -> None:
+    """Deal the crypto provider's material for the next ``steps`` runs of the step program
+    ``later`` now (the offline phase, :meth:`mpc.plan.SharedPlan.preprocess`): each such
+    step then runs the parties' programs only, and the dealer's work and deliveries leave
+    the token. The sets refer to what the last prefill kept (``later.carry``)."""
+    if type(steps) is not int or steps < 0:
+        raise ValueError(f"steps must be an int of at least 0, got {steps!r}")
+    plan._preprocess(later, steps)
+
+
+def drop_dealt(later: Programs | None, workers: list[Any]) -> None:
+    """Forget the steps' material dealt ahead and not used (a new prefill starts a new
+    generation, whose steps take what it keeps: the old sets are of no use), and delete
+    the dealer's deliveries of those sets at the parties."""
+    if later is None or not later.prepared:
+        return
+    for w in workers:  # (in process, the dealer's programs may still be delivering)
+        wait = getattr(w, "wait_programs", None)
+        if wait is not None:
+            wait(DEAL_WAIT)
+    by_id = {w.id: w for w in workers}
+    while later.prepared:
+        bindings = later.prepared.popleft()
+        for party, slot in later.dealt:
+            by_id[party].queue_delete(bindings[slot])
+    for w in workers:
+        w.flush_deletes()
+
+
 class PlainPrograms:
     """A client-shared model's prefill and step programs (recorded as they first run).
     ``decoder``: another :class:`Decoder` (a speculative one), whose ``later`` method is
@@ -204,6 +236,10 @@ class PlainPrograms:
         if self.plan is None or (self.later is None and self.prefills):
             # (a step not yet recorded records on the state of the prefill recorded last)
             model, dec = self.model, self.decoder
+            # the weights' instances another shape's programs made go: this recording
+            # makes its own, which its step carries
+            for param in model.parameters():
+                weights.drop_instances(param)  # type: ignore[arg-type]
             with weights.held_instances():  # (the step takes the instances the prefill made)
                 self.plan = SharedPlan(lambda x: dec.run_prefill(model, x), rows)
             self.later = None
@@ -212,6 +248,7 @@ class PlainPrograms:
             self.carry = _recorded_bindings(self.plan._first)
             self.ran = False  # (its objects: the client's pointers hold them)
         else:
+            drop_dealt(self.later, self.plan.workers)
             if self.later is not None and self.ran:  # (the last generation's)
                 drop_generation(self.plan._first, self.later, self.carry, self.plan.workers)
             out = self.plan._run(self.plan._first, (rows,))
@@ -236,8 +273,26 @@ class PlainPrograms:
             return out
         return self.plan._run(self.later, (rows, *more))
 
+    def preprocess(self, steps: int) -> None:
+        """Deal the crypto provider's material for this generation's next ``steps``
+        steps now (:func:`deal_steps`). A client-shared model's step program is recorded by
+        its first run: the steps after the first can be dealt ahead."""
+        if self.plan is None or self.later is None:
+            raise MPCError(
+                "the steps' material is dealt ahead once the step program exists: after "
+                "the generation's first step (it is recorded as it runs)"
+            )
+        deal_steps(self.plan, self.later, steps)
+
+    @property
+    def prepared(self) -> int:
+        """How many steps have their material dealt ahead."""
+        return 0 if self.later is None else len(self.later.prepared)
+
 
 __all__ = [
+    "deal_steps",
+    "drop_dealt",
     "Decoder",
     "PlainPrograms",
     "drop_generation",

@@ -59,6 +59,7 @@ def generate(
     drafts: int = 0,
     draft: Any = None,
     passes: list[int] | None = None,
+    preprocess: bool = False,
 ) -> torch.Tensor:
     """Greedy decoding of a shared causal language model (GPT-2 or Llama style, from
     ``transformers``) on the caller's prompt ``input_ids`` (batch, length): returns the
@@ -80,7 +81,13 @@ def generate(
     reveals the accepted ones and the first correction: the same tokens as greedy
     decoding, often several a pass. Each pass takes k + 1 cache positions whatever it
     accepts, so ``max_length`` must hold the prompt and k + 1 positions a new token.
-    ``passes``: a list the number of passes is appended to."""
+    ``passes``: a list the number of passes is appended to.
+
+    ``preprocess=True``: the crypto provider deals the material of all the remaining
+    steps at once, as soon as they can be dealt (on a model its owner shares: after the
+    prefill; on a model the client shared: after the first step, whose run records the
+    step program); each later token then runs the parties' programs only (the online
+    phase). Sets not used (an ``eos_token_id`` stop) are dropped at the next prefill."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -102,6 +109,11 @@ def generate(
         )
     if drafts and batch != 1:
         raise MPCError("speculative verification takes one sequence (batch 1)")
+    if drafts and preprocess:
+        raise MPCError(
+            "preprocess=True deals one set per step; with drafts the number of passes is "
+            "not known ahead: call progs.preprocess(passes) on mpc.generation.programs(...)"
+        )
     progs = programs(model, length, max_length, batch, drafts)
     session = session_of(model)
     vocab = embedding(model).weight.shape[0]
@@ -119,6 +131,8 @@ def generate(
                 progress(len(new))
             if eos_token_id is not None and bool((token == eos_token_id).all()):
                 break
+            if preprocess and not progs.prepared and _dealable(progs):
+                progs.preprocess(max_new_tokens - len(new))
             token = progs.step(one_hot_rows(token, vocab, session)).get()
             new.append(token)
     if progress is not None:
@@ -126,6 +140,11 @@ def generate(
     if passes is not None:
         passes.append(len(new))
     return torch.cat(new, dim=1)
+
+
+def _dealable(progs: Any) -> bool:
+    """Whether the steps' material can be dealt now (see :func:`generate`)."""
+    return isinstance(progs, HeldPrograms) or progs.later is not None
 
 
 def _speculate(

@@ -28,7 +28,14 @@ from torch import nn
 import pointers as pt
 from mpc.config import MPCConfig
 from mpc.errors import MPCError
-from mpc.generation.decoding import Decoder, drop_generation, embedding, one_hot_rows
+from mpc.generation.decoding import (
+    Decoder,
+    deal_steps,
+    drop_dealt,
+    drop_generation,
+    embedding,
+    one_hot_rows,
+)
 from mpc.generation.speculative import SpeculativeDecoder
 from mpc.held import RUN_WAIT, Approval, HeldPlan, recording_dropped, registered_values
 from mpc.offered import HeldShared, secret_slots, tensor_at
@@ -135,6 +142,7 @@ class HeldPrograms:
         plan = self.plan
         variant = plan._first if first else plan.later
         if first:  # a new generation: the last one's cache, position and instances go
+            drop_dealt(plan.later, plan.workers)
             drop_generation(plan._first, plan.later, plan.later.carry, plan.workers)
         out = plan._run(variant, (*inputs, *self._weights()), plan._held_fields(variant))
         if first:
@@ -159,6 +167,22 @@ class HeldPrograms:
         if not self.ready:
             raise MPCError("a step runs after its generation's prefill")
         return self._run(False, rows, *more)
+
+    def preprocess(self, steps: int) -> None:
+        """Deal the crypto provider's material for this generation's next ``steps``
+        steps now, after its prefill (:func:`~mpc.generation.decoding.deal_steps`): the
+        steps take what the prefill kept. A new prefill drops the sets not used."""
+        if not self.ready:
+            raise MPCError(
+                "the steps' material is dealt after the generation's prefill (the steps "
+                "take what it keeps)"
+            )
+        deal_steps(self.plan, self.plan.later, steps)
+
+    @property
+    def prepared(self) -> int:
+        """How many steps have their material dealt ahead."""
+        return len(self.plan.later.prepared)
 
 
 __all__ = ["HeldPrograms", "approve_generation"]
