@@ -229,9 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--preprocess",
         action="store_true",
-        help="with --plan: deal each plan call's crypto-provider material ahead "
-        "(mpc.preprocess), outside the timer; the median is then the online time, and the "
-        "offline time per call is printed after the table",
+        help="with --plan, and for W16 and W17: deal each plan call's (decoding step's) "
+        "crypto-provider material ahead (mpc.preprocess), outside the timer; the median is "
+        "then the online time, and the offline time per call is printed after the table",
     )
     ap.add_argument(
         "--hf-tiny",
@@ -270,8 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--parties must be 2..5, got {args.parties}")
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
-    if args.preprocess and not args.plan:
-        ap.error("--preprocess needs --plan (material is dealt ahead for plan calls)")
+    named = {w.strip().upper() for w in args.workloads.split(",")}
+    if args.preprocess and not args.plan and not named & {"W16", "W17"}:
+        ap.error(
+            "--preprocess needs --plan or W16/W17 (material is dealt ahead for plan calls "
+            "and decoding steps)"
+        )
     if args.serial and args.network:
         ap.error("--serial is for in-process workers; network workers run in their own processes")
     if args.latency_ms is not None:
@@ -422,7 +426,8 @@ def _run(
             planned = args.plan and case.workload in PLAN_WORKLOADS
             offline = as_plan(w) if planned else None
             dealt = None
-            if planned and args.preprocess:  # warm-up, the timed runs, profile and check
+            if args.preprocess and (planned or w.preprocess is not None):
+                # warm-up, the timed runs, profile and check
                 dealt = preprocess_plan(w, args.repeat + 3)
             clock = processes_cpu(cluster.pids()) if cluster is not None else None
             row = measure(

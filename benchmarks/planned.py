@@ -43,9 +43,13 @@ def as_plan(w: Any) -> float:
 
 
 def preprocess_plan(w: Any, calls: int) -> float:
-    """Deal the material of ``w``'s next ``calls`` plan calls now (``mpc.preprocess``);
-    the seconds per call that took (dealer's work and deliveries, waited for)."""
+    """Deal the material of ``w``'s next ``calls`` runs now: plan calls
+    (``mpc.preprocess``) or a generation's decoding steps (W16, W17); the seconds per
+    run that took (dealer's work and deliveries, waited for)."""
     start = time.perf_counter()
-    mpc.preprocess(w.plan, calls)
+    if w.preprocess is not None:
+        w.preprocess(calls)
+    else:
+        mpc.preprocess(w.plan, calls)
     w.sync()
     return (time.perf_counter() - start) / calls

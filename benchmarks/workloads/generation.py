@@ -178,6 +178,7 @@ def _decode(
         programs=True,
         revealed=True,
         track_rss=True,
+        preprocess=progs.preprocess,
     )
 
 

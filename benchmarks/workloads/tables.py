@@ -94,8 +94,9 @@ CPU_NOTE = (
 )
 DEALER_NOTE = (
     "* dealer t: time inside the crypto provider's message handler during one extra run "
-    "(the one that counts rounds and bytes). There is no separate offline phase yet: the "
-    "dealer works inline, so this is part of the online time, not in addition to it."
+    "(the one that counts rounds and bytes). By default the dealer works inline, so this "
+    "is part of the online time, not in addition to it; with --preprocess (plans, W16, "
+    "W17) its material is dealt before the timer and its offline time is printed below."
 )
 NETWORK_NOTE = (
     "network: every worker is its own process; each timed run ends with a sync of every "

@@ -48,6 +48,9 @@ class Workload:
     fn: Callable[..., Any] | None = None
     inputs: tuple[Any, ...] = ()
     programs: bool = False  # runs start programs at the workers (mpc.plan): sync waits
+    # deal the crypto provider's material of the next n runs ahead (--preprocess: W16, W17
+    # deal their next decoding steps; W5, W13 go through --plan's mpc.preprocess)
+    preprocess: Callable[[int], None] | None = None
     # ``run`` ends by revealing its result to the client (``get()``: W3, W6, W8): the value
     # in hand means every step it depends on ran, so on network workers the timer stops
     # there and the sync (deletes of dropped pointers, deliveries acknowledged) follows
