@@ -176,7 +176,7 @@ def test_cli_writes_table_json_and_plot(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     for col in ("workload", "size", "median", "elem/s", "ratio", "rounds", "bytes/party"):
         assert col in proc.stdout
-    assert "dealer t*" in proc.stdout and "no separate offline phase" in proc.stdout
+    assert "dealer t*" in proc.stdout and "By default the dealer works inline" in proc.stdout
     data = json.loads(out_json.read_text())
     assert data["meta"]["parties"] == 2 and data["meta"]["nproc"] >= 1
     names = [r["name"] for r in data["rows"]]
@@ -351,6 +351,30 @@ HF = pytest.mark.skipif("W14" not in wl.WORKLOADS, reason="transformers is not i
 
 
 @HF
+def test_cli_preprocess_needs_a_plan_or_a_generation(capsys: pytest.CaptureFixture) -> None:
+    from benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--preprocess", "--workloads", "W1", "--list"])
+    assert exc.value.code == 2
+    assert "--preprocess needs --plan or W16/W17" in capsys.readouterr().err
+    assert main(["--preprocess", "--workloads", "W16", "--hf-tiny", "--list"]) == 0
+    assert main(["--preprocess", "--plan", "--workloads", "W5", "--list"]) == 0
+
+
+@pytest.mark.slow
+def test_generation_workload_with_its_steps_dealt_ahead() -> None:
+    """--preprocess for W16: the steps' material is dealt after the prefill; the timed
+    steps then run the parties' programs only and still give the plaintext's tokens."""
+    from benchmarks.planned import preprocess_plan
+
+    w = wl.Case("W16", TINY["W16"], tiny=True).build()
+    assert w.preprocess is not None and preprocess_plan(w, 4) > 0
+    row = wl.measure(w, repeat=1)
+    assert not wl.failures(row), wl.failures(row)
+    assert row["token_mismatches"] == 0 and row["dealer_s"] == 0
+
+
 @pytest.mark.parametrize(
     "workload",
     ["W14", "W15", *(pytest.param(w, marks=pytest.mark.slow) for w in ("W16", "W17"))],
