@@ -52,6 +52,26 @@ def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, 
     assert torch.equal(torch.argmin(x).get(), torch.argmin(v))
 
 
+@pytest.mark.parametrize(("k", "n", "rounds"), [(200, 2, 12), (200, 3, 12), (3000, 2, 20)])
+def test_a_long_argmax_finishes_by_ranks_once_few_entries_are_left(k, n, rounds) -> None:
+    """The levels reduce k entries to few (200 -> 50 after one level, 3000 -> 47 after
+    three), then ranks take 8 rounds where the 3 levels left took 12; ties go to the first
+    index, as in torch."""
+    parties, dealer = _group(n)
+    gen = torch.Generator().manual_seed(k + n)
+    v = torch.randint(-50, 50, (1, k), generator=gen).float() / 8
+    v[0, k // 2] = v[0, 3] = v.max() + 1.0  # the max twice: the first index wins
+    x = mpc.share(v, *parties, crypto_provider=dealer)
+    with mpc.stats() as s:
+        idx = torch.argmax(x, 1).get()
+    assert s.rounds == rounds  # (4 a level, then 8)
+    assert torch.equal(idx, torch.argmax(v, 1)) and int(idx) == 3
+    with mpc.stats() as s:
+        best = torch.amax(x, 1).get()
+    assert s.rounds == rounds
+    assert torch.allclose(best, v.amax(1), atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("k", "levels"), [(2, 1), (3, 1), (4, 1), (6, 2), (10, 2), (16, 2), (17, 3), (64, 3)]
 )
