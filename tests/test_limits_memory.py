@@ -460,6 +460,9 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     w = mpc.share(torch.rand(8, 3, 3, 3), a, b, crypto_provider=c)
     torch.nn.functional.conv2d(img, w).get()
     torch.nn.functional.conv2d(img, torch.rand(8, 3, 3, 3)).get()  # bilinear_public
+    # and a public matmul, large enough that its peak is not lost in the allocator's noise
+    # (the convolution's 0.5 MiB measured 0.3-0.5 MiB, a (4, 3, 64, 64) one's 4 MiB 3.0-3.9)
+    (m @ torch.rand(256, 2048)).get()
     lin = torch.nn.Linear(1024, 1024)  # a model's weight: its instance, then a reuse
     mpc.share(lin, a, b, crypto_provider=c)
     for _ in range(2):

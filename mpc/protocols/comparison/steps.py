@@ -227,9 +227,9 @@ def _seal_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: in
 
 def _init_size(p: dict[str, Any]) -> int:
     """The words of c - r, level 0's bit planes and products, level 1's operands and their
-    masks: 17 words an element of c (13.5 at the last party, whose r bits are dealt),
-    measured at 2^20 elements."""
-    words = 17 if p.get("r_bits") is None else 13.5
+    masks: 15 words an element of c (13.5 at the last party, whose r bits are dealt),
+    measured at 2^20 elements (14.2 and under at party 0)."""
+    words = 15 if p.get("r_bits") is None else 13.5
     return declared(words * WORD * tensor_elems(p, "c"))
 
 
