@@ -21,6 +21,8 @@ from mpc.ops.local import add_shared, neg_shared
 from mpc.ops.relu_pool import deferred_relu, pool_of_relu
 from mpc.protocols import ranks
 from mpc.protocols.compare import msb, relu_with_mask, select_by_msb
+from mpc.protocols.low_bits.run import low_bits
+from mpc.protocols.low_bits.steps import MAX_LOW_BITS
 from mpc.protocols.max_of_four.run import max_of_four
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
@@ -104,9 +106,11 @@ def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 # -- max / argmax over the last dim by a tree of pairs and groups of four ---------------
 
 
-def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTensor | None]:
+def _tree_max(
+    x: SharedTensor, with_index: bool, values: bool = True
+) -> tuple[SharedTensor, SharedTensor | None]:
     """Max (and argmax, :func:`_max_with_index`) over the last dim of x; indices are shared
-    integers.
+    integers. Without ``values`` (an argmax alone) the max returned may be None.
 
     The levels of :func:`_plan` (4 rounds each): pairs while that costs no level
     (:func:`_pair_level`), then groups of four (:func:`_group_level`). Few rows of few
@@ -125,7 +129,7 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
             SharedTensor(i, x.session, 0, torch.int64) if i is not None else None
         )
     if with_index:
-        return _max_with_index(x)
+        return _max_with_index(x, values)
     plan = _plan(k)
     for done, (kind, _) in enumerate(plan):
         left = x.shape[-1]
@@ -138,16 +142,19 @@ def _tree_max(x: SharedTensor, with_index: bool) -> tuple[SharedTensor, SharedTe
     return x, None
 
 
-def _max_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
+def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTensor]:
     """Max and argmax over the last dim (k entries), first index on ties as torch, in the
     rounds of the values-only max (:func:`_tree_max`: groups of four).
 
     Entry j is packed with its reversed index, p_j = x_j 2^m + (k - 1 - j) (ring elements,
     k - 1 < 2^m): the p_j are distinct, p_i > p_j iff x_i > x_j or x_i = x_j and i < j, so
-    the max of the p's is x_max 2^m + (k - 1 - argmax) with torch's tie rule. The max of
-    the x's and of the p's run as one stacked tensor (the same comparison runs, twice the
-    elements); then k - 1 - argmax = p_max - x_max 2^m, exactly (local). The packing needs
-    |x| < 2^(62 - m) in ring units (2^(46 - m) at 16 fractional bits)."""
+    the max of the p's is x_max 2^m + (k - 1 - argmax) with torch's tie rule. With the max
+    (``values``), the max of the x's and of the p's run as one stacked tensor (the same
+    comparison runs, twice the elements); then k - 1 - argmax = p_max - x_max 2^m, exactly
+    (local). For the argmax alone, only the p's are compared and k - 1 - argmax is p_max
+    mod 2^m, exactly, in one more round (:func:`mpc.protocols.low_bits.run.low_bits`:
+    half the compared elements; the max is None). The packing needs |x| < 2^(62 - m) in
+    ring units (2^(46 - m) at 16 fractional bits)."""
     k = x.shape[-1]
     x.materialize()
     m = max(k - 1, 1).bit_length()
@@ -158,6 +165,12 @@ def _max_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
         return _pairwise_with_index(x)
     rev = (k - 1 - torch.arange(k, dtype=torch.int64)).expand(x.shape).contiguous()
     packed = [s * (1 << m) + r for s, r in zip(x.shares, public_to_shares(rev, x))]
+    if not values and m <= MAX_LOW_BITS:
+        top, _ = _tree_max(x.with_shares(packed), False)
+        low = low_bits(x.session, top.shares, m)
+        idx = [-s for s in low]
+        idx[0] = idx[0] + (k - 1)
+        return None, SharedTensor(idx, x.session, 0, torch.int64)
     # (a stack of shared tensors is shared; torch's stubs say Tensor)
     both = cast(SharedTensor, torch.stack([x, x.with_shares(packed)]))
     top, _ = _tree_max(both, False)
@@ -330,20 +343,26 @@ def _move_dim_last(x: SharedTensor, dim: int) -> SharedTensor:
     return x.movedim(dim, -1) if dim not in (-1, x.dim() - 1) else x
 
 
-def max_reduce(x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool) -> Any:
+def max_reduce(
+    x: SharedTensor, dim: int | None, keepdim: bool, with_index: bool, values: bool = True
+) -> Any:
+    """(max, argmax) over ``dim`` (all elements if None); the argmax None without
+    ``with_index``, the max possibly None without ``values``."""
+
+    def shaped(t: Any, to: Any) -> Any:
+        return to(t) if t is not None else None
+
     if dim is None:
         flat = x.reshape(-1)
-        v, i = _tree_max(flat, with_index)
+        v, i = _tree_max(flat, with_index, values)
         out_shape = [1] * x.dim() if keepdim else []
-        return v.reshape(out_shape), (i.reshape(out_shape) if i is not None else None)
+        return shaped(v, lambda t: t.reshape(out_shape)), shaped(i, lambda t: t.reshape(out_shape))
     d = dim % max(x.dim(), 1)
     moved = _move_dim_last(x, d)
-    v, i = _tree_max(moved, with_index)
-    v = v.squeeze(-1)
-    i = i.squeeze(-1) if i is not None else None
+    v, i = _tree_max(moved, with_index, values)
+    v, i = shaped(v, lambda t: t.squeeze(-1)), shaped(i, lambda t: t.squeeze(-1))
     if keepdim:
-        v = v.unsqueeze(d)
-        i = i.unsqueeze(d) if i is not None else None
+        v, i = shaped(v, lambda t: t.unsqueeze(d)), shaped(i, lambda t: t.unsqueeze(d))
     return v, i
 
 
@@ -384,7 +403,7 @@ def argmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     src = x if func is aten.argmax.default else _negated(x)
-    _, i = max_reduce(src, dim, keepdim, True)
+    _, i = max_reduce(src, dim, keepdim, True, values=False)
     return i
 
 

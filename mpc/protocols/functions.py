@@ -28,6 +28,7 @@ from mpc.protocols.comparison import steps as comparison
 from mpc.protocols.fourier import steps as fourier
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as fss
+from mpc.protocols.low_bits import steps as low_bits
 from mpc.protocols.mac_check import steps as mac_check
 from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
@@ -43,6 +44,7 @@ STEP_MODULES = (
     opening,
     beaver,
     truncation,
+    low_bits,
     comparison,
     selection,
     max_of_four,

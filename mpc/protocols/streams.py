@@ -30,7 +30,8 @@ from pointers.errors import NotAllowedError
     TAG_TRIG,
     TAG_PAIRS,
     TAG_FSS_ROOT,  # the parties' DCF root seeds (mpc.protocols.fss.steps)
-) = range(12)
+    TAG_TABLE,  # a lookup table's shares (mpc.protocols.low_bits.steps)
+) = range(13)
 
 
 def _seed_bytes(seed: torch.Tensor) -> bytes:
