@@ -113,3 +113,35 @@ def test_max_pool_backward_routes_ties_to_the_first_position_as_torch() -> None:
         F.max_pool2d(plain, kernel).sum().backward()
         assert shared.grad is not None and plain.grad is not None
         assert torch.equal(shared.grad.get(), plain.grad)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "truncated_first"), [(2, 50_257, False), (3, 5_000, False), (2, 70_000, True)]
+)
+def test_the_argmax_of_a_product_skips_its_truncation(n: int, k: int, truncated_first: bool):
+    """An LM head's logits (a product still to be truncated) go into the argmax at their
+    full scale: no truncation round and no truncation bytes, the same index as plaintext
+    (argmin too); a vocabulary past 2^16 entries leaves the packing no room at that scale,
+    so its logits are truncated first, and its argmax is still right."""
+    parties, dealer = _group(n)
+    gen = torch.Generator().manual_seed(n)
+    h = torch.randn(1, 64, generator=gen)
+    w = torch.randn(64, k, generator=gen) * 0.3
+    hs, ws = (mpc.share(t, *parties, crypto_provider=dealer) for t in (h, w))
+    with mpc.stats() as skipped:
+        logits = hs @ ws
+        idx = torch.argmax(logits, -1).get()
+    assert torch.equal(idx, torch.argmax(h @ w, -1))
+    logits = hs @ ws
+    assert torch.equal(torch.argmin(logits, -1).get(), torch.argmin(h @ w, -1))
+    with mpc.stats() as materialized:
+        logits = hs @ ws
+        logits.materialize()  # the truncation first, as any other op would
+        assert torch.equal(torch.argmax(logits, -1).get(), idx)
+    party = parties[0].id
+    if truncated_first:
+        assert skipped.rounds == materialized.rounds
+    else:
+        assert skipped.rounds == materialized.rounds - 1
+        saved = materialized.bytes_per_party[party] - skipped.bytes_per_party[party]
+        assert saved >= 8 * k  # (the truncation's opening: a word an element)

@@ -142,6 +142,12 @@ def _tree_max(
     return x, None
 
 
+# an argmax alone reads a value still to be truncated at its full scale f where the packing
+# p = x 2^m + (k - 1 - j) leaves |x| < 2^(62 - m - f) >= 2^14 (f + m <= 48: a product of
+# two 16-bit fixed-point values over a vocabulary of up to 65,536)
+FULL_SCALE_PACKING = 48
+
+
 def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTensor]:
     """Max and argmax over the last dim (k entries), first index on ties as torch, in the
     rounds of the values-only max (:func:`_tree_max`: groups of four).
@@ -154,11 +160,18 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     (local). For the argmax alone, only the p's are compared and k - 1 - argmax is p_max
     mod 2^m, exactly, in one more round (:func:`mpc.protocols.low_bits.run.low_bits`:
     half the compared elements; the max is None). The packing needs |x| < 2^(62 - m) in
-    ring units (2^(46 - m) at 16 fractional bits)."""
+    ring units (2^(46 - m) at 16 fractional bits). The argmax alone of a value still to be
+    truncated (an LM head's logits) packs it at its full scale where that leaves
+    |x| < 2^14 (:data:`FULL_SCALE_PACKING`): the truncation's round and opening are never
+    paid."""
     k = x.shape[-1]
-    x.materialize()
     m = max(k - 1, 1).bit_length()
-    if x.session.config.comparison == "fss":
+    fss = x.session.config.comparison == "fss"
+    if not values and not fss and x.pending and x.frac_bits + m <= FULL_SCALE_PACKING:
+        x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)  # (not pending)
+    else:
+        x.materialize()
+    if fss:
         # a domain narrower than the ring (fss_bits < 64) leaves no room for the packing;
         # and with FSS's 2-round comparison, the pairwise tree's k - 1 comparisons cost
         # less dealer material than the groups' 2 (k - 1) on twice the elements
@@ -397,7 +410,7 @@ def max_all(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _negated(v) if is_min else v
 
 
-@register(aten.argmax.default, aten.argmin.default)
+@register(aten.argmax.default, aten.argmin.default, lazy=True)
 def argmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
