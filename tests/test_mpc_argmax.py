@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
-from mpc.ops.nonlinear import _levels
+from mpc.ops.nonlinear import LOW_BITS_FROM, _levels
 from mpc.protocols.ranks import MAX_PAIRS
 
 
@@ -56,9 +56,7 @@ def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, 
 def test_a_long_argmax_finishes_by_ranks_once_few_entries_are_left(k, n, rounds) -> None:
     """The levels reduce k entries to few (200 -> 50 after one level, 3000 -> 47 after
     three), then ranks take 8 rounds where the 3 levels left took 12; ties go to the first
-    index, as in torch. The argmax alone compares only the packed values and takes the
-    index from their max's low bits in one round more, with half the bytes of
-    torch.max's values and indices."""
+    index, as in torch."""
     parties, dealer = _group(n)
     gen = torch.Generator().manual_seed(k + n)
     v = torch.randint(-50, 50, (1, k), generator=gen).float() / 8
@@ -66,14 +64,8 @@ def test_a_long_argmax_finishes_by_ranks_once_few_entries_are_left(k, n, rounds)
     x = mpc.share(v, *parties, crypto_provider=dealer)
     with mpc.stats() as s:
         idx = torch.argmax(x, 1).get()
-    assert s.rounds == rounds + 1  # (4 a level, then 8, then the low bits' opening)
+    assert s.rounds == rounds  # (4 a level, then 8)
     assert torch.equal(idx, torch.argmax(v, 1)) and int(idx) == 3
-    with mpc.stats() as both:
-        best, idx = torch.max(x, 1)
-        assert torch.equal(idx.get(), torch.argmax(v, 1))
-    assert both.rounds == rounds
-    party = parties[0].id
-    assert s.bytes_per_party[party] < 0.55 * both.bytes_per_party[party]
     with mpc.stats() as s:
         best = torch.amax(x, 1).get()
     assert s.rounds == rounds
@@ -115,6 +107,26 @@ def test_max_pool_backward_routes_ties_to_the_first_position_as_torch() -> None:
         assert torch.equal(shared.grad.get(), plain.grad)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_large_argmax_alone_compares_the_packed_values_only(n: int) -> None:
+    """From LOW_BITS_FROM elements, the argmax alone compares only the packed values and
+    takes the index from their max's low bits: one round more than torch.max's values and
+    indices, about half their bytes; ties go to the first index."""
+    parties, dealer = _group(n)
+    gen = torch.Generator().manual_seed(n)
+    v = torch.randint(-40, 40, (12, 3000), generator=gen).float() / 4  # many ties
+    assert v.numel() >= LOW_BITS_FROM
+    x = mpc.share(v, *parties, crypto_provider=dealer)
+    with mpc.stats() as alone:
+        assert torch.equal(torch.argmax(x, 1).get(), torch.argmax(v, 1))
+    with mpc.stats() as both:
+        best, idx = torch.max(x, 1)
+        assert torch.equal(idx.get(), torch.argmax(v, 1))
+    assert alone.rounds == both.rounds + 1
+    party = parties[0].id
+    assert alone.bytes_per_party[party] < 0.55 * both.bytes_per_party[party]
+
+
 @pytest.mark.parametrize(
     ("n", "k", "truncated_first"), [(2, 50_257, False), (3, 5_000, False), (2, 70_000, True)]
 )
@@ -142,6 +154,8 @@ def test_the_argmax_of_a_product_skips_its_truncation(n: int, k: int, truncated_
     if truncated_first:
         assert skipped.rounds == materialized.rounds
     else:
-        assert skipped.rounds == materialized.rounds - 1
+        # the truncation's round saved, where the materialized value's argmax takes the
+        # low bits' round too (from LOW_BITS_FROM elements)
+        assert skipped.rounds == materialized.rounds - (k >= LOW_BITS_FROM)
         saved = materialized.bytes_per_party[party] - skipped.bytes_per_party[party]
         assert saved >= 8 * k  # (the truncation's opening: a word an element)

@@ -142,6 +142,9 @@ def _tree_max(
     return x, None
 
 
+# the argmax alone takes its index from the packed max's low bits (one round more, half the
+# compared elements) from this many elements a call, or where it skips a truncation's round
+LOW_BITS_FROM = 1 << 15
 # an argmax alone reads a value still to be truncated at its full scale f where the packing
 # p = x 2^m + (k - 1 - j) leaves |x| < 2^(62 - m - f) >= 2^14 (f + m <= 48: a product of
 # two 16-bit fixed-point values over a vocabulary of up to 65,536)
@@ -159,7 +162,8 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     comparison runs, twice the elements); then k - 1 - argmax = p_max - x_max 2^m, exactly
     (local). For the argmax alone, only the p's are compared and k - 1 - argmax is p_max
     mod 2^m, exactly, in one more round (:func:`mpc.protocols.low_bits.run.low_bits`:
-    half the compared elements; the max is None). The packing needs |x| < 2^(62 - m) in
+    half the compared elements; the max is None), from :data:`LOW_BITS_FROM` elements a
+    call (below, a round weighs more than the bytes saved). The packing needs |x| < 2^(62 - m) in
     ring units (2^(46 - m) at 16 fractional bits). The argmax alone of a value still to be
     truncated (an LM head's logits) packs it at its full scale where that leaves
     |x| < 2^14 (:data:`FULL_SCALE_PACKING`): the truncation's round and opening are never
@@ -167,9 +171,11 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     k = x.shape[-1]
     m = max(k - 1, 1).bit_length()
     fss = x.session.config.comparison == "fss"
-    if not values and not fss and x.pending and x.frac_bits + m <= FULL_SCALE_PACKING:
+    low = not values and not fss and m <= MAX_LOW_BITS
+    if low and x.pending and x.frac_bits + m <= FULL_SCALE_PACKING:
         x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)  # (not pending)
     else:
+        low = low and x.numel() >= LOW_BITS_FROM
         x.materialize()
     if fss:
         # a domain narrower than the ring (fss_bits < 64) leaves no room for the packing;
@@ -178,10 +184,9 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
         return _pairwise_with_index(x)
     rev = (k - 1 - torch.arange(k, dtype=torch.int64)).expand(x.shape).contiguous()
     packed = [s * (1 << m) + r for s, r in zip(x.shares, public_to_shares(rev, x))]
-    if not values and m <= MAX_LOW_BITS:
+    if low:
         top, _ = _tree_max(x.with_shares(packed), False)
-        low = low_bits(x.session, top.shares, m)
-        idx = [-s for s in low]
+        idx = [-s for s in low_bits(x.session, top.shares, m)]
         idx[0] = idx[0] + (k - 1)
         return None, SharedTensor(idx, x.session, 0, torch.int64)
     # (a stack of shared tensors is shared; torch's stubs say Tensor)
