@@ -78,6 +78,18 @@ from pointers.worker.lanes import release_idle_lanes
 from pointers.worker.program import Recording
 
 RUN_WAIT = 600.0  # seconds a held plan's call waits for the parties' runs, at most
+
+
+def wait_for_runs(parties: list[Any]) -> None:
+    """Wait for the parties' program runs (in-process workers run them in threads): each
+    party releases a held run's output when its run ends (until then the client's reads
+    of it are refused), so a call waits for that before it hands the output back."""
+    for party in parties:
+        wait = getattr(party, "wait_programs", None)
+        if wait is not None:
+            wait(RUN_WAIT)
+
+
 Call = Callable[..., Any]
 
 
@@ -441,12 +453,7 @@ class HeldPlan(SharedPlan):
         if first and self.later.carry is None:  # later queries take what this run keeps
             self.later.carry = self.last_bindings
         self.made = True
-        # each party releases the output when its run ends (until then it is held, and
-        # the client's reads of it are refused): wait for that before handing it back
-        for party in self.session.parties:
-            wait = getattr(party, "wait_programs", None)
-            if wait is not None:
-                wait(RUN_WAIT)
+        wait_for_runs(self.session.parties)
         return out
 
 

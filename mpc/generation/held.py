@@ -37,7 +37,7 @@ from mpc.generation.decoding import (
     one_hot_rows,
 )
 from mpc.generation.speculative import SpeculativeDecoder
-from mpc.held import RUN_WAIT, Approval, HeldPlan, recording_dropped, registered_values
+from mpc.held import Approval, HeldPlan, recording_dropped, registered_values, wait_for_runs
 from mpc.offered import HeldShared, secret_slots, tensor_at
 from mpc.session import Session
 from mpc.shared import SharedTensor, share_tensor
@@ -147,10 +147,7 @@ class HeldPrograms:
         out = plan._run(variant, (*inputs, *self._weights()), plan._held_fields(variant))
         if first:
             plan.later.carry = plan.last_bindings
-        for party in self.session.parties:  # (the output is released when the run ends)
-            wait = getattr(party, "wait_programs", None)
-            if wait is not None:
-                wait(RUN_WAIT)
+        wait_for_runs(self.session.parties)  # (the output is released when the run ends)
         return out
 
     def prefill(self, rows: SharedTensor) -> SharedTensor:
