@@ -24,6 +24,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_training",
     "test_sealing",
     "test_sealing_attacks",
+    "test_low_bits",
     "test_weight_instances",
     "test_share_pieces",
     "test_release_rules",

@@ -147,3 +147,16 @@ def test_the_dealt_table_is_a_share_of_the_table(n: int) -> None:
     # not the table (all in [0, 64)): uniform words, of which few are small (each is
     # below 2^40 in absolute value with probability 2^-23; three of 320 is about 1e-14)
     assert int((last.abs() < 2**40).sum()) <= 2
+
+
+def test_a_vocabulary_argmax_takes_its_index_from_the_low_bits(trio: Any) -> None:
+    """An argmax alone over 40,000 entries (the packed values' tree, then the low bits: a
+    table of 2^16 words dealt to the last party) on both worker kinds, with the workers'
+    default limits; ties go to the first index."""
+    alice, bob, carol = trio
+    gen = torch.Generator().manual_seed(5)
+    v = torch.randint(-100, 100, (1, 40_000), generator=gen).float() / 8
+    v[0, 777] = v[0, 30_000] = 20.0
+    x = mpc.share(v, alice, bob, crypto_provider=carol)
+    idx = torch.argmax(x, -1).get()
+    assert int(idx) == 777
