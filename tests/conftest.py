@@ -25,6 +25,7 @@ BOTH_WORKER_KINDS = {
     "test_sealing",
     "test_sealing_attacks",
     "test_low_bits",
+    "test_rank_select",
     "test_weight_instances",
     "test_share_pieces",
     "test_release_rules",

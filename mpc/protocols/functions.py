@@ -32,6 +32,7 @@ from mpc.protocols.low_bits import steps as low_bits
 from mpc.protocols.mac_check import steps as mac_check
 from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
+from mpc.protocols.rank_select import steps as rank_select
 from mpc.protocols.seeds import steps as seeds
 from mpc.protocols.step import making_material, table
 from mpc.protocols.truncated_products import steps as truncated_products
@@ -45,6 +46,7 @@ STEP_MODULES = (
     beaver,
     truncation,
     low_bits,
+    rank_select,
     comparison,
     selection,
     max_of_four,

@@ -9,19 +9,20 @@ entry i, the number of entries that beat it,
     rank_i = sum over pairs (i, b), b > i, of l_ib  +  sum over pairs (a, i), a < i, of 1 - l_ai,
 
 is linear in the bits (a product with a public incidence matrix, local), and exactly one
-entry, the first maximum, has rank 0. A second comparison run on rank_i - 1 (small
-integers: negative exactly at rank 0) gives delta_i = [rank_i = 0] with the products
-delta_i x_i riding on its daBit (:func:`mpc.protocols.compare.select_by_msb`), so the max
-is sum_i delta_i x_i and the argmax sum_i delta_i i (the index selected alongside).
+entry, the first maximum, has rank 0. One round of dealt lookup tables
+(:func:`mpc.protocols.rank_select.run.select_rank_zero`: the ranks and the values opened
+masked, each entry's table of 2^m words, m the bits of k - 1) gives delta_i = [rank_i = 0]
+and delta_i x_i, so the max is sum_i delta_i x_i and the argmax sum_i delta_i i (local).
 
-Rounds: two comparison runs, 8 by default and 3 with ``comparison="fss"`` (1 for the
-bits, 2 for the selection), where a tree takes one run per level (4 rounds, or 2 with
-FSS): for k = 33, 12 by default and 6 with FSS. The price is the comparisons: k (k - 1)
-/ 2 + k a row where the tree needs about 1.5 k, so :func:`worth_it` takes this path only
-for few rows of few entries (a decoding step's softmax: 12 heads, 33 keys).
+Rounds: one comparison run and one round, 5 by default and 2 with ``comparison="fss"``,
+where a tree takes one run per level (4 rounds, or 2 with FSS): for k = 33, 12 by default
+and 6 with FSS. The price is the comparisons: k (k - 1) / 2 a row where the tree needs
+about 1.5 k, so :func:`worth_it` takes this path only for few rows of few entries (a
+decoding step's softmax: 12 heads, 33 keys).
 
-Nothing is opened but the comparisons' own masked values, as for every comparison; the
-order of the entries stays secret (the ranks are shares).
+Nothing is opened but masked values (the comparisons', and the ranks and values masked
+by the dealer's uniform words); the order of the entries stays secret (the ranks are
+shares).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from typing import cast
 
 import torch
 
-from mpc.protocols.compare import msb, select_by_msb
+from mpc.protocols.compare import msb
 from mpc.protocols.parties import I64, Shares
+from mpc.protocols.rank_select.run import select_rank_zero
 from mpc.session import Session
 
 #: the most pairwise comparisons one call runs (rows times k (k - 1) / 2): 2^13 costs a
@@ -55,8 +57,9 @@ def _pairs(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def rank_rounds(session: Session) -> int:
-    """The rounds of :func:`max_by_ranks` in the session's comparison mode."""
-    return 3 if session.config.comparison == "fss" else 8
+    """The rounds of :func:`max_by_ranks` in the session's comparison mode: the pairs'
+    comparison run and the selection's round."""
+    return 2 if session.config.comparison == "fss" else 5
 
 
 def worth_it(session: Session, rows: int, k: int, tree_levels: int) -> bool:
@@ -74,24 +77,13 @@ def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares,
     a, b, incidence = _pairs(k)
     diffs = cast(Shares, [torch.index_select(s, -1, a) - torch.index_select(s, -1, b) for s in x])
     lt = msb(session, diffs)  # [x_a < x_b] per pair
-    # rank_i - 1: the bits' part, plus the count of entries before i (each a pair (a, i)
-    # whose term is 1 - l_ai) minus 1, added by party 0
-    offset = torch.arange(k, dtype=I64) - 1
+    # rank_i: the bits' part, plus the count of entries before i (each a pair (a, i) whose
+    # term is 1 - l_ai), added by party 0
     ranks = cast(Shares, [torch.matmul(t, incidence) for t in lt])
-    ranks[0] = ranks[0] + offset
-    values = [list(x)]
-    if with_index:
-        idx = torch.arange(k, dtype=I64).expand(tuple(x[0].shape)).contiguous()
-        # (made where each share lives: party 0's holds the indices, the others' zeros)
-        values.append(
-            cast(
-                Shares,
-                [
-                    torch.zeros_like(s) + idx if i == 0 else torch.zeros_like(s)
-                    for i, s in enumerate(x)
-                ],
-            )
-        )
-    sel = select_by_msb(session, ranks, values)
-    out = [[s.sum(-1, keepdim=True) for s in v] for v in sel]
-    return out[0], (out[1] if with_index else None)
+    ranks[0] = ranks[0] + torch.arange(k, dtype=I64)
+    delta, selected = select_rank_zero(session, ranks, list(x), max(k - 1, 1).bit_length())
+    best = [s.sum(-1, keepdim=True) for s in selected]
+    if not with_index:
+        return best, None
+    idx = torch.arange(k, dtype=I64)
+    return best, [(d * idx).sum(-1, keepdim=True) for d in delta]
