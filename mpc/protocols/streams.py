@@ -8,6 +8,7 @@ worker derives each ``(seed, nonce, tag)`` at most once (:func:`consume`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -94,3 +95,51 @@ def xor_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int
     for s in seeds[1:]:
         out ^= derive(s, nonce, tag, shape)
     return out
+
+
+# -- dealt lookup tables (mpc.protocols.low_bits, mpc.protocols.rank_select): 2^bits words an
+# element; the parties before the last derive their shares (one tag a table), the last
+# party's come from the dealer, every table of an instance in one delivery
+
+
+def last_shares(
+    tables: list[torch.Tensor], seeds: list[torch.Tensor], nonce: int, tags: list[int]
+) -> torch.Tensor:
+    """The dealer's side: the last party's shares of ``tables`` (each [*shape, 2^bits]),
+    each table minus the other parties' derived shares (stream ``tags[k]`` for table k),
+    flat and in order: one delivery."""
+    out = []
+    for table, tag in zip(tables, tags):
+        for s in seeds[:-1]:
+            table -= derive(s, nonce, tag, list(table.shape))
+        out.append(table.reshape(-1))
+    return torch.cat(out)
+
+
+def party_tables(
+    seed: torch.Tensor,
+    nonce: int,
+    tags: list[int],
+    dealt: torch.Tensor | None,
+    shape: list[int],
+    bits: int,
+) -> list[torch.Tensor]:
+    """A party's shares of the tables of ``tags``, each [*shape, 2^bits]: derived from its
+    seed, or (the last party) split from the dealer's delivery ``dealt``."""
+    full = [*shape, 1 << bits]
+    if dealt is None:
+        return [derive(seed, nonce, tag, full) for tag in tags]
+    n = math.prod(full)
+    if dealt.dtype != torch.int64 or dealt.numel() != len(tags) * n:
+        raise ValueError(
+            f"{len(tags)} table(s) of {bits} bits for {shape} are {len(tags) * n} int64 "
+            f"words, got {dealt.dtype} {list(dealt.shape)}"
+        )
+    return [dealt[k * n : (k + 1) * n].view(full) for k in range(len(tags))]
+
+
+def entries_at(tables: list[torch.Tensor], c: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """Each table's entry at c mod 2^bits (c of the tables' shape without their last
+    dim)."""
+    at = (c & ((1 << bits) - 1)).unsqueeze(-1)
+    return [t.gather(-1, at).squeeze(-1) for t in tables]

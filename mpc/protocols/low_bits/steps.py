@@ -17,7 +17,16 @@ import torch
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, nonce_of, party_seed
 from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records, tensor_elems
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_R, TAG_TABLE, consume, derive, sum_derived
+from mpc.protocols.streams import (
+    TAG_R,
+    TAG_TABLE,
+    consume,
+    derive,
+    entries_at,
+    last_shares,
+    party_tables,
+    sum_derived,
+)
 from pointers.worker.sealing import ProtocolCall, seal
 
 #: the widest low part a table covers (2^20 words an element: 8 MiB)
@@ -57,13 +66,10 @@ def dealer_low_bits(
     T, so the last party's is T minus words it cannot predict: uniform given its view."""
     bits = _check_bits(bits)
     consume(ctx, seeds, nonce, TAG_R, TAG_TABLE)
-    r = sum_derived(seeds, nonce, TAG_R, shape).reshape(-1, 1)
+    r = sum_derived(seeds, nonce, TAG_R, shape).unsqueeze(-1)
     v = torch.arange(1 << bits, dtype=torch.int64)
     table = (v - r).bitwise_and_((1 << bits) - 1)
-    full = [*shape, 1 << bits]
-    for s in seeds[:-1]:
-        table -= derive(s, nonce, TAG_TABLE, full).reshape(table.shape)
-    return table.reshape(-1)
+    return last_shares([table], seeds, nonce, [TAG_TABLE])
 
 
 # -- the parties ---------------------------------------------------------------------------
@@ -121,16 +127,5 @@ def low_finish(
     (2^bits divides the ring's 2^64)."""
     bits = _check_bits(bits)
     consume(ctx, [seed], nonce, TAG_TABLE)
-    shape = list(c.shape)
-    full = [*shape, 1 << bits]
-    if table is None:
-        mine = derive(seed, nonce, TAG_TABLE, full)
-    else:
-        if table.dtype != torch.int64 or table.numel() != numel(full):
-            raise ValueError(
-                f"a table of {bits} bits for {list(c.shape)} is {numel(full)} int64 words, "
-                f"got {table.dtype} {list(table.shape)}"
-            )
-        mine = table.view(full)
-    at = (c & ((1 << bits) - 1)).unsqueeze(-1)
-    return mine.gather(-1, at).squeeze(-1)
+    mine = party_tables(seed, nonce, [TAG_TABLE], table, list(c.shape), bits)
+    return entries_at(mine, c, bits)[0]

@@ -18,7 +18,18 @@ import torch
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, nonce_of, party_seed
 from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records, tensor_elems
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_A, TAG_C, TAG_R, TAG_TABLE, consume, derive, sum_derived
+from mpc.protocols.streams import (
+    TAG_A,
+    TAG_C,
+    TAG_R,
+    TAG_TABLE,
+    consume,
+    derive,
+    entries_at,
+    last_shares,
+    party_tables,
+    sum_derived,
+)
 from pointers.worker.sealing import ProtocolCall, seal
 
 #: the widest rank a table covers (2^8 words an entry and table)
@@ -61,16 +72,11 @@ def dealer_rank_select(
     minus words it cannot predict: uniform given its view."""
     bits = _check_bits(bits)
     consume(ctx, seeds, nonce, TAG_R, TAG_A, TAG_TABLE, TAG_C)
-    r = sum_derived(seeds, nonce, TAG_R, shape).reshape(-1, 1)
-    u = sum_derived(seeds, nonce, TAG_A, shape).reshape(-1, 1)
+    r = sum_derived(seeds, nonce, TAG_R, shape).unsqueeze(-1)
+    u = sum_derived(seeds, nonce, TAG_A, shape).unsqueeze(-1)
     v = torch.arange(1 << bits, dtype=torch.int64)
     d = ((v - r).bitwise_and_((1 << bits) - 1) == 0).to(torch.int64)
-    du = d * u
-    full = [*shape, 1 << bits]
-    for s in seeds[:-1]:
-        d -= derive(s, nonce, TAG_TABLE, full).reshape(d.shape)
-        du -= derive(s, nonce, TAG_C, full).reshape(du.shape)
-    return torch.cat([d.reshape(-1), du.reshape(-1)])
+    return last_shares([d, d * u], seeds, nonce, [TAG_TABLE, TAG_C])
 
 
 # -- the parties ---------------------------------------------------------------------------
@@ -137,20 +143,6 @@ def rank_finish(
     consume(ctx, [seed], nonce, TAG_TABLE, TAG_C)
     if c.shape != e.shape:
         raise ValueError(f"c {list(c.shape)} and e {list(e.shape)} differ in shape")
-    shape = list(c.shape)
-    full = [*shape, 1 << bits]
-    if tables is None:
-        d = derive(seed, nonce, TAG_TABLE, full)
-        du = derive(seed, nonce, TAG_C, full)
-    else:
-        n = numel(full)
-        if tables.dtype != torch.int64 or tables.numel() != 2 * n:
-            raise ValueError(
-                f"the tables of {bits} bits for {shape} are {2 * n} int64 words, "
-                f"got {tables.dtype} {list(tables.shape)}"
-            )
-        d, du = tables[:n].view(full), tables[n:].view(full)
-    at = (c & ((1 << bits) - 1)).unsqueeze(-1)
-    delta = d.gather(-1, at).squeeze(-1)
-    selected = du.gather(-1, at).squeeze(-1).add_(delta * e)
-    return delta, selected
+    mine = party_tables(seed, nonce, [TAG_TABLE, TAG_C], tables, list(c.shape), bits)
+    delta, selected = entries_at(mine, c, bits)
+    return delta, selected.add_(delta * e)
