@@ -31,6 +31,7 @@ BOTH_WORKER_KINDS = {
     "test_release_rules",
     "test_fss_attacks",
     "test_opening_attacks",
+    "test_opening_bits",
     "test_federated",
     "test_pysyft_compat",
 }

@@ -85,7 +85,9 @@ def _deal(s: Any, x: Any, *, opened: bool = True) -> Dealt:
     return Dealt(nonce, cws, u1, c)
 
 
-def _eval(s: Any, d: Dealt, i: int, *, key: Any = None, u: Any = None, c: Any = None) -> Any:
+def _eval(
+    s: Any, d: Dealt, i: int, *, key: Any = None, u: Any = None, c: Any = None, packed: bool = False
+) -> Any:
     us = [None, d.u1]
     (out,) = pt.call_function(
         s.parties[i],
@@ -98,6 +100,7 @@ def _eval(s: Any, d: Dealt, i: int, *, key: Any = None, u: Any = None, c: Any = 
             us[i] if u is None else u,
             d.c[i] if c is None else c,
             64,
+            packed,
         ],
         out=[((N,), I64)],
     )
@@ -142,6 +145,17 @@ def test_reuse_a_key(trio: Any) -> None:
     )
 
 
+def test_a_comparison_key_result_is_not_packed_as_a_selection_d(trio: Any) -> None:
+    """A key of a comparison without selections gives the bit itself (an arithmetic
+    share, kept): evaluating it as a selection's d, packed to be opened, is refused."""
+    s, x = _session(trio)
+    alice, bob, _ = trio
+    d = _deal(s, x)
+    _refused(alice, lambda: _eval(s, d, 0, packed=True), REFUSED + "|selecting key")
+    _refused(bob, lambda: _eval(s, d, 1, packed=True), REFUSED + "|selecting key")
+    assert _honest(s, d).tolist() == [0, 1, 0, 1]
+
+
 def test_swap_keys_between_instances_parties_and_protocols(trio: Any) -> None:
     s, x = _session(trio)
     alice, bob, _ = trio
@@ -156,7 +170,7 @@ def test_swap_keys_between_instances_parties_and_protocols(trio: Any) -> None:
         lambda: pt.call_function(
             alice,
             "mpc.fss_eval",
-            [s.party_seeds[0], a.nonce, False, a.cws[0], None, a.c[0], 64],
+            [s.party_seeds[0], a.nonce, False, a.cws[0], None, a.c[0], 64, False],
             out=[((N,), I64)],
         ),
         REFUSED + "|first",

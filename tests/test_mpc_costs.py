@@ -32,8 +32,10 @@ N = 4096
 # round opens travel packed in one message per peer, so their headers count once). A
 # comparison is 4 rounds (issue 25): c, the two rounds of the radix-4 carry tree's
 # multi-input ANDs (its level 0 is local: mpc/math/carry_tree.py), and d. Each party sends c
-# (8 bytes an element), the masked operands of levels 1 and 2 (4 and 1 bytes) and d (8): 21
-# bytes an element. It was 7 rounds and 190,702 bytes with the radix-2 tree (8 rounds and
+# (8 bytes an element), the masked operands of levels 1 and 2 (4 and 1 bytes) and d (one
+# bit, packed 64 to a word: mpc/math/bits.py): 13 1/8 bytes an element (21 when d travelled
+# as a word: lt 86,016 bytes, relu 118,784, max over 8 280,791, argmax over 10 485,588,
+# softmax over 32 560,776, layer norm over 64 330,402, max pool 161,792). It was 7 rounds and 190,702 bytes with the radix-2 tree (8 rounds and
 # 321,808 before its first level went local); relu 7 rounds and 223,470 bytes, relu of a
 # product 8 and 321,842, max over 8 21 and 224,711, max pool 14 and 167,901.
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
@@ -47,16 +49,16 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
         2,
         8 * (32 * 32 + 4 * 9 + 4 * 30 * 30),
     ),
-    "lt": (lambda a, b: a < b, [(N,), (N,)], 4, 21 * N),
-    "relu": (F.relu, [(N,)], 4, 29 * N),
-    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 5, 53 * N),
+    "lt": (lambda a, b: a < b, [(N,), (N,)], 4, 13 * N + N // 8),
+    "relu": (F.relu, [(N,)], 4, 21 * N + N // 8),
+    "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 5, 45 * N + N // 8),
     # values and indices (issue 25): the indices packed into the values' low bits and the
     # max of the packed and of the plain values by groups of four, one stacked tree (8 rounds,
     # first index on ties); the pairwise tree with the indices riding took 12 and 132,610.
     # Over 8, a level of pairs then one group of four (4 + 6 comparisons a row) where a
     # group then a pair took 6 + 1 (8 rounds and 353,494 bytes): the same rounds
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 8, 280_791),
-    "argmax over 10": (lambda a: a.argmax(dim=1), [(N // 8, 10)], 8, 485_588),
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 8, 200_144),
+    "argmax over 10": (lambda a: a.argmax(dim=1), [(N // 8, 10)], 8, 340_431),
     # e / sum by fine bins on the row sums and a cubic (mpc/protocols/inverse.py): 26
     # rounds (max 12, exp 6, division 8); 34 and 527,900 with reciprocal and product. The
     # division's products of freshly truncated values ride in the truncation's round
@@ -67,25 +69,25 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # reads the sum untruncated; its truncation rides too: 128 words more); 25 before the
     # series' opening rode in the clamp's comparison and its product with the clamp's bit
     # in the next round (the same words: that product replaced the clamp's ReLU product)
-    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 24, 560_776),
+    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 24, 452_908),
     # (x - mean) / sqrt(var + eps) likewise: 10 rounds; 23 and 200,600 with rsqrt, 12 and
     # 430,242 before the products rode in the truncations' rounds (8,448 words fewer);
     # 362,658 before the squares' products rode on the truncation of x and the mean (the
     # Beaver opening of the deviations, 8,192 words, became x's truncation: 4,096 + 64);
     # 10 rounds before the squares' sum's truncation rode in the bins' comparison
-    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 9, 330_402),
+    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 9, 269_416),
     # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
     # selection on their daBits (mpc/math/groups_of_four.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes
-    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 4, 161_792),
+    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 4, 113_405),
     # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): the six differences and
-    # the four values compared (10 x 21 bytes a window) and the four masked values (32): 4
+    # the four values compared (10 x 13 1/8 bytes a window) and the four masked values (32): 4
     # rounds, where the ReLU's run and then the max's took 8 and 280,839 bytes
     "relu then max pool 2x2": (
         lambda a: F.max_pool2d(F.relu(a), 2),
         [(1, 1, 64, 64)],
         4,
-        242 * 64 * 64 // 4,
+        (10 * 13 + 32) * 64 * 64 // 4 + 10 * 64 * 64 // 4 // 8,
     ),
     # of a product: the Beaver round, then the same run with the truncation's opening in
     # its first round (the truncated values' masked opening rides on its second); 9 rounds
@@ -94,7 +96,7 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
         lambda a, b: F.max_pool2d(F.relu(a * b), 2),
         [(1, 1, 64, 64), (1, 1, 64, 64)],
         5,
-        (16 + 8) * 64 * 64 + 242 * 64 * 64 // 4,
+        (16 + 8) * 64 * 64 + (10 * 13 + 32) * 64 * 64 // 4 + 10 * 64 * 64 // 4 // 8,
     ),
 }
 HEADER_ALLOWANCE = 80  # bytes of message headers per round

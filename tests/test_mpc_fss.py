@@ -232,7 +232,7 @@ def test_a_client_cannot_read_or_misuse_a_key(trio: Any) -> None:
         pt.call_function(
             alice,
             "mpc.fss_eval",
-            [seed[0], nonce, True, cw0, None, x.shares[0], 64],
+            [seed[0], nonce, True, cw0, None, x.shares[0], 64, False],
             out=[((3,), torch.int64)],
         )
         alice.request(Describe([]))

@@ -6,15 +6,16 @@ of the values the round opens, packed, to its peer); the dealer's deliveries hap
 before (offline) and are not rounds. ``lt`` costs one round: the opening of c = x + r,
 after which each party evaluates its DCF key locally and holds its share of the bit. A
 comparison that selects values (ReLU, max, max-pool) costs two: c (with the selections'
-masked values) and then d = msb ^ t (a sum of the two parties' shares), as in the default
-protocol's last round. ReLU of a product: the Beaver round, then one: the opening of
+masked values) and then d = msb ^ t (the low bits of the two parties' arithmetic shares,
+which XOR to d, packed 64 to a word: one bit an element), as in the default protocol's
+last round. ReLU of a product: the Beaver round, then one: the opening of
 c = z + r, after which each party's local step gives its share of relu(z >> f) (the
 truncation rides on the same c; :mod:`mpc.protocols.fss.relu`).
 
 Bytes per party (payload, 8-byte words; the header allowance as in test_mpc_costs.py):
-lt 8 an element (c), relu 24 (c, the product's e, d), relu of a product 16 + 8 (the
-Beaver e and f; then c), a 2x2 max pool 128
-a window (six c, four masked values, six d: 16 words; 32 bytes an input element). The dealer ships each party its DCF correction
+lt 8 an element (c), relu 16 1/8 (c, the product's e, d; 24 while d travelled as a
+word), relu of a product 16 + 8 (the Beaver e and f; then c), a 2x2 max pool 80 3/4 a
+window (six c, four masked values, six bits of d; 128 before). The dealer ships each party its DCF correction
 words, 1,520 bytes an element at 64 bits (190 words: 3 per level of the 63-bit domain and
 one), and the last party 8 bytes more (its share of u), 8 more for the daBit and 8 per
 selected value: lt 3,048 bytes an element, relu 3,064.
@@ -42,22 +43,29 @@ KEY = 1520  # bytes of one element's correction words at 64 bits (mpc.math.dcf.k
 # max pool 4 (tests/test_mpc_costs.py)
 CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int | None]] = {
     "lt": (lambda a, b: a < b, [(N,), (N,)], 1, 8 * N, (2 * KEY + 8) * N),
-    "relu": (F.relu, [(N,)], 2, 24 * N, (2 * KEY + 8 + 8 + 8) * N),
+    "relu": (F.relu, [(N,)], 2, 16 * N + N // 8, (2 * KEY + 8 + 8 + 8) * N),
     # Beaver (e, f), then c = z + r (the truncation rides on it; mpc.protocols.fss.relu);
     # 3 rounds and 48 bytes an element before (c with the truncation's c, then d and e)
     "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 2, 24 * N, None),
-    # three levels of max over 8: a max of four (2 rounds) then pairs (2 rounds each)
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 6, 115_072, None),
-    # one window: six comparisons (c and d, 16 words) and four masked values
-    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 2, 8 * 16 * N // 4, None),
+    # three levels of max over 8: a max of four (2 rounds) then pairs (2 rounds each):
+    # seven comparisons a row (115,072 bytes while d travelled as a word)
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 6, 86_848, None),
+    # one window: six comparisons (c, and d's bits) and four masked values
+    "max pool 2x2": (
+        lambda a: F.max_pool2d(a, 2),
+        [(1, 1, 64, 64)],
+        2,
+        8 * 10 * N // 4 + 6 * N // 4 // 8,
+        None,
+    ),
     # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): ten comparisons a
-    # window (the six differences and the four values: c and d, 20 words) and the four
+    # window (the six differences and the four values: c and d's bits) and the four
     # masked values; 4 rounds and 229,376 bytes as a ReLU's run then the max's
     "relu then max pool 2x2": (
         lambda a: F.max_pool2d(F.relu(a), 2),
         [(1, 1, 64, 64)],
         2,
-        8 * 24 * N // 4,
+        8 * 14 * N // 4 + 10 * N // 4 // 8,
         None,
     ),
     # of a product: Beaver (e, f), then the run with the truncation's c in its first round
@@ -67,7 +75,7 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int 
         lambda a, b: F.max_pool2d(F.relu(a * b), 2),
         [(1, 1, 64, 64), (1, 1, 64, 64)],
         3,
-        24 * N + 8 * 24 * N // 4,
+        24 * N + 8 * 14 * N // 4 + 10 * N // 4 // 8,
         None,
     ),
 }

@@ -50,6 +50,7 @@ NONCE_FUNCTIONS = {
         "mpc.pack",
         "mpc.unpack",
         "mpc.open_unpack",
+        "mpc.open_bits",
     )
 }
 DEALER_FUNCTIONS = {name for name in NONCE_FUNCTIONS if name.startswith("mpc.dealer_")}

@@ -17,7 +17,8 @@ worker needs to know of it::
   a storage limit checks them before the step runs.
 - ``makes_material``: its outputs are protocol material (sealed at the worker).
 - ``opens``: the kinds of values its rule seals for the parties to open, each with how
-  they open (:data:`SUM` or :data:`XOR`): the opening steps
+  they open (:data:`SUM`, :data:`XOR`, or :data:`BITS`: an XOR of 0/1 values that
+  travel packed 64 to a word, :mod:`mpc.math.bits`): the opening steps
   (:mod:`mpc.protocols.opening`) accept exactly these.
 - ``name``: the name the wire carries, ``"mpc." + the function's name`` unless given.
 
@@ -39,9 +40,12 @@ from pointers.worker.sealing import ProtocolCall, Rule, protocol_function
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-SUM, XOR = "sum", "xor"  # how a value opens: the sum of the parties' shares, or their XOR
+# how a value opens: the sum of the parties' shares, their XOR, or the XOR of bits packed
+# 64 to a word (the step's output is the packed words; the opening unpacks them)
+SUM, XOR, BITS = "sum", "xor", "bits"
+HOWS = (SUM, XOR, BITS)
 
-# kind of a value to open -> SUM or XOR, from the steps' declarations (``opens``)
+# kind of a value to open -> SUM, XOR or BITS, from the steps' declarations (``opens``)
 _OPENINGS: dict[str, str] = {}
 
 
@@ -67,8 +71,8 @@ def step(
     marked for the worker (its rule and size) and for :func:`table`."""
     opened = tuple(sorted((opens or {}).items()))
     for kind, how in opened:
-        if how not in (SUM, XOR):
-            raise ValueError(f"a value opens by {SUM!r} or {XOR!r}, not {how!r}")
+        if how not in HOWS:
+            raise ValueError(f"a value opens by one of {HOWS}, not {how!r}")
         if _OPENINGS.get(kind, how) != how:
             raise ValueError(f"values of kind {kind!r} open by {_OPENINGS[kind]!r} already")
 
@@ -108,7 +112,7 @@ def name_of(fn: Any) -> str:
 
 
 def opens(kind: str) -> str | None:
-    """How a value of ``kind`` opens (:data:`SUM` or :data:`XOR`), or None: no step
+    """How a value of ``kind`` opens (:data:`SUM`, :data:`XOR` or :data:`BITS`), or None: no step
     declared it a value to open."""
     return _OPENINGS.get(kind)
 
@@ -154,6 +158,8 @@ def making_material(functions: Mapping[str, Callable[..., Any]]) -> frozenset[st
 
 
 __all__ = [
+    "BITS",
+    "HOWS",
     "SUM",
     "XOR",
     "StepSpec",

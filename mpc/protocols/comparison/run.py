@@ -13,7 +13,7 @@ msb([x]) with a dealer (4 rounds):
    multi-input ANDs (rounds 2-3): the parties open their operands masked with random bits,
    and the dealer deals the products of the masks the combination needs.
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
-   (round 4), [msb(x)] = d + (1 - 2d)[t].
+   (round 4; its XOR shares travel packed, one bit an element), [msb(x)] = d + (1 - 2d)[t].
 Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
 Cf. CrypTen's A2B + carry-lookahead comparison. daBits: Rotaru and Wood, INDOCRYPT 2019;
 opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 2020 (edaBits).
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from mpc.math import carry_tree, groups_of_four
+from mpc.math.bits import words_for
 from mpc.protocols.comparison.base import ComparisonRun, Late, numel
 from mpc.protocols.comparison.steps import (
     carry_step,
@@ -134,10 +135,10 @@ class CarryRun(ComparisonRun):
             session,
             cmp_bit_mask,
             lambda i: [seed[i], nonce, t_bin(i), g[i], top[i]],
-            [(shape, I64)],
+            [([words_for(numel(shape))], I64)],
         )
-        last_round = Round(session, xor=True)
-        opened_d = last_round.add(d)
+        last_round = Round(session, bits=True)  # one bit an element, packed
+        opened_d = last_round.add(d, shape)
         last_round.open()
         self.d = opened_d.value
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from mpc.math import carry_tree
+from mpc.math.bits import pack_bits
 from mpc.math.prg import PRG
 from mpc.protocols.comparison.selection import check_selection, selected_count, selection_material
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
@@ -31,7 +32,7 @@ from mpc.protocols.sizes import (
     stream_records,
     tensor_elems,
 )
-from mpc.protocols.step import SUM, XOR, step
+from mpc.protocols.step import BITS, SUM, step
 from mpc.protocols.streams import (
     TAG_A,
     TAG_C,
@@ -395,13 +396,16 @@ def _cmp_bit_mask_rule(call: ProtocolCall) -> Any:
     if g is not None and g.index != LEVELS:
         raise call.refuse("parameter 'g' is not the carry tree's last level")
     call.material("top", "cmp.top", nonce, local=True, consume=True)
-    return [seal("cmp.d", nonce)]
+    top = call.value("top")
+    shape = tuple(int(d) for d in top.shape) if isinstance(top, torch.Tensor) else ()
+    return [seal("cmp.d", nonce, extra=shape)]  # (its opening unpacks it to this shape)
 
 
 def _cmp_bit_mask_size(p: dict[str, Any]) -> int:
-    """The carries unpacked, the daBit's bits and the result (4 words an element), and
-    the last level's g."""
-    return declared(WORD * (4 * tensor_elems(p, "top") + tensor_elems(p, "g")))
+    """The carries unpacked, the daBit's bits and the result (4 words an element; 3.8
+    measured with their packing, 1/64 of a word), one more for the packing's shifted
+    copy, and the last level's g."""
+    return declared(WORD * (5 * tensor_elems(p, "top") + tensor_elems(p, "g")))
 
 
 @step(
@@ -409,7 +413,7 @@ def _cmp_bit_mask_size(p: dict[str, Any]) -> int:
     size=_cmp_bit_mask_size,
     keeps=stream_records(1),
     makes_material=True,
-    opens={"cmp.d": XOR},
+    opens={"cmp.d": BITS},
 )
 def cmp_bit_mask(
     ctx: Any,
@@ -419,11 +423,13 @@ def cmp_bit_mask(
     g: torch.Tensor,
     top: torch.Tensor,
 ) -> torch.Tensor:
-    """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i."""
+    """The party's XOR share of msb(x) = top ^ carry_63, masked by the daBit t: d_i,
+    packed 64 bits to a word (:func:`mpc.math.bits.pack_bits`: one bit an element on the
+    wire; the opening, :func:`mpc.protocols.opening.steps.open_bits`, unpacks it)."""
     consume(ctx, [seed], nonce, TAG_T_BIN)
     carry = carry_tree.unpack_carries(g, top.numel()).view(top.shape)
     t = derive(seed, nonce, TAG_T_BIN, list(top.shape)) & 1 if t_bin is None else t_bin
-    return carry.bitwise_xor_(top).bitwise_xor_(t)
+    return pack_bits(carry.bitwise_xor_(top).bitwise_xor_(t))
 
 
 def _cmp_bit_finish_rule(call: ProtocolCall) -> Any:

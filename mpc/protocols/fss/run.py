@@ -20,6 +20,7 @@ Online:
 from __future__ import annotations
 
 from mpc.math import groups_of_four
+from mpc.math.bits import words_for
 from mpc.protocols.comparison.base import ComparisonRun, Late, numel
 from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.fss import relu as fss_relu
@@ -89,8 +90,8 @@ class FssRun(ComparisonRun):
         (out,) = at_parties(
             session,
             fss_eval,
-            lambda i: [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits],
-            [(shape, I64)],
+            lambda i: [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits, select],
+            [([words_for(numel(shape))], I64) if select else (shape, I64)],
         )
         if not select:
             self.bit = out
@@ -103,12 +104,13 @@ class FssRun(ComparisonRun):
             products, product_openings, c_products, trunc, trunc_opening, product_nonces
         )
 
-        # round 2: d = msb(x) ^ t (a sum of the parties' shares), with the late products
-        # (and a truncated group's masked values)
-        round2 = Round(session)
-        opened_d = round2.add(out)
+        # round 2: d = msb(x) ^ t (the low bits of the parties' shares, packed: one bit
+        # an element), with the late products (and a truncated group's masked values)
+        d_round, round2 = Round(session, bits=True), Round(session)
+        opened_d = d_round.add(out, shape)
         late_openings, group_opening = self._open_late(round2, late, late_group)
         round2.open()
+        d_round.open(count=False)  # (in the same round)
         self.d = opened_d.value
         self._finish_late(late, late_openings, group_opening, c_products)
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from mpc.math import dcf
+from mpc.math.bits import pack_bits
 from mpc.math.prg import PRG, new_seed
 from mpc.protocols.comparison.selection import (
     check_selection,
@@ -56,7 +57,7 @@ from mpc.protocols.sizes import (
     stream_records,
     tensor_elems,
 )
-from mpc.protocols.step import SUM, step
+from mpc.protocols.step import BITS, step
 from mpc.protocols.streams import (
     TAG_FSS_ROOT,
     TAG_R,
@@ -228,8 +229,12 @@ def _fss_eval_rule(call: ProtocolCall) -> Any:
     select, bits = key.extra[0], key.extra[1]
     if call.value("bits") != bits:
         raise call.refuse(f"the key reads {bits} bits")
+    if call.value("packed") is not bool(select):
+        raise call.refuse("a selecting key's result is d, packed to open; another's is the bit")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
-    return [seal("fss.d", nonce)] if select else None
+    c = call.value("c")
+    shape = tuple(int(d) for d in c.shape) if isinstance(c, torch.Tensor) else ()
+    return [seal("fss.d", nonce, extra=shape)] if select else None
 
 
 def _fss_eval_size(p: dict[str, Any]) -> int:
@@ -238,7 +243,7 @@ def _fss_eval_size(p: dict[str, Any]) -> int:
     return declared(6 * WORD * tensor_elems(p, "c")) + DCF_CHUNK_BYTES
 
 
-@step(rule=_fss_eval_rule, size=_fss_eval_size, keeps=stream_records(2), opens={"fss.d": SUM})
+@step(rule=_fss_eval_rule, size=_fss_eval_size, keeps=stream_records(2), opens={"fss.d": BITS})
 def fss_eval(
     ctx: Any,
     seed: torch.Tensor,
@@ -248,10 +253,16 @@ def fss_eval(
     u: torch.Tensor | None,
     c: torch.Tensor,
     bits: int,
+    packed: bool,
 ) -> torch.Tensor:
     """The party's share of m ^ t (see the module docstring) from the correction words
     ``key`` (read only: in process both parties read the dealer's one object), its share
-    of u (the last party: dealt, ``u``; party 0: derived) and the opened c."""
+    of u (the last party: dealt, ``u``; party 0: derived) and the opened c.
+
+    ``packed`` (a selecting key's): the result is d = m ^ t, opened next: the low bits of
+    the two arithmetic shares, packed 64 to a word (:func:`mpc.math.bits.pack_bits`),
+    are XOR shares of d (the low bit of a sum is the XOR of the low bits), one bit an
+    element on the wire."""
     check_bits(bits)
     consume(ctx, [seed], nonce, TAG_FSS_ROOT, *([TAG_U] if first else []))
     n = c.numel()
@@ -268,4 +279,4 @@ def fss_eval(
     y *= 1 - 2 * top
     if first:
         y += top
-    return y.view(c.shape)
+    return pack_bits(y) if packed else y.view(c.shape)

@@ -6,10 +6,12 @@ opened value: each party holds it, sealed for the instance's next step."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from mpc import accounting, config
-from mpc.protocols.opening.steps import open_unpack, pack
-from mpc.protocols.parties import Out, Shares, at_parties, run_step
+from mpc.protocols.opening.steps import open_bits, open_unpack, pack
+from mpc.protocols.parties import I64, Out, Shares, at_parties, run_step
 from mpc.session import Session
 
 
@@ -18,25 +20,38 @@ class Round:
     a handle), ``open`` once, then read each handle's ``.value`` (per party, a pointer to
     the opened value there)."""
 
-    def __init__(self, session: Session, xor: bool = False) -> None:
-        self.session, self.xor = session, xor
+    def __init__(self, session: Session, xor: bool = False, bits: bool = False) -> None:
+        """``xor``: the values open by XOR; ``bits``: they are 0/1 values whose shares
+        travel packed 64 to a word (each added with its unpacked ``shape``)."""
+        self.session, self.xor, self.bits = session, xor, bits
         self._values: list[Shares] = []
+        self._shapes: list[list[int]] = []
         self._handles: list[Opened] = []
 
-    def add(self, shares: Shares) -> Opened:
+    def add(self, shares: Shares, shape: list[int] | None = None) -> Opened:
+        """Add a value to open; in a round of ``bits``, ``shares`` are the parties'
+        packed words (:func:`mpc.math.bits.pack_bits`) of 0/1 values of ``shape``."""
+        if self.bits != (shape is not None):
+            raise ValueError("internal: a round of bits takes each value's shape, others none")
         handle = Opened()
         self._values.append(shares)
+        self._shapes.append(shape or [])
         self._handles.append(handle)
         return handle
 
     def open(self, count: bool = True) -> None:
         """``count=False``: the values ride in a round already counted."""
         if self._values:
-            for h, v in zip(self._handles, open_among(self.session, self._values, self.xor, count)):
+            opened = (
+                open_bits_among(self.session, self._values, self._shapes, count)
+                if self.bits
+                else open_among(self.session, self._values, self.xor, count)
+            )
+            for h, v in zip(self._handles, opened):
                 h.value = v
         elif count:
             accounting.count_round()
-        self._values, self._handles = [], []
+        self._values, self._shapes, self._handles = [], [], []
 
 
 class Opened:
@@ -70,6 +85,27 @@ def open_among(
             )
         return out
     return [_open_one(session, shares, xor) for shares in values]
+
+
+def open_bits_among(
+    session: Session, values: list[Shares], shapes: list[list[int]], count: bool = True
+) -> list[Shares]:
+    """Open 0/1 values whose XOR shares the parties hold packed 64 to a word
+    (:func:`mpc.math.bits.pack_bits`): one bit an element on the wire, not a word; each
+    value is its own delivery (its shape is the one its masking step sealed). Returns,
+    per value, a pointer at each party to the opened bits, unpacked to ``shapes``."""
+    if count:
+        accounting.count_round()
+    out = []
+    for shares, shape in zip(values, shapes):
+        pieces = exchange(session, shares, count=False)
+        metas: Out = [(tuple(shape), I64)]
+        out += at_parties(session, open_bits, _args(pieces, shape), metas)
+    return out
+
+
+def _args(pieces: list[Shares], shape: list[int]) -> Callable[[int], list[Any]]:
+    return lambda j: [pieces[j], shape]
 
 
 def _packs(values: list[Shares]) -> list[list[Shares]]:
@@ -129,4 +165,4 @@ def exchange(session: Session, shares: Shares, count: bool = True) -> list[Share
     return pieces
 
 
-__all__ = ["Opened", "Round", "exchange", "open_among"]
+__all__ = ["Opened", "Round", "exchange", "open_among", "open_bits_among"]

@@ -1,4 +1,4 @@
-"""The parties' steps of an opening: pack a round's values (:func:`pack`) and open them from a party's piece and its peers' (:func:`open_unpack`).
+"""The parties' steps of an opening: pack a round's values (:func:`pack`) and open them from a party's piece and its peers' (:func:`open_unpack`; :func:`open_bits` for 0/1 values that travel packed 64 to a word).
 
 Which values may be opened: those a step declared with ``opens`` (their kinds, each
 opened by a sum or an XOR; :func:`mpc.protocols.step.step`), masked by this party for
@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from mpc.math.bits import unpack_bits
 from mpc.protocols.rules import OPENED, kept
-from mpc.protocols.sizes import all_bytes, declared, nbytes, tensors
-from mpc.protocols.step import XOR, opened_kinds, opens, step
+from mpc.protocols.sizes import WORD, all_bytes, declared, nbytes, tensors
+from mpc.protocols.step import BITS, XOR, opened_kinds, opens, step
 from pointers.worker.sealing import ProtocolCall, seal
 
 # -- rules --------------------------------------------------------------------------------
@@ -32,7 +33,10 @@ def _pack_rule(call: ProtocolCall) -> Any:
     party masked to open (one kind of opening: sums or XORs), used up here, all of one
     session's parties, to whom the packed values alone may go (their ``to``)."""
     labels = call.materials("parts", opened_kinds(), "the values to open", local=True, consume=True)
-    if len({opens(lb.kind) for lb in labels}) != 1:
+    hows = {opens(lb.kind) for lb in labels}
+    if BITS in hows:
+        raise call.refuse("bits packed 64 to a word open one value at a time (open_bits)")
+    if len(hows) != 1:
         raise call.refuse("a packed opening is all sums or all XORs")
     group = labels[0].to
     if not group or any(lb.to != group for lb in labels):
@@ -44,24 +48,50 @@ def _pack_rule(call: ProtocolCall) -> Any:
     return [seal("packed", extra=tuple(parts), to=group)]
 
 
+def _parts(call: ProtocolCall) -> list[list[Any]]:
+    """The values one opening's pieces hold: [kind, nonce, index, shape of the piece (a
+    packed round's part) or None (a single value)]."""
+    first = call.pieces("pieces")[0]
+    if first.kind == "packed":
+        return [list(p) for p in first.extra]
+    if opens(first.kind) is not None:
+        return [[first.kind, first.nonce, first.index, None]]
+    raise call.refuse(f"a {first.kind} is not a value to open")
+
+
 def _open_rule(call: ProtocolCall) -> Any:
     """Open one value (or a packed round of them) from this party's piece and each peer's,
     once; the opened values are sealed, for the instances' next steps."""
-    labels = call.pieces("pieces")
-    first = labels[0]
-    shapes = call.value("shapes")
-    if first.kind == "packed":
-        parts = [list(p) for p in first.extra]
-        if [p[3] for p in parts] != shapes:
-            raise call.refuse("the shapes do not split the packed values")
-    elif opens(first.kind) is not None:
-        parts = [[first.kind, first.nonce, first.index, None]]
-    else:
-        raise call.refuse(f"a {first.kind} is not a value to open")
-    xor = {opens(p[0]) for p in parts} == {XOR}
-    if call.value("xor") is not xor:
+    parts = _parts(call)
+    if parts[0][3] is not None and [p[3] for p in parts] != call.value("shapes"):
+        raise call.refuse("the shapes do not split the packed values")
+    hows = {opens(p[0]) for p in parts}
+    if BITS in hows:
+        raise call.refuse("bits packed 64 to a word open with open_bits")
+    if call.value("xor") is not (hows == {XOR}):
         raise call.refuse("the opening's sum or XOR does not fit its values")
     return [kept(OPENED + p[0], p[1], p[2]) for p in parts]
+
+
+def _open_bits_rule(call: ProtocolCall) -> Any:
+    """Open one value of 0/1 elements packed 64 to a word, as :func:`_open_rule` opens
+    others, to the shape the step that masked it sealed (``extra``): an opening cannot
+    reshape the bits (a [n, 1] d broadcast against [n] values would mix the elements)."""
+    first = call.pieces("pieces")[0]
+    if opens(first.kind) != BITS:
+        raise call.refuse("open_bits opens one value declared as bits (not packed with others)")
+    if call.value("shape") != list(first.extra):
+        raise call.refuse(f"the bits are of shape {list(first.extra)}, not {call.value('shape')}")
+    return [kept(OPENED + first.kind, first.nonce, first.index)]
+
+
+def _count(shape: Any) -> int:
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise ValueError(f"a shape is a list of sizes, got {shape!r}")
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 # -- sizes --------------------------------------------------------------------------------
@@ -76,6 +106,15 @@ def _open_size(p: dict[str, Any]) -> int:
     """The sum (or XOR) of the pieces, in one new tensor of a piece's size (the values
     are views of it)."""
     return declared(max((nbytes(t) for t in tensors(p.get("pieces"))), default=0))
+
+
+def _open_bits_size(p: dict[str, Any]) -> int:
+    """The XOR of the pieces, and the unpacked bits (with their shifted copy: two words
+    an element)."""
+    shape = p.get("shape")
+    bits = _count(shape) if isinstance(shape, list) else 0
+    pieces = max((nbytes(t) for t in tensors(p.get("pieces"))), default=0)
+    return declared(pieces + 2 * WORD * bits)
 
 
 # -- the steps ----------------------------------------------------------------------------
@@ -148,3 +187,13 @@ def open_pieces(pieces: list[torch.Tensor], xor: bool) -> torch.Tensor:
         for piece in pieces[2:]:
             total += piece
     return total
+
+
+@step(rule=_open_bits_rule, size=_open_bits_size, makes_material=True)
+def open_bits(ctx: Any, pieces: list[torch.Tensor], shape: list[int]) -> torch.Tensor:
+    """Open a value of 0/1 elements whose shares travel packed 64 to a word
+    (:mod:`mpc.math.bits`): the XOR of this party's packed share and its peers'
+    (``pieces``, not modified), unpacked to ``shape``."""
+    if not (isinstance(pieces, list) and all(isinstance(t, torch.Tensor) for t in pieces)):
+        raise ValueError("the pieces of an opening are tensors")
+    return unpack_bits(open_pieces([t.reshape(-1) for t in pieces], xor=True), list(shape))
