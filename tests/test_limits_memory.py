@@ -454,6 +454,11 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     torch.nn.functional.max_pool2d(torch.relu(pool * pool), 2).get()  # fused, [G, 10]
     torch.sigmoid(x).get()  # a Fourier series
     torch.softmax(x.reshape(1024, n // 1024), -1).get()  # products of truncated values
+    # an argmax alone over 2^16 entries a row: its index from the low bits (mpc.protocols.
+    # low_bits: a dealt table of 2^16 words a row, 8 MiB); a max of few rows by ranks
+    # (mpc.protocols.rank_select, under the SLACK)
+    torch.argmax(x.reshape(16, n // 16), -1).get()
+    x[: 12 * 40].reshape(12, 40).amax(-1).get()
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)
     (m @ m).get()
     img = mpc.share(torch.rand(2, 3, 32, 32), a, b, crypto_provider=c)

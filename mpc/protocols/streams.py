@@ -113,7 +113,7 @@ def last_shares(
         for s in seeds[:-1]:
             table -= derive(s, nonce, tag, list(table.shape))
         out.append(table.reshape(-1))
-    return torch.cat(out)
+    return torch.cat(out) if len(out) > 1 else out[0]  # (one table: no copy)
 
 
 def party_tables(

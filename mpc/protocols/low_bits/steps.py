@@ -48,12 +48,13 @@ def _dealer_low_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_low_size(p: dict[str, Any]) -> int:
-    """r, the table, the others' derived tables: 3 words an entry (2^bits entries an
-    element), and r's words."""
+    """The table and one party's derived table at a time: 2 words an entry (2^bits
+    entries an element; 1.99-2.06 measured at 2^20 entries, tests/test_limits_memory.py),
+    and r's words."""
     bits = p.get("bits")
     entries = 1 << bits if type(bits) is int and 1 <= bits <= MAX_LOW_BITS else 1
     n = numel(p.get("shape"))
-    return declared(WORD * n * (3 * entries + 2))
+    return declared(WORD * n * (2 * entries + 2))
 
 
 @step(rule=_dealer_low_rule, size=_dealer_low_size, keeps=stream_records(2), makes_material=True)
