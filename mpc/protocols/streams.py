@@ -97,6 +97,26 @@ def xor_derived(seeds: list[torch.Tensor], nonce: int, tag: int, shape: list[int
     return out
 
 
+def last_share(
+    value: torch.Tensor, seeds: list[torch.Tensor], nonce: int, tag: int
+) -> torch.Tensor:
+    """The dealer's side of an additive sharing of ``value``: the last party's share, the
+    value minus what the other parties derive (stream ``tag``), in place."""
+    for s in seeds[:-1]:
+        value -= derive(s, nonce, tag, list(value.shape))
+    return value
+
+
+def last_xor_share(
+    value: torch.Tensor, seeds: list[torch.Tensor], nonce: int, tag: int, mask: int = -1
+) -> torch.Tensor:
+    """The same for an XOR sharing: ``value`` XOR the others' derived words (each ANDed with
+    ``mask``: 1 for shares of single bits), in place."""
+    for s in seeds[:-1]:
+        value ^= derive(s, nonce, tag, list(value.shape)) & mask
+    return value
+
+
 # -- dealt lookup tables (mpc.protocols.low_bits, mpc.protocols.rank_select): 2^bits words an
 # element; the parties before the last derive their shares (one tag a table), the last
 # party's come from the dealer, every table of an instance in one delivery
@@ -108,11 +128,7 @@ def last_shares(
     """The dealer's side: the last party's shares of ``tables`` (each [*shape, 2^bits]),
     each table minus the other parties' derived shares (stream ``tags[k]`` for table k),
     flat and in order: one delivery."""
-    out = []
-    for table, tag in zip(tables, tags):
-        for s in seeds[:-1]:
-            table -= derive(s, nonce, tag, list(table.shape))
-        out.append(table.reshape(-1))
+    out = [last_share(table, seeds, nonce, tag).reshape(-1) for table, tag in zip(tables, tags)]
     return torch.cat(out) if len(out) > 1 else out[0]  # (one table: no copy)
 
 

@@ -34,7 +34,7 @@ from mpc.protocols.sizes import (
     tensor_elems,
 )
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_A, TAG_B, TAG_C, consume, derive, sum_derived
+from mpc.protocols.streams import TAG_A, TAG_B, TAG_C, consume, derive, last_share, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
 
 # -- the dealer ----------------------------------------------------------------------------
@@ -70,9 +70,7 @@ def dealer_triple(
     a = sum_derived(seeds, nonce, TAG_A, a_shape)
     b = sum_derived(seeds, nonce, TAG_B, b_shape)
     c = a.mul_(b) if op == "mul" and a_shape == b_shape else ring_bilinear(op, params, a, b)
-    for s in seeds[:-1]:
-        c -= derive(s, nonce, TAG_C, list(c.shape))
-    return c
+    return last_share(c, seeds, nonce, TAG_C)
 
 
 # -- the parties ---------------------------------------------------------------------------

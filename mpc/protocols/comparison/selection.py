@@ -29,7 +29,15 @@ from mpc.protocols.sizes import (
     tensor_elems,
 )
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_A, TAG_C, TAG_T_ARITH, consume, derive, sum_derived
+from mpc.protocols.streams import (
+    TAG_A,
+    TAG_C,
+    TAG_T_ARITH,
+    consume,
+    derive,
+    last_share,
+    sum_derived,
+)
 from pointers.worker.sealing import ProtocolCall, seal
 
 # the most values one comparison selects (:func:`mpc.protocols.compare.select_by_msb`)
@@ -96,9 +104,7 @@ def selection_material(
     for product_nonce in product_nonces:
         consume(ctx, seeds, product_nonce, TAG_A, TAG_C)
         c = sum_derived(seeds, product_nonce, TAG_A, shape).mul_(t)
-        for s in seeds[:-1]:
-            c -= derive(s, product_nonce, TAG_C, shape)
-        parts.append(c.reshape(-1))
+        parts.append(last_share(c, seeds, product_nonce, TAG_C).reshape(-1))
     return parts
 
 

@@ -43,6 +43,8 @@ from mpc.protocols.streams import (
     TAG_T_BIN,
     consume,
     derive,
+    last_share,
+    last_xor_share,
     sum_derived,
 )
 from pointers.worker.sealing import ProtocolCall, seal
@@ -113,22 +115,16 @@ def dealer_compare(
         )
     consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
     r = sum_derived(seeds, nonce, TAG_R, shape)
-    r_bits = r.clone()
-    for s in seeds[:-1]:
-        r_bits ^= derive(s, nonce, TAG_RBITS, shape)
+    r_bits = last_xor_share(r.clone(), seeds, nonce, TAG_RBITS)
     t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
-    t_arith = t.clone()
-    t_bin = t.clone()
-    for s in seeds[:-1]:
-        t_arith -= derive(s, nonce, TAG_T_ARITH, shape)
-        t_bin ^= derive(s, nonce, TAG_T_BIN, shape) & 1
+    t_arith = last_share(t.clone(), seeds, nonce, TAG_T_ARITH)
+    t_bin = last_xor_share(t.clone(), seeds, nonce, TAG_T_BIN, mask=1)
     y = ~r.reshape(-1)
     words = carry_tree.padded(y.numel())
     y = torch.cat([y, y.new_zeros(words - y.numel())])
     parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1)]
-    mono = torch.stack(carry_tree.bit_monomials(y))  # bit planes: every bit is used
-    for s in seeds[:-1]:
-        mono ^= derive(s, nonce, TAG_PAIRS, list(mono.shape))
+    # bit planes: every bit is used
+    mono = last_xor_share(torch.stack(carry_tree.bit_monomials(y)), seeds, nonce, TAG_PAIRS)
     parts.append(mono.reshape(-1))
     count = len(carry_tree.VARS)
     for level, level_nonce in enumerate(level_nonces, start=1):

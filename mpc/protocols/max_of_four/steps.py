@@ -20,7 +20,7 @@ from mpc.protocols.comparison.selection import D_OPENED, T_KINDS, minus_mask, se
 from mpc.protocols.rules import OPENED, nonce_of, party_seed, record, same
 from mpc.protocols.sizes import WORD, declared, elementwise, elems, stream_records
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_A, TAG_C, TAG_U, consume, derive, sum_derived
+from mpc.protocols.streams import TAG_A, TAG_C, TAG_U, consume, derive, last_share, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
 
 
@@ -58,9 +58,7 @@ def group_material(
     groups = shape[0]
     alpha = sum_derived(seeds, group_nonce, TAG_A, [groups, 4])
     tt, at = groups_of_four.dealer_monomials(t.view(groups, shape[1]), alpha)
-    for s in seeds[:-1]:
-        tt -= derive(s, group_nonce, TAG_C, list(tt.shape))
-        at -= derive(s, group_nonce, TAG_U, list(at.shape))
+    tt, at = last_share(tt, seeds, group_nonce, TAG_C), last_share(at, seeds, group_nonce, TAG_U)
     return [tt.reshape(-1), at.reshape(-1)]
 
 

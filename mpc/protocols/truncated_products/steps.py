@@ -34,7 +34,16 @@ import torch
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
 from mpc.protocols.sizes import SLACK, WORD, declared, int_param, numel, records, tensors
 from mpc.protocols.step import step
-from mpc.protocols.streams import TAG_C, TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
+from mpc.protocols.streams import (
+    TAG_C,
+    TAG_D,
+    TAG_R,
+    TAG_U,
+    consume,
+    derive,
+    last_share,
+    sum_derived,
+)
 from mpc.protocols.truncation.steps import unpack_trunc_correction
 from pointers.worker.sealing import ProtocolCall, seal
 
@@ -198,10 +207,7 @@ def dealer_trunc_products(
         parts += [
             t.reshape(-1) for t in _terms(*masks[i], *masks[j], bits[i], bits[j])
         ]  # fmt: skip
-    out = torch.cat(parts)
-    for s in seeds[:-1]:
-        out -= derive(s, nonce, TAG_C, [out.numel()])
-    return out
+    return last_share(torch.cat(parts), seeds, nonce, TAG_C)
 
 
 def _party_rule(call: ProtocolCall) -> Any:

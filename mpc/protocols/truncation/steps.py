@@ -16,7 +16,7 @@ import torch
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, nonce_of, party_seed
 from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, consume, derive, sum_derived
+from mpc.protocols.streams import TAG_D, TAG_R, TAG_U, consume, derive, last_share, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
 
 # -- the dealer ----------------------------------------------------------------------------
@@ -112,9 +112,7 @@ def dealer_trunc(
     r = sum_derived(seeds, nonce, TAG_R, shape).sub_(1 << 62)
     d = (r >> 63).add_(1)  # s = 1 - h, in Z/2^f
     u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
-    for s in seeds[:-1]:
-        u -= derive(s, nonce, TAG_U, shape)
-        d -= derive(s, nonce, TAG_D, shape)
+    u, d = last_share(u, seeds, nonce, TAG_U), last_share(d, seeds, nonce, TAG_D)
     # s_{n-1} mod 2^f as a signed f-bit value (sign-extended from bit f - 1): it fits the
     # narrow dtype exactly, and widened and shifted left by 64 - f it is D_{n-1} mod 2^64
     d = d.bitwise_left_shift_(64 - bits).bitwise_right_shift_(64 - bits)

@@ -54,7 +54,7 @@ from mpc.protocols.sizes import (
     stream_records,
 )
 from mpc.protocols.step import SUM, step
-from mpc.protocols.streams import TAG_A, TAG_B, TAG_C, consume, derive, sum_derived
+from mpc.protocols.streams import TAG_A, TAG_B, TAG_C, consume, derive, last_share, sum_derived
 from pointers.worker.sealing import ProtocolCall, seal
 
 
@@ -192,9 +192,7 @@ def dealer_weight_triple(
     if _alone(b):  # (B is the dealer's own: the tensor dealer_weight made)
         _settle(op, w_first, _rows(x_shape), b)
     c = _bilinear(op, params, w_first, a, b)
-    for s in seeds[:-1]:
-        c -= derive(s, nonce, TAG_C, list(c.shape))
-    return c
+    return last_share(c, seeds, nonce, TAG_C)
 
 
 # -- the parties ---------------------------------------------------------------------------
