@@ -32,6 +32,7 @@ BOTH_WORKER_KINDS = {
     "test_fss_attacks",
     "test_opening_attacks",
     "test_opening_bits",
+    "test_compare_thresholds",
     "test_federated",
     "test_pysyft_compat",
 }

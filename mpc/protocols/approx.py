@@ -30,7 +30,7 @@ import torch
 
 from mpc.math.fourier import chebyshev_nodes
 from mpc.protocols.beaver.run import BeaverRun
-from mpc.protocols.compare import msb, select_by_msb
+from mpc.protocols.compare import msb_thresholds, select_by_msb
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares
 from mpc.protocols.truncation.run import TruncRun
@@ -139,13 +139,11 @@ def mul(a: Fx, b: Fx, scale: int) -> Fx:
 
 def step_bits(x: Fx, thresholds: Sequence[float]) -> Shares:
     """Shares of the stacked bits c_k = [x >= theta_k] (shape [T, *x.shape], integers), in
-    one comparison run (7 rounds): c_k = 1 - msb(x - theta_k)."""
-    t = len(thresholds)
-    enc = torch.tensor([round(th * 2**x.scale) for th in thresholds], dtype=I64)
-    enc = enc.view([t] + [1] * len(x.shape))
-    stacked = [s.unsqueeze(0).repeat([t] + [1] * len(x.shape)) for s in x.shares]
-    stacked[0] = stacked[0] - enc
-    bits = msb(x.session, stacked)
+    one comparison run (4 rounds; 1 with FSS): c_k = 1 - msb(x - theta_k), each element
+    of x opened once masked for all its thresholds
+    (:func:`~mpc.protocols.compare.msb_thresholds`)."""
+    enc = [round(th * 2**x.scale) for th in thresholds]
+    bits = msb_thresholds(x.session, x.shares, enc)
     c = [-b for b in bits]
     c[0] = c[0] + 1
     return c

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from mpc.errors import MPCError
 from mpc.protocols import pieces
 from mpc.protocols.comparison.base import ComparisonRun, Late
@@ -71,6 +73,21 @@ def msb(session: Session, x: Shares) -> Shares:
             pieces.each(session, pieces.split(x, k), lambda p: msb(session, p)), shape
         )
     return comparison_run(session, x, []).finish_bit()
+
+
+def msb_thresholds(session: Session, x: Shares, thresholds: list[int]) -> Shares:
+    """[msb(x - theta_k)] for public ring values theta_k, stacked [T, *x] (4 rounds; 1 with
+    FSS). By default one comparison run whose T comparisons of an element share its mask
+    r: one opening of c = x + r an element, not T (the tree's openings and the daBits
+    stay one a comparison); with FSS, or where one run would not fit a piece, the stacked
+    differences x - theta_k."""
+    shape = [len(thresholds), *x[0].shape]
+    if session.config.comparison != "default" or in_pieces(session, shape) > 1:
+        enc = torch.tensor(thresholds, dtype=torch.int64).view([-1] + [1] * x[0].dim())
+        stacked = [s.unsqueeze(0).repeat([len(thresholds)] + [1] * s.dim()) for s in x]
+        stacked[0] = stacked[0] - enc
+        return msb(session, stacked)
+    return CarryRun(session, x, [], thresholds=thresholds).finish_bit()
 
 
 def select_by_msb(

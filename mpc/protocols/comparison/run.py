@@ -53,8 +53,15 @@ class CarryRun(ComparisonRun):
         values: list[Shares],
         trunc: Late | None = None,
         group: Shares | None = None,
+        thresholds: list[int] | None = None,
     ) -> None:
+        """``thresholds``: compare x - theta_k for these public ring values, [T, *x], with
+        one opening of c = x + r an element (the T comparisons share r; no selections)."""
         super().__init__(session, x, values, trunc=trunc, group=group)
+        if thresholds:
+            if values or trunc is not None or group is not None:
+                raise ValueError("internal: a comparison with thresholds selects nothing")
+            self.shape = [len(thresholds)] + self.shape
         shape, nonce, seed = self.shape, self.nonce, session.party_seeds
 
         # offline, in one dealer call and one delivery: r shared both ways (the last
@@ -72,7 +79,7 @@ class CarryRun(ComparisonRun):
             session,
             "comparison of secret values",
             dealer_compare,
-            [nonce, shape, level_nonces, product_nonces, self.group_nonce],
+            [nonce, shape, level_nonces, product_nonces, self.group_nonce, len(thresholds or [])],
             out=[([sum(numel(sh) for sh in shapes)], I64)],
         )
 
@@ -99,7 +106,10 @@ class CarryRun(ComparisonRun):
         g, p, top, ef, a = at_parties(
             session,
             cmp_init,
-            lambda i: [seed[i], nonce, i == 0, r_bits(i), mono(i), c.value[i], level_nonces[0]],
+            lambda i: (
+                [seed[i], nonce, i == 0, r_bits(i), mono(i), c.value[i], level_nonces[0]]
+                + ([thresholds] if thresholds else [])
+            ),
             [([words], I64), ([words], I64), (shape, I64)] + _masked(words),
         )
         for k, level in enumerate(range(1, carry_tree.LEVELS)):

@@ -50,6 +50,27 @@ from mpc.protocols.streams import (
 from pointers.worker.sealing import ProtocolCall, seal
 
 LEVELS = carry_tree.LEVELS
+#: the most public thresholds one comparison run compares each element with
+MAX_THRESHOLDS = 1 << 14
+
+
+def check_thresholds(shape: list[int], thresholds: Any, selects: bool) -> None:
+    """``thresholds`` T: 0, or the leading dimension of ``shape`` ([T, *x]) of a comparison
+    that selects nothing."""
+    if thresholds == 0 and type(thresholds) is int:
+        return
+    if not (
+        type(thresholds) is int
+        and 1 <= thresholds <= MAX_THRESHOLDS
+        and isinstance(shape, list)
+        and len(shape) >= 1
+        and shape[0] == thresholds
+        and not selects
+    ):
+        raise ValueError(
+            f"a comparison with thresholds compares [T, *x] (1 <= T <= {MAX_THRESHOLDS}) and "
+            f"selects nothing, got {thresholds!r} for {shape!r}"
+        )
 
 
 # -- the dealer ----------------------------------------------------------------------------
@@ -57,10 +78,11 @@ LEVELS = carry_tree.LEVELS
 
 def _dealer_compare_rule(call: ProtocolCall) -> Any:
     dealer_seeds(call)
-    levels, products, shape, group = (
-        call.value(k) for k in ("level_nonces", "product_nonces", "shape", "group_nonce")
+    levels, products, shape, group, thresholds = (
+        call.value(k)
+        for k in ("level_nonces", "product_nonces", "shape", "group_nonce", "thresholds")
     )
-    extra = (levels, products, shape, group)
+    extra = (levels, products, shape, group, thresholds or 0)
     return [seal("dealer.compare", nonce_of(call), deliveries=1, extra=extra)]
 
 
@@ -91,6 +113,7 @@ def dealer_compare(
     level_nonces: list[int],
     product_nonces: list[int],
     group_nonce: int | None = None,
+    thresholds: int = 0,
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
@@ -103,8 +126,14 @@ def dealer_compare(
     e = v - a (see :func:`~mpc.protocols.comparison.selection.dabit_product`). With ``group_nonce`` the
     comparison is the six pairs of groups of four (``shape`` [G, 6]) and last come its
     shares of the daBits' products and of their products with the groups' masks
-    (:mod:`mpc.math.groups_of_four`; see :func:`~mpc.protocols.max_of_four.steps.group_select`)."""
+    (:mod:`mpc.math.groups_of_four`; see :func:`~mpc.protocols.max_of_four.steps.group_select`).
+
+    ``thresholds`` T > 0: ``shape`` is [T, *x] and the T comparisons of each element of x
+    (with T public thresholds, :func:`cmp_init`) share its mask r, derived for x's shape:
+    one opening of c = x + r an element, not T. Each comparison keeps its own daBit and
+    its own AND masks, so what each opens beyond c is uniform as before."""
     check_selection(shape, product_nonces, group_nonce)
+    check_thresholds(shape, thresholds, bool(product_nonces) or group_nonce is not None)
     if not (
         isinstance(level_nonces, list)
         and len(level_nonces) == carry_tree.LEVELS - 1
@@ -114,7 +143,10 @@ def dealer_compare(
             f"a comparison takes {carry_tree.LEVELS - 1} level nonces, got {level_nonces!r}"
         )
     consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
-    r = sum_derived(seeds, nonce, TAG_R, shape)
+    if thresholds:  # one r an element of x, the same for its T comparisons
+        r = sum_derived(seeds, nonce, TAG_R, shape[1:]).unsqueeze(0).expand(shape).clone()
+    else:
+        r = sum_derived(seeds, nonce, TAG_R, shape)
     r_bits = last_xor_share(r.clone(), seeds, nonce, TAG_RBITS)
     t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
     t_arith = last_share(t.clone(), seeds, nonce, TAG_T_ARITH)
@@ -160,7 +192,7 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     """The last party splits the dealer's comparison material (one delivery)."""
     label = call.material("packed", "dealer.compare", local=False, consume=True)
     assert label is not None
-    levels, products, shape, group = label.extra
+    levels, products, shape, group, thresholds = label.extra
     n = 1
     for d in shape:
         n *= d
@@ -175,7 +207,9 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     if call.value("shapes") != want:
         raise call.refuse("the shapes do not split the dealer's comparison material")
     nonce = label.nonce
-    seals = [kept(k, nonce) for k in ("dealer.cmp.rbits", "dealer.cmp.tarith", "dealer.cmp.tbin")]
+    # (the r bits say how many thresholds share r: cmp_init compares that many)
+    seals = [kept("dealer.cmp.rbits", nonce, extra=(thresholds,))]
+    seals += [kept(k, nonce) for k in ("dealer.cmp.tarith", "dealer.cmp.tbin")]
     seals.append(kept("dealer.cmp.monomials", nonce))
     seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
     seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
@@ -224,10 +258,13 @@ def _seal_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: in
 
 def _init_size(p: dict[str, Any]) -> int:
     """The words of c - r, level 0's bit planes and products, level 1's operands and their
-    masks: 15 words an element of c (13.5 at the last party, whose r bits are dealt),
-    measured at 2^20 elements (14.2 and under at party 0)."""
+    masks: 15 words an element compared (13.5 at the last party, whose r bits are dealt),
+    measured at 2^20 elements (14.2 and under at party 0); with thresholds, each element
+    of c is compared once a threshold."""
     words = 15 if p.get("r_bits") is None else 13.5
-    return declared(words * WORD * tensor_elems(p, "c"))
+    thresholds = p.get("thresholds")
+    count = len(thresholds) if isinstance(thresholds, list) and thresholds else 1
+    return declared(words * WORD * tensor_elems(p, "c") * count)
 
 
 def _level_size(p: dict[str, Any]) -> int:
@@ -245,6 +282,10 @@ def _cmp_init_rule(call: ProtocolCall) -> Any:
     mo = call.material("monomials", "dealer.cmp.monomials", nonce, optional=True, consume=True)
     if (rb is None) != (mo is None):
         raise call.refuse("the dealer's r bits and bit products go together")
+    if rb is not None:  # (the last party: its r bits say how many thresholds share r)
+        thresholds = call.value("thresholds")
+        if (rb.extra[0] if rb.extra else 0) != (len(thresholds) if thresholds else 0):
+            raise call.refuse("the thresholds are not the ones the dealer's r is shared by")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
     out = [kept("cmp.g", nonce, 1), kept("cmp.p", nonce, 1), kept("cmp.top", nonce)]
     return out + _seal_level(call, nonce, call.value("next_nonce"), 1)
@@ -260,6 +301,7 @@ def cmp_init(
     monomials: torch.Tensor | None,
     c: torch.Tensor,
     next_nonce: int,
+    thresholds: list[int] | None = None,
 ) -> list[torch.Tensor]:
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
     carry-in folded into bit 0 and bit 63 set to propagate, after the radix-4 carry tree's
@@ -267,7 +309,13 @@ def cmp_init(
     group of four (``monomials``: the last party's, as bit planes; derived elsewhere; see
     :mod:`mpc.math.carry_tree`); the party's XOR share of msb(c) ^ msb(~r); and level 1's
     operands masked for its multi-input ANDs with the masks of ``next_nonce``
-    (:func:`_mask_level`)."""
+    (:func:`_mask_level`).
+
+    ``thresholds`` (public ring values theta_k): c = x + r opened once an element, and
+    compared as c - theta_k, [T, *x]: the T comparisons x - theta_k share r
+    (:func:`dealer_compare`)."""
+    if thresholds:  # (checked before any stream is used)
+        c = c.unsqueeze(0) - _thresholds(thresholds).view([-1] + [1] * c.dim())
     consume(ctx, [seed], nonce, TAG_RBITS, TAG_PAIRS)
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
     if first:
@@ -288,6 +336,16 @@ def cmp_init(
         yw = torch.cat([yw, yw.new_zeros(words - n)])
     g, p = carry_tree.level0(cw, yw, list(monomials.view(want).unbind(0)), first)
     return [g, p, top, *_mask_level(ctx, seed, next_nonce, g, p, 1)]
+
+
+def _thresholds(thresholds: Any) -> torch.Tensor:
+    if not (
+        isinstance(thresholds, list)
+        and 1 <= len(thresholds) <= MAX_THRESHOLDS
+        and all(type(t) is int and -(1 << 63) <= t < (1 << 63) for t in thresholds)
+    ):
+        raise ValueError(f"thresholds are 1 to {MAX_THRESHOLDS} ring values (ints)")
+    return torch.tensor(thresholds, dtype=torch.int64)
 
 
 def _mask_level(
