@@ -72,7 +72,9 @@ class CarryRun(ComparisonRun):
         words = carry_tree.padded(numel(shape))
         level_nonces = [session.next_nonce() for _ in range(carry_tree.LEVELS - 1)]
         product_nonces = self._selection_nonces()
-        shapes = [shape] * 3 + _packed_shapes(words) + [shape] * self.selected
+        # (with thresholds, r's bits are one word an element of x: shared by its T)
+        shapes = [shape[1:] if thresholds else shape] + [shape] * 2
+        shapes += _packed_shapes(words) + [shape] * self.selected
         if group is not None:  # the max of groups of four (mpc.math.groups_of_four)
             shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
         (corr,) = deal(

@@ -143,11 +143,11 @@ def dealer_compare(
             f"a comparison takes {carry_tree.LEVELS - 1} level nonces, got {level_nonces!r}"
         )
     consume(ctx, seeds, nonce, TAG_R, TAG_RBITS, TAG_T_ARITH, TAG_T_BIN, TAG_PAIRS)
-    if thresholds:  # one r an element of x, the same for its T comparisons
-        r = sum_derived(seeds, nonce, TAG_R, shape[1:]).unsqueeze(0).expand(shape).clone()
-    else:
-        r = sum_derived(seeds, nonce, TAG_R, shape)
+    # with thresholds one r an element of x, the same for its T comparisons (its bits too)
+    r = sum_derived(seeds, nonce, TAG_R, shape[1:] if thresholds else shape)
     r_bits = last_xor_share(r.clone(), seeds, nonce, TAG_RBITS)
+    if thresholds:
+        r = r.unsqueeze(0).expand(shape)
     t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
     t_arith = last_share(t.clone(), seeds, nonce, TAG_T_ARITH)
     t_bin = last_xor_share(t.clone(), seeds, nonce, TAG_T_BIN, mask=1)
@@ -201,7 +201,7 @@ def _unpack_rule(call: ProtocolCall) -> Any:
         [carry_tree.packed_words(len(carry_tree.MONOMIALS)) * carry_tree.words(words, level)]
         for level in range(1, carry_tree.LEVELS)
     ]
-    want = [shape] * 3 + tree + [shape] * len(products)
+    want = [shape[1:] if thresholds else shape] + [shape] * 2 + tree + [shape] * len(products)
     if group is not None:
         want += [[group_terms(call, shape)]]
     if call.value("shapes") != want:
@@ -314,10 +314,14 @@ def cmp_init(
     ``thresholds`` (public ring values theta_k): c = x + r opened once an element, and
     compared as c - theta_k, [T, *x]: the T comparisons x - theta_k share r
     (:func:`dealer_compare`)."""
-    if thresholds:  # (checked before any stream is used)
-        c = c.unsqueeze(0) - _thresholds(thresholds).view([-1] + [1] * c.dim())
+    theta = _thresholds(thresholds) if thresholds else None  # (before any stream is used)
+    if r_bits is not None and r_bits.shape != c.shape:
+        raise ValueError(f"the dealer's r bits are {list(r_bits.shape)}, c {list(c.shape)}")
     consume(ctx, [seed], nonce, TAG_RBITS, TAG_PAIRS)
     y = derive(seed, nonce, TAG_RBITS, list(c.shape)) if r_bits is None else r_bits
+    if theta is not None:  # the T comparisons of an element: c - theta_k, the same r bits
+        c = c.unsqueeze(0) - theta.view([-1] + [1] * c.dim())
+        y = y.unsqueeze(0).expand(c.shape)
     if first:
         y = ~y
     top = (y >> 63) & 1
