@@ -1,7 +1,8 @@
 """Comparisons of a shared x with many public thresholds (the bins of the non-linear
 functions: mpc.protocols.approx.step_bits) share one mask r an element: the parties open
 c = x + r once an element, not once a threshold, and compare c - theta_k in the carry
-tree (mpc.protocols.compare.msb_thresholds). Against plaintext (hypothesis), what it
+tree, or with FSS evaluate the element's one key at each c - theta_k
+(mpc.protocols.compare.msb_thresholds). Against plaintext (hypothesis), what it
 sends, and a client that sends the steps with other thresholds than the dealer shared r
 for. Runs on both worker kinds (conftest.py)."""
 
@@ -21,6 +22,8 @@ from mpc.config import MPCConfig
 from mpc.protocols import compare
 from mpc.protocols.comparison import run as carry_run
 from mpc.protocols.comparison.steps import MAX_THRESHOLDS, cmp_init, dealer_compare
+from mpc.protocols.fss import run as fss_run
+from mpc.protocols.fss.steps import fss_eval
 from mpc.protocols.step import name_of
 from pointers.errors import RemoteError
 from pointers.wire.messages import Describe
@@ -46,30 +49,40 @@ def _shared(values: torch.Tensor, n: int, config: MPCConfig | None = None) -> An
 @given(
     values=st.lists(st.integers(-RING, RING), min_size=1, max_size=40),
     thresholds=st.lists(st.integers(-RING, RING), min_size=1, max_size=12),
-    n=st.sampled_from([2, 3]),
+    setting=st.sampled_from([(2, "default"), (3, "default"), (2, "fss")]),
     data=st.data(),
 )
 def test_every_threshold_against_plaintext(
-    values: list[int], thresholds: list[int], n: int, data: Any
+    values: list[int], thresholds: list[int], setting: tuple[int, str], data: Any
 ) -> None:
+    n, mode = setting
     # values equal to a threshold, and its neighbours, are drawn too
     picks = data.draw(st.lists(st.sampled_from(thresholds), max_size=6))
     values = values + picks + [p + 1 for p in picks] + [p - 1 for p in picks]
     v = torch.tensor(values, dtype=I64)
-    x = _shared(v, n)
+    x = _shared(v, n, MPCConfig(comparison=mode))
     got = _msb(x, thresholds)
     want = torch.stack([(v - t < 0).long() for t in thresholds])
     assert torch.equal(got, want)
 
 
-def test_the_stacked_path_and_fss_give_the_same_bits() -> None:
-    """Where one run would not fit a piece, or with FSS, the stacked differences."""
+@pytest.mark.parametrize("mode", ["default", "fss"])
+def test_many_thresholds_and_the_stacked_path(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSS evaluates a key at its points in groups (EVAL_GROUP): 300 thresholds of 40
+    values take three; where one run would not fit a piece, the stacked differences."""
     gen = torch.Generator().manual_seed(3)
-    v = torch.randint(-(1 << 40), 1 << 40, (3, 5), generator=gen)
-    thresholds = [-(1 << 30), 0, 7, 1 << 35]
+    v = torch.randint(-(1 << 40), 1 << 40, (4, 10), generator=gen)
+    thresholds = sorted(torch.randint(-(1 << 41), 1 << 41, (300,), generator=gen).tolist())
     want = torch.stack([(v - t < 0).long() for t in thresholds])
-    assert torch.equal(_msb(_shared(v, 2), thresholds), want)
-    assert torch.equal(_msb(_shared(v, 2, MPCConfig(comparison="fss")), thresholds), want)
+    assert torch.equal(_msb(_shared(v, 2, MPCConfig(comparison=mode)), thresholds), want)
+    real, calls = compare.in_pieces, []
+
+    def in_pieces(*args: Any, **kwargs: Any) -> int:  # msb_thresholds' own check: 2 pieces
+        calls.append(1)
+        return 2 if len(calls) == 1 else real(*args, **kwargs)
+
+    monkeypatch.setattr(compare, "in_pieces", in_pieces)
+    assert torch.equal(_msb(_shared(v, 2, MPCConfig(comparison=mode)), thresholds), want)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -130,6 +143,28 @@ def test_the_last_party_compares_the_thresholds_r_is_shared_by(
         bob,
         lambda: compare.msb_thresholds(x.session, list(x.shares), list(range(16))),
         "not the ones the dealer's r is shared by",
+    )
+
+
+def test_the_fss_key_is_evaluated_at_its_thresholds_only(
+    make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each party checks the thresholds against its key's count (both hold the key)."""
+    alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol,
+                  config=MPCConfig(comparison="fss"))  # fmt: skip
+    real = fss_run.at_parties
+
+    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
+        if fn is fss_eval:
+            return real(session, fn, lambda i: args(i)[:8] + [[1, 2]], out)
+        return real(session, fn, args, out)
+
+    monkeypatch.setattr(fss_run, "at_parties", at_parties)
+    _refused(
+        alice,
+        lambda: compare.msb_thresholds(x.session, list(x.shares), list(range(5))),
+        "not the ones the dealer's key is for",
     )
 
 

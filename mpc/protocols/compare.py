@@ -77,17 +77,20 @@ def msb(session: Session, x: Shares) -> Shares:
 
 def msb_thresholds(session: Session, x: Shares, thresholds: list[int]) -> Shares:
     """[msb(x - theta_k)] for public ring values theta_k, stacked [T, *x] (4 rounds; 1 with
-    FSS). By default one comparison run whose T comparisons of an element share its mask
-    r: one opening of c = x + r an element, not T (the tree's openings and the daBits
-    stay one a comparison); with FSS, or where one run would not fit a piece, the stacked
-    differences x - theta_k."""
+    FSS), in one comparison run whose T comparisons of an element share its mask r: one
+    opening of c = x + r an element, not T (the tree's openings and the daBits stay one
+    a comparison; with FSS, one key an element, evaluated at its T points). Where one run
+    would not fit a piece: the stacked differences x - theta_k."""
     shape = [len(thresholds), *x[0].shape]
-    if session.config.comparison != "default" or in_pieces(session, shape) > 1:
+    if in_pieces(session, shape) > 1:
         enc = torch.tensor(thresholds, dtype=torch.int64).view([-1] + [1] * x[0].dim())
         stacked = [s.unsqueeze(0).repeat([len(thresholds)] + [1] * s.dim()) for s in x]
         stacked[0] = stacked[0] - enc
         return msb(session, stacked)
-    return CarryRun(session, x, [], thresholds=thresholds).finish_bit()
+    mode = MODES.get(session.config.comparison)
+    if mode is None:
+        raise MPCError(f"no comparison protocol {session.config.comparison!r}")
+    return mode(session, x, [], thresholds=thresholds).finish_bit()
 
 
 def select_by_msb(

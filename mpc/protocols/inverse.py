@@ -48,8 +48,10 @@ PER_OCTAVE = 4
 
 
 #: the most fine bins' comparisons a call takes (:func:`fine_bins`): the default
-#: comparison's dealer material is 61 bytes each, FSS's keys 3 KB
-FINE_BINS = {"default": 8192, "fss": 2048}
+#: comparison's dealer material is 53 bytes each (and 8 a value); FSS's keys are 3 KB a
+#: value, whatever its number of thresholds (:func:`mpc.protocols.compare.msb_thresholds`),
+#: and each comparison a DCF evaluation at each party
+FINE_BINS = {"default": 8192, "fss": 8192}
 COEF_BITS = 12  # C and D of the cubic (they multiply u^2 and u^3: |u| < 0.1)
 
 

@@ -64,9 +64,16 @@ class ComparisonRun:
         values: list[Shares],
         trunc: Late | None = None,
         group: Shares | None = None,
+        thresholds: list[int] | None = None,
     ) -> None:
+        """``thresholds``: compare x - theta_k for these public ring values, [T, *x], with
+        one opening of c = x + r an element (the T comparisons share r); no selections."""
         self.session = session
         self.shape = shape = list(x[0].shape)
+        if thresholds:
+            if values or trunc is not None or group is not None:
+                raise ValueError("internal: a comparison with thresholds selects nothing")
+            self.shape = [len(thresholds), *shape]
         self.group = group
         self.group_nonce: int | None = None
         self.group_e: Shares | None = None

@@ -55,13 +55,7 @@ class CarryRun(ComparisonRun):
         group: Shares | None = None,
         thresholds: list[int] | None = None,
     ) -> None:
-        """``thresholds``: compare x - theta_k for these public ring values, [T, *x], with
-        one opening of c = x + r an element (the T comparisons share r; no selections)."""
-        super().__init__(session, x, values, trunc=trunc, group=group)
-        if thresholds:
-            if values or trunc is not None or group is not None:
-                raise ValueError("internal: a comparison with thresholds selects nothing")
-            self.shape = [len(thresholds)] + self.shape
+        super().__init__(session, x, values, trunc=trunc, group=group, thresholds=thresholds)
         shape, nonce, seed = self.shape, self.nonce, session.party_seeds
 
         # offline, in one dealer call and one delivery: r shared both ways (the last

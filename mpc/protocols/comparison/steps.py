@@ -314,7 +314,7 @@ def cmp_init(
     ``thresholds`` (public ring values theta_k): c = x + r opened once an element, and
     compared as c - theta_k, [T, *x]: the T comparisons x - theta_k share r
     (:func:`dealer_compare`)."""
-    theta = _thresholds(thresholds) if thresholds else None  # (before any stream is used)
+    theta = threshold_values(thresholds) if thresholds else None  # (before any stream is used)
     if r_bits is not None and r_bits.shape != c.shape:
         raise ValueError(f"the dealer's r bits are {list(r_bits.shape)}, c {list(c.shape)}")
     consume(ctx, [seed], nonce, TAG_RBITS, TAG_PAIRS)
@@ -342,7 +342,8 @@ def cmp_init(
     return [g, p, top, *_mask_level(ctx, seed, next_nonce, g, p, 1)]
 
 
-def _thresholds(thresholds: Any) -> torch.Tensor:
+def threshold_values(thresholds: Any) -> torch.Tensor:
+    """The public thresholds of a comparison (ring values, as a tensor), checked."""
     if not (
         isinstance(thresholds, list)
         and 1 <= len(thresholds) <= MAX_THRESHOLDS

@@ -44,16 +44,18 @@ class FssRun(ComparisonRun):
         values: list[Shares],
         trunc: Late | None = None,
         group: Shares | None = None,
+        thresholds: list[int] | None = None,
     ) -> None:
+        """``thresholds``: one key an element of x, evaluated at its T points."""
         if session.n != 2:  # (a session refuses comparison="fss" for more parties)
             raise ValueError("the FSS comparison is for 2 parties")
-        super().__init__(session, x, values, trunc=trunc, group=group)
+        super().__init__(session, x, values, trunc=trunc, group=group, thresholds=thresholds)
         shape, nonce, selected = self.shape, self.nonce, self.selected
         self.select = select = selected > 0 or group is not None
         product_nonces = self._selection_nonces()
         bits = session.config.fss_bits
         seed = session.party_seeds
-        n = numel(shape)
+        n = numel(shape[1:] if thresholds else shape)  # (keys: with thresholds, a value's)
 
         # offline: the correction words, one object delivered to each party (in process
         # both read the dealer's buffer), and the last party's part of its key
@@ -67,7 +69,8 @@ class FssRun(ComparisonRun):
         cw, key1 = run_step(
             dealer,
             dealer_fss,
-            [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits],
+            [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits]
+            + [len(thresholds or [])],
             out=[([w], I64), ([sum(numel(s) for s in shapes)], I64)],
         )
         first_party, last_party = session.parties
@@ -90,7 +93,10 @@ class FssRun(ComparisonRun):
         (out,) = at_parties(
             session,
             fss_eval,
-            lambda i: [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits, select],
+            lambda i: (
+                [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits, select]
+                + ([thresholds] if thresholds else [])
+            ),
             [([words_for(numel(shape))], I64) if select else (shape, I64)],
         )
         if not select:

@@ -44,6 +44,7 @@ from mpc.protocols.comparison.selection import (
     selected_count,
     selection_material,
 )
+from mpc.protocols.comparison.steps import check_thresholds, threshold_values
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import split
 from mpc.protocols.rules import OPENED, SEED, dealer_seeds, kept, nonce_of, party_seed
@@ -69,6 +70,9 @@ from mpc.protocols.streams import (
 )
 from pointers.worker.sealing import ProtocolCall, seal
 
+#: with thresholds, the comparisons evaluated in one call of the DCF (the keys repeated for
+#: them: 1.5 KB each at 64 bits)
+EVAL_GROUP = 4096
 DCF_CHUNK_BYTES = (
     1 << 20
 )  # the DCF's level loop: one chunk's temporaries (mpc.math.dcf; measured under 1 MiB)
@@ -109,10 +113,10 @@ def _dealer_fss_rule(call: ProtocolCall) -> Any:
     if type(select) is not bool:
         raise call.refuse("parameter 'select' is a bool")
     keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
-    extra = tuple(call.value(k) for k in keys)
+    extra = (*(call.value(k) for k in keys), call.value("thresholds") or 0)
     nonce = nonce_of(call)
-    return [
-        seal("dealer.fss.cw", nonce, deliveries=2, extra=extra[:2]),
+    return [  # (the correction words say how many thresholds a key is evaluated at)
+        seal("dealer.fss.cw", nonce, deliveries=2, extra=(extra[0], extra[1], extra[5])),
         seal("dealer.fss", nonce, 1, deliveries=1, extra=extra),
     ]
 
@@ -123,8 +127,9 @@ def _dealer_fss_size(p: dict[str, Any]) -> int:
     98,304 to 2^20 comparisons; tests/test_mpc_fss_costs.py), the mask, roots and
     payloads (10 words an element), the selections and one chunk of the level loop."""
     n = numel(p.get("shape"))
+    keys = n // p["shape"][0] if p.get("thresholds") else n  # (thresholds: a key a value)
     extra = (2 * selected_count(p) + 10 + group_words(p)) * n
-    return declared(WORD * (1.1 * _fss_words(p, n) + extra)) + DCF_CHUNK_BYTES
+    return declared(WORD * (1.1 * _fss_words(p, keys) + extra)) + DCF_CHUNK_BYTES
 
 
 def _dealer_fss_keeps(p: dict[str, Any]) -> int:
@@ -141,24 +146,30 @@ def dealer_fss(
     group_nonce: int | None,
     select: bool,
     bits: int,
+    thresholds: int = 0,
 ) -> list[torch.Tensor]:
     """The keys (see the module docstring): the correction words, one object that goes
     to both parties, and the last party's share of u, then with ``select`` its share of
     the daBit t and the selections' material
-    (:func:`~mpc.protocols.comparison.selection.selection_material`), flat."""
+    (:func:`~mpc.protocols.comparison.selection.selection_material`), flat.
+
+    ``thresholds`` T > 0: ``shape`` is [T, *x], and one key a value of x is evaluated at
+    its T points c - theta_k (:func:`fss_eval`): the T comparisons share the mask r and
+    the key, whose results stay shares (no selection, nothing opened)."""
     if len(seeds) != 2:
         raise ValueError("the FSS comparison is for 2 parties")
     check_bits(bits)
     check_selection(shape, product_nonces, group_nonce)
+    check_thresholds(shape, thresholds, select)
     if type(select) is not bool or (not select and (product_nonces or group_nonce is not None)):
         raise ValueError("a comparison that selects values deals its daBit (select=True)")
     consume(ctx, seeds, nonce, TAG_R, TAG_U, TAG_FSS_ROOT, *([TAG_T_ARITH] if select else []))
     n = 1
-    for d in shape:
+    for d in shape[1:] if thresholds else shape:
         n *= d
     r = sum_derived(seeds, nonce, TAG_R, [n])
     top = (r >> (bits - 1)) & 1
-    t = (PRG(new_seed()).int64(tuple(shape)) & 1) if select else torch.zeros(shape, dtype=r.dtype)
+    t = (PRG(new_seed()).int64(tuple(shape)) & 1) if select else torch.zeros(n, dtype=r.dtype)
     u = top ^ t.reshape(-1)
     roots = (
         derive(seeds[0], nonce, TAG_FSS_ROOT, [n, 2]),
@@ -185,9 +196,9 @@ def _fss_unpack_rule(call: ProtocolCall) -> Any:
     assert label is not None
     if label.index != seed.index or seed.index != 1:
         raise call.refuse(f"party {seed.index} takes the key of party {label.index}")
-    select, bits, shape, products, group = label.extra
+    select, bits, shape, products, group, thresholds = label.extra
     n = 1
-    for d in shape:
+    for d in shape[1:] if thresholds else shape:
         n *= d
     want = [[n]]
     if select:
@@ -226,9 +237,12 @@ def _fss_eval_rule(call: ProtocolCall) -> Any:
     u = call.material("u", "fss.u", nonce, local=True, optional=True, consume=True)
     if u is not None and u.index != seed.index:
         raise call.refuse(f"party {seed.index} takes its own key, not party {u.index}'s")
-    select, bits = key.extra[0], key.extra[1]
+    select, bits, count = key.extra[0], key.extra[1], key.extra[2]
     if call.value("bits") != bits:
         raise call.refuse(f"the key reads {bits} bits")
+    thresholds = call.value("thresholds")
+    if count != (len(thresholds) if thresholds else 0):
+        raise call.refuse("the thresholds are not the ones the dealer's key is for")
     if call.value("packed") is not bool(select):
         raise call.refuse("a selecting key's result is d, packed to open; another's is the bit")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
@@ -239,8 +253,12 @@ def _fss_eval_rule(call: ProtocolCall) -> Any:
 
 def _fss_eval_size(p: dict[str, Any]) -> int:
     """The root seeds, the input's low bits, the output and its terms (6 words an
-    element) and one chunk of the level loop."""
-    return declared(6 * WORD * tensor_elems(p, "c")) + DCF_CHUNK_BYTES
+    element compared) and one chunk of the level loop; with thresholds, a group's copies
+    of the keys (:data:`EVAL_GROUP` comparisons' at most)."""
+    thresholds = p.get("thresholds")
+    count = len(thresholds) if isinstance(thresholds, list) and thresholds else 1
+    copies = EVAL_GROUP * WORD * (3 * 63 + 3) if count > 1 else 0
+    return declared(6 * WORD * tensor_elems(p, "c") * count + copies) + DCF_CHUNK_BYTES
 
 
 @step(rule=_fss_eval_rule, size=_fss_eval_size, keeps=stream_records(2), opens={"fss.d": BITS})
@@ -254,6 +272,7 @@ def fss_eval(
     c: torch.Tensor,
     bits: int,
     packed: bool,
+    thresholds: list[int] | None = None,
 ) -> torch.Tensor:
     """The party's share of m ^ t (see the module docstring) from the correction words
     ``key`` (read only: in process both parties read the dealer's one object), its share
@@ -262,8 +281,13 @@ def fss_eval(
     ``packed`` (a selecting key's): the result is d = m ^ t, opened next: the low bits of
     the two arithmetic shares, packed 64 to a word (:func:`mpc.math.bits.pack_bits`),
     are XOR shares of d (the low bit of a sum is the XOR of the low bits), one bit an
-    element on the wire."""
+    element on the wire.
+
+    ``thresholds`` (public ring values theta_k): the key of each element of c = x + r is
+    evaluated at c - theta_k, [T, *x]: the T comparisons x - theta_k share r and the key
+    (:func:`dealer_fss`)."""
     check_bits(bits)
+    theta = threshold_values(thresholds) if thresholds else None  # (before any stream)
     consume(ctx, [seed], nonce, TAG_FSS_ROOT, *([TAG_U] if first else []))
     n = c.numel()
     w = words(n, bits)
@@ -273,10 +297,37 @@ def fss_eval(
         raise ValueError(f"the last party's share of u is {n} words (party 0 derives its own)")
     root = derive(seed, nonce, TAG_FSS_ROOT, [n, 2])
     flat = c.reshape(-1)
-    y = dcf.evaluate(0 if first else 1, root, key.view(-1, n), flat & _low(bits), bits - 1)
-    y += derive(seed, nonce, TAG_U, [n]) if u is None else u
+    shape = list(c.shape)
+    if theta is None:
+        y = dcf.evaluate(0 if first else 1, root, key.view(-1, n), flat & _low(bits), bits - 1)
+    else:  # each key at its T points, EVAL_GROUP comparisons a call (the keys repeated)
+        flat = (flat.unsqueeze(0) - theta.view(-1, 1)).reshape(-1)
+        shape = [theta.numel(), *shape]
+        y = _evaluate_at(0 if first else 1, root, key.view(-1, n), flat & _low(bits), bits)
+    share_u = derive(seed, nonce, TAG_U, [n]) if u is None else u
+    if theta is None:
+        y += share_u
+    else:  # (the same u for an element's T points)
+        y = y.view(-1, n).add_(share_u).view(-1)
     top = (flat >> (bits - 1)) & 1
     y *= 1 - 2 * top
     if first:
         y += top
-    return pack_bits(y) if packed else y.view(c.shape)
+    return pack_bits(y) if packed else y.view(shape)
+
+
+def _evaluate_at(
+    party: int, root: torch.Tensor, cw: torch.Tensor, points: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """The n keys (``root`` [n, 2], ``cw`` [words, n]) each evaluated at its T points
+    (``points`` [T n], threshold-major), in calls of at most :data:`EVAL_GROUP` points."""
+    n = root.shape[0]
+    out = torch.empty(points.numel(), dtype=torch.int64)
+    group = max(1, EVAL_GROUP // max(n, 1))
+    for lo in range(0, points.numel() // max(n, 1), group):
+        hi = min(lo + group, points.numel() // n)
+        k = hi - lo
+        at = points[lo * n : hi * n]
+        keys = (root, cw) if k == 1 else (root.repeat(k, 1), cw.repeat(1, k))
+        out[lo * n : hi * n] = dcf.evaluate(party, keys[0], keys[1], at, bits - 1).view(-1)
+    return out
