@@ -455,10 +455,15 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     torch.sigmoid(x).get()  # a Fourier series
     torch.softmax(x.reshape(1024, n // 1024), -1).get()  # products of truncated values
     # an argmax alone over 2^16 entries a row: its index from the low bits (mpc.protocols.
-    # low_bits: a dealt table of 2^16 words a row, 8 MiB); a max of few rows by ranks
-    # (mpc.protocols.rank_select, under the SLACK)
+    # low_bits: a dealt table of 2^16 words a row, 8 MiB); a max of few rows by ranks, and
+    # the rank selection at a size its peaks are its own (2^17 entries of 4 bits: two dealt
+    # tables of 16 words an entry, 32 MiB)
     torch.argmax(x.reshape(16, n // 16), -1).get()
     x[: 12 * 40].reshape(12, 40).amax(-1).get()
+    from mpc.protocols.rank_select.run import select_rank_zero
+
+    zeros = mpc.share(torch.zeros(1 << 17), a, b, crypto_provider=c)
+    select_rank_zero(zeros.session, list(zeros.shares), list(zeros.shares), 4)
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)
     (m @ m).get()
     img = mpc.share(torch.rand(2, 3, 32, 32), a, b, crypto_provider=c)

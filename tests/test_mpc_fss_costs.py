@@ -220,6 +220,16 @@ def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     img = mpc.share(torch.rand(1, 4, 64, n // 256), a, b, crypto_provider=c, config=config)
     F.max_pool2d(img, 2).get()
     F.max_pool2d(F.relu(img * img), 2).get()  # a ReLU and the max in one run ([G, 10])
+    # one key a value evaluated at 4 thresholds (mpc.protocols.compare.msb_thresholds), and
+    # 1,024 values' keys at 64 (evaluated 4,096 points a call: the keys repeated 4 times)
+    from mpc.protocols.compare import msb_thresholds
+
+    for v, count in (
+        (x, 4),
+        (mpc.share(torch.rand(1024), a, b, crypto_provider=c, config=config), 64),
+    ):
+        for bit in msb_thresholds(v.session, list(v.shares), list(range(-count, count, 2))):
+            bit.get()
     return seen
 
 

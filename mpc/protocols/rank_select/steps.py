@@ -55,10 +55,11 @@ def _dealer_rank_rule(call: ProtocolCall) -> Any:
 
 
 def _dealer_rank_size(p: dict[str, Any]) -> int:
-    """r and u, the two tables, the others' derived tables, the packed output: 6 words an
-    entry of a table, and r's and u's words."""
+    """The two tables and their flat copy (4 words an entry of a table, measured at 2^17
+    entries, tests/test_limits_memory.py; one party's derived table at a time comes and
+    goes before the copy), and r's and u's words."""
     n = numel(p.get("shape"))
-    return declared(WORD * n * (6 * _entries(p.get("bits")) + 4))
+    return declared(WORD * n * (4 * _entries(p.get("bits")) + 4))
 
 
 @step(rule=_dealer_rank_rule, size=_dealer_rank_size, keeps=stream_records(4), makes_material=True)
