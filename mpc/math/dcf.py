@@ -181,6 +181,29 @@ def _leaf(mmo2: MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
     return words[:p]
 
 
+def seed_level(
+    h: np.ndarray, a: np.ndarray, t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One level of the seed tree at the dealer, whatever the payload's group: from the
+    parties' blocks ``h`` ([party, m, tweak, word]; tweaks 0 and 1 are the children), the
+    level's bits ``a`` of alpha and the parties' control bits ``t`` ([party, m]): the seed
+    correction word ([m, 2], its control-bit corrections in the low bits), then the
+    parties' next seeds ([party, m, 2], low bits clear) and control bits along alpha's path."""
+    am = np.negative(a)
+    both = h[0] ^ h[1]
+    left, right = both[:, 0], both[:, 1]
+    s_cw = right ^ ((left ^ right) & am[:, None])
+    t_cw = ((left[:, 0] & _ONE) ^ a ^ _ONE) | ((_bit(right[:, 0], 1) ^ a) << _ONE)
+    s_cw[:, 0] &= _CLEAR
+    s_cw[:, 0] |= t_cw
+    k_left, k_right = h[:, :, 0], h[:, :, 1]
+    keep = k_left ^ ((k_left ^ k_right) & am[None, :, None])
+    keep ^= s_cw[None] & np.negative(t)[:, :, None]
+    t_next = (keep[:, :, 0] >> a[None]) & _ONE
+    keep[:, :, 0] &= _CLEAR
+    return s_cw, keep, t_next
+
+
 def _gen_chunk(
     mmo: MMO,
     mmo2: MMO,
@@ -208,12 +231,7 @@ def _gen_chunk(
         u[:, :, :, 1] = s[:, :, None, 1]
         h = mmo(u)
         h2 = mmo2(np.ascontiguousarray(u[:, :, 2:4])) if p > 2 else None
-        both = h[0] ^ h[1]
-        left, right = both[:, 0], both[:, 1]
-        s_cw = right ^ ((left ^ right) & am[:, None])
-        t_cw = ((left[:, 0] & _ONE) ^ a ^ _ONE) | ((_bit(right[:, 0], 1) ^ a) << _ONE)
-        s_cw[:, 0] &= _CLEAR
-        s_cw[:, 0] |= t_cw
+        s_cw, s_next, t_next = seed_level(h, a, t)
         cw[row * level] = s_cw[:, 0]
         cw[row * level + 1] = s_cw[:, 1]
         sign = _ONE - (t[1] << _ONE)
@@ -225,12 +243,7 @@ def _gen_chunk(
             w = v_lose[1] - v_lose[0] - acc[q] + (beta[q] & am)
             acc[q] += v_keep[0] - v_keep[1] + w
             np.multiply(w, sign, out=cw[row * level + 2 + q])
-        k_left, k_right = h[:, :, 0], h[:, :, 1]
-        raw_keep = k_left ^ ((k_left ^ k_right) & am[None, :, None])
-        raw_keep ^= s_cw[None] & np.negative(t)[:, :, None]
-        t = (raw_keep[:, :, 0] >> a[None]) & _ONE
-        s = raw_keep
-        s[:, :, 0] &= _CLEAR
+        s, t = s_next, t_next
     for q, leaf in enumerate(_leaf(mmo2, s, p)):
         last = leaf[1] - leaf[0] - acc[q]
         cw[row * bits + q] = np.where(t[1].astype(bool), np.negative(last), last)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mpc.math.dcf import FIXED_KEY2, MMO, as_u64, check_bits
+from mpc.math.dcf import FIXED_KEY2, MMO, as_u64, check_bits, seed_level
 
 __all__ = ["evaluate", "gen", "key_words"]
 
@@ -118,12 +118,7 @@ def _gen_chunk(
         u[:, :, :, 1] = s[:, :, None, 1]
         h = mmo(u)  # [party, m, tweak, word]: the children (tweaks 0, 1), values (2, 3)
         h2 = mmo2(np.ascontiguousarray(u[:, :, 2:4]))
-        both = h[0] ^ h[1]
-        left, right = both[:, 0], both[:, 1]
-        s_cw = right ^ ((left ^ right) & am[:, None])
-        t_cw = ((left[:, 0] & _ONE) ^ a ^ _ONE) | ((_bit(right[:, 0], 1) ^ a) << _ONE)
-        s_cw[:, 0] &= _CLEAR
-        s_cw[:, 0] |= t_cw
+        s_cw, s_next, t_next = seed_level(h, a, t)  # (the tree of mpc.math.dcf)
         row = 6 * level
         cw[row], cw[row + 1] = s_cw[:, 0], s_cw[:, 1]
         # the values: [4 words, party, m, side]
@@ -134,12 +129,7 @@ def _gen_chunk(
         w = _add(_sub(_sub(lose[1], lose[0]), acc), beta & am)
         acc = _add(acc, _add(_sub(keep[0], keep[1]), w))
         cw[row + 2 : row + 6] = np.where(t[1].astype(bool), _neg(w), w)
-        k_left, k_right = h[:, :, 0], h[:, :, 1]
-        raw_keep = k_left ^ ((k_left ^ k_right) & am[None, :, None])
-        raw_keep ^= s_cw[None] & np.negative(t)[:, :, None]
-        t = (raw_keep[:, :, 0] >> a[None]) & _ONE
-        s = raw_keep
-        s[:, :, 0] &= _CLEAR
+        s, t = s_next, t_next
     leaf = [_blocks(mmo, mmo2, s[p, :, 0], s[p, :, 1], 2) for p in (0, 1)]
     last = _sub(_sub(leaf[1], leaf[0]), acc)
     cw[6 * bits :] = np.where(t[1].astype(bool), _neg(last), last)
