@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from refusals import refused
 
 import mpc
 import pointers as pt
@@ -25,8 +26,6 @@ from mpc.protocols.comparison.steps import MAX_THRESHOLDS, cmp_init, dealer_comp
 from mpc.protocols.fss import run as fss_run
 from mpc.protocols.fss.steps import fss_eval
 from mpc.protocols.step import name_of
-from pointers.errors import RemoteError
-from pointers.wire.messages import Describe
 
 I64 = torch.int64
 RING = 1 << 62  # the comparison is exact for |x - theta| < 2^63
@@ -106,10 +105,7 @@ def test_c_opens_once_an_element(n: int) -> None:
 # -- as a client that sends the steps -----------------------------------------------------
 
 
-def _refused(worker: Any, attempt: Callable[[], Any], match: str) -> None:
-    with pytest.raises(RemoteError, match=match):
-        attempt()
-        worker.request(Describe([]))
+_refused = refused  # (tests/refusals.py)
 
 
 def _tamper(monkeypatch: pytest.MonkeyPatch, change: Callable[[list[Any]], list[Any]]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from refusals import refused
 
 import mpc
 import pointers as pt
@@ -23,7 +24,6 @@ from mpc.config import MPCConfig
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as material
 from mpc.protocols.opening.run import Round
-from pointers.wire.messages import Describe
 
 FSS = MPCConfig(comparison="fss")
 I64 = torch.int64
@@ -108,9 +108,7 @@ def _eval(
 
 
 def _refused(worker: Any, attempt: Callable[[], Any], match: str = REFUSED) -> None:
-    with pytest.raises(pt.RemoteError, match=match):
-        attempt()
-        worker.request(Describe([]))
+    refused(worker, attempt, match)
 
 
 def _honest(s: Any, d: Dealt) -> torch.Tensor:

@@ -12,12 +12,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from refusals import refused
 
 import mpc
 import pointers as pt
 from mpc.protocols.low_bits.run import low_bits
 from mpc.protocols.low_bits.steps import MAX_LOW_BITS
-from pointers.wire.messages import Describe
 
 I64 = torch.int64
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -71,10 +71,7 @@ def trio(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any]:
     return tuple(make_worker(n) for n in ("alice", "bob", "carol"))  # type: ignore[return-value]
 
 
-def _refused(worker: Any, attempt: Callable[[], Any], match: str) -> None:
-    with pytest.raises(pt.RemoteError, match=match):
-        attempt()
-        worker.request(Describe([]))  # a network worker's earlier errors surface here
+_refused = refused  # (tests/refusals.py)
 
 
 def _step(worker: Any, name: str, args: list[Any], out: Any) -> Any:

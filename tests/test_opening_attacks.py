@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from refusals import refused
 from torch import nn
 
 import mpc
@@ -53,9 +54,7 @@ def _sync(worker: Any) -> None:
 
 
 def _refused(worker: Any, attempt: Callable[[], Any], match: str = ONLY_PARTIES) -> None:
-    with pytest.raises(RemoteError, match=match):
-        attempt()
-        _sync(worker)
+    refused(worker, attempt, match)
 
 
 def _send(ptr: Any, peer: Any) -> Any:

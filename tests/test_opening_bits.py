@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from refusals import refused
 
 import mpc
 import pointers as pt
@@ -22,8 +23,6 @@ from mpc.protocols.comparison import run as comparison_run
 from mpc.protocols.opening.run import Round, exchange
 from mpc.protocols.opening.steps import open_bits, open_unpack, pack
 from mpc.protocols.step import name_of
-from pointers.errors import RemoteError
-from pointers.wire.messages import Describe
 
 I64 = torch.int64
 
@@ -105,10 +104,7 @@ def _captured_d(x: Any, y: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[A
     return got[0], got[1]
 
 
-def _refused(worker: Any, attempt: Callable[[], Any], match: str) -> None:
-    with pytest.raises(RemoteError, match=match):
-        attempt()
-        worker.request(Describe([]))  # a network worker's earlier errors surface here
+_refused = refused  # (tests/refusals.py)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from refusals import refused
 
 import mpc
 import pointers as pt
@@ -36,9 +37,7 @@ def _sync(worker: Any) -> None:
 
 
 def _refused(worker: Any, attempt: Callable[[], Any], match: str = "sealed|protocol") -> None:
-    with pytest.raises(pt.RemoteError, match=match):
-        attempt()
-        _sync(worker)
+    refused(worker, attempt, match)
 
 
 def step(worker: Any, name: str, args: list[Any], out: Any) -> Any:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from refusals import refused
 from test_sealing_attacks import Recorder
 from torch import nn
 
@@ -35,10 +36,7 @@ def _sync(worker: Any) -> None:
     worker.request(Describe([]))
 
 
-def _refused(worker: Any, attempt: Callable[[], Any], match: str) -> None:
-    with pytest.raises(pt.RemoteError, match=match):
-        attempt()
-        _sync(worker)
+_refused = refused  # (tests/refusals.py)
 
 
 def _mlp() -> nn.Module:
