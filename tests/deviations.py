@@ -25,10 +25,12 @@ def deviating(
     part: tuple[int, ...] = (0, 0),
     stale: bool = False,
     flip: bool = False,
+    every: bool = False,
 ) -> Iterator[list[int]]:
     """Inside: ``worker`` runs ``step`` with output ``output`` changed: ``error`` added to
-    ``t[part]``'s first element, or (``stale``) the output of the previous call of the same shape, or
-    (``flip``) the first element XOR 1. Yields a list holding how often it deviated."""
+    ``t[part]``'s first element (``every``: to each of its elements), or (``stale``) the
+    output of the previous call of the same shape, or (``flip``) the first element XOR 1.
+    Yields a list holding how often it deviated."""
     name = name_of(step)
     functions = worker.functions
     original = functions.get(name)
@@ -46,6 +48,12 @@ def deviating(
             if old is not None:
                 outs[output] = old
                 count[0] += 1
+        elif every:
+            changed = t.clone()
+            e = error % (1 << 64)
+            changed[part] += e - (1 << 64) if e >> 63 else e  # (int64: wraps)
+            outs[output] = changed
+            count[0] += 1
         elif flip:
             changed = t.clone()
             changed.view(-1)[0] ^= 1

@@ -144,30 +144,28 @@ def _words128(v: int) -> list[int]:
     return [_wrap(v & ((1 << 64) - 1), 64), _wrap(v >> 64, 64)]
 
 
-def _ints128(t: torch.Tensor) -> list[tuple[int, int]]:
+def _ints128(t: torch.Tensor) -> list[tuple[int, ...]]:
     w = [[x % (1 << 64) for x in row] for row in t.tolist()]
-    return [(w[0][i] | w[1][i] << 64, w[2][i] | w[3][i] << 64) for i in range(len(w[0]))]
+    q = len(w) // 2
+    return [tuple(w[2 * e][i] | w[2 * e + 1][i] << 64 for e in range(q)) for i in range(len(w[0]))]
 
 
 @settings(max_examples=40, deadline=None)
-@given(bits=BITS, data=st.data())
-def test_dcf128_sums_to_beta_below_alpha(bits: int, data: st.DataObject) -> None:
+@given(bits=BITS, elements=st.sampled_from([2, 4]), data=st.data())
+def test_dcf128_sums_to_beta_below_alpha(bits: int, elements: int, data: st.DataObject) -> None:
     from mpc.math import dcf128
 
     top = (1 << bits) - 1
     n = data.draw(st.integers(1, 6))
     alpha = [data.draw(st.integers(0, top)) for _ in range(n)]
     x = [data.draw(st.sampled_from([a - 1, a, a + 1, 0, top])) % (1 << bits) for a in alpha]
-    beta = [
-        (data.draw(st.integers(0, 2**128 - 1)), data.draw(st.integers(0, 2**128 - 1)))
-        for _ in alpha
-    ]
+    beta = [tuple(data.draw(st.integers(0, 2**128 - 1)) for _ in range(elements)) for _ in alpha]
     a = torch.tensor([_wrap(v, bits) for v in alpha], dtype=torch.int64)
     xs = torch.tensor([_wrap(v, bits) for v in x], dtype=torch.int64)
-    b = torch.tensor([[*_words128(p), *_words128(q)] for p, q in beta], dtype=torch.int64).T
+    b = torch.tensor([[w for v in p for w in _words128(v)] for p in beta], dtype=torch.int64).T
     roots = _roots(n)
     cw = dcf128.gen(a, b.contiguous(), bits, roots)
-    assert list(cw.shape) == [dcf128.key_words(bits), n]
+    assert list(cw.shape) == [dcf128.key_words(bits, elements), n]
     y0 = _ints128(dcf128.evaluate(0, roots[0], cw, xs, bits))
     y1 = _ints128(dcf128.evaluate(1, roots[1], cw, xs, bits))
     for i in range(n):

@@ -263,6 +263,65 @@ def test_every_deviation_in_a_comparison_is_caught(
     assert count[0] >= 1
 
 
+# a selection uses its r only where the opened c's top bit is set (its product with the
+# bit, module mpc.protocols.auth_fss.steps): the errors go to every element of 16, so that
+# some element's c has it (all but 2^-16 of the runs)
+X16 = torch.linspace(-4.0, 4.0, 16)
+Y16 = torch.linspace(3.0, -3.0, 16)
+
+
+def select_program(s: mpc.Session) -> Any:
+    """A ReLU and a max with FSS comparisons: the selection that rides on the comparison's
+    round (the steps' select mode)."""
+    x = mpc.share(X16, session=s)
+    y = mpc.share(Y16, session=s)
+    return torch.maximum(torch.relu(x), y)
+
+
+# (step, output, where, what): the kept shares of a selection are (u, r u, r) x (limbs) x
+# (value, MAC); the evaluation's outputs the bit and the selected value
+SELECT_CASES: list[tuple[Any, int, tuple[int, ...], str]] = [
+    (auth_fss_mask, 0, (0,), "its piece of the selection's c"),
+    (auth_fss_mask, 2, (0, 0, 0), "its share of u"),
+    (auth_fss_mask, 2, (0, 0, 1), "the MAC of its share of u"),
+    (auth_fss_mask, 2, (1, 0, 0), "its share of r u"),
+    (auth_fss_mask, 2, (1, 0, 1), "the MAC of its share of r u"),
+    (auth_fss_mask, 2, (2, 0, 0), "its share of r"),
+    (auth_fss_mask, 2, (2, 0, 1), "the MAC of its share of r"),
+    (auth_fss_eval, 1, (0, 0), "its share of the selected value"),
+    (auth_fss_eval, 1, (0, 1), "the MAC of its share of the selected value"),
+]
+
+
+@pytest.mark.parametrize("error", list(ERRORS), ids=list(ERRORS))
+@pytest.mark.parametrize("who", [0, 1], ids=["first", "last"])
+@pytest.mark.parametrize("step,output,part,what", SELECT_CASES, ids=[c[3] for c in SELECT_CASES])
+def test_every_deviation_in_an_fss_selection_is_caught(
+    step: Any, output: int, part: tuple[int, ...], what: str, who: int, error: str
+) -> None:
+    workers, s = two_parties("fss")
+    e = _error(ERRORS[error])
+    with deviating(workers[who], step, output, e, part, every=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            out = select_program(s).get()
+            pytest.fail(f"no check caught {what} + {e}: the client got {out}")
+    assert count[0] >= 1
+
+
+def test_stale_fss_selection_material_is_caught() -> None:
+    workers, s = two_parties("fss")
+    with deviating(workers[1], auth_fss_mask, 2, stale=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            select_program(s).get()
+    assert count[0] >= 1
+
+
+def test_honest_fss_selection_is_right() -> None:
+    workers, s = two_parties("fss")
+    out = select_program(s).get()
+    torch.testing.assert_close(out, torch.maximum(torch.relu(X16), Y16), atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("comparison,step,output,what", [
     ("default", auth_cmp_mask, 2, "the bits of the previous comparison"),
     ("default", auth_cmp_leaves, 0, "the leaves of the previous comparison"),

@@ -1,8 +1,11 @@
 """The non-linear ops on authenticated tensors, built on the authenticated comparison with
 zero (:mod:`mpc.protocols.auth_comparison`): x < y is [x - y < 0]; ReLU is
-x (1 - [x < 0]); the max of two is a - (a - b) [a - b < 0]; a max over a dim (and
+x - x [x < 0]; the max of two is a - (a - b) [a - b < 0]; a max over a dim (and
 max-pooling, over each window) is a tree of those, one comparison a level. Comparisons
 are exact for |x - y| < 2^62 in the ring (2^46 at 16 fractional bits), as truncation.
+With ``comparison="fss"`` (2 parties, :mod:`mpc.protocols.auth_fss`) they are exact on the
+whole ring, and the product z [z < 0] of ReLU and the max rides on the comparison's one
+round.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from mpc.authenticated.ops import (
 from mpc.authenticated.tensor import register
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.protocols.auth_comparison.run import auth_ltz
-from mpc.protocols.auth_fss.run import auth_fss_ltz
+from mpc.protocols.auth_fss.run import auth_fss_ltz, auth_fss_select
 from mpc.protocols.auth_local.run import linear
 
 aten = torch.ops.aten
@@ -43,6 +46,16 @@ def negative(d: Auth) -> Auth:
     fss = d.session.config.comparison == "fss"
     ltz = auth_fss_ltz if fss else auth_ltz
     return Auth(ltz(d.session, d.shares), d.session, 0, torch.bool)
+
+
+def times_negative(d: Auth) -> Auth:
+    """d [d < 0]: with FSS comparisons in the comparison's own round, else a comparison and
+    a product."""
+    ready(d)
+    if d.session.config.comparison == "fss":
+        _, zbit = auth_fss_select(d.session, d.shares)
+        return Auth(zbit, d.session, d.frac_bits, d.dtype)
+    return times(d, negative(d))
 
 
 def one_minus(bit: Auth) -> Auth:
@@ -79,14 +92,14 @@ def times(x: Auth, bit: Auth) -> Auth:
 @register(aten.relu.default)
 def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
-    ready(x)
-    return times(x, one_minus(negative(x)))
+    return difference(x, times_negative(x))  # x - x [x < 0]
 
 
 def max_of_two(a: Auth, b: Auth) -> Auth:
-    """max(a, b) = a - (a - b) [a - b < 0]: one comparison and one product."""
+    """max(a, b) = a - (a - b) [a - b < 0]: one comparison and one product (with FSS
+    comparisons, the product in the comparison's round)."""
     d = difference(a, b)
-    return difference(a, times(d, negative(d)))
+    return difference(a, times_negative(d))
 
 
 @register(aten.maximum.default, aten.minimum.default)

@@ -190,17 +190,37 @@ def seed_level(
     correction word ([m, 2], its control-bit corrections in the low bits), then the
     parties' next seeds ([party, m, 2], low bits clear) and control bits along alpha's path."""
     am = np.negative(a)
-    both = h[0] ^ h[1]
-    left, right = both[:, 0], both[:, 1]
-    s_cw = right ^ ((left ^ right) & am[:, None])
-    t_cw = ((left[:, 0] & _ONE) ^ a ^ _ONE) | ((_bit(right[:, 0], 1) ^ a) << _ONE)
-    s_cw[:, 0] &= _CLEAR
-    s_cw[:, 0] |= t_cw
-    k_left, k_right = h[:, :, 0], h[:, :, 1]
-    keep = k_left ^ ((k_left ^ k_right) & am[None, :, None])
-    keep ^= s_cw[None] & np.negative(t)[:, :, None]
-    t_next = (keep[:, :, 0] >> a[None]) & _ONE
-    keep[:, :, 0] &= _CLEAR
+    # (each word of each child as a contiguous [party, m] array: the XORs and selections
+    # below then run on contiguous memory, three times faster than on the blocks)
+    left_lo, left_hi = (np.ascontiguousarray(h[:, :, 0, w]) for w in (0, 1))
+    right_lo, right_hi = (np.ascontiguousarray(h[:, :, 1, w]) for w in (0, 1))
+    both_left_lo, both_right_lo = left_lo[0] ^ left_lo[1], right_lo[0] ^ right_lo[1]
+    both_left_hi, both_right_hi = left_hi[0] ^ left_hi[1], right_hi[0] ^ right_hi[1]
+    # the seed correction: the parties' XOR of the child off alpha's path
+    lo = both_left_lo ^ both_right_lo
+    lo &= am
+    lo ^= both_right_lo
+    hi = both_left_hi ^ both_right_hi
+    hi &= am
+    hi ^= both_right_hi
+    t_cw = ((both_left_lo & _ONE) ^ a ^ _ONE) | ((_bit(both_right_lo, 1) ^ a) << _ONE)
+    lo &= _CLEAR
+    lo |= t_cw
+    s_cw = np.empty((a.shape[0], 2), dtype=_U64)
+    s_cw[:, 0], s_cw[:, 1] = lo, hi
+    # the kept child on alpha's path, corrected where the party's control bit is set
+    tm = np.negative(t)
+    keep_lo = left_lo ^ right_lo
+    keep_lo &= am
+    keep_lo ^= left_lo
+    keep_lo ^= lo & tm
+    keep_hi = left_hi ^ right_hi
+    keep_hi &= am
+    keep_hi ^= left_hi
+    keep_hi ^= hi & tm
+    t_next = (keep_lo >> a[None]) & _ONE
+    keep_lo &= _CLEAR
+    keep = np.stack([keep_lo, keep_hi], axis=-1)
     return s_cw, keep, t_next
 
 

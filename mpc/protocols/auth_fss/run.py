@@ -1,6 +1,7 @@
 """The authenticated FSS comparison, the client's side (the steps and why it is sound:
 :mod:`mpc.protocols.auth_fss.steps`): the dealer's keys, each party's mask, one
-authenticated opening, each party's evaluation. One round; 2 parties."""
+authenticated opening, each party's evaluation. One round; 2 parties. The selection
+(z msb(z): ReLU, the max of two) rides on the same round."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ from mpc.session import Session
 def auth_fss_ltz(session: Session, z: Shares) -> Shares:
     """Authenticated shares of [z < 0] (0 or 1, an integer) for every z (its low 64 bits
     read signed), 2 parties: one round."""
+    (bit,) = _run(session, z, False)
+    return bit
+
+
+def auth_fss_select(session: Session, z: Shares) -> tuple[Shares, Shares]:
+    """Authenticated shares of [z < 0] and of z [z < 0] (z's low 64 bits times the bit),
+    2 parties: one round, no product after it."""
+    bit, zbit = _run(session, z, True)
+    return bit, zbit
+
+
+def _run(session: Session, z: Shares, select: bool) -> list[Shares]:
     if session.n != 2:
         raise ValueError("the FSS comparison is for 2 parties")
     state = auth_state(session)
@@ -33,23 +46,31 @@ def auth_fss_ltz(session: Session, z: Shares) -> Shares:
     cw, corr = call(
         dealer,
         name_of(dealer_auth_fss),
-        [session.dealer_seeds, state.alpha, nonce, shape],
-        [((key_words(n),), I64), ((correction_words(n),), I64)],
+        [session.dealer_seeds, state.alpha, nonce, shape, select],
+        [((key_words(n, select),), I64), ((correction_words(n, select),), I64)],
     )
     keys = [cw.copy_to(p, lend=True) for p in session.parties]  # (read only)
     corr_last = corr.move(session.parties[1])
     seed, macs = session.party_seeds, state.keys
+    kept = (3, 2, 2, *shape) if select else (2, 2, *shape)
     piece, mac, u = at_parties(
         session,
         auth_fss_mask,
-        lambda i: [seed[i], macs[i], nonce, i == 0, z[i], corr_last if i == 1 else None],
-        [((2, *shape), I64), ((2, *shape), I64), ((2, 2, *shape), I64)],
+        lambda i: [
+            seed[i],
+            macs[i],
+            nonce,
+            i == 0,
+            z[i],
+            corr_last if i == 1 else None,
+            select,
+        ],  # fmt: skip
+        [((2, *shape), I64), ((2, *shape), I64), (kept, I64)],
     )
     (c,) = open_auth(session, [(piece, mac)])
-    (out,) = at_parties(
+    return at_parties(
         session,
         auth_fss_eval,
-        lambda i: [seed[i], macs[i], nonce, i == 0, keys[i], u[i], c[i]],
-        [((2, 2, *shape), I64)],
+        lambda i: [seed[i], macs[i], nonce, i == 0, keys[i], u[i], c[i], select],
+        [((2, 2, *shape), I64)] * (2 if select else 1),
     )
-    return out

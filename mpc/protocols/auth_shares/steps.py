@@ -64,7 +64,8 @@ STATE = "mpc.auth"  # the key of a party's state in its function state
     TAG_AFSS_R,
     TAG_AFSS_U,
     TAG_AFSS_ROOT,
-) = range(100, 114)
+    TAG_AFSS_RU,
+) = range(100, 115)
 
 W128 = 2 * WORD  # bytes of a 128-bit ring element
 VM = 4 * WORD  # bytes of an authenticated share's element (value and MAC)
