@@ -13,11 +13,12 @@ Every operation is exact mod 2^128 (wrap-around), with torch's int64 kernels onl
 - the elementwise product of the low limbs in full (128 bits) from their 32-bit halves
   (four int64 products, each below 2^64 read unsigned); the cross terms ``a0 b1 + a1 b0``
   need only their low 64 bits;
-- a matrix product or a convolution of the low limbs in full from three limbs of 21, 21
-  and 22 bits of each operand: each of the nine limb products is exact in int64 for an
-  inner dimension below 2^17 (a larger one is cut into pieces), and they sum into 128 bits
-  with carries; the cross terms are two int64 products mod 2^64
-  (:func:`mpc.math.ring.ring_bilinear`).
+- a matrix product or a convolution of the low limbs in full from three limbs of 22, 22
+  and 20 bits of each operand, by Karatsuba's three-term form: six limb products (the
+  three squares' and the three of pairwise sums, each below 2^46 a term) instead of nine,
+  each exact in int64 for an inner dimension of at most 2^17 (a larger one is cut into
+  pieces), summed into 128 bits with carries; the cross terms are two int64 products mod
+  2^64 (:func:`mpc.math.ring.ring_bilinear`).
 
 The ``(2, *T)`` layout keeps each limb contiguous, so a limb is a plain int64 tensor for
 every kernel; leading dimensions of ``T`` broadcast as torch broadcasts.
@@ -51,8 +52,11 @@ MASK64 = (1 << 64) - 1
 _MIN = -(1 << 63)
 _M32 = 0xFFFFFFFF
 # limbs of a low 64-bit word for an exact int64 product: offsets and widths
-_LIMBS = ((0, 21), (21, 21), (42, 22))
-_MAX_INNER = 1 << 17  # an inner dimension of at most this many terms stays exact
+_LIMB = 22
+_LIMBS = ((0, _LIMB), (_LIMB, _LIMB), (2 * _LIMB, 64 - 2 * _LIMB))
+# an inner dimension of at most this many terms stays exact: a product of two sums of two
+# limbs is below 2^46, so 2^17 of them stay below 2^63
+_MAX_INNER = 1 << 17
 
 
 def _signed(v: int) -> int:
@@ -215,22 +219,33 @@ def _shifted(g: torch.Tensor, o: int) -> torch.Tensor:
 
 def _full_low(op: str, params: dict[str, Any], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """op(a, b) over the integers, mod 2^128, for int64 ``a`` and ``b`` read unsigned:
-    nine exact limb products summed with carries."""
+    with X = 2^22 and limbs a = a0 + a1 X + a2 X^2 (b alike), the coefficients of
+    X^0..X^4 from six exact limb products (Karatsuba):
+
+        c0 = p00, c1 = s01 - p00 - p11, c2 = s02 - p00 - p22 + p11,
+        c3 = s12 - p11 - p22, c4 = p22,
+
+    p_ii = op(a_i, b_i) and s_ij = op(a_i + a_j, b_i + b_j), each coefficient a sum of
+    limb products (non-negative, below 2^63), then summed into 128 bits with carries."""
     la, lb = _limbs(a), _limbs(b)
-    groups: dict[int, torch.Tensor] = {}
-    for i, (oi, _) in enumerate(_LIMBS):
-        for j, (oj, _) in enumerate(_LIMBS):
-            p = ring_bilinear(op, params, la[i], lb[j])
-            o = oi + oj
-            if o in groups:
-                groups[o] += p
-            else:
-                groups[o] = p
-    out: torch.Tensor | None = None
-    for o, g in groups.items():
-        term = _shifted(g, o)
-        out = term if out is None else add_(out, term)
-    assert out is not None
+
+    def prod(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return ring_bilinear(op, params, x, y)
+
+    p = [prod(la[i], lb[i]) for i in range(3)]
+    s01 = prod(la[0] + la[1], lb[0] + lb[1])
+    s02 = prod(la[0] + la[2], lb[0] + lb[2])
+    s12 = prod(la[1] + la[2], lb[1] + lb[2])
+    coefficients = [
+        p[0],
+        s01.sub_(p[0]).sub_(p[1]),
+        s02.sub_(p[0]).sub_(p[2]).add_(p[1]),
+        s12.sub_(p[1]).sub_(p[2]),
+        p[2],
+    ]
+    out = _shifted(coefficients[0], 0)
+    for k in range(1, 5):
+        add_(out, _shifted(coefficients[k], k * _LIMB))
     return out
 
 
