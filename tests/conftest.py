@@ -27,6 +27,7 @@ BOTH_WORKER_KINDS = {
     "test_low_bits",
     "test_rank_select",
     "test_weight_instances",
+    "test_auth_weights",
     "test_share_pieces",
     "test_release_rules",
     "test_fss_attacks",

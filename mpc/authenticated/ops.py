@@ -17,6 +17,7 @@ from mpc.errors import MPCError, PartyMismatchError, UnsupportedOpError
 from mpc.math.encoding import encode
 from mpc.protocols.auth_beaver.run import auth_beaver
 from mpc.protocols.auth_local.run import bilinear_public, linear, scale, sum_shares, view
+from mpc.protocols.auth_weights.run import fixed_product, view_of
 from mpc.protocols.parties import Shares
 
 aten = torch.ops.aten
@@ -238,7 +239,10 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any], shape: tuple[in
     ready(a, b)
     if isinstance(a, Auth) and isinstance(b, Auth):
         same_session(a, b)
-        return product(a, b, auth_beaver(a.session, a.shares, b.shares, op, params, shape))
+        z = fixed_product(a.session, a, b, op, params, shape)  # (a model's weight: its instance)
+        if z is None:
+            z = auth_beaver(a.session, a.shares, b.shares, op, params, shape)
+        return product(a, b, z)
     x, p, public_first = (a, b, False) if isinstance(a, Auth) else (b, a, True)
     t = check_public(p, op)
     f = 0 if integral(t) else x.session.config.frac_bits
@@ -342,7 +346,10 @@ def layout(func: Any, args: tuple[Any, ...], op: str, op_args: list[Any]) -> Aut
     else:
         ready(x)
         src = x.shares
-    return wrap(x, view(x.session, src, op, op_args, shape))
+    out = wrap(x, view(x.session, src, op, op_args, shape))
+    if op not in ("cat", "stack"):
+        view_of(x, out, op, op_args)  # (a view of a model's weight: a fixed weight)
+    return out
 
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)

@@ -10,6 +10,7 @@ from torch import nn
 
 from mpc.authenticated.tensor import AuthenticatedTensor, share_authenticated
 from mpc.errors import MPCError
+from mpc.protocols.auth_weights.run import mark_fixed
 from mpc.session import Session
 
 
@@ -34,6 +35,7 @@ def _share_module(model: nn.Module, session: Session, frac_bits: int | None) -> 
             if id(p) not in done:
                 shared = share_authenticated(p.detach(), session, frac_bits)
                 done[id(p)] = nn.Parameter(shared, requires_grad=False)
+                mark_fixed(done[id(p)])  # (its products keep one mask: weight instances)
             m._parameters[name] = done[id(p)]
         for name, b in list(m._buffers.items()):
             if b is None or isinstance(b, AuthenticatedTensor) or not torch.is_floating_point(b):

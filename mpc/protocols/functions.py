@@ -22,6 +22,7 @@ from mpc.protocols.auth_local import steps as auth_local
 from mpc.protocols.auth_opening import steps as auth_opening
 from mpc.protocols.auth_shares import steps as auth_shares
 from mpc.protocols.auth_truncation import steps as auth_truncation
+from mpc.protocols.auth_weights import steps as auth_weights
 from mpc.protocols.beaver import steps as beaver
 from mpc.protocols.comparison import selection
 from mpc.protocols.comparison import steps as comparison
@@ -64,6 +65,7 @@ STEP_MODULES = (
     auth_truncation,
     auth_comparison,
     auth_fss,
+    auth_weights,
 )
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {

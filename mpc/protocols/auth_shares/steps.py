@@ -65,7 +65,10 @@ STATE = "mpc.auth"  # the key of a party's state in its function state
     TAG_AFSS_U,
     TAG_AFSS_ROOT,
     TAG_AFSS_RU,
-) = range(100, 115)
+    TAG_AW_B,
+    TAG_AW_A,
+    TAG_AW_C,
+) = range(100, 118)
 
 W128 = 2 * WORD  # bytes of a 128-bit ring element
 VM = 4 * WORD  # bytes of an authenticated share's element (value and MAC)
