@@ -18,10 +18,9 @@ from mpc.protocols.auth_comparison.steps import (
     dealer_auth_cmp,
 )
 from mpc.protocols.auth_local.run import linear, view
-from mpc.protocols.auth_opening.run import open_auth
+from mpc.protocols.auth_opening.run import open_masked
 from mpc.protocols.auth_shares.state import auth_state
-from mpc.protocols.parties import I64, Shares, at_parties, call
-from mpc.protocols.step import name_of
+from mpc.protocols.parties import I64, Shares, at_parties
 from mpc.session import Session
 
 
@@ -29,25 +28,19 @@ def auth_ltz(session: Session, z: Shares) -> Shares:
     """Authenticated shares of [z < 0] (0 or 1, an integer) for |z| < 2^62 (z's low 64
     bits read signed): 8 rounds."""
     state = auth_state(session)
-    dealer = session.require_dealer("a comparison")
     nonce = session.next_nonce()
     shape = [int(d) for d in z[0].shape[2:]]
-    (corr,) = call(
-        dealer,
-        name_of(dealer_auth_cmp),
-        [session.dealer_seeds, state.alpha, nonce, shape],
-        [((correction_words(math.prod(shape)),), I64)],
-    )
-    last = session.n - 1
-    corr_last = corr.move(session.parties[last])
     seed, keys = session.party_seeds, state.keys
-    piece, mac, bits = at_parties(
+    c, _, (bits,) = open_masked(
         session,
+        "a comparison",
+        dealer_auth_cmp,
+        [nonce, shape],
+        [((correction_words(math.prod(shape)),), I64)],
         auth_cmp_mask,
-        lambda i: [seed[i], keys[i], nonce, i == 0, z[i], corr_last if i == last else None],
+        lambda i, corr: [seed[i], keys[i], nonce, i == 0, z[i], corr],
         [((2, *shape), I64), ((2, *shape), I64), ((2, 2, *shape, LEAVES + 1), I64)],
     )
-    (c,) = open_auth(session, [(piece, mac)])
     tree, top = at_parties(
         session,
         auth_cmp_leaves,

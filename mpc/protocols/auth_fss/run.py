@@ -14,10 +14,9 @@ from mpc.protocols.auth_fss.steps import (
     dealer_auth_fss,
     key_words,
 )
-from mpc.protocols.auth_opening.run import open_auth
+from mpc.protocols.auth_opening.run import open_masked
 from mpc.protocols.auth_shares.state import auth_state
-from mpc.protocols.parties import I64, Shares, at_parties, call
-from mpc.protocols.step import name_of
+from mpc.protocols.parties import I64, Shares, at_parties
 from mpc.session import Session
 
 
@@ -39,35 +38,22 @@ def _run(session: Session, z: Shares, select: bool) -> list[Shares]:
     if session.n != 2:
         raise ValueError("the FSS comparison is for 2 parties")
     state = auth_state(session)
-    dealer = session.require_dealer("a comparison")
     nonce = session.next_nonce()
     shape = [int(d) for d in z[0].shape[2:]]
     n = math.prod(shape)
-    cw, corr = call(
-        dealer,
-        name_of(dealer_auth_fss),
-        [session.dealer_seeds, state.alpha, nonce, shape, select],
-        [((key_words(n, select),), I64), ((correction_words(n, select),), I64)],
-    )
-    keys = [cw.copy_to(p, lend=True) for p in session.parties]  # (read only)
-    corr_last = corr.move(session.parties[1])
     seed, macs = session.party_seeds, state.keys
     kept = (3, 2, 2, *shape) if select else (2, 2, *shape)
-    piece, mac, u = at_parties(
+    c, (cw,), (u,) = open_masked(
         session,
+        "a comparison",
+        dealer_auth_fss,
+        [nonce, shape, select],
+        [((key_words(n, select),), I64), ((correction_words(n, select),), I64)],
         auth_fss_mask,
-        lambda i: [
-            seed[i],
-            macs[i],
-            nonce,
-            i == 0,
-            z[i],
-            corr_last if i == 1 else None,
-            select,
-        ],  # fmt: skip
+        lambda i, corr: [seed[i], macs[i], nonce, i == 0, z[i], corr, select],
         [((2, *shape), I64), ((2, *shape), I64), (kept, I64)],
     )
-    (c,) = open_auth(session, [(piece, mac)])
+    keys = [cw.copy_to(p, lend=True) for p in session.parties]  # (read only)
     return at_parties(
         session,
         auth_fss_eval,

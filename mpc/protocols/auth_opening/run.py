@@ -12,7 +12,7 @@ from mpc import accounting
 from mpc.protocols.auth_opening.steps import auth_open
 from mpc.protocols.auth_shares.state import auth_state
 from mpc.protocols.opening.run import exchange
-from mpc.protocols.parties import I64, Shares, at_parties
+from mpc.protocols.parties import I64, Out, Shares, at_parties, run_step
 from mpc.session import Session
 
 
@@ -37,3 +37,35 @@ def open_auth(session: Session, values: list[tuple[Shares, Shares]]) -> list[Sha
 
 def _args(keys: Shares, ex: list[Shares], macs: Shares) -> Callable[[int], list[Any]]:
     return lambda i: [keys[i], ex[i], macs[i]]
+
+
+def open_masked(
+    session: Session,
+    what: str,
+    dealer_step: Callable[..., Any],
+    dealer_args: list[Any],
+    dealer_out: Out,
+    mask_step: Callable[..., Any],
+    mask_args: Callable[[int, Any], list[Any]],
+    mask_out: Out,
+) -> tuple[Shares, list[Any], list[Shares]]:
+    """The first round of a protocol that opens z + r for the dealer's authenticated r
+    (truncation, the comparisons): the dealer's step (``what`` names the operation for the
+    error where the session has no dealer; its seeds and alpha come first, then
+    ``dealer_args``; its last output, the last party's corrections, goes there), each
+    party's mask step (``mask_args(i, the corrections at the last party, else None)``;
+    its outputs ``mask_out``: its piece of z + r, the piece's MAC share, then what it
+    keeps), and the opening. Returns the opened value's pointers (one per party), the
+    dealer's other outputs, and per kept output its pointers (one per party)."""
+    state = auth_state(session)
+    dealer = session.require_dealer(what)
+    *others, corr = run_step(
+        dealer, dealer_step, [session.dealer_seeds, state.alpha, *dealer_args], dealer_out
+    )
+    last = session.n - 1
+    corr_last = corr.move(session.parties[last])
+    piece, mac, *kept = at_parties(
+        session, mask_step, lambda i: mask_args(i, corr_last if i == last else None), mask_out
+    )
+    (c,) = open_auth(session, [(piece, mac)])
+    return c, others, kept

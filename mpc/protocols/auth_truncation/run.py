@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from mpc.protocols.auth_opening.run import open_auth
+from mpc.protocols.auth_opening.run import open_masked
 from mpc.protocols.auth_shares.state import auth_state
 from mpc.protocols.auth_truncation.steps import (
     auth_trunc_finish,
@@ -14,8 +14,7 @@ from mpc.protocols.auth_truncation.steps import (
     correction_words,
     dealer_auth_trunc,
 )
-from mpc.protocols.parties import I64, Shares, at_parties, call
-from mpc.protocols.step import name_of
+from mpc.protocols.parties import I64, Shares, at_parties
 from mpc.session import Session
 
 
@@ -25,25 +24,19 @@ def auth_truncate(session: Session, z: Shares, bits: int) -> Shares:
     if bits == 0:
         return z
     state = auth_state(session)
-    dealer = session.require_dealer("truncation of a fixed-point product")
     nonce = session.next_nonce()
     shape = [int(d) for d in z[0].shape[2:]]
-    (corr,) = call(
-        dealer,
-        name_of(dealer_auth_trunc),
-        [session.dealer_seeds, state.alpha, nonce, shape, bits],
-        [((correction_words(math.prod(shape)),), I64)],
-    )
-    last = session.n - 1
-    corr_last = corr.move(session.parties[last])
     seed, keys = session.party_seeds, state.keys
-    piece, mac, uh = at_parties(
+    c, _, (uh,) = open_masked(
         session,
+        "truncation of a fixed-point product",
+        dealer_auth_trunc,
+        [nonce, shape, bits],
+        [((correction_words(math.prod(shape)),), I64)],
         auth_trunc_mask,
-        lambda i: [seed[i], keys[i], nonce, i == 0, z[i], bits, corr_last if i == last else None],
+        lambda i, corr: [seed[i], keys[i], nonce, i == 0, z[i], bits, corr],
         [((2, *shape), I64), ((2, *shape), I64), ((2, 2, 2, *shape), I64)],
     )
-    (c,) = open_auth(session, [(piece, mac)])
     (out,) = at_parties(
         session,
         auth_trunc_finish,
