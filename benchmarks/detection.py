@@ -2,7 +2,8 @@
 party, over randomized trials.
 
 Each trial runs one of a few programs (products and truncations; comparisons, ReLU and
-max; a small CNN with max-pooling; the last two also with ``comparison="fss"``) on 2 or 3
+max; a small CNN with max-pooling; a shared model queried twice, its weights masked once;
+the last three also with ``comparison="fss"``) on 2 or 3
 in-process parties with ``security="malicious"``, with one party deviating once: at a protocol step it ran in an
 honest run of the same program (chosen at random, and which of its calls), it adds an
 error (1, 2^16, 2^63 or a random word) to a random word of one of its outputs (for a
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import mpc
 import pointers as pt
@@ -55,6 +57,16 @@ def cnn(img: Any, kernel: Any) -> Any:
     return F.max_pool2d(torch.relu(F.conv2d(img, kernel)), 2).sum((1, 2, 3))
 
 
+def model(img: Any, _: Any) -> Any:
+    """A shared model queried twice: the first query makes its weights' instances (F
+    opened), the second uses them (mpc.protocols.auth_weights)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32, 2))
+    shared = mpc.share(net.eval(), session=img.session)
+    return shared(img) + shared(img)
+
+
 #: name -> (function, its two inputs, the comparison protocol: "fss" runs on 2 parties)
 PROGRAMS: dict[str, tuple[Callable[[Any, Any], Any], torch.Tensor, torch.Tensor, str]] = {
     "products": (products, X, Y, "default"),
@@ -62,6 +74,8 @@ PROGRAMS: dict[str, tuple[Callable[[Any, Any], Any], torch.Tensor, torch.Tensor,
     "comparisons (fss)": (comparisons, X, Y, "fss"),
     "cnn": (cnn, IMG, KERNEL, "default"),
     "cnn (fss)": (cnn, IMG, KERNEL, "fss"),
+    "model": (model, IMG, KERNEL, "default"),
+    "model (fss)": (model, IMG, KERNEL, "fss"),
 }
 
 
@@ -129,8 +143,10 @@ def draw_fault(rng: random.Random, calls: Calls) -> tuple[int, Fault]:
     index = [rng.randrange(d) for d in shape]
     if not nbytes:
         # the low 64 bits: shares, pieces and residuals are laid out limbs first; a step
-        # that keeps two shares stacks them first, then their limbs
-        index[1 if step in STACKED else 0] = 0
+        # that keeps several shares stacks them first, then their limbs (an FSS
+        # selection's u, r u and r)
+        stacked = step in STACKED or (step == "mpc.auth_fss_mask" and len(shape) > 3)
+        index[1 if stacked else 0] = 0
     e = rng.choice(ERRORS)
     error = rng.getrandbits(64) | 1 if e is None else e
     if nbytes:
