@@ -37,7 +37,9 @@ import pointers as pt
 from pointers.worker.faults import ALLOW_ENV, Fault, inject
 
 ERRORS = (1, 1 << 16, 1 << 63, None)  # None: a random word
-STACKED = {"mpc.auth_trunc_mask"}  # (its kept output: U and H stacked, then limbs)
+# (step, output) of the kept outputs that stack several shares, then their limbs: the
+# truncation's U and H
+STACKED = {("mpc.auth_trunc_mask", 2)}
 X = torch.tensor([1.5, 2.0, -0.5, 3.0])
 Y = torch.tensor([2.0, 3.0, 1.0, -1.0])
 PUB = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
@@ -145,7 +147,9 @@ def draw_fault(rng: random.Random, calls: Calls) -> tuple[int, Fault]:
         # the low 64 bits: shares, pieces and residuals are laid out limbs first; a step
         # that keeps several shares stacks them first, then their limbs (an FSS
         # selection's u, r u and r)
-        stacked = step in STACKED or (step == "mpc.auth_fss_mask" and len(shape) > 3)
+        stacked = (step, output) in STACKED or (
+            step == "mpc.auth_fss_mask" and output == 2 and shape[0] == 3
+        )
         index[1 if stacked else 0] = 0
     e = rng.choice(ERRORS)
     error = rng.getrandbits(64) | 1 if e is None else e
