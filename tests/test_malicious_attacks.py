@@ -341,3 +341,22 @@ def test_honest_comparison_program_is_right() -> None:
     workers = [pt.VirtualWorker("alice"), pt.VirtualWorker("bob")]
     out = compare_program(session(workers, pt.VirtualWorker("carol"))).get()
     torch.testing.assert_close(out, torch.maximum(torch.relu(X), Y) + (X < Y), atol=1e-4, rtol=0)
+
+
+def test_an_fss_selection_in_pieces_is_right_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys past PIECE_BYTES (a network message's limit) go in pieces, opened in one round;
+    a deviation in one piece is caught like any."""
+    import mpc.protocols.auth_fss.run as afss
+
+    monkeypatch.setattr(afss, "PIECE_BYTES", 5 * 8 * afss.key_words(1, True))  # 5 elements
+    workers, s = two_parties("fss")
+    x = mpc.share(X16, session=s)
+    with mpc.stats() as st:
+        r = torch.relu(x)
+    assert st.rounds == 1
+    torch.testing.assert_close(r.get(), torch.relu(X16), atol=1e-4, rtol=0)
+    torch.testing.assert_close(select_program(s).get(), torch.maximum(torch.relu(X16), Y16))
+    with deviating(workers[0], auth_fss_eval, 1, 1 << 16, (0, 0), every=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            select_program(s).get()
+    assert count[0] >= 4  # (every piece of the ReLU and of the max)

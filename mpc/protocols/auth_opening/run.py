@@ -39,7 +39,7 @@ def _args(keys: Shares, ex: list[Shares], macs: Shares) -> Callable[[int], list[
     return lambda i: [keys[i], ex[i], macs[i]]
 
 
-def open_masked(
+def masked(
     session: Session,
     what: str,
     dealer_step: Callable[..., Any],
@@ -48,15 +48,15 @@ def open_masked(
     mask_step: Callable[..., Any],
     mask_args: Callable[[int, Any], list[Any]],
     mask_out: Out,
-) -> tuple[Shares, list[Any], list[Shares]]:
+) -> tuple[tuple[Shares, Shares], list[Any], list[Shares]]:
     """The first round of a protocol that opens z + r for the dealer's authenticated r
-    (truncation, the comparisons): the dealer's step (``what`` names the operation for the
-    error where the session has no dealer; its seeds and alpha come first, then
-    ``dealer_args``; its last output, the last party's corrections, goes there), each
-    party's mask step (``mask_args(i, the corrections at the last party, else None)``;
-    its outputs ``mask_out``: its piece of z + r, the piece's MAC share, then what it
-    keeps), and the opening. Returns the opened value's pointers (one per party), the
-    dealer's other outputs, and per kept output its pointers (one per party)."""
+    (truncation, the comparisons), up to the opening: the dealer's step (``what`` names the
+    operation for the error where the session has no dealer; its seeds and alpha come
+    first, then ``dealer_args``; its last output, the last party's corrections, goes
+    there) and each party's mask step (``mask_args(i, the corrections at the last party,
+    else None)``; its outputs ``mask_out``: its piece of z + r, the piece's MAC share, then
+    what it keeps). Returns (pieces, MAC shares) to open, the dealer's other outputs, and
+    per kept output its pointers (one per party)."""
     state = auth_state(session)
     dealer = session.require_dealer(what)
     *others, corr = run_step(
@@ -67,5 +67,23 @@ def open_masked(
     piece, mac, *kept = at_parties(
         session, mask_step, lambda i: mask_args(i, corr_last if i == last else None), mask_out
     )
-    (c,) = open_auth(session, [(piece, mac)])
+    return (piece, mac), others, kept
+
+
+def open_masked(
+    session: Session,
+    what: str,
+    dealer_step: Callable[..., Any],
+    dealer_args: list[Any],
+    dealer_out: Out,
+    mask_step: Callable[..., Any],
+    mask_args: Callable[[int, Any], list[Any]],
+    mask_out: Out,
+) -> tuple[Shares, list[Any], list[Shares]]:
+    """:func:`masked`, then the opening: the opened value's pointers (one per party), the
+    dealer's other outputs, and the kept outputs' pointers."""
+    to_open, others, kept = masked(
+        session, what, dealer_step, dealer_args, dealer_out, mask_step, mask_args, mask_out
+    )
+    (c,) = open_auth(session, [to_open])
     return c, others, kept
