@@ -185,3 +185,29 @@ def bind_outputs(call: ProtocolCall, seals: Any) -> Any:
             sealed = replace(label, to=to).wire()
         out.append(sealed)
     return out[0] if one else out
+
+
+def make_instance(
+    call: ProtocolCall, records: dict[int, Any], weight: int, w: Any, *extra: Any
+) -> None:
+    """Record weight instance ``weight`` as made of the tensor ``w`` here (bound to that
+    tensor, unmodified, and ``extra``): once per weight nonce; records whose tensor is gone
+    are dropped."""
+    for k in [k for k, rec in records.items() if rec[0]() is None]:
+        del records[k]  # (instances whose weight is gone)
+    if weight in records:
+        raise call.refuse(f"weight instance {weight} was made before")
+    records[weight] = (weakref.ref(w), w._version, *extra)
+
+
+def instance_of(
+    call: ProtocolCall, records: dict[int, Any], weight: int, w: Any
+) -> tuple[Any, ...]:
+    """The record of weight instance ``weight``, which must have been made of the tensor
+    ``w`` here, unmodified since."""
+    rec = records.get(weight)
+    if rec is None or rec[0]() is not w or rec[1] != w._version:
+        raise call.refuse(
+            f"parameter 'w' must be the share that weight instance {weight} masked, unmodified"
+        )
+    return tuple(rec)

@@ -18,7 +18,7 @@ from mpc.protocols.auth_comparison.steps import (
     dealer_auth_cmp,
 )
 from mpc.protocols.auth_local.run import linear, view
-from mpc.protocols.auth_opening.run import open_masked
+from mpc.protocols.auth_opening.run import masked, open_auth
 from mpc.protocols.auth_shares.state import auth_state
 from mpc.protocols.parties import I64, Shares, at_parties
 from mpc.session import Session
@@ -31,7 +31,7 @@ def auth_ltz(session: Session, z: Shares) -> Shares:
     nonce = session.next_nonce()
     shape = [int(d) for d in z[0].shape[2:]]
     seed, keys = session.party_seeds, state.keys
-    c, _, (bits,) = open_masked(
+    to_open, _, (bits,) = masked(
         session,
         "a comparison",
         dealer_auth_cmp,
@@ -41,6 +41,7 @@ def auth_ltz(session: Session, z: Shares) -> Shares:
         lambda i, corr: [seed[i], keys[i], nonce, i == 0, z[i], corr],
         [((2, *shape), I64), ((2, *shape), I64), ((2, 2, *shape, LEAVES + 1), I64)],
     )
+    (c,) = open_auth(session, [to_open])
     tree, top = at_parties(
         session,
         auth_cmp_leaves,

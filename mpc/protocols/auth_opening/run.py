@@ -68,22 +68,3 @@ def masked(
         session, mask_step, lambda i: mask_args(i, corr_last if i == last else None), mask_out
     )
     return (piece, mac), others, kept
-
-
-def open_masked(
-    session: Session,
-    what: str,
-    dealer_step: Callable[..., Any],
-    dealer_args: list[Any],
-    dealer_out: Out,
-    mask_step: Callable[..., Any],
-    mask_args: Callable[[int, Any], list[Any]],
-    mask_out: Out,
-) -> tuple[Shares, list[Any], list[Shares]]:
-    """:func:`masked`, then the opening: the opened value's pointers (one per party), the
-    dealer's other outputs, and the kept outputs' pointers."""
-    to_open, others, kept = masked(
-        session, what, dealer_step, dealer_args, dealer_out, mask_step, mask_args, mask_out
-    )
-    (c,) = open_auth(session, [to_open])
-    return c, others, kept

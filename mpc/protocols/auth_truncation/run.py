@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from mpc.protocols.auth_opening.run import open_masked
+from mpc.protocols.auth_opening.run import masked, open_auth
 from mpc.protocols.auth_shares.state import auth_state
 from mpc.protocols.auth_truncation.steps import (
     auth_trunc_finish,
@@ -27,7 +27,7 @@ def auth_truncate(session: Session, z: Shares, bits: int) -> Shares:
     nonce = session.next_nonce()
     shape = [int(d) for d in z[0].shape[2:]]
     seed, keys = session.party_seeds, state.keys
-    c, _, (uh,) = open_masked(
+    to_open, _, (uh,) = masked(
         session,
         "truncation of a fixed-point product",
         dealer_auth_trunc,
@@ -37,6 +37,7 @@ def auth_truncate(session: Session, z: Shares, bits: int) -> Shares:
         lambda i, corr: [seed[i], keys[i], nonce, i == 0, z[i], bits, corr],
         [((2, *shape), I64), ((2, *shape), I64), ((2, 2, 2, *shape), I64)],
     )
+    (c,) = open_auth(session, [to_open])
     (out,) = at_parties(
         session,
         auth_trunc_finish,

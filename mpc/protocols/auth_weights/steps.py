@@ -26,7 +26,6 @@ check catches, as in any authenticated product.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
 import torch
@@ -53,7 +52,15 @@ from mpc.protocols.auth_shares.steps import (
     share_of,
     unpack,
 )
-from mpc.protocols.rules import dealer_seeds, int_of, kept, nonce_of, party_seed
+from mpc.protocols.rules import (
+    dealer_seeds,
+    instance_of,
+    int_of,
+    kept,
+    make_instance,
+    nonce_of,
+    party_seed,
+)
 from mpc.protocols.sizes import SLACK, bilinear, numel, shape_of, stream_records
 from mpc.protocols.step import step
 from mpc.protocols.streams import consume
@@ -167,13 +174,7 @@ def _weight_mask_rule(call: ProtocolCall) -> Any:
     party_seed(call, "corr")
     key = share_of(call, "w").nonce
     call.material("corr", B_CORR, weight, local=False, optional=True, consume=True)
-    w = call.value("w")
-    records = _records(call)
-    for k in [k for k, rec in records.items() if rec[0]() is None]:
-        del records[k]  # (instances whose weight is gone)
-    if weight in records:
-        raise call.refuse(f"weight instance {weight} was made before")
-    records[weight] = (weakref.ref(w), w._version, key)
+    make_instance(call, _records(call), weight, call.value("w"), key)
     return [seal(PIECE + "aweight", weight), seal(PIECE_MAC + "aweight", weight, deliveries=0)]
 
 
@@ -243,13 +244,7 @@ def _product_rule(call: ProtocolCall) -> Any:
     call.material("e", OPENED + "awprod", nonce, local=True, consume=True)
     call.material("f", OPENED + "aweight", weight, local=True)  # (kept: the instance's F)
     assert c is not None
-    w = call.value("w")
-    rec = _records(call).get(weight)
-    if rec is None or rec[0]() is not w or rec[1] != w._version:
-        raise call.refuse(
-            f"parameter 'w' must be the share that weight instance {weight} masked, unmodified"
-        )
-    key = rec[2]
+    key = instance_of(call, _records(call), weight, call.value("w"))[2]
     share_of(call, "w", key)
     if c.extra != (key,):
         raise call.refuse("the product's C was made for another MAC key")

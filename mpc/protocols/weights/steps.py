@@ -30,7 +30,6 @@ the weight's streams.
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 
 import torch
@@ -42,7 +41,16 @@ from mpc.math.ring import (
     settle_pays,
     speeds_measured,
 )
-from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
+from mpc.protocols.rules import (
+    OPENED,
+    dealer_seeds,
+    instance_of,
+    int_of,
+    kept,
+    make_instance,
+    nonce_of,
+    party_seed,
+)
 from mpc.protocols.sizes import (
     WORD,
     bilinear,
@@ -204,12 +212,7 @@ def _weight_mask_rule(call: ProtocolCall) -> Any:
     weight = int_of(call, "weight")
     party_seed(call)
     w = call.share("w")
-    records = _weights(call)
-    for k in [k for k, (ref, _) in records.items() if ref() is None]:
-        del records[k]  # (instances whose weight is gone)
-    if weight in records:
-        raise call.refuse(f"weight instance {weight} was made before")
-    records[weight] = (weakref.ref(w), w._version)
+    make_instance(call, _weights(call), weight, w)
     return [seal("weight.f", weight)]
 
 
@@ -260,11 +263,7 @@ def _weight_product_rule(call: ProtocolCall) -> Any:
     call.material("e", OPENED + "wprod.e", nonce, local=True, consume=True)
     call.material("f", OPENED + "weight.f", weight, local=True)  # (kept: the instance's F)
     w = call.share("w")
-    rec = _weights(call).get(weight)
-    if rec is None or rec[0]() is not w or rec[1] != w._version:
-        raise call.refuse(
-            f"parameter 'w' must be the share that weight instance {weight} masked, unmodified"
-        )
+    instance_of(call, _weights(call), weight, w)
     return None
 
 
