@@ -164,14 +164,6 @@ def gen(
     return torch.from_numpy(cw.view(np.int64))
 
 
-def _values(h: np.ndarray, h2: np.ndarray | None, j: int, p: int) -> list[np.ndarray]:
-    """The p value words of side j ([party, m] each) from the blocks of one level."""
-    words = [h[:, :, 2 + j, 0], h[:, :, 2 + j, 1]]
-    if h2 is not None:
-        words.append(h2[:, :, j, 0])
-    return words[:p]
-
-
 def _leaf(mmo2: MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
     """The p leaf words of seeds ``s`` ([party, m, 2], low bits clear)."""
     words = [s[..., 1]]
@@ -181,47 +173,62 @@ def _leaf(mmo2: MMO, s: np.ndarray, p: int) -> list[np.ndarray]:
     return words[:p]
 
 
+def expand(u: np.ndarray) -> None:
+    """Fill the tweaks 1-3 of ``u`` ([tweak, party, m, word]) from tweak 0's seeds."""
+    for k in (1, 2, 3):
+        np.bitwise_or(u[0, :, :, 0], np.uint64(k), out=u[k, :, :, 0])
+        u[k, :, :, 1] = u[0, :, :, 1]
+
+
 def seed_level(
-    h: np.ndarray, a: np.ndarray, t: np.ndarray
+    h: np.ndarray, a: np.ndarray, am: np.ndarray, t: np.ndarray, seeds: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One level of the seed tree at the dealer, whatever the payload's group: from the
-    parties' blocks ``h`` ([party, m, tweak, word]; tweaks 0 and 1 are the children), the
-    level's bits ``a`` of alpha and the parties' control bits ``t`` ([party, m]): the seed
-    correction word ([m, 2], its control-bit corrections in the low bits), then the
-    parties' next seeds ([party, m, 2], low bits clear) and control bits along alpha's path."""
-    am = np.negative(a)
-    # (each word of each child as a contiguous [party, m] array: the XORs and selections
-    # below then run on contiguous memory, three times faster than on the blocks)
-    left_lo, left_hi = (np.ascontiguousarray(h[:, :, 0, w]) for w in (0, 1))
-    right_lo, right_hi = (np.ascontiguousarray(h[:, :, 1, w]) for w in (0, 1))
-    both_left_lo, both_right_lo = left_lo[0] ^ left_lo[1], right_lo[0] ^ right_lo[1]
-    both_left_hi, both_right_hi = left_hi[0] ^ left_hi[1], right_hi[0] ^ right_hi[1]
+    parties' blocks ``h`` ([tweak, party, m, word]; tweaks 0 and 1 are the children), the
+    level's bits ``a`` of alpha (``am`` = -a) and the parties' control bits ``t``
+    ([party, m]): writes the parties' next seeds along alpha's path to ``seeds``
+    ([party, m, 2], low bits clear) and returns the seed correction word's two words (its
+    control-bit corrections in the low word's low bits) and the next control bits.
+    (Every operand is a view of the blocks with a stride of two words, and every result
+    is written in place: a third of the operations and none of the copies of a
+    [party, m, tweak, word] layout.)"""
+    left_lo, left_hi, right_lo, right_hi = h[0, ..., 0], h[0, ..., 1], h[1, ..., 0], h[1, ..., 1]
+    both_left = left_lo[0] ^ left_lo[1]
+    both_right = right_lo[0] ^ right_lo[1]
     # the seed correction: the parties' XOR of the child off alpha's path
-    lo = both_left_lo ^ both_right_lo
+    lo = both_left ^ both_right
     lo &= am
-    lo ^= both_right_lo
-    hi = both_left_hi ^ both_right_hi
+    lo ^= both_right
+    hi = left_hi[0] ^ left_hi[1]
+    right = right_hi[0] ^ right_hi[1]
+    hi ^= right
     hi &= am
-    hi ^= both_right_hi
-    t_cw = ((both_left_lo & _ONE) ^ a ^ _ONE) | ((_bit(both_right_lo, 1) ^ a) << _ONE)
+    hi ^= right
+    # its control-bit corrections: t_cw^L = t_L ^ a ^ 1 (bit 0), t_cw^R = t_R ^ a (bit 1)
+    both_left &= _ONE
+    both_left ^= a
+    both_left ^= _ONE
+    both_right >>= _ONE
+    both_right &= _ONE
+    both_right ^= a
+    both_right <<= _ONE
     lo &= _CLEAR
-    lo |= t_cw
-    s_cw = np.empty((a.shape[0], 2), dtype=_U64)
-    s_cw[:, 0], s_cw[:, 1] = lo, hi
+    lo |= both_left
+    lo |= both_right
     # the kept child on alpha's path, corrected where the party's control bit is set
     tm = np.negative(t)
-    keep_lo = left_lo ^ right_lo
+    keep_lo, keep_hi = seeds[..., 0], seeds[..., 1]
+    np.bitwise_xor(left_lo, right_lo, out=keep_lo)
     keep_lo &= am
     keep_lo ^= left_lo
     keep_lo ^= lo & tm
-    keep_hi = left_hi ^ right_hi
+    np.bitwise_xor(left_hi, right_hi, out=keep_hi)
     keep_hi &= am
     keep_hi ^= left_hi
     keep_hi ^= hi & tm
-    t_next = (keep_lo >> a[None]) & _ONE
+    t_next = (keep_lo >> a) & _ONE
     keep_lo &= _CLEAR
-    keep = np.stack([keep_lo, keep_hi], axis=-1)
-    return s_cw, keep, t_next
+    return lo, hi, t_next
 
 
 def _gen_chunk(
@@ -236,35 +243,47 @@ def _gen_chunk(
 ) -> None:
     p = beta.shape[0]
     m = alpha.shape[0]
-    s = np.stack([r0, r1])  # [party, m, word]
-    s[:, :, 0] &= _CLEAR
+    row = 2 + p
+    # the AES input, [tweak, party, m, word]: tweak 0 holds the parties' seeds on alpha's
+    # path (seed_level writes the next ones there), tweaks 1-3 are filled from it
+    u = np.empty((4, 2, m, 2), dtype=_U64)
+    u[0, 0], u[0, 1] = r0, r1
+    u[0, :, :, 0] &= _CLEAR
+    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
+    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
+    src, dst, enc = u.data.cast("B"), buf.data, mmo.encryptor
     t = np.zeros((2, m), dtype=_U64)
     t[1] = 1
-    acc = np.zeros((p, m), dtype=_U64)  # the path's values so far, over both parties
-    u = np.empty((2, m, 4, 2), dtype=_U64)
-    tweak = np.arange(4, dtype=_U64)
-    row = 2 + p
+    acc = np.zeros((p, m), dtype=_U64)  # the path's values so far, party 1 minus party 0
+    masked_beta = np.empty(m, dtype=_U64)
     for level in range(bits):
         a = _bit(alpha, bits - 1 - level)
         am = np.negative(a)
-        u[:, :, :, 0] = s[:, :, None, 0] | tweak
-        u[:, :, :, 1] = s[:, :, None, 1]
-        h = mmo(u)
-        h2 = mmo2(np.ascontiguousarray(u[:, :, 2:4])) if p > 2 else None
-        s_cw, s_next, t_next = seed_level(h, a, t)
-        cw[row * level] = s_cw[:, 0]
-        cw[row * level + 1] = s_cw[:, 1]
+        expand(u)
+        enc.update_into(src, dst)  # H(u) = AES_K(u) xor u
+        h ^= u
+        # (a third word: the value blocks under K2, [side, party, m, word])
+        h2 = mmo2(np.ascontiguousarray(u[2:4])) if p > 2 else h[2:4]
+        lo, hi, t_next = seed_level(h, a, am, t, u[0])
+        cw[row * level], cw[row * level + 1] = lo, hi
         sign = _ONE - (t[1] << _ONE)
-        for q, (v_left, v_right) in enumerate(
-            zip(_values(h, h2, 0, p), _values(h, h2, 1, p), strict=True)
-        ):
-            v_keep = v_left ^ ((v_left ^ v_right) & am)
-            v_lose = v_keep ^ v_left ^ v_right
-            w = v_lose[1] - v_lose[0] - acc[q] + (beta[q] & am)
-            acc[q] += v_keep[0] - v_keep[1] + w
+        for q in range(p):
+            left, right = (h[2, ..., q], h[3, ..., q]) if q < 2 else (h2[0, ..., 0], h2[1, ..., 0])
+            # the sides' differences party 1 - party 0: lose is the side off alpha's path
+            d_left, d_right = left[1] - left[0], right[1] - right[0]
+            lose = d_left ^ d_right
+            lose &= am
+            lose ^= d_right
+            keep = d_left + d_right - lose
+            np.bitwise_and(beta[q], am, out=masked_beta)
+            lose += masked_beta  # lose + beta [alpha goes right]
+            # the correction lose - acc + beta [alpha goes right]; the path's values after
+            # it, acc + keep_0 - keep_1 + correction: acc cancels
+            w = lose - acc[q]
+            np.subtract(lose, keep, out=acc[q])
             np.multiply(w, sign, out=cw[row * level + 2 + q])
-        s, t = s_next, t_next
-    for q, leaf in enumerate(_leaf(mmo2, s, p)):
+        t = t_next
+    for q, leaf in enumerate(_leaf(mmo2, u[0], p)):
         last = leaf[1] - leaf[0] - acc[q]
         cw[row * bits + q] = np.where(t[1].astype(bool), np.negative(last), last)
 

@@ -29,7 +29,7 @@ import hashlib
 import numpy as np
 import torch
 
-from mpc.math.dcf import FIXED_KEY, FIXED_KEY2, MMO, as_u64, check_bits, seed_level
+from mpc.math.dcf import FIXED_KEY, FIXED_KEY2, MMO, as_u64, check_bits, expand, seed_level
 
 __all__ = ["ELEMENTS", "FIXED_KEY3", "FIXED_KEY4", "evaluate", "gen", "key_words"]
 
@@ -43,6 +43,7 @@ CHUNK = 4096
 _U64 = np.dtype("<u8")
 _Z = np.uint64(0)
 _ONE = np.uint64(1)
+_TWO = np.uint64(2)
 _ALL = np.uint64((1 << 64) - 1)
 _CLEAR = np.uint64(~3 & ((1 << 64) - 1))  # (a seed's two low bits: the control bits)
 
@@ -64,14 +65,6 @@ def key_words(bits: int, elements: int = 2) -> int:
     return (2 + 2 * elements) * bits + 2 * elements
 
 
-def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a + b for ``[2q, ...]`` word arrays (q elements of Z/2^128)."""
-    out = a + b
-    for k in range(0, out.shape[0], 2):
-        out[k + 1] += (out[k] < a[k]).astype(_U64)
-    return out
-
-
 def _neg(a: np.ndarray) -> np.ndarray:
     out = np.negative(a)
     for k in range(0, out.shape[0], 2):
@@ -79,26 +72,8 @@ def _neg(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a - b for ``[2q, ...]`` word arrays."""
-    out = a - b
-    for k in range(0, out.shape[0], 2):
-        out[k + 1] -= (a[k] < b[k]).astype(_U64)
-    return out
-
-
 def _mmos(elements: int) -> list[MMO]:
     return [MMO(k) for k in _KEYS[:elements]]
-
-
-def _blocks(mmos: list[MMO], s_lo: np.ndarray, s_hi: np.ndarray, tweak: int) -> np.ndarray:
-    """The value of seeds (s_lo | tweak, s_hi) as ``[2q, ...]`` words: H_K, H_K2, ..."""
-    u = np.ascontiguousarray(np.stack([s_lo | np.uint64(tweak), s_hi], axis=-1))
-    words = []
-    for mmo in mmos:
-        h = mmo(u)
-        words += [h[..., 0], h[..., 1]]
-    return np.stack(words)
 
 
 def gen(
@@ -136,41 +111,90 @@ def _gen_chunk(
     cw: np.ndarray,
 ) -> None:
     m = alpha.shape[0]
-    w = beta.shape[0]  # 2q words
-    row = 2 + w
-    s = np.stack([r0, r1])  # [party, m, word]
-    s[:, :, 0] &= _CLEAR
+    q = len(mmos)
+    row = 2 + 2 * q
+    # the AES input, [tweak, party, m, word]: tweak 0 holds the seeds on alpha's path, the
+    # children (tweaks 0, 1) and values (2, 3) under K; the values' further words under
+    # K2, K3, ... written beside them: values [q, side, party, m, word], element e's low
+    # and high words from the e-th key
+    u = np.empty((4, 2, m, 2), dtype=_U64)
+    u[0, 0], u[0, 1] = r0, r1
+    u[0, :, :, 0] &= _CLEAR
+    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
+    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
+    sides = u[2:4]
+    size = sides.nbytes
+    vbuf = np.empty(q * size + 16, dtype=np.uint8)
+    values = vbuf[: q * size].view(_U64).reshape((q, *sides.shape))
     t = np.zeros((2, m), dtype=_U64)
     t[1] = 1
-    acc = np.zeros((w, m), dtype=_U64)  # the path's values so far, party 1 minus party 0
-    tweak = np.arange(4, dtype=_U64)
-    u = np.empty((2, m, 4, 2), dtype=_U64)
+    acc = [np.zeros((q, m), dtype=_U64) for _ in range(2)]  # party 1 minus party 0
+    beta_lo, beta_hi = beta[0::2], beta[1::2]
     for level in range(bits):
         a = _bit(alpha, bits - 1 - level)
         am = np.negative(a)
-        u[:, :, :, 0] = s[:, :, None, 0] | tweak
-        u[:, :, :, 1] = s[:, :, None, 1]
-        h = mmos[0](u)  # [party, m, tweak, word]: the children (tweaks 0, 1), values (2, 3)
-        sides = np.ascontiguousarray(u[:, :, 2:4])
-        blocks = [h[:, :, 2:4]] + [mmo(sides) for mmo in mmos[1:]]
-        s_cw, s_next, t_next = seed_level(h, a, t)  # (the tree of mpc.math.dcf)
-        cw[row * level], cw[row * level + 1] = s_cw[:, 0], s_cw[:, 1]
-        # the values: [2q words, party, m, side]; their differences party 1 - party 0
-        v = np.stack(blocks).transpose(0, 4, 1, 2, 3).reshape(w, 2, m, 2)
-        delta = _sub(v[:, 1], v[:, 0])  # [2q, m, side]
-        goes_right = a.astype(bool)  # (alpha goes right: the path keeps that child)
-        lose = np.where(goes_right, delta[:, :, 0], delta[:, :, 1])
-        keep = np.where(goes_right, delta[:, :, 1], delta[:, :, 0])
-        # the correction: lose_1 - lose_0 - acc + beta [alpha goes right]; the path's
-        # values after it (acc + keep_0 - keep_1 + corr): acc cancels
-        base = _add(lose, beta & am)
-        corr = _sub(base, acc)
-        acc = _sub(base, keep)
-        cw[row * level + 2 : row * (level + 1)] = np.where(t[1].astype(bool), _neg(corr), corr)
-        s, t = s_next, t_next
-    leaf = [_blocks(mmos, s[p, :, 0], s[p, :, 1], 2) for p in (0, 1)]
-    last = _sub(_sub(leaf[1], leaf[0]), acc)
-    cw[row * bits :] = np.where(t[1].astype(bool), _neg(last), last)
+        expand(u)
+        mmos[0].encryptor.update_into(u.data.cast("B"), buf.data)
+        h ^= u
+        for e in range(1, q):
+            mmos[e].encryptor.update_into(sides.data.cast("B"), vbuf.data[e * size :])
+        values[1:] ^= sides
+        values[0] = h[2:4]
+        lo, hi, t_next = seed_level(h, a, am, t, u[0])  # (the tree of mpc.math.dcf)
+        cw[row * level], cw[row * level + 1] = lo, hi
+        # the sides' differences party 1 - party 0 ([q, m] words); lose is the side off
+        # alpha's path, keep the other
+        left = _sub2(values[:, 0, 1], values[:, 0, 0])
+        right = _sub2(values[:, 1, 1], values[:, 1, 0])
+        lose, keep = [], []
+        for d_left, d_right in zip(left, right, strict=True):
+            word = d_left ^ d_right
+            word &= am
+            keep.append(word ^ d_left)
+            word ^= d_right
+            lose.append(word)
+        # the correction: lose - acc + beta [alpha goes right]; the path's values after
+        # it (acc + keep_0 - keep_1 + correction): acc cancels
+        base = _add2(lose, [beta_lo & am, beta_hi & am])
+        corr = _sub2s(base, acc)
+        acc = _sub2s(base, keep)
+        _store(cw[row * level + 2 : row * (level + 1)], corr, t[1])
+        t = t_next
+    s2 = u[0].copy()
+    s2[..., 0] |= _TWO
+    leaf = np.stack([mmo(s2) for mmo in mmos])  # [q, party, m, word]
+    _store(cw[row * bits :], _sub2s(_sub2(leaf[:, 1], leaf[:, 0]), acc), t[1])
+
+
+def _sub2(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    """a - b for ``[..., word]`` blocks of Z/2^128: the low and high words."""
+    return _sub2s([a[..., 0], a[..., 1]], [b[..., 0], b[..., 1]])
+
+
+def _sub2s(a: list[np.ndarray], b: list[np.ndarray]) -> list[np.ndarray]:
+    """a - b for (low, high) word pairs of Z/2^128."""
+    high = a[1] - b[1]
+    high -= a[0] < b[0]
+    return [a[0] - b[0], high]
+
+
+def _add2(a: list[np.ndarray], b: list[np.ndarray]) -> list[np.ndarray]:
+    """a + b for (low, high) word pairs of Z/2^128."""
+    low = a[0] + b[0]
+    high = a[1] + b[1]
+    high += low < b[0]
+    return [low, high]
+
+
+def _store(out: np.ndarray, value: list[np.ndarray], negate: np.ndarray) -> None:
+    """Write (low, high) word pairs ([q, m] each) to the correction rows ``out``
+    ([2q, m], low then high word of each element), negated where ``negate`` (0 or 1)."""
+    flip = np.negative(negate)
+    low, high = value[0] ^ flip, value[1] ^ flip  # -v = ~v + 1
+    low += negate
+    high += (low == _Z) & (negate == _ONE)
+    rows = out.reshape(-1, 2, out.shape[-1])
+    rows[:, 0], rows[:, 1] = low, high
 
 
 def evaluate(
@@ -203,20 +227,59 @@ def _eval_chunk(
     mmos: list[MMO], party: int, root: np.ndarray, cw: np.ndarray, x: np.ndarray, bits: int
 ) -> np.ndarray:
     m = x.shape[0]
-    w = 2 * len(mmos)
-    row = 2 + w
+    q = len(mmos)
+    row = 2 + 2 * q
+    # the AES input: the seed block (s | side) of the child taken, then its value block
+    # (s | side | 2), m blocks each; K reads both, K2, K3, ... the value block
+    u = np.empty((2, m, 2), dtype=_U64)
+    u[0, :, 1] = root[:, 1]  # the seed's high word, kept in place
     s_lo = root[:, 0] & _CLEAR
-    s_hi = root[:, 1].copy()
+    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
+    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
+    size = u[1].nbytes
+    vbuf = np.empty(q * size + 16, dtype=np.uint8)
+    values = vbuf[: q * size].view(_U64).reshape(q, m, 2)
+    acc = np.zeros((2, q, m), dtype=_U64)  # the low words, then the high words
     mask = np.full(m, _ALL if party else 0, dtype=_U64)
-    acc = np.zeros((w, m), dtype=_U64)
+    side = np.empty(m, dtype=_U64)
+    corr = np.empty((row, m), dtype=_U64)
     for level in range(bits):
-        side = (x >> np.uint64(bits - 1 - level)) & _ONE
-        acc = _add(acc, _blocks(mmos, s_lo | side, s_hi, 2))  # (tweak 2 + side)
-        acc = _add(acc, cw[row * level + 2 : row * (level + 1)] & mask)
-        child = mmos[0](np.ascontiguousarray(np.stack([s_lo | side, s_hi], axis=-1)))
-        s_lo = child[:, 0] ^ (cw[row * level] & mask)
-        s_hi = child[:, 1] ^ (cw[row * level + 1] & mask)
-        mask = np.negative((s_lo >> side) & _ONE)
+        np.right_shift(x, np.uint64(bits - 1 - level), out=side)
+        side &= _ONE
+        np.bitwise_or(s_lo, side, out=u[0, :, 0])
+        np.bitwise_or(u[0, :, 0], _TWO, out=u[1, :, 0])
+        u[1, :, 1] = u[0, :, 1]
+        mmos[0].encryptor.update_into(u.data.cast("B"), buf.data)
+        h ^= u
+        for e in range(1, q):
+            mmos[e].encryptor.update_into(u[1].data.cast("B"), vbuf.data[e * size :])
+        values[1:] ^= u[1]
+        values[0] = h[1]
+        np.bitwise_and(cw[row * level : row * (level + 1)], mask, out=corr)
+        pairs = corr[2:].reshape(q, 2, m)
+        _accumulate(acc, values[..., 0], values[..., 1])
+        _accumulate(acc, pairs[:, 0], pairs[:, 1])
+        np.bitwise_xor(h[0, :, 0], corr[0], out=s_lo)
+        np.bitwise_xor(h[0, :, 1], corr[1], out=u[0, :, 1])
+        np.right_shift(s_lo, side, out=mask)
+        mask &= _ONE
+        np.negative(mask, out=mask)
         s_lo &= _CLEAR
-    acc = _add(acc, _blocks(mmos, s_lo, s_hi, 2))
-    return _add(acc, cw[row * bits :] & mask)
+    u[1, :, 0] = s_lo | _TWO
+    u[1, :, 1] = u[0, :, 1]
+    for e, mmo in enumerate(mmos):
+        values[e] = mmo(u[1])
+    _accumulate(acc, values[..., 0], values[..., 1])
+    last = cw[row * bits :].reshape(q, 2, m) & mask
+    _accumulate(acc, last[:, 0], last[:, 1])
+    out = np.empty((2 * q, m), dtype=_U64)
+    pairs = out.reshape(q, 2, m)
+    pairs[:, 0], pairs[:, 1] = acc[0], acc[1]
+    return out
+
+
+def _accumulate(acc: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
+    """acc += (low, high) in Z/2^128, in place (``acc`` [2, q, m]: low words, high words)."""
+    acc[0] += low
+    acc[1] += high
+    acc[1] += acc[0] < low
