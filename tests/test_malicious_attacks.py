@@ -352,7 +352,7 @@ def test_an_fss_selection_in_pieces_is_right_and_checked(monkeypatch: pytest.Mon
     workers, s = two_parties("fss")
     x = mpc.share(X16, session=s)
     with mpc.stats() as st:
-        r = torch.relu(x)
+        r = torch.relu(x).materialize()  # (a ReLU runs at its first read)
     assert st.rounds == 1
     torch.testing.assert_close(r.get(), torch.relu(X16), atol=1e-4, rtol=0)
     torch.testing.assert_close(select_program(s).get(), torch.maximum(torch.relu(X16), Y16))
@@ -360,3 +360,24 @@ def test_an_fss_selection_in_pieces_is_right_and_checked(monkeypatch: pytest.Mon
         with pytest.raises(mpc.MACCheckError):
             select_program(s).get()
     assert count[0] >= 4  # (every piece of the ReLU and of the max)
+
+
+@pytest.mark.parametrize(
+    "comparison,step,output,part",
+    [("default", auth_cmp_leaves, 0, (0, 0)), ("fss", auth_fss_eval, 1, (0, 0))],
+    ids=["default", "fss"],
+)
+def test_a_deviation_in_a_max_pool_of_a_relu_is_caught(
+    comparison: str, step: Any, output: int, part: tuple[int, ...]
+) -> None:
+    """The ReLU under a max-pool runs after it, on the pooled values (mpc.authenticated.
+    deferred): its steps are checked as any."""
+    workers, s = two_parties(comparison)
+    x = mpc.share(X16.view(1, 1, 4, 4), session=s)
+    honest = torch.nn.functional.max_pool2d(torch.relu(x), 2).get()
+    want = torch.nn.functional.max_pool2d(torch.relu(X16.view(1, 1, 4, 4)), 2)
+    torch.testing.assert_close(honest, want, atol=1e-4, rtol=0)
+    with deviating(workers[1], step, output, 1 << 16, part, every=True) as count:
+        with pytest.raises(mpc.MACCheckError):
+            torch.nn.functional.max_pool2d(torch.relu(x), 2).get()
+    assert count[0] >= 3  # (the pool's two levels, then the ReLU)

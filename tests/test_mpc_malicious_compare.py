@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import strategies as st
 from test_mpc_malicious import SETTINGS, Parties, floats, property_test, reveal, shapes
 from torch import nn
 
@@ -103,6 +104,59 @@ def test_max_pooling_and_a_small_cnn_match_torch(mp: Parties) -> None:
     torch.testing.assert_close(reveal(model(mp.share(x))), want, atol=2e-3, rtol=1e-3)
 
 
+@pytest.mark.virtual_only("served parties: the small CNN above")
+@property_test(SETTINGS)
+def test_a_max_pool_of_a_relu_pools_first_and_matches_torch(mp: Parties, data: Any) -> None:
+    """max-pool(relu(x)) runs as relu(max-pool(x)): the same values, the same rounds, a
+    comparison a window fewer than an element's ReLU; the ReLU read afterwards is right."""
+    n, c = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    h, w = data.draw(st.integers(2, 5)), data.draw(st.integers(2, 5))
+    kernel = data.draw(st.sampled_from([1, 2, (2, 1)]))
+    stride = data.draw(st.sampled_from([None, 1, 2]))
+    img = floats(data, (n, c, h, w))
+    img.view(-1)[0] = 0.0  # (a zero in the first window)
+    want = F.max_pool2d(torch.relu(encoded(img)), kernel, stride).float()
+    x = mp.share(img)
+    x.get()  # (the input's check: not counted below)
+    with mpc.stats() as pooled_first:
+        got = F.max_pool2d(torch.relu(x), kernel, stride)
+    with mpc.stats() as relu_first:
+        r = torch.relu(x).materialize()
+        eager = F.max_pool2d(r, kernel, stride)
+    torch.testing.assert_close(reveal(got), want, atol=U, rtol=0)
+    torch.testing.assert_close(reveal(eager), want, atol=U, rtol=0)
+    torch.testing.assert_close(reveal(r), torch.relu(encoded(img)).float(), atol=U, rtol=0)
+    assert pooled_first.rounds == relu_first.rounds
+    if want.numel() < img.numel():  # (windows of one value compare as much either way)
+        assert pooled_first.dealer_bytes < relu_first.dealer_bytes
+
+
+def test_a_relu_runs_once_whoever_reads_it(mp: Parties) -> None:
+    x = mp.share(torch.tensor([[1.5, -2.0], [0.25, -0.5]]))
+    x.get()
+    r = torch.relu(x)
+    with mpc.stats() as first:
+        y = r + r  # (the first read runs the comparison)
+    with mpc.stats() as second:
+        z = r * 2.0
+        pooled = F.max_pool2d(r.view(1, 1, 2, 2), 2)  # (a ReLU that ran: pooled as it is)
+    assert first.rounds >= 1
+    assert second.rounds == pooled_rounds(mp)
+    want = torch.tensor([[1.5, 0.0], [0.25, 0.0]])
+    torch.testing.assert_close(reveal(y), 2 * want, atol=U, rtol=0)
+    torch.testing.assert_close(reveal(z), 2 * want, atol=U, rtol=0)
+    torch.testing.assert_close(reveal(pooled).view(()), torch.tensor(1.5), atol=U, rtol=0)
+
+
+def pooled_rounds(mp: Parties) -> int:
+    """Rounds of the max of four values (two levels of the max of two)."""
+    x = mp.share(torch.zeros(1, 1, 2, 2))
+    x.get()
+    with mpc.stats() as s:
+        F.max_pool2d(x, 2)
+    return s.rounds
+
+
 @pytest.mark.slow
 @pytest.mark.virtual_only("LeNet in process; the served case is the small CNN above")
 def test_lenet_of_the_benchmark_matches_torch(mp: Parties) -> None:
@@ -136,6 +190,9 @@ def test_rounds_of_a_comparison_and_a_relu(mp: Parties) -> None:
     assert s.rounds == (1 if fss else 8)
     with mpc.stats() as s:
         y = torch.relu(x)
+    assert s.rounds == 0  # (a ReLU runs at the first read of its shares)
+    with mpc.stats() as s:
+        y.materialize()
     # by default the product by the bit after the comparison; with FSS it rides on the
     # comparison's round (the DCF's payload carries the mask's product with the bit)
     assert s.rounds == (1 if fss else 9)

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import torch
 
+from mpc.authenticated.deferred import DeferredRelu, relu_source
 from mpc.authenticated.ops import (
     Auth,
     add_any,
@@ -91,7 +92,14 @@ def times(x: Auth, bit: Auth) -> Auth:
 
 @register(aten.relu.default)
 def relu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """x - x [x < 0], when its shares are first read (a max-pool of it pools first:
+    :mod:`mpc.authenticated.deferred`)."""
     x = args[0]
+    ready(x)
+    return DeferredRelu(x, relu_now)
+
+
+def relu_now(x: Auth) -> Auth:
     return difference(x, times_negative(x))  # x - x [x < 0]
 
 
@@ -146,6 +154,10 @@ def max_all(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 @register(aten.max_pool2d_with_indices.default)
 def max_pool2d(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
+    source = relu_source(x)
+    if source is not None:  # max(relu(a), ..) = relu(max(a, ..)): one ReLU a window
+        pooled, indices = max_pool2d(func, (source, *args[1:]), kwargs)
+        return relu_now(pooled), indices
     kernel = _pair(args[1])
     stride = _pair(args[2] if len(args) > 2 and args[2] else kwargs.get("stride") or kernel)
     padding = _pair(args[3] if len(args) > 3 else kwargs.get("padding", 0))
