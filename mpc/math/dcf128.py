@@ -29,7 +29,16 @@ import hashlib
 import numpy as np
 import torch
 
-from mpc.math.dcf import FIXED_KEY, FIXED_KEY2, MMO, as_u64, check_bits, expand, seed_level
+from mpc.math.dcf import (
+    FIXED_KEY,
+    FIXED_KEY2,
+    MMO,
+    as_u64,
+    check_bits,
+    empty_words,
+    expand,
+    seed_level,
+)
 
 __all__ = ["ELEMENTS", "FIXED_KEY3", "FIXED_KEY4", "evaluate", "gen", "key_words"]
 
@@ -93,7 +102,7 @@ def gen(
         raise ValueError(f"alpha must lie in [0, 2^{bits})")
     b = as_u64(beta, "beta", (2 * q, n))
     r0, r1 = (as_u64(r, "root", (n, 2)) for r in roots)
-    cw = np.empty((key_words(bits, q), n), dtype=_U64)
+    cw = empty_words(key_words(bits, q), n)
     mmos = _mmos(q)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
@@ -214,7 +223,7 @@ def evaluate(
     xs = as_u64(x.reshape(-1), "x")
     s0 = as_u64(root, "root", (n, 2))
     cws = as_u64(cw, "cw", (key_words(bits, q), n))
-    out = np.empty((2 * q, n), dtype=_U64)
+    out = empty_words(2 * q, n)
     mmos = _mmos(q)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
