@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from mpc import accounting
+from mpc.authenticated.tensor import AuthenticatedTensor
 from mpc.errors import MPCError
 from mpc.session import Session, recording_nonces
 from mpc.shared import SharedTensor
@@ -117,6 +118,12 @@ class SharedPlan:
     signature: shapes, dtypes and fixed-point scales)."""
 
     def __init__(self, fn: Callable[..., Any], *examples: SharedTensor, runs: bool = True) -> None:
+        if any(isinstance(e, AuthenticatedTensor) for e in examples):
+            raise MPCError(
+                "mpc.plan does not record the authenticated mode (security='malicious') "
+                "yet: call the function itself (each call's openings are checked before "
+                "its output is revealed), or plan it in a semi-honest session"
+            )
         if not examples or not all(isinstance(e, SharedTensor) for e in examples):
             raise TypeError("mpc.plan needs example SharedTensor inputs")
         session = examples[0].session

@@ -232,6 +232,23 @@ def test_clear_errors() -> None:
         mpc.share(torch.ones(2), session=semi.session, security="malicious")
 
 
+@pytest.mark.virtual_only("the errors are raised at the client")
+def test_plans_and_training_are_refused_clearly() -> None:
+    """A user's plan and training loop, as in a semi-honest session: a clear refusal, not
+    torch's or the plan's own confusion."""
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    s = mpc.Session([alice, bob], carol, security="malicious")
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    mpc.share(model, session=s)
+    x = mpc.share(torch.randn(2, 4), session=s)
+    with pytest.raises(mpc.MPCError, match="mpc.plan does not record the authenticated mode"):
+        mpc.plan(model, x)
+    loss = model(x).sum()
+    with pytest.raises(mpc.MPCError, match=r"training \(backward\) is not available"):
+        loss.backward()
+    assert model(x).get().shape == (2, 3)  # (the model still answers)
+
+
 @pytest.mark.virtual_only("reads a worker's store")
 def test_a_client_reads_no_share_nor_mac() -> None:
     alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))

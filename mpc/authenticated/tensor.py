@@ -87,6 +87,13 @@ class AuthenticatedTensor(torch.Tensor):
     def reconstruct(self) -> torch.Tensor:
         return self.get()
 
+    def backward(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        raise MPCError(
+            "training (backward) is not available in the authenticated mode "
+            "(security='malicious') yet: train in a semi-honest session "
+            "(docs/encrypted-training.md)"
+        )
+
     @property
     def parties(self) -> list[Any]:
         return self.session.parties
