@@ -151,6 +151,7 @@ POINTERS_ORDER = [
     "pointers.network.nslock",
     "pointers.network.waiting",
     "pointers.network.served",
+    "pointers.network.data_frames",
     "pointers.network.dataplane",
     "pointers.network.peerlink",
     "pointers.network.peers",
