@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from mpc.math.encoding import abs_sums
+from mpc.ops.inplace import OUT_OF_PLACE
+from mpc.ops.local import SHAPE_OPS
 from mpc.ops.masking import MASK_BELOW, MASKED_VALUE
 from mpc.shared import SharedTensor
 
@@ -227,32 +229,10 @@ def _attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     return bound_of(args[2])  # a convex combination of the values
 
 
+# the shape ops (mpc.ops.local: the same op on every share), then the ops whose bound is
+# their input's
 SAME = [
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.t.default,
-    aten.transpose.int,
-    aten.permute.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.default,
-    aten.squeeze.dims,
-    aten.expand.default,
-    aten.clone.default,
-    aten.select.int,
-    aten.slice.Tensor,
-    aten.index.Tensor,
-    aten.repeat.default,
-    aten.flip.default,
-    aten.roll.default,
-    aten.split.Tensor,
-    aten.split_with_sizes.default,
-    aten.unbind.int,
-    aten.alias.default,
-    aten.detach.default,
-    aten.movedim.int,
-    aten.unfold.default,
+    *SHAPE_OPS,
     aten.constant_pad_nd.default,
     aten.neg.default,
     aten.abs.default,
@@ -342,18 +322,7 @@ SQUARES_INSIDE = {
     aten.var_mean.correction,
     aten.native_layer_norm.default,
 }
-IN_PLACE = {
-    aten.add_.Tensor: aten.add.Tensor,
-    aten.add_.Scalar: aten.add.Scalar,
-    aten.sub_.Tensor: aten.sub.Tensor,
-    aten.sub_.Scalar: aten.sub.Scalar,
-    aten.mul_.Tensor: aten.mul.Tensor,
-    aten.mul_.Scalar: aten.mul.Scalar,
-    aten.div_.Tensor: aten.div.Tensor,
-    aten.div_.Scalar: aten.div.Scalar,
-    aten.neg_.default: aten.neg.default,
-    aten.relu_.default: aten.relu.default,
-}
+IN_PLACE = OUT_OF_PLACE  # (an in-place op's rule is its out-of-place twin's: mpc.ops.inplace)
 COMPARISONS = {
     aten.lt.Tensor,
     aten.lt.Scalar,

@@ -22,7 +22,7 @@ from mpc.protocols.weights.run import written
 from mpc.registry import OPS, register
 from mpc.shared import SharedTensor
 
-_OUT_OF_PLACE = {
+OUT_OF_PLACE = {
     aten.add_.Tensor: aten.add.Tensor,
     aten.add_.Scalar: aten.add.Scalar,
     aten.sub_.Tensor: aten.sub.Tensor,
@@ -36,7 +36,7 @@ _OUT_OF_PLACE = {
 }
 
 
-@register(*_OUT_OF_PLACE)
+@register(*OUT_OF_PLACE)
 def inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = args[0]
     if not isinstance(x, SharedTensor):
@@ -50,7 +50,7 @@ def inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             "was not yet truncated; an in-place update would not reach that view. Call "
             ".materialize() on the product before taking views, or use the out-of-place op"
         )
-    base = _OUT_OF_PLACE[func]
+    base = OUT_OF_PLACE[func]
     out = OPS[base](base, args, kwargs).materialize()
     if tuple(out.shape) != tuple(x.shape):
         raise RuntimeError(

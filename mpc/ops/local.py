@@ -32,7 +32,7 @@ from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
 # Shape ops: the same op on every share, the scale unchanged.
-_SHAPE_OPS = [
+SHAPE_OPS = [
     aten.view.default,
     aten._unsafe_view.default,
     aten.reshape.default,
@@ -59,7 +59,7 @@ _SHAPE_OPS = [
     aten.movedim.int,
     aten.unfold.default,
 ]
-_SHAPE_OPS = list(dict.fromkeys(_SHAPE_OPS))
+SHAPE_OPS = list(dict.fromkeys(SHAPE_OPS))
 
 
 def _per_share(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], i: int) -> Any:
@@ -79,7 +79,7 @@ def _has_shared(a: Any) -> bool:
     return isinstance(a, SharedTensor)
 
 
-@register(*_SHAPE_OPS, lazy=True)
+@register(*SHAPE_OPS, lazy=True)
 def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = first_shared(args)
     if func in (aten.detach.default, aten.alias.default):
