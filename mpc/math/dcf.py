@@ -61,6 +61,7 @@ prg.PRG`); nothing here draws randomness itself.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import torch
@@ -105,13 +106,23 @@ class MMO:
         self.encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
 
     def __call__(self, u: np.ndarray) -> np.ndarray:
-        # (update_into wants room for one more block than the payload: a fresh buffer a
-        # block longer, of which the result is a view)
-        buf = np.empty(u.nbytes + 16, dtype=np.uint8)
-        self.encryptor.update_into(u.data.cast("B"), buf.data)  # (ndarray.data: its memoryview)
-        out = buf[: u.nbytes].view(_U64).reshape(u.shape)
+        out, buf = block_buffer(u.shape)
+        self.into(u, buf)
         out ^= u
         return out
+
+    def into(self, u: np.ndarray, buf: np.ndarray, offset: int = 0) -> None:
+        """AES_K of the contiguous blocks ``u`` written to ``buf``'s bytes from ``offset``
+        (a :func:`block_buffer`'s: the caller XORs u in where it wants H)."""
+        self.encryptor.update_into(u.data.cast("B"), buf.data[offset:])  # (.data: memoryview)
+
+
+def block_buffer(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """An uninitialised uint64 array of ``shape`` and the bytes behind it, one AES block
+    longer (:meth:`MMO.into` writes there: update_into wants room for one more block)."""
+    size = 8 * math.prod(shape)
+    buf = np.empty(size + 16, dtype=np.uint8)
+    return buf[:size].view(_U64).reshape(shape), buf
 
 
 def empty_words(*shape: int) -> np.ndarray:
@@ -257,9 +268,7 @@ def _gen_chunk(
     u = np.empty((4, 2, m, 2), dtype=_U64)
     u[0, 0], u[0, 1] = r0, r1
     u[0, :, :, 0] &= _CLEAR
-    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
-    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
-    src, dst, enc = u.data.cast("B"), buf.data, mmo.encryptor
+    h, buf = block_buffer(u.shape)
     t = np.zeros((2, m), dtype=_U64)
     t[1] = 1
     acc = np.zeros((p, m), dtype=_U64)  # the path's values so far, party 1 minus party 0
@@ -268,7 +277,7 @@ def _gen_chunk(
         a = _bit(alpha, bits - 1 - level)
         am = np.negative(a)
         expand(u)
-        enc.update_into(src, dst)  # H(u) = AES_K(u) xor u
+        mmo.into(u, buf)  # H(u) = AES_K(u) xor u
         h ^= u
         # (a third word: the value blocks under K2, [side, party, m, word])
         h2 = mmo2(np.ascontiguousarray(u[2:4])) if p > 2 else h[2:4]
@@ -349,26 +358,22 @@ def _eval_chunk(
     acc = np.zeros((p, m), dtype=_U64)
     side = np.empty(m, dtype=_U64)
     corr = np.empty((row, m), dtype=_U64)
-    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
-    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
-    src, dst, enc = u.data.cast("B"), buf.data, mmo.encryptor
-    buf2 = np.empty(u[1].nbytes + 16, dtype=np.uint8)
-    h2 = buf2[: u[1].nbytes].view(_U64).reshape(u[1].shape)
-    src2, dst2, enc2 = u[1].data.cast("B"), buf2.data, mmo2.encryptor
+    h, buf = block_buffer(u.shape)
+    h2, buf2 = block_buffer(u[1].shape)
     for level in range(bits):
         np.right_shift(x, np.uint64(bits - 1 - level), out=side)
         side &= _ONE
         np.bitwise_or(s_lo, side, out=u[0, :, 0])
         np.bitwise_or(u[0, :, 0], _TWO, out=u[1, :, 0])
         u[1, :, 1] = u[0, :, 1]
-        enc.update_into(src, dst)
+        mmo.into(u, buf)
         h ^= u
         np.bitwise_and(cw[row * level : row * (level + 1)], mask, out=corr)
         acc[0] += h[1, :, 0]
         if p > 1:
             acc[1] += h[1, :, 1]
         if p > 2:
-            enc2.update_into(src2, dst2)  # AES_K2 of the value blocks (u[1], unchanged)
+            mmo2.into(u[1], buf2)  # AES_K2 of the value blocks (u[1], unchanged)
             acc[2] += h2[:, 0] ^ u[1, :, 0]  # H_K2(v) = AES_K2(v) xor v
         acc += corr[2:]
         np.bitwise_xor(h[0, :, 0], corr[0], out=s_lo)

@@ -34,6 +34,7 @@ from mpc.math.dcf import (
     FIXED_KEY2,
     MMO,
     as_u64,
+    block_buffer,
     check_bits,
     empty_words,
     expand,
@@ -129,12 +130,10 @@ def _gen_chunk(
     u = np.empty((4, 2, m, 2), dtype=_U64)
     u[0, 0], u[0, 1] = r0, r1
     u[0, :, :, 0] &= _CLEAR
-    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
-    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
+    h, buf = block_buffer(u.shape)
     sides = u[2:4]
     size = sides.nbytes
-    vbuf = np.empty(q * size + 16, dtype=np.uint8)
-    values = vbuf[: q * size].view(_U64).reshape((q, *sides.shape))
+    values, vbuf = block_buffer((q, *sides.shape))
     t = np.zeros((2, m), dtype=_U64)
     t[1] = 1
     acc = [np.zeros((q, m), dtype=_U64) for _ in range(2)]  # party 1 minus party 0
@@ -143,10 +142,10 @@ def _gen_chunk(
         a = _bit(alpha, bits - 1 - level)
         am = np.negative(a)
         expand(u)
-        mmos[0].encryptor.update_into(u.data.cast("B"), buf.data)
+        mmos[0].into(u, buf)
         h ^= u
         for e in range(1, q):
-            mmos[e].encryptor.update_into(sides.data.cast("B"), vbuf.data[e * size :])
+            mmos[e].into(sides, vbuf, e * size)
         values[1:] ^= sides
         values[0] = h[2:4]
         lo, hi, t_next = seed_level(h, a, am, t, u[0])  # (the tree of mpc.math.dcf)
@@ -243,11 +242,9 @@ def _eval_chunk(
     u = np.empty((2, m, 2), dtype=_U64)
     u[0, :, 1] = root[:, 1]  # the seed's high word, kept in place
     s_lo = root[:, 0] & _CLEAR
-    buf = np.empty(u.nbytes + 16, dtype=np.uint8)
-    h = buf[: u.nbytes].view(_U64).reshape(u.shape)
+    h, buf = block_buffer(u.shape)
     size = u[1].nbytes
-    vbuf = np.empty(q * size + 16, dtype=np.uint8)
-    values = vbuf[: q * size].view(_U64).reshape(q, m, 2)
+    values, vbuf = block_buffer((q, m, 2))
     acc = np.zeros((2, q, m), dtype=_U64)  # the low words, then the high words
     mask = np.full(m, _ALL if party else 0, dtype=_U64)
     side = np.empty(m, dtype=_U64)
@@ -258,10 +255,10 @@ def _eval_chunk(
         np.bitwise_or(s_lo, side, out=u[0, :, 0])
         np.bitwise_or(u[0, :, 0], _TWO, out=u[1, :, 0])
         u[1, :, 1] = u[0, :, 1]
-        mmos[0].encryptor.update_into(u.data.cast("B"), buf.data)
+        mmos[0].into(u, buf)
         h ^= u
         for e in range(1, q):
-            mmos[e].encryptor.update_into(u[1].data.cast("B"), vbuf.data[e * size :])
+            mmos[e].into(u[1], vbuf, e * size)
         values[1:] ^= u[1]
         values[0] = h[1]
         np.bitwise_and(cw[row * level : row * (level + 1)], mask, out=corr)
