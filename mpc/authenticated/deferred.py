@@ -20,8 +20,6 @@ import torch
 import pointers as pt
 from mpc.authenticated.tensor import AuthenticatedTensor
 
-_CPU = torch.device("cpu")
-
 
 class DeferredRelu(AuthenticatedTensor):
     """relu(source) (``run(source)``), run at the first read of its shares."""
@@ -39,7 +37,7 @@ class DeferredRelu(AuthenticatedTensor):
         if source.pending:
             raise ValueError("internal: a deferred ReLU reads a source at one scale")
         t = torch.Tensor._make_wrapper_subclass(
-            cls, tuple(source.shape), dtype=source.dtype, device=_CPU, requires_grad=False
+            cls, tuple(source.shape), dtype=source.dtype, device=source.device, requires_grad=False
         )
         t._source, t._run, t._shares = source, run, None
         t.session, t.frac_bits, t.pending = source.session, source.frac_bits, 0
@@ -65,9 +63,6 @@ class DeferredRelu(AuthenticatedTensor):
         """Run the ReLU now (a benchmark's or a caller's way to force it)."""
         _ = self.shares
         return self
-
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
-        return super().__repr__()
 
 
 def relu_source(x: Any) -> AuthenticatedTensor | None:
