@@ -60,8 +60,22 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # first index on ties); the pairwise tree with the indices riding took 12 and 132,610.
     # Over 8, a level of pairs then one group of four (4 + 6 comparisons a row) where a
     # group then a pair took 6 + 1 (8 rounds and 353,494 bytes): the same rounds
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 8, 200_144),
-    "argmax over 10": (lambda a: a.argmax(dim=1), [(N // 8, 10)], 8, 340_431),
+    # 512 rows of 8 and of 10 are within the default comparison's pairs for ranks
+    # (mpc.protocols.ranks.MAX_PAIRS): one comparison run of every pair (28 and 45 a row, 13
+    # 1/8 bytes each) and the selection's round (the ranks and the values opened masked: 2
+    # words an entry), 5 rounds; the tree took 8 rounds and 200,144 and 340,431 bytes
+    "max over a dim of 8": (
+        lambda a: a.max(dim=1).values,
+        [(N // 8, 8)],
+        5,
+        N // 8 * 28 * 13 + N // 8 * 28 // 8 + 16 * N,
+    ),
+    "argmax over 10": (
+        lambda a: a.argmax(dim=1),
+        [(N // 8, 10)],
+        5,
+        N // 8 * 45 * 13 + N // 8 * 45 // 8 + 16 * N // 8 * 10,
+    ),
     # e / sum by fine bins on the row sums and a cubic (mpc/protocols/inverse.py): 26
     # rounds (max 12, exp 6, division 8); 34 and 527,900 with reciprocal and product. The
     # division's products of freshly truncated values ride in the truncation's round
@@ -72,7 +86,10 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # reads the sum untruncated; its truncation rides too: 128 words more); 25 before the
     # series' opening rode in the clamp's comparison and its product with the clamp's bit
     # in the next round (the same words: that product replaced the clamp's ReLU product)
-    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 24, 424_252),
+    # its max: a level of pairs (32 -> 16), then ranks over 128 rows of 16 (15,360 pairs,
+    # within the default comparison's MAX_PAIRS): 9 rounds where the tree took 12; 24 rounds
+    # and 424,252 bytes before (measured: 588,494 bytes sent with 2 parties, headers included)
+    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 21, 587_200),
     # (x - mean) / sqrt(var + eps) likewise: 10 rounds; 23 and 200,600 with rsqrt, 12 and
     # 430,242 before the products rode in the truncations' rounds (8,448 words fewer);
     # 362,658 before the squares' products rode on the truncation of x and the mean (the

@@ -46,7 +46,7 @@ def test_max_of_four_and_its_one_hot_argmax(rows, n, scale):
 @pytest.mark.parametrize("k", [4, 5, 8, 13, 32])
 def test_amax_and_max_pool_use_groups_of_four(k):
     parties, dealer = _group(2)
-    v = torch.randn(1000, k)  # (rows enough that no max is by ranks: 1,000 x 10 > 8,192)
+    v = torch.randn(5000, k)  # (rows enough that no max is by ranks: 5,000 x 10 > 32,768)
     x = mpc.share(v, *parties, crypto_provider=dealer)
     with mpc.stats() as s:
         got = x.amax(-1).get()

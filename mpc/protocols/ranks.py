@@ -37,11 +37,17 @@ from mpc.protocols.parties import I64, Shares
 from mpc.protocols.rank_select.run import select_rank_zero
 from mpc.session import Session
 
-#: the most pairwise comparisons one call runs (rows times k (k - 1) / 2): 2^13 costs a
-#: party about 170 KB by default (21 bytes a comparison) and the dealer about 25 MB of
-#: keys with FSS (3 KB a comparison); a decoding step's softmax over 12 heads and 33 keys
-#: takes 6,336
-MAX_PAIRS = 1 << 13
+#: the most pairwise comparisons one call runs (rows times k (k - 1) / 2), by comparison
+#: mode: 2^15 cost a party about 690 KB by default (21 bytes a comparison) and the dealer
+#: about 2 MB; 2^13 cost the dealer about 25 MB of keys with FSS (3 KB a comparison). A
+#: decoding step's softmax over 12 heads and 56 keys takes 18,480 (by ranks by default,
+#: by the tree with FSS)
+MAX_PAIRS = {"default": 1 << 15, "fss": 1 << 13}
+
+
+def max_pairs(session: Session) -> int:
+    """:data:`MAX_PAIRS` for the session's comparison mode."""
+    return MAX_PAIRS.get(session.config.comparison, MAX_PAIRS["fss"])
 
 
 @cache
@@ -64,10 +70,10 @@ def rank_rounds(session: Session) -> int:
 
 def worth_it(session: Session, rows: int, k: int, tree_levels: int) -> bool:
     """Whether ranks take fewer rounds than a tree of ``tree_levels`` levels for ``rows``
-    rows of k entries, within :data:`MAX_PAIRS` comparisons."""
+    rows of k entries, within :func:`max_pairs` comparisons."""
     per_level = 2 if session.config.comparison == "fss" else 4
     pairs = rows * k * (k - 1) // 2
-    return k >= 3 and pairs <= MAX_PAIRS and rank_rounds(session) < tree_levels * per_level
+    return k >= 3 and pairs <= max_pairs(session) and rank_rounds(session) < tree_levels * per_level
 
 
 def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares, Shares | None]:
