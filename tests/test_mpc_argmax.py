@@ -14,9 +14,7 @@ import mpc
 import pointers as pt
 from mpc.config import MPCConfig
 from mpc.ops.nonlinear import LOW_BITS_FROM, _levels
-from mpc.protocols.ranks import MAX_PAIRS as LIMITS
-
-MAX_PAIRS = LIMITS["default"]
+from mpc.protocols.ranks import MAX_PAIRS
 
 
 def _group(n: int) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
@@ -43,7 +41,7 @@ def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, 
     # the values-only max's rounds: its tree, or a comparison run and a round by ranks for few
     # rows where that is fewer (mpc.protocols.ranks)
     tree = 4 * _levels(k)[0]
-    by_ranks = rows * k * (k - 1) // 2 <= MAX_PAIRS and tree > 5
+    by_ranks = rows * k * (k - 1) // 2 <= MAX_PAIRS["default"] and tree > 5
     assert s.rounds == (5 if by_ranks else tree)
     want, want_idx = torch.max(v, 1)
     assert torch.allclose(best.get(), want, atol=2e-5 * scale + 1e-4)

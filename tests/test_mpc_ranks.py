@@ -13,9 +13,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
-from mpc.protocols.ranks import MAX_PAIRS as LIMITS
-
-MAX_PAIRS = LIMITS["default"]
+from mpc.protocols.ranks import MAX_PAIRS
 
 
 def _share(v: torch.Tensor, n: int, fss: bool = False) -> mpc.SharedTensor:
@@ -73,7 +71,7 @@ def test_many_rows_keep_the_tree() -> None:
     """Past MAX_PAIRS comparisons a call starts with the tree (a level of groups of four:
     33 entries to 9), and finishes by ranks once the entries left are few: 4 + 5 rounds
     where the tree's 3 levels take 12."""
-    rows = MAX_PAIRS // (33 * 32 // 2) + 1
+    rows = MAX_PAIRS["default"] // (33 * 32 // 2) + 1
     v = torch.randn(rows, 33)
     x = _share(v, 2)
     with mpc.stats() as s:
