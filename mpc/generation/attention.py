@@ -21,8 +21,8 @@ from mpc.errors import MPCError, UnsupportedOpError
 from mpc.ops.attention import repeat_heads, scaled_scores
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten
-from mpc.ops.functions import softmax
 from mpc.ops.masking import select_public
+from mpc.ops.softmax_product import softmax_matmul
 from mpc.shared import SharedTensor
 
 NAME = "mpc_static_cache"
@@ -60,8 +60,7 @@ def static_cache_attention(
         scores = select_public(keep, scores, float("-inf"))
     else:
         scores = state.mask_extra(positions.mask_scores(scores))
-    attn = softmax(aten._softmax.default, (scores, -1, False), {})
-    out = bilinear_op(attn, value, "matmul", {})
+    out = softmax_matmul(aten._softmax.default, scores, value)
     return out.transpose(1, 2), None
 
 

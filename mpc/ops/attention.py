@@ -14,9 +14,9 @@ import torch
 from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, check_public
-from mpc.ops.functions import softmax
 from mpc.ops.local import add_shared, mul_public
 from mpc.ops.masking import select_public
+from mpc.ops.softmax_product import softmax_matmul
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
 from mpc.registry import register
@@ -66,8 +66,7 @@ def attention(
         else:
             scores = add_shared(scores, mask, 1)
     # (_safe_softmax: a row masked entirely by -inf or False weighs nothing, as in torch)
-    attn = softmax(aten._safe_softmax.default, (scores, -1), {})
-    return bilinear_op(attn, v, "matmul", {})
+    return softmax_matmul(aten._safe_softmax.default, scores, v)
 
 
 def scaled_scores(scores: SharedTensor, scale: float) -> SharedTensor:
