@@ -44,7 +44,7 @@ class Recorder:
         docstring); its rounds and bytes count here and in every enclosing block."""
         while self._deferred:
             d = self._deferred.pop()()
-            if d is not None:
+            if d is not None and not d.done:
                 d.value()
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mpc.errors import ShapeError, UnsupportedOpError
+from mpc.ops import row_scaled
 from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
 from mpc.ops.local import add_shared, mul_public
 from mpc.protocols.beaver.run import beaver
@@ -63,6 +64,10 @@ def _meta_shape(op: str, params: dict[str, Any], a: Any, b: Any) -> tuple[int, .
 
 def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor:
     """op(a, b) with at least one shared operand, truncated back to one scale."""
+    if op == "matmul":
+        fused = row_scaled.fused_product(a, b)  # (a layer norm's result, not formed yet)
+        if fused is not None:
+            return fused
     out_shape = _out_shape(op, params, a, b)
     if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
         a.session.check_compatible(b.session)
@@ -106,18 +111,24 @@ def mul(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return bilinear_op(a, b, "mul", {})
 
 
-@register(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default)
+# (lazy: an operand's pending truncation is applied here, unless the product takes a
+# layer norm's result as it is, mpc.ops.row_scaled)
+@register(aten.mm.default, aten.bmm.default, aten.mv.default, aten.dot.default, lazy=True)
 def mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return bilinear_op(args[0], args[1], "matmul", {})
 
 
-@register(aten.addmm.default, aten.baddbmm.default)
+@register(aten.addmm.default, aten.baddbmm.default, lazy=True)
 def addmm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """beta bias + alpha (a @ b) (GPT-2's Conv1D: torch.addmm(bias, x, w); baddbmm: the
     batched form attention uses): one Beaver product (local with a public operand); public
     beta and alpha other than 1 are products with a public number."""
     bias, a, b = args[0], args[1], args[2]
     beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    if beta == 1 and alpha == 1:
+        fused = row_scaled.fused_product(a, b, bias)
+        if fused is not None:
+            return fused
     prod = bilinear_op(a, b, "matmul", {})
     if alpha != 1:
         prod = mul_public(prod, alpha)

@@ -408,7 +408,7 @@ def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 # -- softmax ------------------------------------------------------------------------------
 
 
-def _softmax_parts(
+def softmax_parts(
     x: SharedTensor, dim: int, wide: bool = False
 ) -> tuple[SharedTensor, Fx, Fx, int]:
     """x - max(x) over dim (last), e^(x - max), and the sum of the e's (``wide``: before
@@ -452,7 +452,7 @@ def softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # the e's and of their sum ride in that comparison's first round (one round fewer)
     hi = math.floor(math.log2(x.shape[dim])) + 1
     wide = hi + trig.SERIES_SCALE <= 62
-    d, e, total, jtop = _softmax_parts(x, dim, wide)
+    d, e, total, jtop = softmax_parts(x, dim, wide)
     bits = e.scale - hi_scale(x)
     pending = (bits, bits) if wide else (0, 0)
     out = from_fx(x, times_inverse_power(e, total, 1.0, -1, hi, session_frac(x), pending=pending))
@@ -467,7 +467,7 @@ def log_softmax(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     """log_softmax(x) = (x - max) - ln(sum e^(x - max)): max, exp on (-inf, 0], log on
     [1, k]: 7 ceil(log2 k) + 9 + 16 rounds."""
     x, dim = args[0], args[1] % max(args[0].dim(), 1)
-    d, e, total, jtop = _softmax_parts(x, dim)
+    d, e, total, jtop = softmax_parts(x, dim)
     lg = approx.log(total, session_frac(x), jmin=-2, jtop=jtop)
     return add_shared(d, from_fx(x, lg), -1)
 

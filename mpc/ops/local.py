@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from mpc.errors import MPCError, ShapeError, UnsupportedOpError
+from mpc.ops import row_scaled
 from mpc.ops.common import (
     aten,
     check_public,
@@ -82,6 +83,9 @@ def _has_shared(a: Any) -> bool:
 @register(*SHAPE_OPS, lazy=True)
 def shape_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x = first_shared(args)
+    deferred = row_scaled.view(x, func, args)  # (a layer norm's result, not formed yet)
+    if deferred is not None:
+        return deferred
     if func in (aten.detach.default, aten.alias.default):
         out = x.with_shares(list(x.shares))
         out.fixed = x.fixed

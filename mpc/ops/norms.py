@@ -14,9 +14,11 @@ import torch
 
 from mpc.ops.common import aten
 from mpc.ops.functions import as_fx, from_fx, session_frac
+from mpc.ops.row_scaled import row_scaled
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
 from mpc.protocols.inverse import times_inverse_power
+from mpc.protocols.inverse_product import row_factor
 from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.registry import register
 from mpc.shared import SharedTensor
@@ -27,6 +29,11 @@ def _input(x: SharedTensor) -> Fx:
     else at the session's scale."""
     wide = x.pending and x.dtype.is_floating_point and x.frac_bits - x.pending >= 16
     return Fx(x.session, list(x.shares), x.frac_bits) if wide else as_fx(x)
+
+
+def _shared_row(t: Any, f: int) -> bool:
+    """Whether ``t`` is a shared value at scale ``f`` with no truncation pending."""
+    return isinstance(t, SharedTensor) and not t.pending and t.frac_bits == f
 
 
 def _lifted(values: list[Fx], scales: list[int]) -> list[Fx]:
@@ -105,17 +112,25 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     lo = approx.SQ_JMIN + math.log2(n)
     hi = min(approx.SQ_JTOP + math.log2(n), 62 - sq.scale)
     s_eps = sq.add_public(float(eps) * n)
-    v, v_bits = (weighted[0], weighted[0].scale - session_frac(x)) if shared_weight else (dev, 0)
-    pending = (v_bits, s_bits)
-    out = from_fx(
-        x,
-        times_inverse_power(v, s_eps, 0.5, lo, hi, session_frac(x), math.sqrt(n), pending=pending),
-    )
+    f = session_frac(x)
+    v = weighted[0] if shared_weight else dev
+    # few rows (a decoding step's): the result stays S v + b, S = 1 / std per row, until
+    # it is read; a product with a weight then takes S after it (mpc.ops.row_scaled)
+    factor = None
+    if (weight is None or shared_weight) and (bias is None or _shared_row(bias, f)):
+        factor = row_factor(v, s_eps, 0.5, lo, hi, math.sqrt(n), (v.scale - f, s_bits))
+    if factor is not None:
+        out = row_scaled(x, factor, bias, f)
+    else:
+        v_bits = v.scale - f if shared_weight else 0
+        out = from_fx(
+            x, times_inverse_power(v, s_eps, 0.5, lo, hi, f, math.sqrt(n), pending=(v_bits, s_bits))
+        )
+        if weight is not None and not shared_weight:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
     mean = from_fx(x, mu)
-    if weight is not None and not shared_weight:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
     # rstd is not computed (the fused division never forms it): a meta tensor, so that a
     # use of it fails loudly (nothing in inference reads it)
     return out, mean, torch.empty(tuple(mu.shape), dtype=torch.float32, device="meta")

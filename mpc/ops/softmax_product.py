@@ -15,7 +15,7 @@ import torch
 
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, result_dtype
-from mpc.ops.functions import _softmax_parts, hi_scale, session_frac, softmax
+from mpc.ops.functions import hi_scale, session_frac, softmax, softmax_parts
 from mpc.ops.masking import keep_in_softmax
 from mpc.protocols.approx import Fx
 from mpc.protocols.fourier import run as trig
@@ -54,7 +54,7 @@ def softmax_matmul(func: Any, scores: SharedTensor, value: Any) -> SharedTensor:
     k = int(scores.shape[-1])
     hi = math.floor(math.log2(k)) + 1
     wide = hi + trig.SERIES_SCALE <= 62
-    _, e, total, _ = _softmax_parts(scores, scores.dim() - 1, wide)
+    _, e, total, _ = softmax_parts(scores, scores.dim() - 1, wide)
     bits = e.scale - hi_scale(scores)
     value.materialize()
     v = Fx(value.session, list(value.shares), value.frac_bits)

@@ -74,7 +74,7 @@ def _levels(pairs: list[tuple[Fx, Fx]]) -> list[Fx]:
 
 
 @lru_cache(maxsize=64)
-def _table(
+def bins_table(
     p: float, lo: float, hi: float, per_octave: int, x_scale: int, mult: float, degree: int = 3
 ) -> tuple[list[float], list[float], list[float], list[float], int, int, list[float]]:
     """Thresholds, per-bin beta (as encoded), gamma and g, beta's and g's scales, and the
@@ -138,7 +138,7 @@ def times_inverse_power(
     round of their own."""
     v_bits, x_bits = pending
     fine = fine_bins(x.session, math.prod(x.shape), lo, hi, p)
-    thresholds, betas, gammas, gs, bscale, gscale, coefs = _table(
+    thresholds, betas, gammas, gs, bscale, gscale, coefs = bins_table(
         p,
         lo,
         hi,

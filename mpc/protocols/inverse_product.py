@@ -11,7 +11,7 @@ between the bins' ends) gives the factor as
     S = mult x^-p = g (A + B u),  u = beta x + gamma - 1,
       = K + H x,  K = g (A + B (gamma - 1)),  H = B g beta,
 
-with g, beta and gamma public per bin (:func:`mpc.protocols.inverse._table`), so K and H
+with g, beta and gamma public per bin (:func:`mpc.protocols.inverse.bins_table`), so K and H
 are selected locally from the bins' bits (:func:`mpc.protocols.approx.select`) and H x is
 one product. The rounds after the comparison:
 
@@ -34,11 +34,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import lru_cache
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from mpc.protocols.approx import Fx, select, step_bits
 from mpc.protocols.beaver.run import BeaverRun
-from mpc.protocols.inverse import _table, fine_bins, fine_per_octave
+from mpc.protocols.inverse import bins_table, fine_bins, fine_per_octave
 from mpc.protocols.opening.run import Round
 from mpc.protocols.riders.run import riding
 from mpc.protocols.truncated_products.run import truncate_and_multiply
@@ -52,8 +52,10 @@ H_BITS = 18
 X_BITS = 20
 #: the most pieces H is split in (each one more product of row size in the same round)
 MAX_PIECES = 3
-#: the relative precision of the factor S before it multiplies P
-S_BITS = 22
+#: the relative precision of the factor S before it multiplies P (7.6e-6 at its least,
+#: below the line's fit; layer norm's S then comes down to 24 bits, and S times a product
+#: at 16 bits to 40, which GELU's series still reads at full scale)
+S_BITS = 17
 
 
 class ProductRun(Protocol):
@@ -94,7 +96,7 @@ def _factor_table(p: float, lo: float, hi: float, scale: int, mult: float) -> _T
     :data:`H_BITS` significant bits with x at one scale (at most :data:`MAX_PIECES`: x's
     range split where it is wide, layer norm's 30 octaves in two); None where that fails
     or S is not positive. ``scale``: x's scale once its pending truncation is applied."""
-    thresholds, betas, gammas, gs, _, _, coefs = _table(
+    thresholds, betas, gammas, gs, _, _, coefs = bins_table(
         p, lo, hi, fine_per_octave(p), min(scale, x_scale(lo)), mult, 1
     )
     a, b = coefs
@@ -160,6 +162,21 @@ class RowFactor:
             view(self.v, list(v_shape)),
             view(self.k, rows),
             [(view(h, rows), view(x, rows)) for h, x in self.pieces],
+            self.s_scale,
+            self.s_bits,
+        )
+
+    def mapped(self, fn: Callable[[Any], Any]) -> RowFactor:
+        """The same factor with ``fn`` applied to each share of v and of the rows (an
+        index or a slice of a leading dimension, which both have)."""
+
+        def each(t: Fx) -> Fx:
+            return t.with_shares([fn(s) for s in t.shares])
+
+        return RowFactor(
+            each(self.v),
+            each(self.k),
+            [(each(h), each(x)) for h, x in self.pieces],
             self.s_scale,
             self.s_bits,
         )

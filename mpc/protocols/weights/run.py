@@ -139,14 +139,10 @@ def fixed_product(
     embedding: 309 MB) is split along the contraction dimension into pieces of at most
     that size, each an instance of its own (a network message is at most 256 MiB by
     default, and F travels whole): the partial products, opened in one round, are added."""
-    if (a.fixed is None) == (b.fixed is None) or (recording() and not _HELD_RECORDING.get()):
+    runs = weight_runs(a, b, op, params)
+    if runs is None:
         return None
-    w, x, w_first = (a, b, True) if a.fixed is not None else (b, a, False)
-    if w.pending or x.pending or w.fixed is None or w.fixed[0]() is None:
-        return None
-    pieces = _pieces(w, x, op, w_first)
-    runs = [_run(x.session, wp, xp, w_first, op, params) for wp, xp in pieces]
-    one = Round(x.session)
+    one = Round(runs[0].session)
     for run in runs:
         run.open_in(one)
     one.open()
@@ -157,6 +153,21 @@ def fixed_product(
     if tuple(total[0].shape) != tuple(out_shape):
         raise AssertionError(f"internal: {tuple(total[0].shape)} != {out_shape}")
     return total
+
+
+def weight_runs(
+    a: SharedTensor, b: SharedTensor, op: str, params: dict[str, Any]
+) -> list[WeightRun] | None:
+    """The runs of op(a, b) where exactly one of ``a`` and ``b`` is a fixed weight (one
+    per piece of a large weight, :func:`fixed_product`), their openings not yet joined to
+    a round; None where :func:`fixed_product` takes no instance."""
+    if (a.fixed is None) == (b.fixed is None) or (recording() and not _HELD_RECORDING.get()):
+        return None
+    w, x, w_first = (a, b, True) if a.fixed is not None else (b, a, False)
+    if w.pending or x.pending or w.fixed is None or w.fixed[0]() is None:
+        return None
+    pieces = _pieces(w, x, op, w_first)
+    return [_run(x.session, wp, xp, w_first, op, params) for wp, xp in pieces]
 
 
 def _pieces(
