@@ -136,3 +136,23 @@ def test_public_layer_norm_weight_forms_the_result() -> None:
     want = model(x).detach().double()
     xs = mpc.share(x, *parties, crypto_provider=dealer)
     assert (model(xs).get().double() - want).abs().max() < 2e-3
+
+
+def test_addmm_with_a_public_bias_and_a_shared_matrix() -> None:
+    """torch.addmm(public bias, layer norm's result viewed 2-D, a shared matrix that is
+    no model's weight: a Beaver product, no instance): as torch, in the fused rounds."""
+    parties, dealer = _workers(3)
+    torch.manual_seed(7)
+    ln = nn.LayerNorm(24)
+    with torch.no_grad():
+        ln.bias.uniform_(-1, 1)
+    x, w, b = torch.randn(1, 2, 24) * 2, torch.randn(24, 6), torch.randn(6)
+    want = torch.addmm(b, ln(x).detach().view(-1, 24), w).double()
+    mpc.share(ln, *parties, crypto_provider=dealer)
+    ws = mpc.share(w, *parties, crypto_provider=dealer)
+    xs = mpc.share(x, *parties, crypto_provider=dealer)
+    with mpc.stats() as s:
+        y = torch.addmm(b, ln(xs).view(-1, 24), ws)
+        y.materialize()
+    assert (y.get().double() - want).abs().max() < 2e-3
+    assert s.rounds == 4 + 3 + 1
