@@ -8,13 +8,13 @@ max-pooling is that tree over each window.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any, cast
 
 import torch
 
 import pointers as pt
 from mpc.errors import UnsupportedOpError
+from mpc.ops import max_tree
 from mpc.ops.backward import keep_pool_argmax, relu_keeping_mask
 from mpc.ops.common import aten, check_public
 from mpc.ops.local import add_shared, neg_shared
@@ -23,7 +23,6 @@ from mpc.protocols import ranks
 from mpc.protocols.compare import msb, relu_with_mask, select_by_msb
 from mpc.protocols.low_bits.run import low_bits
 from mpc.protocols.low_bits.steps import MAX_LOW_BITS
-from mpc.protocols.max_of_four.run import max_of_four
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -112,14 +111,10 @@ def _tree_max(
     """Max (and argmax, :func:`_max_with_index`) over the last dim of x; indices are shared
     integers. Without ``values`` (an argmax alone) the max returned may be None.
 
-    The levels of :func:`_plan` (4 rounds each): pairs while that costs no level
-    (:func:`_pair_level`), then groups of four (:func:`_group_level`). Few rows of few
-    entries take two comparison runs instead, whatever k (:mod:`mpc.protocols.ranks`),
-    where that saves rounds: from the start, or once the levels have left few entries
-    (a vocabulary's argmax: 5 levels to 50 entries, then ranks' 8 rounds for the 3 levels'
-    12)."""
+    Few rows of few entries take two comparison runs, whatever k (:mod:`mpc.protocols.
+    ranks`), where that saves rounds; otherwise the levels of :mod:`mpc.ops.max_tree`."""
     k = x.shape[-1]
-    levels = len(_plan(k))
+    levels = len(max_tree.plan(k))
     if with_index and x.session.config.comparison == "fss":
         levels = max(k - 1, 1).bit_length()  # (the pairwise tree's)
     if ranks.worth_it(x.session, x.numel() // max(k, 1), k, levels):
@@ -130,16 +125,7 @@ def _tree_max(
         )
     if with_index:
         return _max_with_index(x, values)
-    plan = _plan(k)
-    for done, (kind, _) in enumerate(plan):
-        left = x.shape[-1]
-        if done and ranks.worth_it(x.session, x.numel() // left, left, len(plan) - done):
-            # (the entries left are few: ranks finish in fewer rounds than the levels left)
-            x.materialize()
-            v, _ = ranks.max_by_ranks(x.session, x.shares, False)
-            return x.with_shares(v), None
-        x = _pair_level(x) if kind == PAIR else _group_level(x, kind == PADDED)
-    return x, None
+    return max_tree.values_max(x), None
 
 
 # the argmax alone takes its index from the packed max's low bits (one round more, half the
@@ -223,90 +209,6 @@ def _pairwise_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:
             new_idx = cast(SharedTensor, torch.cat([new_idx, idx[..., 2 * h :]], dim=-1))
         vals, idx, k = new_vals, new_idx, h + (k % 2)
     return vals, idx
-
-
-# one level of a max tree: (kind, k) with kind PAIR (halves paired, an odd last entry
-# joins the next level), GROUP (the i-th entries of four quarters, a remainder of one to
-# three entries joins the next level) or PADDED (GROUP after copies of the first entries
-# fill the last quarter)
-PAIR, GROUP, PADDED = "pair", "group", "padded"
-
-
-@cache
-def _plan(k: int) -> tuple[tuple[str, int], ...]:
-    """The levels that reduce k entries to one: the fewest levels (each level is one
-    comparison run, 4 rounds), then the fewest comparisons. A level of pairs costs k / 2
-    comparisons and halves k; one of groups of four costs 6 k / 4 (all pairs of a group:
-    :func:`mpc.protocols.max_of_four.run.max_of_four`) and quarters it. So pairs go first, where
-    k is largest, as long as they cost no level: over 128 entries one level of pairs and
-    three of groups (190 comparisons a row) where four levels of groups and the last pair
-    took 253, in the same 16 rounds."""
-    if k <= 1:
-        return ()
-    options = [(PAIR, k // 2 + k % 2, k // 2)]
-    if k >= 4:
-        options.append((GROUP, k // 4 + k % 4, 6 * (k // 4)))
-    if k >= 3:
-        options.append((PADDED, -(-k // 4), 6 * -(-k // 4)))
-    best: tuple[int, int, tuple[tuple[str, int], ...]] | None = None
-    for kind, rest, cost in options:
-        tail = _plan(rest)
-        cand = (1 + len(tail), cost + _plan_cost(tail), ((kind, k), *tail))
-        if best is None or cand[:2] < best[:2]:
-            best = cand
-    assert best is not None
-    return best[2]
-
-
-def _plan_cost(plan: tuple[tuple[str, int], ...]) -> int:
-    per = {PAIR: lambda k: k // 2, GROUP: lambda k: 6 * (k // 4), PADDED: lambda k: 6 * -(-k // 4)}
-    return sum(per[kind](k) for kind, k in plan)
-
-
-def _levels(k: int) -> tuple[int, bool]:
-    """(comparison levels to reduce k entries to one, whether the first level pads k up to
-    a multiple of four): see :func:`_plan`."""
-    plan = _plan(k)
-    return len(plan), bool(plan) and plan[0][0] == PADDED
-
-
-def _pair_level(x: SharedTensor) -> SharedTensor:
-    """max(a, b) = b + (a - b) msb(b - a) of the two halves of the last dim (an odd last
-    entry joins the result), the product riding on the comparison."""
-    k = x.shape[-1]
-    h = k // 2
-    a, b = x[..., :h], x[..., h : 2 * h]
-    d = difference(b, a)
-    (sel,) = select_by_msb(x.session, d.shares, [neg_shared(d).shares])
-    out = add_shared(b, x.with_shares(sel), 1)
-    if k % 2:
-        # (a cat of shared tensors is shared; torch's stubs say Tensor)
-        out = cast(SharedTensor, torch.cat([out, x[..., 2 * h :]], dim=-1))
-    return out
-
-
-def _group_level(x: SharedTensor, padded: bool) -> SharedTensor:
-    """The max of each group of four: the i-th entries of the last dim's four quarters
-    (:func:`mpc.protocols.max_of_four.run.max_of_four`: 4 rounds where two pairwise levels take
-    8); ``padded``: copies of the first entries fill the last quarter first (the max is
-    unchanged), else a remainder of one to three entries joins the result."""
-    k = x.shape[-1]
-    if padded:
-        pad = -k % 4
-        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1)) if pad else x
-        k += pad
-    h = k // 4
-    whole = x if k == 4 * h else x[..., : 4 * h]
-    # the i-th entries of the four quarters as rows of four (views and one copy at each
-    # party: three messages a party, where four slices and a stack took five)
-    rows = whole.reshape(*x.shape[:-1], 4, h)
-    flat = cast(SharedTensor, rows.transpose(-1, -2).reshape(-1, 4))
-    flat.materialize()
-    best, _ = max_of_four(x.session, flat.shares)
-    out = flat.with_shares(best).reshape(*x.shape[:-1], h)
-    if k % 4:
-        out = cast(SharedTensor, torch.cat([out, x[..., 4 * h :]], dim=-1))
-    return out
 
 
 def _tree_max_onehot(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:

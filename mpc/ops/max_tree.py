@@ -1,0 +1,196 @@
+"""The max over the last dim by levels (values only; the argmax's packing and the
+index-carrying trees are in :mod:`mpc.ops.nonlinear`).
+
+A level is a comparison run: pairs (:func:`pair_level`, k / 2 comparisons, halves k),
+groups of four (:func:`group_level`, all six pairs of a group at once, quarters k), or
+ranked groups (:func:`ranked_level`: groups of g entries each ranked by one comparison run
+of its g (g - 1) / 2 pairs and one round of lookup tables, :mod:`mpc.protocols.ranks`,
+divides k by g). :func:`plan` gives the tree of pairs and groups of the fewest levels;
+:func:`values_max` takes ranked groups instead where they cost fewer rounds within the
+ranks' pairs budget (with FSS comparisons, a decoding step's softmax over 12 heads x 56
+keys: groups of 8, then the 7 maxima, 4 rounds where the tree took 6), and otherwise
+finishes a tree by ranks once its levels have left few entries (a vocabulary of 50,257:
+five levels to 50 entries, then ranks).
+"""
+
+from __future__ import annotations
+
+from functools import cache, lru_cache
+from typing import cast
+
+import torch
+
+from mpc.ops.local import add_shared, neg_shared
+from mpc.protocols import ranks
+from mpc.protocols.compare import select_by_msb
+from mpc.protocols.max_of_four.run import max_of_four
+from mpc.session import Session
+from mpc.shared import SharedTensor
+
+# one level of a max tree: (kind, k) with kind PAIR (halves paired, an odd last entry
+# joins the next level), GROUP (the i-th entries of four quarters, a remainder of one to
+# three entries joins the next level) or PADDED (GROUP after copies of the first entries
+# fill the last quarter)
+PAIR, GROUP, PADDED = "pair", "group", "padded"
+
+
+@cache
+def plan(k: int) -> tuple[tuple[str, int], ...]:
+    """The levels that reduce k entries to one: the fewest levels (each level is one
+    comparison run, 4 rounds), then the fewest comparisons. A level of pairs costs k / 2
+    comparisons and halves k; one of groups of four costs 6 k / 4 (all pairs of a group:
+    :func:`mpc.protocols.max_of_four.run.max_of_four`) and quarters it. So pairs go first, where
+    k is largest, as long as they cost no level: over 128 entries one level of pairs and
+    three of groups (190 comparisons a row) where four levels of groups and the last pair
+    took 253, in the same 16 rounds."""
+    if k <= 1:
+        return ()
+    options = [(PAIR, k // 2 + k % 2, k // 2)]
+    if k >= 4:
+        options.append((GROUP, k // 4 + k % 4, 6 * (k // 4)))
+    if k >= 3:
+        options.append((PADDED, -(-k // 4), 6 * -(-k // 4)))
+    best: tuple[int, int, tuple[tuple[str, int], ...]] | None = None
+    for kind, rest, cost in options:
+        tail = plan(rest)
+        cand = (1 + len(tail), cost + plan_cost(tail), ((kind, k), *tail))
+        if best is None or cand[:2] < best[:2]:
+            best = cand
+    assert best is not None
+    return best[2]
+
+
+def plan_cost(levels: tuple[tuple[str, int], ...]) -> int:
+    per = {PAIR: lambda k: k // 2, GROUP: lambda k: 6 * (k // 4), PADDED: lambda k: 6 * -(-k // 4)}
+    return sum(per[kind](k) for kind, k in levels)
+
+
+def levels(k: int) -> tuple[int, bool]:
+    """(comparison levels to reduce k entries to one, whether the first level pads k up to
+    a multiple of four): see :func:`plan`."""
+    tree = plan(k)
+    return len(tree), bool(tree) and tree[0][0] == PADDED
+
+
+def pair_level(x: SharedTensor) -> SharedTensor:
+    """max(a, b) = b + (a - b) msb(b - a) of the two halves of the last dim (an odd last
+    entry joins the result), the product riding on the comparison."""
+    k = x.shape[-1]
+    h = k // 2
+    a, b = x[..., :h], x[..., h : 2 * h]
+    d = add_shared(b, a, -1)
+    (sel,) = select_by_msb(x.session, d.shares, [neg_shared(d).shares])
+    out = add_shared(b, x.with_shares(sel), 1)
+    if k % 2:
+        # (a cat of shared tensors is shared; torch's stubs say Tensor)
+        out = cast(SharedTensor, torch.cat([out, x[..., 2 * h :]], dim=-1))
+    return out
+
+
+def group_level(x: SharedTensor, padded: bool) -> SharedTensor:
+    """The max of each group of four: the i-th entries of the last dim's four quarters
+    (:func:`mpc.protocols.max_of_four.run.max_of_four`: 4 rounds where two pairwise levels take
+    8); ``padded``: copies of the first entries fill the last quarter first (the max is
+    unchanged), else a remainder of one to three entries joins the result."""
+    k = x.shape[-1]
+    if padded:
+        pad = -k % 4
+        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1)) if pad else x
+        k += pad
+    h = k // 4
+    whole = x if k == 4 * h else x[..., : 4 * h]
+    # the i-th entries of the four quarters as rows of four (views and one copy at each
+    # party: three messages a party, where four slices and a stack took five)
+    rows = whole.reshape(*x.shape[:-1], 4, h)
+    flat = cast(SharedTensor, rows.transpose(-1, -2).reshape(-1, 4))
+    flat.materialize()
+    best, _ = max_of_four(x.session, flat.shares)
+    out = flat.with_shares(best).reshape(*x.shape[:-1], h)
+    if k % 4:
+        out = cast(SharedTensor, torch.cat([out, x[..., 4 * h :]], dim=-1))
+    return out
+
+
+# -- ranked groups ---------------------------------------------------------------------------
+
+
+def ranked_level(x: SharedTensor, g: int) -> SharedTensor:
+    """The max of each group of g consecutive entries of the last dim (copies of the first
+    entries fill the last group: the max is unchanged), each group ranked
+    (:func:`mpc.protocols.ranks.max_by_ranks`: one comparison run of its pairs, one round)."""
+    k = x.shape[-1]
+    pad = -k % g
+    if pad:
+        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
+    groups = cast(SharedTensor, x.reshape(*x.shape[:-1], (k + pad) // g, g))
+    groups.materialize()
+    best, _ = ranks.max_by_ranks(x.session, groups.shares, False)
+    return groups.with_shares(best).squeeze(-1)
+
+
+@lru_cache(maxsize=256)
+def ranked_plan(rows: int, k: int, budget: int) -> tuple[int, ...] | None:
+    """Group sizes of the fewest levels of ranked groups that reduce k entries to one
+    within ``budget`` pairs a level over ``rows`` rows (the last level ranks all that is
+    left), the fewest pairs among those; None if none fits."""
+    best: tuple[int, int, tuple[int, ...]] | None = None
+    if k <= 1:
+        return ()
+    if rows * k * (k - 1) // 2 <= budget:
+        return (k,)
+    # a level of groups of g has about rows k (g - 1) / 2 pairs
+    for g in range(2, min(k - 1, 2 * budget // (rows * k) + 1) + 1):
+        left = -(-k // g)
+        pairs = rows * left * g * (g - 1) // 2
+        if pairs > budget:
+            continue
+        tail = ranked_plan(rows, left, budget)
+        if tail is None:
+            continue
+        cost = pairs + _pairs_of(rows, left, tail)
+        cand = (1 + len(tail), cost, (g, *tail))
+        if best is None or cand[:2] < best[:2]:
+            best = cand
+    return None if best is None else best[2]
+
+
+def _pairs_of(rows: int, k: int, sizes: tuple[int, ...]) -> int:
+    total = 0
+    for g in sizes:
+        left = -(-k // g)
+        total += rows * left * g * (g - 1) // 2
+        k = left
+    return total
+
+
+def tree_rounds(session: Session, rows: int, k: int) -> int:
+    """The rounds of the tree :func:`values_max` runs otherwise: :func:`plan`'s levels,
+    finished by ranks once they have left few entries where that saves rounds."""
+    per = 2 if session.config.comparison == "fss" else 4
+    tree = plan(k)
+    for done, (_, left) in enumerate(tree):
+        if done and ranks.worth_it(session, rows, left, len(tree) - done):
+            return done * per + ranks.rank_rounds(session)
+    return len(tree) * per
+
+
+def values_max(x: SharedTensor) -> SharedTensor:
+    """The max over the last dim, kept as [..., 1]: the levels of the module docstring."""
+    session, k = x.session, x.shape[-1]
+    rows = x.numel() // max(k, 1)
+    budget = ranks.max_pairs(session)
+    sizes = ranked_plan(rows, k, budget) if rows * k <= 2 * budget else None
+    if sizes and len(sizes) * ranks.rank_rounds(session) < tree_rounds(session, rows, k):
+        for g in sizes:
+            x = ranked_level(x, g)
+        return x
+    tree = plan(k)
+    for done, (kind, _) in enumerate(tree):
+        left = x.shape[-1]
+        if done and ranks.worth_it(session, x.numel() // left, left, len(tree) - done):
+            # (the entries left are few: ranks finish in fewer rounds than the levels left)
+            x.materialize()
+            v, _ = ranks.max_by_ranks(session, x.shares, False)
+            return x.with_shares(v)
+        x = pair_level(x) if kind == PAIR else group_level(x, kind == PADDED)
+    return x

@@ -1,0 +1,77 @@
+"""The max by ranked groups (mpc/ops/max_tree.py): groups of g entries, each ranked by one
+comparison run of its pairs and one round, where that takes fewer rounds than the tree of
+pairs and groups of four within the ranks' pairs budget. Against torch (hypothesis, both
+comparison modes, 2 and 3 parties), the rounds it saves, and the plans it picks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mpc
+import pointers as pt
+from mpc.config import MPCConfig
+from mpc.ops.max_tree import ranked_plan, tree_rounds
+from mpc.protocols.ranks import max_pairs, rank_rounds
+
+
+def _session_args(n: int, comparison: str) -> tuple[list[pt.VirtualWorker], pt.VirtualWorker]:
+    return [pt.VirtualWorker(f"p{i}") for i in range(n)], pt.VirtualWorker("dealer")
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.sampled_from([(2, "default"), (3, "default"), (2, "fss")]),
+    st.integers(1, 4),
+    st.integers(100, 1200),
+    st.integers(0, 2**16),
+)
+def test_max_by_ranked_groups_against_torch(mode, rows, k, seed) -> None:
+    """torch.amax over rows of 100 to 1,200 entries (ties and a copy of the max in the
+    padding included): exact up to the encoding, in the rounds the plan says."""
+    n, comparison = mode
+    parties, dealer = _session_args(n, comparison)
+    config = MPCConfig(comparison=comparison)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g) * 4
+    x[:, 0] = x.amax(dim=-1) + 1.0  # the max first: the padding copies it
+    x[:, -1] = x[:, 0]  # and a tie
+    xs = mpc.share(x, *parties, crypto_provider=dealer, config=config)
+    session = xs.session
+    sizes = ranked_plan(rows, k, max_pairs(session))
+    expect = tree_rounds(session, rows, k)
+    if sizes and len(sizes) * rank_rounds(session) < expect:
+        expect = len(sizes) * rank_rounds(session)
+    with mpc.stats() as s:
+        m = torch.amax(xs, dim=-1)
+        m.materialize()
+    assert s.rounds == expect
+    enc = torch.round(x * 2**16) / 2**16
+    assert torch.equal(m.get(), enc.amax(dim=-1))
+
+
+@pytest.mark.parametrize(
+    ("comparison", "rows", "k", "rounds", "tree"),
+    [("fss", 1, 1000, 4, 6), ("fss", 2, 5000, 8, 10), ("default", 4, 300, 10, 13)],
+)
+def test_ranked_groups_save_rounds(
+    comparison: str, rows: int, k: int, rounds: int, tree: int
+) -> None:
+    parties, dealer = _session_args(2, comparison)
+    config = MPCConfig(comparison=comparison)
+    xs = mpc.share(torch.randn(rows, k), *parties, crypto_provider=dealer, config=config)
+    assert tree_rounds(xs.session, rows, k) == tree
+    with mpc.stats() as s:
+        torch.amax(xs, dim=-1).materialize()
+    assert s.rounds == rounds
+
+
+def test_ranked_plans() -> None:
+    """The fewest levels, then the fewest pairs; whole ranks where they fit; none where a
+    level's pairs pass the budget."""
+    assert ranked_plan(12, 56, 32768) == (56,)  # 18,480 pairs: ranks at once
+    assert ranked_plan(12, 56, 8192) == (4, 14)  # 1,008 + 1,092 pairs (8 then 7: 2,604)
+    assert ranked_plan(1, 1000, 8192) is not None and len(ranked_plan(1, 1000, 8192)) == 2
+    assert ranked_plan(1, 50257, 8192) is None
