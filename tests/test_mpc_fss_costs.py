@@ -47,9 +47,11 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int, int 
     # Beaver (e, f), then c = z + r (the truncation rides on it; mpc.protocols.fss.relu);
     # 3 rounds and 48 bytes an element before (c with the truncation's c, then d and e)
     "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 2, 24 * N, None),
-    # three levels of max over 8: a max of four (2 rounds) then pairs (2 rounds each):
-    # seven comparisons a row (115,072 bytes while d travelled as a word)
-    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 6, 86_848, None),
+    # max and argmax over 8 (fss_bits 64): the values and the values packed with their
+    # index, two levels of ranked groups (pairs, then the four maxima: 2 rounds each),
+    # where the pairwise tree carrying the index took three levels (6 rounds, 86,848
+    # bytes); measured 149,041 bytes sent, headers included
+    "max over a dim of 8": (lambda a: a.max(dim=1).values, [(N // 8, 8)], 4, 148_700, None),
     # one window: six comparisons (c, and d's bits) and four masked values
     "max pool 2x2": (
         lambda a: F.max_pool2d(a, 2),

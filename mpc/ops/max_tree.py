@@ -174,12 +174,23 @@ def tree_rounds(session: Session, rows: int, k: int) -> int:
     return len(tree) * per
 
 
+def values_max_rounds(session: Session, rows: int, k: int) -> int:
+    """The rounds :func:`values_max` takes for ``rows`` rows of k entries."""
+    tree = tree_rounds(session, rows, k)
+    sizes = _ranked_sizes(session, rows, k)
+    return min(tree, len(sizes) * ranks.rank_rounds(session)) if sizes else tree
+
+
+def _ranked_sizes(session: Session, rows: int, k: int) -> tuple[int, ...] | None:
+    budget = ranks.max_pairs(session)
+    return ranked_plan(rows, k, budget) if rows * k <= 2 * budget else None
+
+
 def values_max(x: SharedTensor) -> SharedTensor:
     """The max over the last dim, kept as [..., 1]: the levels of the module docstring."""
     session, k = x.session, x.shape[-1]
     rows = x.numel() // max(k, 1)
-    budget = ranks.max_pairs(session)
-    sizes = ranked_plan(rows, k, budget) if rows * k <= 2 * budget else None
+    sizes = _ranked_sizes(session, rows, k)
     if sizes and len(sizes) * ranks.rank_rounds(session) < tree_rounds(session, rows, k):
         for g in sizes:
             x = ranked_level(x, g)

@@ -157,17 +157,23 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     k = x.shape[-1]
     m = max(k - 1, 1).bit_length()
     fss = x.session.config.comparison == "fss"
-    low = not values and not fss and m <= MAX_LOW_BITS
+    # (with FSS, a domain narrower than the ring, fss_bits < 64, leaves no room for it)
+    packable = not fss or x.session.config.fss_bits >= 64
+    low = not values and packable and m <= MAX_LOW_BITS
     if low and x.pending and x.frac_bits + m <= FULL_SCALE_PACKING:
         x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)  # (not pending)
     else:
         low = low and x.numel() >= LOW_BITS_FROM
         x.materialize()
     if fss:
-        # a domain narrower than the ring (fss_bits < 64) leaves no room for the packing;
-        # and with FSS's 2-round comparison, the pairwise tree's k - 1 comparisons cost
-        # less dealer material than the groups' 2 (k - 1) on twice the elements
-        return _pairwise_with_index(x)
+        # FSS: the pairwise tree carries the index (2 rounds a level, k - 1 comparisons);
+        # the packing takes fewer rounds where its tree finishes by ranks (an LM head's
+        # argmax over 50,257: 13 rounds where the pairwise tree took 32), for about 1.5 k
+        # comparisons more (3 KB of keys each at the dealer)
+        rows = x.numel() // max(k, 1) * (1 if low else 2)
+        packed_rounds = max_tree.values_max_rounds(x.session, rows, k) + (1 if low else 0)
+        if not packable or 2 * max(k - 1, 1).bit_length() <= packed_rounds:
+            return _pairwise_with_index(x)
     rev = (k - 1 - torch.arange(k, dtype=torch.int64)).expand(x.shape).contiguous()
     packed = [s * (1 << m) + r for s, r in zip(x.shares, public_to_shares(rev, x))]
     if low:
