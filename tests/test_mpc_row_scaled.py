@@ -156,3 +156,25 @@ def test_addmm_with_a_public_bias_and_a_shared_matrix() -> None:
         y.materialize()
     assert (y.get().double() - want).abs().max() < 2e-3
     assert s.rounds == 4 + 3 + 1
+
+
+def test_three_linear_layers_read_one_layer_norm() -> None:
+    """q, k and v projections of one normalised value (Llama's and BERT's pattern): the
+    first takes the factor after its product and forms the value, the second truncates it
+    once for every later reader: 10 rounds where forming it first took 11."""
+    parties, dealer = _workers(2)
+    torch.manual_seed(8)
+    ln, q, k, v = nn.LayerNorm(32), nn.Linear(32, 8), nn.Linear(32, 8), nn.Linear(32, 8)
+    x = torch.randn(1, 1, 32)
+    with torch.no_grad():
+        h = ln(x)
+        want = [m(h).double() for m in (q, k, v)]
+    for m in (ln, q, k, v):
+        mpc.share(m, *parties, crypto_provider=dealer)
+    xs = mpc.share(x, *parties, crypto_provider=dealer)
+    with mpc.stats() as s:
+        hs = ln(xs)
+        outs = [m(hs) for m in (q, k, v)]  # (their truncations stay pending: get() reads them)
+    assert s.rounds == 5 + 2 + 2 + 1
+    for o, w in zip(outs, want):
+        assert (o.get().double() - w).abs().max() < 2e-3

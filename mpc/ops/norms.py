@@ -166,6 +166,11 @@ def rms_norm(x: SharedTensor, weight: Any, eps: float) -> SharedTensor:
     s_bits = sq.scale - min(approx.WORK, math.floor(52 - hi))
     v, v_bits = (prods[1], prods[1].scale - f) if shared_weight else (trunc[0], 0)
     s_eps = sq.add_public(float(eps) * n)
+    factor = None
+    if weight is None or shared_weight:  # (few rows: S v until read, mpc.ops.row_scaled)
+        factor = row_factor(v, s_eps, 0.5, lo, hi, math.sqrt(n), (v_bits, s_bits))
+    if factor is not None:
+        return row_scaled(x, factor, None, f)
     out = from_fx(
         x, times_inverse_power(v, s_eps, 0.5, lo, hi, f, math.sqrt(n), pending=(v_bits, s_bits))
     )

@@ -18,6 +18,7 @@ pending truncation, as a product's does.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from mpc.protocols.approx import Fx
 from mpc.protocols.inverse_product import BeaverProduct, ProductRun, RowFactor
 from mpc.protocols.opening.run import Round
 from mpc.protocols.truncated_products.run import truncate_and_multiply
+from mpc.protocols.truncation.run import truncate_together
 from mpc.protocols.weights.run import WeightRun, weight_runs
 from mpc.shared import Deferred, SharedTensor
 
@@ -46,6 +48,7 @@ class RowScaled:
         self.bits = factor.s_bits
         self.shape = list(factor.v.shape)
         self.shares: list[Any] | None = None
+        self.truncated: list[Any] | None = None  # the shares at scale f, once a product needs them
         self.used = False  # a value taken from this one (its last position) was formed
 
     @property
@@ -114,11 +117,29 @@ def row_scaled(
     return out
 
 
-def _open(x: Any) -> RowDeferred | None:
+def _row(x: Any) -> RowDeferred | None:
+    """x's deferred result (or view of one) if its shares are not read yet."""
     d = x.deferred if isinstance(x, SharedTensor) else None
-    if isinstance(d, RowDeferred) and d.source is not None and d.state.shares is None:
-        return d
-    return None
+    return d if isinstance(d, RowDeferred) and d.source is not None else None
+
+
+def _open(x: Any) -> RowDeferred | None:
+    """x's deferred result if no product formed it yet."""
+    d = _row(x)
+    return d if d is not None and d.state.shares is None else None
+
+
+def _settle(x: SharedTensor, d: RowDeferred) -> None:
+    """x, a view of a result a product formed, at the session's scale: the result is
+    truncated once (one round, at the first product that reads it so) and every later
+    view reads those shares."""
+    state = d.state
+    if state.truncated is None:
+        shares = state.value()
+        with x.session.concurrently(math.prod(state.shape)):
+            (state.truncated,) = truncate_together(x.session, [(shares, state.bits)])
+    x.shares = [t.reshape(d.shape) for t in state.truncated]
+    x.frac_bits, x.pending = state.f, 0
 
 
 def view(x: SharedTensor, func: Any, args: tuple[Any, ...]) -> SharedTensor | None:
@@ -126,7 +147,7 @@ def view(x: SharedTensor, func: Any, args: tuple[Any, ...]) -> SharedTensor | No
     ``x.view(-1, n)``: the same value, viewed) or an index or slice of a leading one
     (GPT-2's head reads the last position: a value of its own) stays deferred; None for
     any other op or value."""
-    d = _open(x)
+    d = _row(x)
     if d is None:
         return None
     if func in VIEWS:
@@ -134,8 +155,11 @@ def view(x: SharedTensor, func: Any, args: tuple[Any, ...]) -> SharedTensor | No
         if not shape or shape[-1] != x.shape[-1]:
             return None
         state = d.state
+        if state.truncated is not None:  # (formed and truncated: a plain view of those)
+            shares = [t.reshape(shape) for t in state.truncated]
+            return SharedTensor(shares, x.session, state.f, x.dtype)
         placeholder = [t.reshape(shape) for t in state.factor.v.shares]
-    elif func in LEADING:
+    elif func in LEADING and d.state.shares is None:
         dim = int(args[1]) % max(x.dim(), 1) if len(args) > 1 else 0
         if dim >= x.dim() - 1:
             return None
@@ -186,8 +210,13 @@ def fused_product(a: Any, w: Any, bias: Any = None) -> SharedTensor | None:
     """``a @ w + bias`` where ``a`` is a deferred :class:`RowScaled` result (or a view of
     it) and ``w`` a shared 2-D weight: S (v @ w) + b @ w + bias in the factor's rounds
     (the module docstring), or None (the caller forms ``a`` and multiplies)."""
-    d = _open(a)
-    if d is None or not isinstance(w, SharedTensor) or w.pending or w.dim() != 2:
+    d = _row(a)
+    if d is None:
+        return None
+    if d.state.shares is not None:  # (formed by another product: read at scale f)
+        _settle(a, d)
+        return None
+    if not isinstance(w, SharedTensor) or w.pending or w.dim() != 2:
         return None
     state = d.state
     if int(w.shape[0]) != d.shape[-1] or w.frac_bits != state.f or not w.dtype.is_floating_point:
