@@ -3,7 +3,8 @@ so that the product with a weight that reads it takes the factor after the produ
 
     (S v + b) @ W = S (v @ W) + b @ W.
 
-Layer norm's result is v = (x - mean) w over its rows, S = 1 / std, plus its bias. After
+Layer norm's result is v = (x - mean) w over its rows, S = 1 / std, plus its bias
+(RMSNorm's: v = x w, S = 1 / rms, no bias). After
 its bins' comparison (:func:`mpc.protocols.inverse_product.row_factor`), the result
 (:class:`RowScaled`) is not formed: its shares are deferred (:class:`mpc.shared.Deferred`).
 A product ``result @ W`` with a shared weight (a linear layer's ``addmm``, a view of the
@@ -11,9 +12,11 @@ result first, as GPT-2's ``Conv1D`` and ``nn.Linear`` take it) then opens v @ W 
 b @ W) in the round of the factor's own products, and S (v @ W) rides in the truncation
 round after it, together with S v, so the result is formed in the same rounds for any
 other reader. The layer norm and the product took the comparison, three rounds and the
-product's; here two. Any other read forms the result as the division would (two rounds;
-its truncation stays pending until a reader needs it). The product's result keeps a
-pending truncation, as a product's does.
+product's; here two. The next product that reads the formed result (Llama's k and v
+projections after its q) truncates it once, one round, for every later product. Any
+other read forms the result as the division would (two rounds; its truncation stays
+pending until a reader needs it). The product's result keeps a pending truncation, as a
+product's does.
 """
 
 from __future__ import annotations
