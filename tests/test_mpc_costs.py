@@ -88,14 +88,18 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # in the next round (the same words: that product replaced the clamp's ReLU product)
     # its max: a level of pairs (32 -> 16), then ranks over 128 rows of 16 (15,360 pairs,
     # within the default comparison's MAX_PAIRS): 9 rounds where the tree took 12; 24 rounds
-    # and 424,252 bytes before (measured: 588,494 bytes sent with 2 parties, headers included)
-    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 21, 587_200),
+    # and 424,252 bytes before; 21 rounds and 587,200 bytes before its 128 rows took fine
+    # bins (mpc.protocols.inverse.FINE_BINS: 57,344 comparisons, a line instead of the
+    # cubic, one round fewer; measured: 862,937 bytes sent with 2 parties, headers included)
+    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 20, 861_600),
     # (x - mean) / sqrt(var + eps) likewise: 10 rounds; 23 and 200,600 with rsqrt, 12 and
     # 430,242 before the products rode in the truncations' rounds (8,448 words fewer);
     # 362,658 before the squares' products rode on the truncation of x and the mean (the
     # Beaver opening of the deviations, 8,192 words, became x's truncation: 4,096 + 64);
-    # 10 rounds before the squares' sum's truncation rode in the bins' comparison
-    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 9, 207_977),
+    # 10 rounds before the squares' sum's truncation rode in the bins' comparison; 9 and
+    # 207,977 before its 64 rows took fine bins (61,440 comparisons: the line, one round
+    # fewer; measured: 453,116 bytes sent with 2 parties, headers included)
+    "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 8, 452_500),
     # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
     # selection on their daBits (mpc/math/groups_of_four.py): 4 rounds, where two pairwise levels
     # took 8 rounds and 89,089 bytes

@@ -92,4 +92,10 @@ def test_fine_bins_take_few_rows_only() -> None:
     parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
     session = mpc.share(torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("d")).session
     assert fine_bins(session, 1, -4.5, 25.5)  # a decoding step's layer norm: 960 bins
-    assert not fine_bins(session, 32, -4.5, 25.5)  # a prefill's 32 rows keep the cubic
+    assert fine_bins(session, 128, -4.5, 25.5)  # a prefill's 128 rows: 122,880 (default)
+    assert not fine_bins(session, 256, -4.5, 25.5)  # 256 rows keep the cubic
+    fss = mpc.share(
+        torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("e"),
+        config=MPCConfig(comparison="fss"),
+    ).session  # fmt: skip
+    assert fine_bins(fss, 8, -4.5, 25.5) and not fine_bins(fss, 16, -4.5, 25.5)

@@ -107,11 +107,11 @@ def test_what_does_not_fit_is_refused_before_any_round() -> None:
     session = _session(2, "default")
     assert not fused_factor_fits(1.0, -20, 30, 24, 1.0)
     assert fused_factor_fits(*LN[:3], 24, LN[3])
-    x = Fx(session, share_tensor(torch.ones(64, 1), session, 24).shares, 24)
-    v = Fx(session, share_tensor(torch.ones(64, 4), session, 16).shares, 16)
+    x = Fx(session, share_tensor(torch.ones(256, 1), session, 24).shares, 24)
+    v = Fx(session, share_tensor(torch.ones(256, 4), session, 16).shares, 16)
     with mpc.stats() as s:
         out = times_product_inverse_power(
-            v, x, *LN[:3], lambda vt: BeaverProduct(vt, vt, "mul", (64, 4)), 16, LN[3]
+            v, x, *LN[:3], lambda vt: BeaverProduct(vt, vt, "mul", (256, 4)), 16, LN[3]
         )
     assert out is None and s.rounds == 0
 
@@ -166,12 +166,12 @@ def test_attention_masks_as_torch() -> None:
 
 
 def test_many_rows_fall_back_to_the_division_first() -> None:
-    """12 rows of 600 keys: their bins pass the comparisons' budget (the rows take coarse
-    bins); the attention is the softmax then the product, still as torch."""
+    """12 heads x 16 queries over 600 keys: their bins pass the comparisons' budget (the
+    rows take coarse bins); the attention is the softmax then the product, as torch."""
     alice, bob, carol = (pt.VirtualWorker(s) for s in ("alice", "bob", "carol"))
     session = mpc.share(torch.zeros(1), alice, bob, crypto_provider=carol).session
-    assert not fine_bins(session, 12, -1, math.floor(math.log2(600)) + 1, 1.0)
-    q, k, v = _attention_case(1, 12, 1, 600, 4, 7)
+    assert not fine_bins(session, 12 * 16, -1, math.floor(math.log2(600)) + 1, 1.0)
+    q, k, v = _attention_case(1, 12, 16, 600, 4, 7)
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
     sh = [mpc.share(t, alice, bob, crypto_provider=carol) for t in (q, k, v)]
     got = F.scaled_dot_product_attention(*sh).get().double()
