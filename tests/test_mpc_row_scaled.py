@@ -178,3 +178,24 @@ def test_three_linear_layers_read_one_layer_norm() -> None:
     assert s.rounds == 5 + 2 + 2 + 1
     for o, w in zip(outs, want):
         assert (o.get().double() - w).abs().max() < 2e-3
+
+
+def test_an_unread_result_is_freed_with_its_tensor() -> None:
+    """No reference cycle keeps a deferred result alive (a held generation's recording
+    keeps at the workers what is still alive when it ends): dropping the tensor frees its
+    state at once, without the cycle collector."""
+    import gc
+    import weakref
+
+    parties, dealer = _workers(2)
+    ln = nn.LayerNorm(16)
+    mpc.share(ln, *parties, crypto_provider=dealer)
+    y = ln(mpc.share(torch.randn(1, 16), *parties, crypto_provider=dealer))
+    view = y.view(-1, 16)
+    state = weakref.ref(y.deferred.state)
+    gc.disable()
+    try:
+        del y, view
+        assert state() is None
+    finally:
+        gc.enable()

@@ -88,7 +88,10 @@ class RowScaled:
 
 
 class RowDeferred(Deferred):
-    """A deferred :class:`RowScaled` result, or a view of it (``shape``)."""
+    """A deferred :class:`RowScaled` result, or a view of it (``shape``); ``source`` is
+    the tensor it derives from (the norm's input, the viewed tensor), never the tensor
+    whose shares it defers (no reference cycle: an unread result is freed with its
+    tensor, as a program's recording expects of what it does not keep)."""
 
     def __init__(self, state: RowScaled, source: SharedTensor, shape: list[int]) -> None:
         super().__init__(
@@ -116,7 +119,7 @@ def row_scaled(
     state = RowScaled(factor, bias, f)
     dtype = like.dtype if like.dtype.is_floating_point else torch.float32
     out = SharedTensor(list(factor.v.shares), like.session, state.bits + f, dtype, state.bits)
-    out.deferred = RowDeferred(state, out, state.shape)
+    out.deferred = RowDeferred(state, like, state.shape)
     return out
 
 
@@ -172,7 +175,7 @@ def view(x: SharedTensor, func: Any, args: tuple[Any, ...]) -> SharedTensor | No
     else:
         return None
     out = SharedTensor(placeholder, x.session, x.frac_bits, x.dtype, x.pending)
-    out.deferred = RowDeferred(state, out, shape)
+    out.deferred = RowDeferred(state, x, shape)
     return out
 
 
