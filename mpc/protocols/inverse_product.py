@@ -23,10 +23,13 @@ one product. The rounds after the comparison:
 The result is S P untruncated, at the scale of S plus P's: its truncation is left to the
 value's next use (a product's operand pays it anyway). Division then product took the
 comparison, three rounds (:func:`mpc.protocols.inverse.times_inverse_power`) and the
-product's round; here two. H is encoded at one scale for every bin, so the fusion
-applies where x's range is narrow enough for H to keep :data:`H_BITS` significant bits
-in each bin (softmax's sums in [1, k]); elsewhere :func:`times_product_inverse_power`
-returns None and the caller divides first.
+product's round; here two. H keeps :data:`H_BITS` significant bits in every bin: where
+x's range is wide (layer norm's 30 octaves), the bins are split in up to
+:data:`MAX_PIECES` pieces, each with x truncated to its own scale (in the comparison's
+first round) and a product of its own in round 1. Where more pieces would be needed, or
+x's rows take coarse bins, :func:`row_factor` returns None before any round and the
+caller divides first. :mod:`mpc.ops.softmax_product` and :mod:`mpc.ops.row_scaled` use
+it.
 """
 
 from __future__ import annotations
