@@ -14,7 +14,15 @@ import torch
 
 from mpc.errors import ShapeError, UnsupportedOpError
 from mpc.ops import row_scaled
-from mpc.ops.common import aten, check_public, encode_public, is_integral, result_dtype, wrap
+from mpc.ops.common import (
+    aten,
+    check_public,
+    encode_public,
+    is_integral,
+    matmul_shape,
+    result_dtype,
+    wrap,
+)
 from mpc.ops.local import add_shared, mul_public
 from mpc.protocols.beaver.run import beaver
 from mpc.protocols.beaver.steps import bilinear_public
@@ -54,7 +62,7 @@ def _meta_shape(op: str, params: dict[str, Any], a: Any, b: Any) -> tuple[int, .
     if op == "mul":
         return tuple(torch.broadcast_shapes(ma.shape, mb.shape))
     if op == "matmul":
-        return tuple(torch.matmul(ma, mb).shape)
+        return matmul_shape(a.shape, b.shape)
     return tuple(
         torch.nn.functional.conv2d(
             ma, mb, None, params["stride"], params["padding"], params["dilation"], params["groups"]

@@ -79,6 +79,16 @@ def public_int(p: Any) -> Any:
     return int(p)
 
 
+def matmul_shape(a: Any, b: Any) -> tuple[int, ...]:
+    """The shape of ``a @ b`` for operands of shapes ``a`` and ``b`` (torch's rules, no
+    data: meta tensors)."""
+    return tuple(
+        torch.matmul(
+            torch.empty(tuple(a), device="meta"), torch.empty(tuple(b), device="meta")
+        ).shape
+    )
+
+
 def encode_public(p: Any, frac_bits: int) -> torch.Tensor:
     t = p.detach() if isinstance(p, torch.Tensor) else torch.tensor(p)
     if t.dtype == torch.bool or not t.dtype.is_floating_point:

@@ -14,7 +14,7 @@ import torch
 
 from mpc.ops.common import aten
 from mpc.ops.functions import as_fx, from_fx, session_frac
-from mpc.ops.row_scaled import row_scaled
+from mpc.ops.row_scaled import at_scale, row_scaled
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
 from mpc.protocols.inverse import times_inverse_power
@@ -29,11 +29,6 @@ def _input(x: SharedTensor) -> Fx:
     else at the session's scale."""
     wide = x.pending and x.dtype.is_floating_point and x.frac_bits - x.pending >= 16
     return Fx(x.session, list(x.shares), x.frac_bits) if wide else as_fx(x)
-
-
-def _shared_row(t: Any, f: int) -> bool:
-    """Whether ``t`` is a shared value at scale ``f`` with no truncation pending."""
-    return isinstance(t, SharedTensor) and not t.pending and t.frac_bits == f
 
 
 def _lifted(values: list[Fx], scales: list[int]) -> list[Fx]:
@@ -117,7 +112,7 @@ def layer_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # few rows (a decoding step's): the result stays S v + b, S = 1 / std per row, until
     # it is read; a product with a weight then takes S after it (mpc.ops.row_scaled)
     factor = None
-    if (weight is None or shared_weight) and (bias is None or _shared_row(bias, f)):
+    if (weight is None or shared_weight) and (bias is None or at_scale(bias, f)):
         factor = row_factor(v, s_eps, 0.5, lo, hi, math.sqrt(n), (v.scale - f, s_bits))
     if factor is not None:
         out = row_scaled(x, factor, bias, f)

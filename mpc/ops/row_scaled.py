@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from mpc.ops.common import aten, encode_public, result_dtype
+from mpc.ops.common import aten, encode_public, matmul_shape, result_dtype
 from mpc.protocols.approx import Fx
 from mpc.protocols.inverse_product import BeaverProduct, ProductRun, RowFactor
 from mpc.protocols.opening.run import Round
 from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.protocols.truncation.run import truncate_together
-from mpc.protocols.weights.run import WeightRun, weight_runs
+from mpc.protocols.weights.run import WeightRun, finish_runs, weight_runs
 from mpc.shared import Deferred, SharedTensor
 
 ROW_SCALED = "row_scaled"
@@ -110,11 +110,17 @@ class RowDeferred(Deferred):
         return self.state.done
 
 
+def at_scale(t: Any, f: int) -> bool:
+    """Whether ``t`` is a shared value at scale ``f`` with no truncation pending (a bias
+    the result adds, or a product's, as it is)."""
+    return isinstance(t, SharedTensor) and not t.pending and t.frac_bits == f
+
+
 def row_scaled(
     like: SharedTensor, factor: RowFactor, bias: SharedTensor | None, f: int
 ) -> SharedTensor:
     """The deferred result S v + b (see the module docstring), of ``like``'s dtype."""
-    if factor.v.scale != f or (bias is not None and (bias.pending or bias.frac_bits != f)):
+    if factor.v.scale != f or (bias is not None and not at_scale(bias, f)):
         raise ValueError("internal: v and the bias are at the session's scale")
     state = RowScaled(factor, bias, f)
     dtype = like.dtype if like.dtype.is_floating_point else torch.float32
@@ -190,11 +196,7 @@ class _Weighted:
             r.open_in(round)
 
     def finish(self) -> Fx:
-        out = [r.finish() for r in self.runs]
-        total = out[0]
-        for z in out[1:]:
-            total = [t + u for t, u in zip(total, z)]
-        return Fx(self.runs[0].session, total, self.scale)
+        return Fx(self.runs[0].session, finish_runs(self.runs), self.scale)
 
 
 def _product(x: SharedTensor, w: SharedTensor) -> ProductRun:
@@ -203,11 +205,7 @@ def _product(x: SharedTensor, w: SharedTensor) -> ProductRun:
     scale = x.frac_bits + w.frac_bits
     if runs is not None:
         return _Weighted(runs, scale)
-    out_shape = tuple(
-        torch.matmul(
-            torch.empty(tuple(x.shape), device="meta"), torch.empty(tuple(w.shape), device="meta")
-        ).shape
-    )
+    out_shape = matmul_shape(x.shape, w.shape)
     a = Fx(x.session, list(x.shares), x.frac_bits)
     return BeaverProduct(a, Fx(w.session, list(w.shares), w.frac_bits), "matmul", out_shape)
 
@@ -229,7 +227,7 @@ def fused_product(a: Any, w: Any, bias: Any = None) -> SharedTensor | None:
         return None
     if state.bits < state.f:  # (b @ w, at 2f, is lifted to the result's scale)
         return None
-    if isinstance(bias, SharedTensor) and (bias.pending or bias.frac_bits != state.f):
+    if isinstance(bias, SharedTensor) and not at_scale(bias, state.f):
         return None
     factor = state.factor.reshaped(d.shape)
     f, session = state.f, a.session

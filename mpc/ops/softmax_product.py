@@ -11,10 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
-
 from mpc.ops.bilinear import bilinear_op
-from mpc.ops.common import aten, result_dtype
+from mpc.ops.common import aten, matmul_shape, result_dtype
 from mpc.ops.functions import hi_scale, session_frac, softmax, softmax_parts
 from mpc.ops.masking import keep_in_softmax
 from mpc.protocols.approx import Fx
@@ -58,11 +56,7 @@ def softmax_matmul(func: Any, scores: SharedTensor, value: Any) -> SharedTensor:
     bits = e.scale - hi_scale(scores)
     value.materialize()
     v = Fx(value.session, list(value.shares), value.frac_bits)
-    out_shape = tuple(
-        torch.matmul(
-            torch.empty(e.shape, device="meta"), torch.empty(tuple(value.shape), device="meta")
-        ).shape
-    )
+    out_shape = matmul_shape(e.shape, value.shape)
 
     def product(ev: Fx) -> ProductRun:
         return BeaverProduct(ev, v, "matmul", out_shape)

@@ -97,7 +97,7 @@ class _Table(NamedTuple):
 def _factor_table(p: float, lo: float, hi: float, scale: int, mult: float) -> _Table | None:
     """The bins' thresholds, K, and H split in pieces of bins whose H keeps
     :data:`H_BITS` significant bits with x at one scale (at most :data:`MAX_PIECES`: x's
-    range split where it is wide, layer norm's 30 octaves in two); None where that fails
+    range split where it is wide, layer norm's 30 octaves in three); None where that fails
     or S is not positive. ``scale``: x's scale once its pending truncation is applied."""
     thresholds, betas, gammas, gs, _, _, coefs = bins_table(
         p, lo, hi, fine_per_octave(p), min(scale, x_scale(lo)), mult, 1
@@ -119,11 +119,15 @@ def _factor_table(p: float, lo: float, hi: float, scale: int, mult: float) -> _T
     while bins:
         xs = min(scale, X_BITS - math.floor(math.log2(lows[bins[0]])))
         h_scale = s_scale - xs
-        take = [i for i in bins if math.log2(abs(hs[i])) + h_scale >= H_BITS]
-        if not take or take[0] != bins[0] or len(pieces) == MAX_PIECES:
+        # the piece: the bins from here on whose H keeps its bits at this scale
+        n = 0
+        while n < len(bins) and math.log2(abs(hs[bins[n]])) + h_scale >= H_BITS:
+            n += 1
+        run = bins[:n]
+        if not run or len(pieces) == MAX_PIECES:
             return None
-        run = bins[: next((j for j, (u, w) in enumerate(zip(bins, take)) if u != w), len(take))]
-        pieces.append(([hs[i] if i in run else 0.0 for i in range(len(hs))], xs, h_scale))
+        inside = set(run)
+        pieces.append(([h if i in inside else 0.0 for i, h in enumerate(hs)], xs, h_scale))
         bins = bins[len(run) :]
     s_bits = min(S_BITS - math.floor(math.log2(least)), s_scale - 1)
     return _Table(thresholds, ks, pieces, s_scale, s_bits)

@@ -146,10 +146,7 @@ def fixed_product(
     for run in runs:
         run.open_in(one)
     one.open()
-    out = [run.finish() for run in runs]
-    total = out[0]
-    for z in out[1:]:
-        total = [t + u for t, u in zip(total, z)]
+    total = finish_runs(runs)
     if tuple(total[0].shape) != tuple(out_shape):
         raise AssertionError(f"internal: {tuple(total[0].shape)} != {out_shape}")
     return total
@@ -168,6 +165,16 @@ def weight_runs(
         return None
     pieces = _pieces(w, x, op, w_first)
     return [_run(x.session, wp, xp, w_first, op, params) for wp, xp in pieces]
+
+
+def finish_runs(runs: list[WeightRun]) -> Shares:
+    """The sum of the runs' products (the pieces of one product, :func:`weight_runs`), once
+    their openings opened."""
+    out = [run.finish() for run in runs]
+    total = out[0]
+    for z in out[1:]:
+        total = [t + u for t, u in zip(total, z)]
+    return total
 
 
 def _pieces(
