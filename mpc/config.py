@@ -39,6 +39,12 @@ class MPCConfig:
     Products are exact in the ring while |value| < 2^(62 - 2 * frac_bits) before
     truncation (2^30 at 16 bits); see docs/secret-sharing.md for the error bounds.
 
+    ``three_round_up_to``: a default-mode comparison run of at most this many elements
+    (default 2^15; ``None``: none) ends in 3 rounds, not 4: its last carry-tree level
+    gives additive shares of the bit and of its selections directly, from 22 more dealt
+    words an element and 23 more a selected value (larger runs keep the daBit's round,
+    with less local work and less of the dealer's traffic). See docs/secret-sharing.md.
+
     ``security``: ``"semi-honest"`` (the default: the parties follow the protocol) or
     ``"malicious"`` (authenticated shares: a party that deviates is caught before any
     output reaches the client; docs/security.md). With ``comparison="fss"`` (2 parties)
@@ -52,11 +58,15 @@ class MPCConfig:
     comparison: str = "default"
     fss_bits: int = 64
     security: str = "semi-honest"
+    three_round_up_to: int | None = 1 << 15
 
     def __post_init__(self) -> None:
         c = self.concurrent_from
         if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
             raise ValueError(f"concurrent_from must be a non-negative int or None, got {c!r}")
+        t = self.three_round_up_to
+        if t is not None and (type(t) is not int or t < 0):
+            raise ValueError(f"three_round_up_to must be a non-negative int or None, got {t!r}")
         if not isinstance(self.frac_bits, int) or isinstance(self.frac_bits, bool):
             raise TypeError(f"frac_bits must be an int, got {type(self.frac_bits).__name__}")
         if not 0 <= self.frac_bits <= 28:

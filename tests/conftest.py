@@ -34,6 +34,7 @@ BOTH_WORKER_KINDS = {
     "test_opening_attacks",
     "test_opening_bits",
     "test_compare_thresholds",
+    "test_mpc_carry_arith",
     "test_federated",
     "test_pysyft_compat",
 }

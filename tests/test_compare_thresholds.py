@@ -86,15 +86,16 @@ def test_many_thresholds_and_the_stacked_path(mode: str, monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_c_opens_once_an_element(n: int) -> None:
-    """1,024 values and 16 thresholds: c is 8 bytes a value, the tree's 5 and d's bit a
-    comparison (13 1/8 bytes each when the differences were stacked)."""
+    """1,024 values and 16 thresholds: c is 8 bytes a value, the tree's 5 a comparison
+    (13 1/8 bytes each when the differences were stacked, d's bit with them), in 3 rounds:
+    the last level's output is arithmetic (no d)."""
     gen = torch.Generator().manual_seed(n)
     x = _shared(torch.randint(-(1 << 40), 1 << 40, (1024,), generator=gen), n)
     with mpc.stats() as s:
         x.session.watch()  # (the parties' counters, as an op does)
         compare.msb_thresholds(x.session, list(x.shares), list(range(0, 1 << 20, 1 << 16)))
-    assert s.rounds == 4
-    payload = (8 * 1024 + (5 * 16 * 1024) + 16 * 1024 // 8) * (n - 1)
+    assert s.rounds == 3
+    payload = (8 * 1024 + (5 * 16 * 1024)) * (n - 1)
     stacked = (13 * 16 * 1024 + 16 * 1024 // 8) * (n - 1)
     assert len(s.bytes_per_party) == n
     for sent in s.bytes_per_party.values():
@@ -124,9 +125,9 @@ def _tamper(monkeypatch: pytest.MonkeyPatch, change: Callable[[list[Any]], list[
 @pytest.mark.parametrize(
     "change",
     [
-        lambda a: a[:7],  # a comparison with thresholds, compared as a plain one
-        lambda a: a[:7] + [[5, 6, 7]],  # other thresholds, fewer
-        lambda a: a[:7] + [list(range(17))],  # more
+        lambda a: a[:7] + [None] + a[8:],  # a comparison with thresholds, compared as a plain one
+        lambda a: a[:7] + [[5, 6, 7]] + a[8:],  # other thresholds, fewer
+        lambda a: a[:7] + [list(range(17))] + a[8:],  # more
     ],
 )
 def test_the_last_party_compares_the_thresholds_r_is_shared_by(
@@ -170,7 +171,7 @@ def test_a_plain_comparison_takes_no_thresholds(
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
     x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
     y = mpc.share(torch.zeros(6), alice, bob, crypto_provider=carol)
-    _tamper(monkeypatch, lambda a: a + [[0, 1]])
+    _tamper(monkeypatch, lambda a: a[:7] + [[0, 1]] + a[8:])
     _refused(bob, lambda: (x < y).get(), "not the ones the dealer's r is shared by")
 
 

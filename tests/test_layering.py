@@ -283,7 +283,8 @@ def test_mpc_ops_has_no_import_circles() -> None:
 def _is_step_module(module: str) -> bool:
     """A module of the protocol steps that run at the workers (and what they are built
     of): :mod:`mpc.protocols.step` and its helpers, each protocol's ``steps`` (and the
-    comparison's selections, FSS's ReLU), the table of all steps, ``mpc.material``."""
+    comparison's selections and its arithmetic last level, FSS's ReLU), the table of all
+    steps, ``mpc.material``."""
     parts = module.split(".")
     if parts[:2] == ["mpc", "material"] or module == "mpc.protocols":
         return True  # (the packages' __init__ modules of mpc.protocols hold docstrings)
@@ -295,6 +296,8 @@ def _is_step_module(module: str) -> bool:
         return parts[2] in ("step", "streams", "rules", "sizes", "functions")
     return parts[-1] == "steps" or module in (
         "mpc.protocols.comparison.selection",
+        "mpc.protocols.comparison.arith",
+        "mpc.protocols.comparison.arith_select",
         "mpc.protocols.fss.relu",
     )
 

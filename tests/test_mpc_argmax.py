@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
+from mpc.ops.max_tree import PAIR, plan
 from mpc.ops.max_tree import levels as _levels
 from mpc.ops.nonlinear import LOW_BITS_FROM
 from mpc.protocols.ranks import MAX_PAIRS
@@ -39,11 +40,13 @@ def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, 
     with mpc.stats() as s:
         best, idx = torch.max(x, 1)
         got_idx = idx.get()
-    # the values-only max's rounds: its tree, or a comparison run and a round by ranks for few
-    # rows where that is fewer (mpc.protocols.ranks)
-    tree = 4 * _levels(k)[0]
-    by_ranks = rows * k * (k - 1) // 2 <= MAX_PAIRS["default"] and tree > 5
-    assert s.rounds == (5 if by_ranks else tree)
+    # the values-only max's rounds: its tree (3 a level of pairs, 4 one of groups of four:
+    # a comparison run of at most 2^15 elements ends in 3 rounds but for groups of four),
+    # or a comparison run (3) and a round by ranks for few rows where that is fewer
+    # (mpc.protocols.ranks)
+    tree = sum(3 if kind == PAIR else 4 for kind, _ in plan(k))
+    by_ranks = rows * k * (k - 1) // 2 <= MAX_PAIRS["default"] and tree > 4
+    assert s.rounds == (4 if by_ranks else tree)
     want, want_idx = torch.max(v, 1)
     assert torch.allclose(best.get(), want, atol=2e-5 * scale + 1e-4)
     assert torch.equal(got_idx, want_idx)
@@ -54,16 +57,17 @@ def test_max_with_indices_and_argmax_agree_with_torch_ties_included(k, rows, n, 
 
 
 @pytest.mark.parametrize(
-    ("k", "n", "rounds", "max_rounds"), [(400, 2, 10, 9), (400, 3, 10, 9), (3000, 2, 15, 10)]
+    ("k", "n", "rounds", "max_rounds"), [(400, 2, 8, 7), (400, 3, 8, 7), (3000, 2, 12, 8)]
 )
 def test_a_long_argmax_finishes_by_ranks_once_few_entries_are_left(
     k, n, rounds, max_rounds
 ) -> None:
-    """The levels reduce k entries to few, then ranks take 5 rounds where the levels left
-    took more (the max alone over 400: one level, then ranks), or two levels of ranked
-    groups take 10 where the tree took more (the argmax over 400: its values and packed
-    values, two rows, 13 by the tree; over 3000 the max 10 where the tree took 13, the
-    argmax 15 where it took 17); ties go to the first index, as in torch."""
+    """The levels reduce k entries to few, then ranks take 4 rounds where the levels left
+    took more (the max alone over 400: one level of pairs, 3 rounds, then ranks: 7), or
+    levels of ranked groups take 4 each where the tree took more (the argmax over 400: its
+    values and packed values, two rows, two levels, 8 where the tree took 11; over 3000 the
+    max two levels, 8 where the tree took 12, the argmax three, 12 where it took 16); ties
+    go to the first index, as in torch."""
     parties, dealer = _group(n)
     gen = torch.Generator().manual_seed(k + n)
     v = torch.randint(-50, 50, (1, k), generator=gen).float() / 8
@@ -71,7 +75,9 @@ def test_a_long_argmax_finishes_by_ranks_once_few_entries_are_left(
     x = mpc.share(v, *parties, crypto_provider=dealer)
     with mpc.stats() as s:
         idx = torch.argmax(x, 1).get()
-    assert s.rounds == rounds  # (4 a level of the tree, 5 one of ranks)
+    # (3 a level of pairs, 4 one of groups of four or of ranks: a comparison run of at
+    # most 2^15 elements ends in 3 rounds but for groups of four)
+    assert s.rounds == rounds
     assert torch.equal(idx, torch.argmax(v, 1)) and int(idx) == 3
     with mpc.stats() as s:
         best = torch.amax(x, 1).get()

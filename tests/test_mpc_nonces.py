@@ -44,6 +44,7 @@ NONCE_FUNCTIONS = {
     not in (
         "mpc.new_seed",
         "mpc.cmp_select_finish",
+        "mpc.arith_mask",  # (no seed or nonce: the local complement of a kept last level)
         "mpc.bilinear_public",
         # (no seed or nonce: an input share's one-time seed, a round's shares packed)
         "mpc.share_from_seed",

@@ -55,8 +55,10 @@ def test_max_pool_of_relu_equals_torch(values, parties_mode, scale, product):
 
 @pytest.mark.parametrize("mode", ["default", "fss"])
 def test_lenet_blocks_as_torch_in_fewer_rounds(mode):
-    """conv, ReLU, 2x2 max-pool twice: 4 rounds a block fewer (default; FSS 1: the
-    ReLU of a product took one round, the max two; now both take the max's two)."""
+    """conv, ReLU, 2x2 max-pool twice: 3 rounds a block fewer (default: the ReLU's own
+    run took 3, within MPCConfig.three_round_up_to, 4 while it opened d, and the max's
+    groups of four take 4, as the fused run does; FSS 1: the ReLU of a product took one
+    round, the max two; now both take the max's two)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(1, 4, 3),
@@ -136,11 +138,13 @@ def test_a_relu_never_read_costs_nothing_and_reads_cost_what_they_did():
     y = F.relu(x)
     with mpc.stats() as s:
         y.get()
-    assert s.rounds == 4  # the ReLU's comparison, run by the read
+    # the ReLU's comparison, run by the read: 3 rounds (64 elements, within
+    # MPCConfig.three_round_up_to: no d round; 4 with it)
+    assert s.rounds == 3
     prod = x * x
     with mpc.stats() as s:
         F.relu(prod).materialize()
-    assert s.rounds == 4  # the pending truncation fused into the comparison, as before
+    assert s.rounds == 3  # the pending truncation fused into the comparison, as before
 
 
 def test_autograd_relu_and_pool_stay_as_they_were():

@@ -50,10 +50,10 @@ def test_rms_norm_agrees_with_llamas_module(mode, rows, magnitude, seed):
 @pytest.mark.parametrize("fss", [False, True])
 def test_a_decoding_steps_rms_norm_rounds(fss: bool) -> None:
     """One row (a decoding step's), after a product (its truncation pending): the
-    truncation with x^2 and x w riding (1), the fine bins' comparison (4; FSS 1), and the
-    factor's two rounds when the result is read (mpc.ops.row_scaled; get() decodes its
-    pending truncation): 7 (FSS 4), where the division took 8 (5) and pow, mean, rsqrt
-    and the products 25."""
+    truncation with x^2 and x w riding (1), the fine bins' comparison (3: its last level
+    arithmetic; FSS 1), and the factor's two rounds when the result is read
+    (mpc.ops.row_scaled; get() decodes its pending truncation): 6 (FSS 4), where the
+    division took 7 (5) and pow, mean, rsqrt and the products 24."""
     torch.manual_seed(5)
     module = LlamaRMSNorm(64, eps=1e-6)
     module.weight.data = torch.randn(64) * 0.2 + 1
@@ -66,7 +66,7 @@ def test_a_decoding_steps_rms_norm_rounds(fss: bool) -> None:
     sw = mpc.share(w, *parties, crypto_provider=dealer, config=config)
     with mpc.stats() as s:
         got = shared(sx @ sw).get()
-    assert s.rounds == 1 + (4 if fss else 7)  # the product's Beaver round, then RMSNorm's
+    assert s.rounds == 1 + (4 if fss else 6)  # the product's Beaver round, then RMSNorm's
     assert torch.allclose(got, plain(x @ w).detach(), atol=5e-4)
 
 

@@ -115,9 +115,10 @@ def test_mlp_step_rounds(group: Any) -> None:
         loss = (d * d).sum() / 8
         loss.backward()
         opt.step()
-    # forward 6 (two products, one 4-round ReLU with its truncation fused), loss 3,
-    # backward 10 (no comparison), SGD 4 (one truncation per parameter)
-    assert s.rounds == 23
+    # forward 5 (two products, one 3-round ReLU with its truncation fused: 128 elements,
+    # within MPCConfig.three_round_up_to, no d round), loss 3, backward 10 (no comparison),
+    # SGD 4 (one truncation per parameter); 23 while the ReLU opened d (4 rounds)
+    assert s.rounds == 22
 
 
 def test_shared_leaf_input_gets_its_grad(group: Any) -> None:

@@ -64,14 +64,16 @@ def test_products_of_truncated_values_are_exact_in_one_round(n: int) -> None:
         assert torch.equal(_open(session, p.shares), got[i] * got[j])  # exact mod 2^64
 
 
-@pytest.mark.parametrize(("comparison", "rounds"), [("default", 16), ("fss", 8)])
+@pytest.mark.parametrize(("comparison", "rounds"), [("default", 13), ("fss", 8)])
 def test_softmax_division_takes_two_rounds_fewer(comparison: str, rounds: int) -> None:
     """softmax against torch: its division (mpc.protocols.inverse) has its products of
-    truncated values ride in the truncations' rounds, 8 rounds (5 with FSS comparisons)
-    where it took 10 (7). Default: the max of 9 by ranks (5, mpc.protocols.ranks; the
-    tree's two levels took 8), the clamp and the series (4: the series' opening rides in
-    the clamp's comparison, its truncation in the division's), the division (7: 6 rows
-    take bins 1/64 octave wide and a line); FSS: the max by ranks (2), 2 and 4."""
+    truncated values ride in the truncations' rounds, 8 rounds with a 4-round comparison
+    (5 with FSS comparisons) where it took 10 (7). Default: the max of 9 by ranks (4,
+    mpc.protocols.ranks; the tree's two levels took 8), the clamp and the series (3: the
+    series' opening rides in the clamp's comparison, its truncation in the division's),
+    the division (6: 6 rows take bins 1/64 octave wide and a line), each comparison run
+    (216, 54 and 1,926 comparisons) within MPCConfig.three_round_up_to, 3 rounds with no
+    d round (16 with it: 5, 4 and 7); FSS: the max by ranks (2), 2 and 4."""
     parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
     dealer = pt.VirtualWorker("dealer")
     x = torch.rand(6, 9) * 4

@@ -17,6 +17,7 @@ from refusals import refused
 
 import mpc
 import pointers as pt
+from mpc.config import MPCConfig
 from mpc.math.bits import pack_bits, unpack_bits, words_for
 from mpc.protocols.beaver.steps import beaver_mask
 from mpc.protocols.comparison import run as comparison_run
@@ -105,19 +106,22 @@ def _captured_d(x: Any, y: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[A
 
 
 _refused = refused  # (tests/refusals.py)
+#: comparisons that open d at every size
+FOUR_ROUNDS = MPCConfig(three_round_up_to=None)
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_comparison_opens_d_one_bit_an_element(
     make_worker: Callable[[str], Any], n: int
 ) -> None:
-    """d travels as 16 words for 1,000 elements; x < y is right (against torch)."""
+    """d travels as 16 words for 1,000 elements; x < y is right (against torch). (d is
+    opened by comparisons past ``three_round_up_to`` elements: here, of every size.)"""
     workers = [make_worker(f"p{i}") for i in range(n)]
     dealer = make_worker("dealer")
     gen = torch.Generator().manual_seed(n)
     a, b = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
-    x = mpc.share(a, *workers, crypto_provider=dealer)
-    y = mpc.share(b, *workers, crypto_provider=dealer)
+    x = mpc.share(a, *workers, crypto_provider=dealer, config=FOUR_ROUNDS)
+    y = mpc.share(b, *workers, crypto_provider=dealer, config=FOUR_ROUNDS)
     sizes: list[int] = []
     real = Round.add
 
@@ -140,8 +144,10 @@ def test_bits_open_only_with_open_bits_and_only_bits_do(
     d to another shape, is refused by the party; the honest opening then works, once."""
     alice, bob, carol = (make_worker(n) for n in ("alice", "bob", "carol"))
     gen = torch.Generator().manual_seed(0)
-    x = mpc.share(torch.randn(70, generator=gen), alice, bob, crypto_provider=carol)
-    y = mpc.share(torch.randn(70, generator=gen), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.randn(70, generator=gen), alice, bob, crypto_provider=carol,
+                  config=FOUR_ROUNDS)  # fmt: skip
+    y = mpc.share(torch.randn(70, generator=gen), alice, bob, crypto_provider=carol,
+                  config=FOUR_ROUNDS)  # fmt: skip
     s = x.session
     d1, shape1 = _captured_d(x, y, monkeypatch)
     d2, shape2 = _captured_d(y, x, monkeypatch)

@@ -20,6 +20,7 @@ from refusals import refused
 
 import mpc
 import pointers as pt
+from mpc.config import MPCConfig
 from mpc.protocols import parties as party_calls
 from pointers.plans.wire import plan_to_wire
 from pointers.wire.messages import Describe, StorePlan
@@ -169,7 +170,8 @@ def test_a_comparison_finish_runs_once(trio: Any, monkeypatch: pytest.MonkeyPatc
     alice, bob, carol = trio
     rec = Recorder(monkeypatch)
     a = torch.tensor([1.0, -2.0, 3.0, -0.5])
-    x = mpc.share(a, alice, bob, crypto_provider=carol)
+    # (d is opened past three_round_up_to elements: here, at every size)
+    x = mpc.share(a, alice, bob, crypto_provider=carol, config=MPCConfig(three_round_up_to=None))
     r = torch.relu(x)
     assert torch.allclose(r.get(), torch.relu(a), atol=1e-3)
     selects = [c for c in rec.of("mpc.cmp_select_finish") if c[0] is alice]

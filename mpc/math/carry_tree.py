@@ -250,11 +250,14 @@ def bit_monomials(y: torch.Tensor) -> list[torch.Tensor]:
 # -- levels 1 and 2: a round of multi-input ANDs each ---------------------------------------
 
 
-def operands(g: torch.Tensor, p: torch.Tensor, level: int) -> list[torch.Tensor]:
-    """The combination's variables (:data:`VARS` order) aligned on its output positions."""
+def operands(
+    g: torch.Tensor, p: torch.Tensor, level: int, names: tuple[str, ...] = VARS
+) -> list[torch.Tensor]:
+    """The combination's variables (``names``: :data:`VARS` by default) aligned on its
+    output positions."""
     shift, mask = SPACING[level], MASKS[level]
     out = []
-    for name in VARS:
+    for name in names:
         src = g if name[0] == "G" else p
         out.append((src >> (int(name[1]) * shift)) & mask)
     return out

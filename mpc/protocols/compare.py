@@ -2,7 +2,8 @@
 selections that ride on it (ReLU, the max of two values, |x|).
 
 Two modes (the session's ``comparison``): the carry tree (``"default"``, any number of
-parties, 4 rounds: :class:`mpc.protocols.comparison.run.CarryRun`) and function secret
+parties, 4 rounds, 3 up to the session's ``three_round_up_to`` elements:
+:class:`mpc.protocols.comparison.run.CarryRun`) and function secret
 sharing (``"fss"``, 2 parties, 1 round for the bit and 2 with selections:
 :class:`mpc.protocols.fss.run.FssRun`). Both share the selections' steps and local
 last steps (:mod:`mpc.protocols.comparison.base`).
@@ -17,7 +18,7 @@ import torch
 from mpc.errors import MPCError
 from mpc.protocols import pieces
 from mpc.protocols.comparison.base import ComparisonRun, Late
-from mpc.protocols.comparison.run import CarryRun
+from mpc.protocols.comparison.run import CarryRun, three_rounds
 from mpc.protocols.comparison.steps import dealer_compare
 from mpc.protocols.fss import run as fss
 from mpc.protocols.fss.relu import dealer_fss_relu
@@ -57,14 +58,17 @@ def in_pieces(session: Session, shape: list[int], selected: int = 0, grouped: bo
         "group_nonce": 0 if grouped else None,
         "select": selected > 0 or grouped,
         "bits": session.config.fss_bits,
+        "arith": three_rounds(session, math.prod(shape), grouped),
     }
     rows = shape[0] if grouped else math.prod(shape)
     return pieces.count(dealer_fss if fss_mode else dealer_compare, params, rows)
 
 
 def msb(session: Session, x: Shares) -> Shares:
-    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds (1 with the
-    session option ``comparison="fss"``: :mod:`mpc.protocols.fss`); an operand too big
+    """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds (3 up to
+    the session's ``three_round_up_to`` elements, where the carry tree's last level gives
+    additive shares: :mod:`mpc.protocols.comparison.arith`; 1 with the session option
+    ``comparison="fss"``: :mod:`mpc.protocols.fss`); an operand too big
     for one run runs in pieces (:func:`in_pieces`), each piece its rounds."""
     shape = list(x[0].shape)
     k = in_pieces(session, shape)
@@ -76,8 +80,8 @@ def msb(session: Session, x: Shares) -> Shares:
 
 
 def msb_thresholds(session: Session, x: Shares, thresholds: list[int]) -> Shares:
-    """[msb(x - theta_k)] for public ring values theta_k, stacked [T, *x] (4 rounds; 1 with
-    FSS), in one comparison run whose T comparisons of an element share its mask r: one
+    """[msb(x - theta_k)] for public ring values theta_k, stacked [T, *x] (3 or 4 rounds
+    as :func:`msb`; 1 with FSS), in one comparison run whose T comparisons of an element share its mask r: one
     opening of c = x + r an element, not T (the tree's openings and the daBits stay one
     a comparison; with FSS, one key an element, evaluated at its T points). Where one run
     would not fit a piece: the stacked differences x - theta_k."""
@@ -96,8 +100,8 @@ def msb_thresholds(session: Session, x: Shares, thresholds: list[int]) -> Shares
 def select_by_msb(
     session: Session, x: Shares, values: list[Shares], complement: bool = False
 ) -> list[Shares]:
-    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 4 rounds (2 with
-    ``comparison="fss"``).
+    """[v * msb(x)] for each v (``complement``: [v * (1 - msb(x))]), in 4 rounds (3 up to
+    ``three_round_up_to`` elements; 2 with ``comparison="fss"``).
 
     The products ride on the daBit: with d = msb(x) ^ t opened in the last round,
     msb(x) = d + (1 - 2d) t, so v * msb(x) = d v + (1 - 2d) [v t]; the Beaver product

@@ -24,6 +24,8 @@ from mpc.protocols.auth_shares import steps as auth_shares
 from mpc.protocols.auth_truncation import steps as auth_truncation
 from mpc.protocols.auth_weights import steps as auth_weights
 from mpc.protocols.beaver import steps as beaver
+from mpc.protocols.comparison import arith as comparison_arith
+from mpc.protocols.comparison import arith_select as comparison_arith_select
 from mpc.protocols.comparison import selection
 from mpc.protocols.comparison import steps as comparison
 from mpc.protocols.fourier import steps as fourier
@@ -49,6 +51,8 @@ STEP_MODULES = (
     low_bits,
     rank_select,
     comparison,
+    comparison_arith,
+    comparison_arith_select,
     selection,
     max_of_four,
     fourier,

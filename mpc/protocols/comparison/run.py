@@ -1,7 +1,7 @@
 """The comparison's carry tree, the client's side: the most significant bit of a shared
 ring element, for any number of parties (the steps: :mod:`mpc.protocols.comparison.steps`).
 
-msb([x]) with a dealer (4 rounds):
+msb([x]) with a dealer (4 rounds; 3 for the bit alone):
 1. Dealer: r uniform, shared additively [r] and bitwise <r> (XOR shares of the 64-bit
    word), and a random bit t shared both ways (a daBit).
 2. Open c = x + r (round 1). Then x = c - r = c + ~r + 1 over 64 bits, so
@@ -14,6 +14,9 @@ msb([x]) with a dealer (4 rounds):
    and the dealer deals the products of the masks the combination needs.
 4. Convert the XOR-shared bit to an arithmetic one with the daBit: open d = msb(x) ^ t
    (round 4; its XOR shares travel packed, one bit an element), [msb(x)] = d + (1 - 2d)[t].
+   A comparison that selects nothing skips it: its last level (round 3) gives additive
+   shares of msb(x) directly (:mod:`mpc.protocols.comparison.arith`), from the dealer's
+   additive shares of the last level's mask products.
 Correct whenever x is in the signed range (-2^63, 2^63): x < y is msb(x - y).
 Cf. CrypTen's A2B + carry-lookahead comparison. daBits: Rotaru and Wood, INDOCRYPT 2019;
 opening a masked value and subtracting the mask's bits: Escudero et al., CRYPTO 2020 (edaBits).
@@ -27,6 +30,9 @@ import torch
 
 from mpc.math import carry_tree, groups_of_four
 from mpc.math.bits import words_for
+from mpc.math.carry_arith import MONOMIALS as ARITH_MONOMIALS
+from mpc.protocols.comparison.arith import carry_arith, carry_arith_sel
+from mpc.protocols.comparison.arith_select import PRODUCT_WORDS, arith_mask, arith_select
 from mpc.protocols.comparison.base import ComparisonRun, Late, numel
 from mpc.protocols.comparison.steps import (
     carry_step,
@@ -66,16 +72,23 @@ class CarryRun(ComparisonRun):
         words = carry_tree.padded(numel(shape))
         level_nonces = [session.next_nonce() for _ in range(carry_tree.LEVELS - 1)]
         product_nonces = self._selection_nonces()
+        # but for groups of four, up to the session's size: the last level's output is
+        # arithmetic (3 rounds, no daBit)
+        self.arith = arith = three_rounds(session, numel(shape), group is not None)
+        self.product_nonces = product_nonces
         # (with thresholds, r's bits are one word an element of x: shared by its T)
-        shapes = [shape[1:] if thresholds else shape] + [shape] * 2
-        shapes += _packed_shapes(words) + [shape] * self.selected
+        x_shape = shape[1:] if thresholds else shape
+        shapes = [x_shape] + ([x_shape] if arith else [shape] * 2)
+        shapes += _packed_shapes(words, numel(shape) if arith else 0)
+        shapes += [[PRODUCT_WORDS * numel(shape)] if arith else shape] * self.selected
         if group is not None:  # the max of groups of four (mpc.math.groups_of_four)
             shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
+        self.n_thresholds = n_thresholds = len(thresholds or [])
         (corr,) = deal(
             session,
             "comparison of secret values",
             dealer_compare,
-            [nonce, shape, level_nonces, product_nonces, self.group_nonce, len(thresholds or [])],
+            [nonce, shape, level_nonces, product_nonces, self.group_nonce, n_thresholds, arith],
             out=[([sum(numel(sh) for sh in shapes)], I64)],
         )
 
@@ -87,12 +100,21 @@ class CarryRun(ComparisonRun):
 
         last_party = session.parties[-1]
         dealt = run_step(last_party, unpack, [corr, shapes], out=[(sh, I64) for sh in shapes])
-        r_bits_last, self.t_arith_last, t_bin_last, mono_last, *rest = dealt
+        if arith:  # (h, a word an element of x, where the daBit's two shares were)
+            r_bits_last, h_last, mono_last, *rest = dealt
+        else:
+            r_bits_last, self.t_arith_last, t_bin_last, mono_last, *rest = dealt
         self.group_last = rest.pop() if group is not None else None
         and_last, c_products = rest[: carry_tree.LEVELS - 1], rest[carry_tree.LEVELS - 1 :]
-        late, late_group = self._products(
-            products, product_openings, c_products, trunc, trunc_opening, product_nonces
-        )
+        if arith:  # (the values' openings; their products are the last level's)
+            self.ev = [o.value for o in product_openings]
+            self.products_last = c_products
+            self.t = []
+            late, late_group = self._late(trunc, trunc_opening, product_nonces)
+        else:
+            late, late_group = self._products(
+                products, product_openings, c_products, trunc, trunc_opening, product_nonces
+            )
 
         # generate / propagate words of c - r after the radix-4 tree's local level 0,
         # masked for level 1; then rounds 2-3: levels 1 and 2, each step finishing one
@@ -104,7 +126,7 @@ class CarryRun(ComparisonRun):
             cmp_init,
             lambda i: (
                 [seed[i], nonce, i == 0, r_bits(i), mono(i), c.value[i], level_nonces[0]]
-                + ([thresholds] if thresholds else [])
+                + [thresholds or None, arith]
             ),
             [([words], I64), ([words], I64), (shape, I64)] + _masked(words),
         )
@@ -116,22 +138,34 @@ class CarryRun(ComparisonRun):
             )
             ef_pieces = exchange(session, ef)  # opened (XORed) by the step itself
             ride.open(count=False)  # (the same round's arithmetic openings)
-            self._finish_late(late, late_openings, group_opening, c_products)
+            if arith:
+                self.ev += [o.value for o in late_openings]
+            else:
+                self._finish_late(late, late_openings, group_opening, c_products)
+            if arith and last_level:  # the bit's additive shares: no round 4
+                self._last_level(level_nonces[k], h_last, and_last[k], ef_pieces, top)
+                return
             corr_c = last_only(session, and_last[k])
             next_nonce = None if last_level else level_nonces[k + 1]
             if not last_level:
                 words //= 4
             out = [([words], I64)] if last_level else [([words], I64)] * 2
-            out += [] if last_level else _masked(words)
+            to_arith = arith and level == carry_tree.LEVELS - 2
+            if to_arith:  # (the last level's operands alone)
+                out = _masked(words)[:1]
+            elif not last_level:
+                out += _masked(words)
 
             step_args = [
                 [seed[i], level_nonces[k], i == 0, corr_c(i), a[i], ef_pieces[i]]
-                + [g[i], p[i], level, next_nonce]
+                + [g[i], p[i], level, next_nonce, to_arith]
                 for i in range(session.n)
             ]
             outs = at_parties(session, carry_step, step_args.__getitem__, out)
             if last_level:
                 (g,) = outs
+            elif to_arith:
+                (ef,) = outs
             else:
                 g, p, ef, a = outs
 
@@ -148,8 +182,61 @@ class CarryRun(ComparisonRun):
         last_round.open()
         self.d = opened_d.value
 
+    def _last_level(
+        self, level_nonce: int, h_last: Any, words_last: Any, ef_pieces: Any, top: Shares
+    ) -> None:
+        """The arithmetic last level: the bit's shares (``bit``), or for selections each
+        party's kept u, msb(c) and opened bits (``sel``)."""
+        session, seed = self.session, self.session.party_seeds
+        h, w = last_only(session, h_last), last_only(session, words_last)
+        args = [
+            [seed[i], level_nonce, i == 0, h(i), w(i), ef_pieces[i], top[i]]
+            for i in range(session.n)
+        ]
+        if not self.selected:
+            thresholds = self.shape[0] if self.shape != list(self.x[0].shape) else 0
+            out = [(self.shape, I64)]
+            (self.bit,) = at_parties(session, carry_arith, lambda i: [*args[i], thresholds], out)
+            return
+        out = [([3, numel(self.shape)], I64)]
+        (self.sel,) = at_parties(session, carry_arith_sel, args.__getitem__, out)
+
+    def finish_select(self, complement: bool) -> list[Shares]:
+        """Per value v: [v msb(x)] (complement: its complement): from d and [v t], or
+        on the arithmetic last level (:func:`~mpc.protocols.comparison.arith_select.
+        arith_select`)."""
+        if not self.arith:
+            return super().finish_select(complement)
+        session, seed = self.session, self.session.party_seeds
+        out = []
+        for v, ev, pn, prod in zip(self.values, self.ev, self.product_nonces, self.products_last):
+            p = last_only(session, prod)
+            args = [
+                [seed[i], pn, i == 0, p(i), ev[i], v[i], self.sel[i], complement]
+                for i in range(session.n)
+            ]
+            (got,) = at_parties(session, arith_select, args.__getitem__, [(self.shape, I64)])
+            out.append(got)
+        return out
+
+    def finish_mask(self) -> Shares:
+        """[1 - msb(x)] (ReLU's mask)."""
+        if not self.arith:
+            return super().finish_mask()
+        (out,) = at_parties(
+            self.session,
+            arith_mask,
+            lambda i: [i == 0, self.sel[i], self.shape],
+            [(self.shape, I64)],
+        )
+        return out
+
     def finish_bit(self) -> Shares:
-        """[msb(x)] = d + (1 - 2d) [t]."""
+        """[msb(x)] = d + (1 - 2d) [t]; on the arithmetic last level, its output."""
+        if self.arith:
+            if self.selected:
+                raise ValueError("internal: a selecting comparison's bit is its mask's complement")
+            return self.bit
         seed, nonce, d = self.session.party_seeds, self.nonce, self.d
         t_arith = last_only(self.session, self.t_arith_last)
         (out,) = at_parties(
@@ -161,6 +248,13 @@ class CarryRun(ComparisonRun):
         return out
 
 
+def three_rounds(session: Session, elements: int, grouped: bool) -> bool:
+    """Whether a comparison run of ``elements`` (of groups of four: never) ends on the
+    arithmetic last level (the session's ``three_round_up_to``)."""
+    limit = session.config.three_round_up_to
+    return not grouped and limit is not None and elements <= limit
+
+
 def _masked(words: int) -> list[tuple[Any, torch.dtype]]:
     """Output metadata of a masking step: the masked operands e packed flat (opened as one
     value), then the masks a, packed likewise."""
@@ -168,15 +262,18 @@ def _masked(words: int) -> list[tuple[Any, torch.dtype]]:
     return [([packed], I64), ([packed], I64)]
 
 
-def _packed_shapes(words: int) -> list[list[int]]:
+def _packed_shapes(words: int, arith: int) -> list[list[int]]:
     """The dealer's carry-tree material at the last party: level 0's bit products, then
-    each other level's mask products (packed words, flat)."""
+    each other level's mask products (packed words, flat); ``arith`` compared elements:
+    the last level's words (:mod:`mpc.protocols.comparison.arith`)."""
     out = [[len(carry_tree.BIT_MONOMIALS) * words // 4]]
     for level in range(1, carry_tree.LEVELS):
         out.append(
             [carry_tree.packed_words(len(carry_tree.MONOMIALS)) * carry_tree.words(words, level)]
         )
+    if arith:
+        out[-1] = [len(ARITH_MONOMIALS) * arith]
     return out
 
 
-__all__ = ["CarryRun"]
+__all__ = ["CarryRun", "three_rounds"]

@@ -15,9 +15,19 @@ from typing import Any
 
 import torch
 
-from mpc.math import carry_tree
+from mpc.math import carry_arith, carry_tree
 from mpc.math.bits import pack_bits
 from mpc.math.prg import PRG
+from mpc.protocols.comparison.arith import (
+    ARITH_DEALER_WORDS,
+    ARITH_EF,
+    ARITH_H,
+    ARITH_TOP,
+    ARITH_WORDS,
+    arith_material,
+    carry_links,
+)
+from mpc.protocols.comparison.arith_select import ARITH_PROD, PRODUCT_WORDS
 from mpc.protocols.comparison.selection import check_selection, selected_count, selection_material
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import open_pieces, split
@@ -35,6 +45,7 @@ from mpc.protocols.sizes import (
 from mpc.protocols.step import BITS, SUM, step
 from mpc.protocols.streams import (
     TAG_A,
+    TAG_B,
     TAG_C,
     TAG_PAIRS,
     TAG_R,
@@ -78,11 +89,11 @@ def check_thresholds(shape: list[int], thresholds: Any, selects: bool) -> None:
 
 def _dealer_compare_rule(call: ProtocolCall) -> Any:
     dealer_seeds(call)
-    levels, products, shape, group, thresholds = (
+    levels, products, shape, group, thresholds, arith = (
         call.value(k)
-        for k in ("level_nonces", "product_nonces", "shape", "group_nonce", "thresholds")
+        for k in ("level_nonces", "product_nonces", "shape", "group_nonce", "thresholds", "arith")
     )
-    extra = (levels, products, shape, group, thresholds or 0)
+    extra = (levels, products, shape, group, thresholds or 0, arith is True)
     return [seal("dealer.compare", nonce_of(call), deliveries=1, extra=extra)]
 
 
@@ -90,6 +101,8 @@ def _dealer_compare_size(p: dict[str, Any]) -> int:
     """The carry tree's material and its temporaries (27 words an element at the peak,
     measured at 2^20 elements), two words per selected value and the groups' material."""
     words = 27 + 2 * selected_count(p) + group_words(p)
+    if p.get("arith") is True:
+        words += ARITH_DEALER_WORDS + 46 * selected_count(p)
     return declared(words * WORD * numel(p.get("shape")))
 
 
@@ -114,6 +127,7 @@ def dealer_compare(
     product_nonces: list[int],
     group_nonce: int | None = None,
     thresholds: int = 0,
+    arith: bool = False,
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
@@ -131,9 +145,17 @@ def dealer_compare(
     ``thresholds`` T > 0: ``shape`` is [T, *x] and the T comparisons of each element of x
     (with T public thresholds, :func:`cmp_init`) share its mask r, derived for x's shape:
     one opening of c = x + r an element, not T. Each comparison keeps its own daBit and
-    its own AND masks, so what each opens beyond c is uniform as before."""
+    its own AND masks, so what each opens beyond c is uniform as before.
+
+    ``arith``: a comparison without groups of four ends with the last level's arithmetic
+    output (:mod:`mpc.protocols.comparison.arith`): no daBit; in its place the last
+    party's additive share of h = msb(~r), in place of the last level's mask products its
+    shares of (1 - 2h) a_S, and per ``product_nonces`` entry its shares of a selected
+    value's products (:func:`~mpc.protocols.comparison.arith.arith_material`)."""
     check_selection(shape, product_nonces, group_nonce)
     check_thresholds(shape, thresholds, bool(product_nonces) or group_nonce is not None)
+    if type(arith) is not bool or (arith and group_nonce is not None):
+        raise ValueError("an arithmetic comparison output (arith) selects no groups of four")
     if not (
         isinstance(level_nonces, list)
         and len(level_nonces) == carry_tree.LEVELS - 1
@@ -146,28 +168,41 @@ def dealer_compare(
     # with thresholds one r an element of x, the same for its T comparisons (its bits too)
     r = sum_derived(seeds, nonce, TAG_R, shape[1:] if thresholds else shape)
     r_bits = last_xor_share(r.clone(), seeds, nonce, TAG_RBITS)
+    # arith: h = msb(~r), one an element of x (its thresholds share it)
+    h = ((r >> 63) & 1) ^ 1 if arith else None
     if thresholds:
         r = r.unsqueeze(0).expand(shape)
-    t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
-    t_arith = last_share(t.clone(), seeds, nonce, TAG_T_ARITH)
-    t_bin = last_xor_share(t.clone(), seeds, nonce, TAG_T_BIN, mask=1)
+    parts = [r_bits.reshape(-1)]
+    t = torch.zeros(0, dtype=torch.int64)
+    if h is not None:
+        parts.append(last_share(h.clone(), seeds, level_nonces[-1], TAG_B).reshape(-1))
+    else:
+        t = PRG(os.urandom(16)).int64(tuple(shape)) & 1
+        t_arith = last_share(t.clone(), seeds, nonce, TAG_T_ARITH)
+        t_bin = last_xor_share(t.clone(), seeds, nonce, TAG_T_BIN, mask=1)
+        parts += [t_arith.reshape(-1), t_bin.reshape(-1)]
     y = ~r.reshape(-1)
     words = carry_tree.padded(y.numel())
     y = torch.cat([y, y.new_zeros(words - y.numel())])
-    parts = [r_bits.reshape(-1), t_arith.reshape(-1), t_bin.reshape(-1)]
     # bit planes: every bit is used
     mono = last_xor_share(torch.stack(carry_tree.bit_monomials(y)), seeds, nonce, TAG_PAIRS)
     parts.append(mono.reshape(-1))
     count = len(carry_tree.VARS)
     for level, level_nonce in enumerate(level_nonces, start=1):
         consume(ctx, seeds, level_nonce, TAG_A, TAG_C)
+        if h is not None and level == carry_tree.LEVELS - 1:
+            consume(ctx, seeds, level_nonce, TAG_B)
+            h_all = h.unsqueeze(0).expand(shape) if thresholds else h
+            parts += arith_material(ctx, seeds, level_nonce, h_all, words, shape, product_nonces)
+            continue
         w = carry_tree.words(words, level)
         packed = derive(seeds[0], level_nonce, TAG_A, [carry_tree.packed_words(count), w])
         for s in seeds[1:]:  # every party's masks (the last party's too: it derives its own)
             packed ^= derive(s, level_nonce, TAG_A, list(packed.shape))
         products = carry_tree.mask_monomials(carry_tree.unpack(packed, count, level))
         parts.append(_last_share(seeds, level_nonce, TAG_C, products, level))
-    parts += selection_material(ctx, seeds, t, shape, product_nonces)
+    if h is None:  # (arith: the products came with the last level's words)
+        parts += selection_material(ctx, seeds, t, shape, product_nonces)
     if group_nonce is not None:
         parts += group_material(ctx, seeds, t, shape, group_nonce)
     return torch.cat(parts)
@@ -192,7 +227,7 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     """The last party splits the dealer's comparison material (one delivery)."""
     label = call.material("packed", "dealer.compare", local=False, consume=True)
     assert label is not None
-    levels, products, shape, group, thresholds = label.extra
+    levels, products, shape, group, thresholds, arith = label.extra
     n = 1
     for d in shape:
         n *= d
@@ -201,7 +236,12 @@ def _unpack_rule(call: ProtocolCall) -> Any:
         [carry_tree.packed_words(len(carry_tree.MONOMIALS)) * carry_tree.words(words, level)]
         for level in range(1, carry_tree.LEVELS)
     ]
-    want = [shape[1:] if thresholds else shape] + [shape] * 2 + tree + [shape] * len(products)
+    x_shape = shape[1:] if thresholds else shape
+    if arith:  # h an element of x, and the last level's words
+        tree[-1] = [len(carry_arith.MONOMIALS) * n]
+    products_shape = [PRODUCT_WORDS * n] if arith else shape
+    want = [x_shape] + ([x_shape] if arith else [shape] * 2) + tree
+    want += [products_shape] * len(products)
     if group is not None:
         want += [[group_terms(call, shape)]]
     if call.value("shapes") != want:
@@ -209,10 +249,16 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     nonce = label.nonce
     # (the r bits say how many thresholds share r: cmp_init compares that many)
     seals = [kept("dealer.cmp.rbits", nonce, extra=(thresholds,))]
-    seals += [kept(k, nonce) for k in ("dealer.cmp.tarith", "dealer.cmp.tbin")]
+    if arith:
+        seals.append(kept(ARITH_H, levels[-1], extra=(thresholds,)))
+    else:
+        seals += [kept(k, nonce) for k in ("dealer.cmp.tarith", "dealer.cmp.tbin")]
     seals.append(kept("dealer.cmp.monomials", nonce))
     seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
-    seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+    if arith:
+        seals[-1] = kept(ARITH_WORDS, levels[-1], carry_tree.LEVELS - 1)
+    product_kind = ARITH_PROD if arith else "dealer.cmp.prod"
+    seals += [kept(product_kind, pn, extra=(nonce,)) for pn in products]
     if group is not None:  # the selection's products (see group_select)
         seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals
@@ -244,15 +290,14 @@ def cmp_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch
     return x + derive(seed, nonce, TAG_R, list(x.shape))
 
 
-def _links(call: ProtocolCall) -> dict[int, int]:
-    out: dict[int, int] = call.state.setdefault("mpc.carry_links", {})
-    return out
-
-
-def _seal_level(call: ProtocolCall, comparison: int, level_nonce: Any, level: int) -> list[Any]:
+def _seal_level(
+    call: ProtocolCall, comparison: int, level_nonce: Any, level: int, arith: bool = False
+) -> list[Any]:
     if type(level_nonce) is not int:
         raise call.refuse("a carry-tree level's nonce is an int")
-    _links(call)[level_nonce] = comparison
+    carry_links(call)[level_nonce] = comparison
+    if arith:  # (the arithmetic last level: its operands, no masks kept)
+        return [seal(ARITH_EF, level_nonce, level)]
     return [seal("carry.ef", level_nonce, level), kept("carry.a", level_nonce, level)]
 
 
@@ -287,7 +332,15 @@ def _cmp_init_rule(call: ProtocolCall) -> Any:
         if (rb.extra[0] if rb.extra else 0) != (len(thresholds) if thresholds else 0):
             raise call.refuse("the thresholds are not the ones the dealer's r is shared by")
     call.material("c", OPENED + "cmp.c", nonce, local=True, consume=True)
-    out = [kept("cmp.g", nonce, 1), kept("cmp.p", nonce, 1), kept("cmp.top", nonce)]
+    arith = call.value("arith")
+    if type(arith) is not bool:
+        raise call.refuse("parameter 'arith' is a bool")
+    if arith:  # (msb(c), public, for the arithmetic last level of as many thresholds)
+        thresholds = call.value("thresholds")
+        top = kept(ARITH_TOP, nonce, extra=(len(thresholds) if thresholds else 0,))
+    else:
+        top = kept("cmp.top", nonce)
+    out = [kept("cmp.g", nonce, 1), kept("cmp.p", nonce, 1), top]
     return out + _seal_level(call, nonce, call.value("next_nonce"), 1)
 
 
@@ -302,6 +355,7 @@ def cmp_init(
     c: torch.Tensor,
     next_nonce: int,
     thresholds: list[int] | None = None,
+    arith: bool = False,
 ) -> list[torch.Tensor]:
     """XOR shares of the generate/propagate words of c + ~r + 1 (that is c - r) with the
     carry-in folded into bit 0 and bit 63 set to propagate, after the radix-4 carry tree's
@@ -313,7 +367,8 @@ def cmp_init(
 
     ``thresholds`` (public ring values theta_k): c = x + r opened once an element, and
     compared as c - theta_k, [T, *x]: the T comparisons x - theta_k share r
-    (:func:`dealer_compare`)."""
+    (:func:`dealer_compare`). ``arith``: the top bit returned is msb(c) itself, public
+    (the arithmetic last level, :mod:`mpc.protocols.comparison.arith`, adds h's share)."""
     theta = threshold_values(thresholds) if thresholds else None  # (before any stream is used)
     if r_bits is not None and r_bits.shape != c.shape:
         raise ValueError(f"the dealer's r bits are {list(r_bits.shape)}, c {list(c.shape)}")
@@ -324,9 +379,12 @@ def cmp_init(
         y = y.unsqueeze(0).expand(c.shape)
     if first:
         y = ~y
-    top = (y >> 63) & 1
-    if first:
-        top ^= (c >> 63) & 1
+    if arith:
+        top = (c >> 63) & 1
+    else:
+        top = (y >> 63) & 1
+        if first:
+            top ^= (c >> 63) & 1
     n = c.numel()
     words = carry_tree.padded(n)
     want = [len(carry_tree.BIT_MONOMIALS), words // 4]
@@ -354,25 +412,34 @@ def threshold_values(thresholds: Any) -> torch.Tensor:
 
 
 def _mask_level(
-    ctx: Any, seed: torch.Tensor, nonce: int, g: torch.Tensor, p: torch.Tensor, level: int
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    g: torch.Tensor,
+    p: torch.Tensor,
+    level: int,
+    arith: bool = False,
 ) -> list[torch.Tensor]:
     """A carry-tree level's operands (:data:`mpc.math.carry_tree.VARS`) masked with the random
-    bits a of ``nonce``: e = x ^ a packed flat (opened as one value), and a packed."""
+    bits a of ``nonce``: e = x ^ a packed flat (opened as one value), and a packed.
+    ``arith`` (the last level with an arithmetic output): G3 masked too
+    (:data:`mpc.math.carry_arith.VARS`, in the same words), and e alone."""
     if type(level) is not int or not 1 <= level < carry_tree.LEVELS:
         raise ValueError(f"a carry-tree level is 1 to {carry_tree.LEVELS - 1}, got {level!r}")
     consume(ctx, [seed], nonce, TAG_A)
-    count = len(carry_tree.VARS)
-    a = derive(seed, nonce, TAG_A, [carry_tree.packed_words(count), g.shape[0]])
-    masks = carry_tree.unpack(a, count, level)
-    e = carry_tree.pack([x ^ m for x, m in zip(carry_tree.operands(g, p, level), masks)], level)
-    return [e.reshape(-1), a.reshape(-1)]
+    names = carry_arith.VARS if arith else carry_tree.VARS
+    a = derive(seed, nonce, TAG_A, [carry_tree.packed_words(len(names)), g.shape[0]])
+    masks = carry_tree.unpack(a, len(names), level)
+    ops = carry_tree.operands(g, p, level, names)
+    e = carry_tree.pack([x ^ m for x, m in zip(ops, masks)], level)
+    return [e.reshape(-1)] if arith else [e.reshape(-1), a.reshape(-1)]
 
 
 def _carry_step_rule(call: ProtocolCall) -> Any:
     nonce = nonce_of(call)
     party_seed(call, "c")
     level = int_of(call, "level")
-    comparison = _links(call).pop(nonce, None)
+    comparison = carry_links(call).pop(nonce, None)
     if comparison is None:
         raise call.refuse(f"no carry-tree level waits for nonce {nonce} here")
     call.material("c", "dealer.cmp.and", nonce, optional=True, consume=True)
@@ -391,6 +458,11 @@ def _carry_step_rule(call: ProtocolCall) -> Any:
         assert lb is not None
         if lb.index != level:
             raise call.refuse(f"parameter {name!r} belongs to another level")
+    arith = call.value("arith")
+    if type(arith) is not bool or (arith and level != LEVELS - 2):
+        raise call.refuse("parameter 'arith' is a bool, true only before the last level")
+    if arith:  # (the next level is the arithmetic last level: its operands alone)
+        return _seal_level(call, comparison, call.value("next_nonce"), level + 1, arith=True)
     if level == LEVELS - 1:
         return [kept("cmp.g", comparison, LEVELS)]
     out = [kept("cmp.g", comparison, level + 1), kept("cmp.p", comparison, level + 1)]
@@ -410,13 +482,16 @@ def carry_step(
     p: torch.Tensor,
     level: int,
     next_nonce: int | None,
+    arith: bool = False,
 ) -> list[torch.Tensor]:
     """Finish one carry-tree level's multi-input ANDs from the masked operands e, opened
     here as the XOR of ``ef_pieces`` (this party's share and the ones the others sent it: no
     separate opening step), with this party's masks ``a`` and its shares of the masks'
     products (``c``: the dealer's, packed, at the last party; derived elsewhere): the next
     (G, P) (:func:`mpc.math.carry_tree.combine`); and, but after the last level, the next
-    level's masked operands (:func:`_mask_level` with ``next_nonce``)."""
+    level's masked operands (:func:`_mask_level` with ``next_nonce``); ``arith`` (before
+    the last level): those operands alone, for the arithmetic last level
+    (:func:`mpc.protocols.comparison.arith.carry_arith`)."""
     ef = open_pieces(ef_pieces, xor=True)
     if type(level) is not int or not 1 <= level < carry_tree.LEVELS:
         raise ValueError(f"a carry-tree level is 1 to {carry_tree.LEVELS - 1}, got {level!r}")
@@ -444,6 +519,8 @@ def carry_step(
     )
     if last or next_nonce is None:
         return [g_new]
+    if arith:
+        return _mask_level(ctx, seed, next_nonce, g_new, p_new, level + 1, arith=True)
     return [g_new, p_new, *_mask_level(ctx, seed, next_nonce, g_new, p_new, level + 1)]
 
 

@@ -1,0 +1,193 @@
+"""The carry tree's last level with an arithmetic output (no I/O): the comparison's bit as
+additive shares once the last level's operands are open, with no daBit round after it.
+
+The last level of :mod:`mpc.math.carry_tree` combines four groups of 16 bits,
+G = G3 ^ P3 G2 ^ P3 P2 G1 ^ P3 P2 P1 G0. In groups 1 to 3 (no carry-in; bit 63 set to
+propagate, never to generate) a group's G and P exclude each other: P = 1 means that
+every bit propagates, so that none generates. So at most one of the four terms is 1, and
+their XOR is their integer sum. Every operand is opened masked, x = e ^ a with e public and
+a a random bit (G3 too, where the XOR tree adds it locally), and over the integers
+x = e + (1 - 2e) a: each term expands into monomials a_S of the masks whose coefficients
+(per element, small integers) the parties compute from the e (:func:`coefficients`).
+
+msb(x) = msb(c) ^ h ^ carry with h = msb(~r), a bit of the dealer's r. Over the integers
+h ^ carry = h + (1 - 2h) carry, so with additive shares of h and of (1 - 2h) a_S for each
+monomial S (:data:`MONOMIALS`, dealt: :func:`dealt`), the parties' additive shares of
+msb(x) are local (:func:`msb_shares`). Cf. the preprocessed mask products of ABY2.0's
+multi-input AND gates (Patra et al., USENIX Security 2021), here with arithmetic shares of
+the products as the dealer's output, the way an edaBit's bits are dealt both ways.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import torch
+
+from mpc.math import carry_tree
+
+#: the last level's operands, masked and opened: the XOR tree's and G3 (its eighth slot)
+VARS = (*carry_tree.VARS, "G3")
+#: the carry's four terms, each a product of operands
+TERMS = (("G3",), ("P3", "G2"), ("P3", "P2", "G1"), ("P3", "P2", "P1", "G0"))
+
+
+def _monomials() -> tuple[frozenset[str], ...]:
+    seen: list[frozenset[str]] = []
+    for term in TERMS:
+        for k in range(1, len(term) + 1):
+            for t in combinations(term, k):
+                if frozenset(t) not in seen:
+                    seen.append(frozenset(t))
+    return tuple(seen)
+
+
+#: the monomials of the masks whose arithmetic shares (times 1 - 2h) the dealer deals
+MONOMIALS = _monomials()
+_EMPTY: frozenset[str] = frozenset()
+
+
+def element_bits(aligned: list[torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """Each of :data:`VARS`'s last-level words (aligned as :func:`carry_tree.unpack` gives
+    them) as one 0/1 int8 per element, the first ``n`` elements."""
+    return {v: carry_tree.unpack_carries(w, n).to(torch.int8) for v, w in zip(VARS, aligned)}
+
+
+def coefficients(e: dict[str, torch.Tensor]) -> dict[frozenset[str], torch.Tensor]:
+    """The carry as a polynomial in the masks' monomials with integer coefficients, per
+    element, from the opened bits ``e`` of :data:`VARS` (int8: the coefficients are -4
+    to 4): the empty monomial's is the constant term."""
+    total: dict[frozenset[str], torch.Tensor] = {}
+    for term in TERMS:
+        poly: dict[frozenset[str], torch.Tensor | int] = {_EMPTY: 1}
+        for v in term:
+            ev = e[v]
+            sv = 1 - 2 * ev
+            out: dict[frozenset[str], torch.Tensor | int] = {}
+            for t, coef in poly.items():
+                out[t] = coef * ev
+                out[t | {v}] = coef * sv
+            poly = out
+        for t, coef in poly.items():
+            assert isinstance(coef, torch.Tensor)
+            old = total.get(t)
+            total[t] = coef if old is None else old + coef
+    return total
+
+
+def u_shares(
+    first: bool, e: dict[str, torch.Tensor], h: torch.Tensor, words: torch.Tensor
+) -> torch.Tensor:
+    """This party's additive share of u = h ^ carry = h + (1 - 2h) carry (flat): ``h`` its
+    share of h, ``words`` its shares of (1 - 2h) a_S ([len(MONOMIALS), n],
+    :data:`MONOMIALS` order); the constant terms at the first party."""
+    coefs = coefficients(e)
+    const = coefs.pop(_EMPTY).to(torch.int64)
+    u = h.reshape(-1) * (1 - 2 * const)  # h + const (1 - 2h): const at the first party
+    if first:
+        u += const
+    del const
+    for k, t in enumerate(MONOMIALS):
+        u.addcmul_(coefs.pop(t), words[k])  # (one temporary at a time)
+    return u
+
+
+def msb_shares(
+    first: bool,
+    e: dict[str, torch.Tensor],
+    h: torch.Tensor,
+    words: torch.Tensor,
+    top: torch.Tensor,
+) -> torch.Tensor:
+    """This party's additive share of msb(x) = top ^ u (:func:`u_shares`), ``top`` msb(c)
+    (public, per element)."""
+    return flip(first, u_shares(first, e, h, words), top.reshape(-1))
+
+
+def flip(first: bool, u: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """Shares of top ^ u = top + (1 - 2 top) u for a public bit ``top``."""
+    out = (1 - 2 * top) * u
+    if first:
+        out += top
+    return out
+
+
+def selected_shares(
+    first: bool,
+    e: dict[str, torch.Tensor],
+    u: torch.Tensor,
+    top: torch.Tensor,
+    v: torch.Tensor,
+    ev: torch.Tensor,
+    products: torch.Tensor,
+) -> torch.Tensor:
+    """This party's share of v msb(x) (flat), v = ev + b opened as ``ev`` with the mask b
+    the dealer knows: v u = ev u + b u and b u = (1 - 2 const) b h + const b +
+    sum_S coef_S b (1 - 2h) a_S, with its shares ``products`` of b h, then of
+    b (1 - 2h) a_S ([1 + len(MONOMIALS), n], :func:`dealt_products`), of u and of v."""
+    coefs = coefficients(e)
+    const = coefs.pop(_EMPTY).to(torch.int64)
+    v = v.reshape(-1)
+    b = v - ev if first else v  # (e = v - b)
+    vu = ev * u
+    vu += (1 - 2 * const) * products[0]
+    vu += const * b
+    for k, t in enumerate(MONOMIALS):
+        vu.addcmul_(coefs.pop(t), products[1 + k])
+    out = top * v  # v (top ^ u) = top v + (1 - 2 top) v u
+    out += (1 - 2 * top) * vu
+    return out
+
+
+def dealt_products(b: torch.Tensor, h: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """The dealer's b h and b (1 - 2h) a_S (``words``, :func:`dealt`) for a value's mask
+    ``b``: [1 + len(MONOMIALS), n]."""
+    b = b.reshape(-1)
+    out = torch.empty((1 + words.shape[0], b.numel()), dtype=torch.int64)
+    torch.mul(b, h.reshape(-1), out=out[0])
+    torch.mul(words, b, out=out[1:])
+    return out
+
+
+def pack_opened(e: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The opened bits of :data:`VARS` in one int64 an element (bit j: VARS[j])."""
+    out = torch.zeros(next(iter(e.values())).shape, dtype=torch.int64)
+    for j, v in enumerate(VARS):
+        out |= e[v].to(torch.int64) << j
+    return out
+
+
+def unpack_opened(packed: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`pack_opened`'s bits, int8 an element."""
+    return {v: ((packed >> j) & 1).to(torch.int8) for j, v in enumerate(VARS)}
+
+
+def dealt(masks: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """The dealer's (1 - 2h) a_S for each of :data:`MONOMIALS` from the full masks of
+    :data:`VARS` (0/1 per element) and h (0/1 per element): [len(MONOMIALS), n]."""
+    sign = 1 - 2 * h.reshape(-1)
+    out = torch.empty((len(MONOMIALS), sign.numel()), dtype=torch.int64)
+    for k, t in enumerate(MONOMIALS):
+        it = iter(sorted(t))
+        m = masks[next(it)].clone()
+        for v in it:
+            m &= masks[v]
+        torch.mul(sign, m, out=out[k])
+    return out
+
+
+__all__ = [
+    "MONOMIALS",
+    "TERMS",
+    "VARS",
+    "coefficients",
+    "dealt",
+    "dealt_products",
+    "element_bits",
+    "flip",
+    "msb_shares",
+    "pack_opened",
+    "selected_shares",
+    "u_shares",
+    "unpack_opened",
+]
