@@ -85,9 +85,9 @@ def _msb_on_shares(c: torch.Tensor, r: torch.Tensor, n: int, seed: int) -> torch
     e = C.pack([x ^ a for x, a in zip(ops[0], masks[0])], level)
     for i in range(1, n):
         e ^= C.pack([x ^ a for x, a in zip(ops[i], masks[i])], level)
-    bits = A.element_bits(C.unpack(e, len(A.VARS), level), count)
+    bits = A.opened_index(C.unpack(e, len(A.VARS), level), count)
     h = ((~r) >> 63) & 1
-    words = A.dealt(A.element_bits(full, count), h)
+    words = A.dealt(A.opened_index(full, count), h)
     h_shares, w_shares = _add_shares(h, n, gen), _add_shares(words, n, gen)
     top = (c >> 63) & 1
     out = [A.msb_shares(i == 0, bits, h_shares[i], w_shares[i], top) for i in range(n)]

@@ -20,6 +20,7 @@ the products as the dealer's output, the way an edaBit's bits are dealt both way
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import combinations
 
 import torch
@@ -47,16 +48,25 @@ MONOMIALS = _monomials()
 _EMPTY: frozenset[str] = frozenset()
 
 
-def element_bits(aligned: list[torch.Tensor], n: int) -> dict[str, torch.Tensor]:
-    """Each of :data:`VARS`'s last-level words (aligned as :func:`carry_tree.unpack` gives
-    them) as one 0/1 int8 per element, the first ``n`` elements."""
-    return {v: carry_tree.unpack_carries(w, n).to(torch.int8) for v, w in zip(VARS, aligned)}
+def opened_index(aligned: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The last level's words of :data:`VARS` (aligned as :func:`carry_tree.unpack` gives
+    them) as one int64 an element, 0 to 255 (bit j: ``VARS[j]``), the first ``n``
+    elements."""
+    words = torch.stack(aligned)  # [8, w], the elements at bits 0-15 of each word
+    bits = (words.unsqueeze(-1) >> torch.arange(16, dtype=torch.int64)) & 1  # [8, w, 16]
+    shifts = torch.arange(len(VARS), dtype=torch.int64).view(-1, 1, 1)
+    packed = (bits << shifts).sum(0)  # [w, 16]
+    n_pad = words.shape[1] * 16
+    out = torch.empty(n_pad, dtype=torch.int64)
+    out[carry_tree.element_of(n_pad).reshape(-1)] = packed.reshape(-1)
+    return out[:n]
 
 
 def coefficients(e: dict[str, torch.Tensor]) -> dict[frozenset[str], torch.Tensor]:
     """The carry as a polynomial in the masks' monomials with integer coefficients, per
-    element, from the opened bits ``e`` of :data:`VARS` (int8: the coefficients are -4
-    to 4): the empty monomial's is the constant term."""
+    element, from the opened bits ``e`` of :data:`VARS` (0/1 tensors; the coefficients are
+    -4 to 4): the empty monomial's is the constant term. (Evaluated once, on the 256
+    values of the eight bits: :func:`coefficient_table`.)"""
     total: dict[frozenset[str], torch.Tensor] = {}
     for term in TERMS:
         poly: dict[frozenset[str], torch.Tensor | int] = {_EMPTY: 1}
@@ -75,33 +85,69 @@ def coefficients(e: dict[str, torch.Tensor]) -> dict[frozenset[str], torch.Tenso
     return total
 
 
+def _all_bits() -> dict[str, torch.Tensor]:
+    idx = torch.arange(1 << len(VARS), dtype=torch.int64)
+    return {v: (idx >> j) & 1 for j, v in enumerate(VARS)}
+
+
+@lru_cache(maxsize=1)
+def coefficient_table() -> torch.Tensor:
+    """The carry's coefficients for each value of the eight opened bits (an
+    :func:`opened_index`): [256, 1 + len(MONOMIALS)] int8, the constant term first."""
+    coefs = coefficients(_all_bits())
+    table = torch.stack([coefs[_EMPTY]] + [coefs[t] for t in MONOMIALS], dim=1)
+    return table.to(torch.int8).contiguous()  # (-4 to 4)
+
+
+@lru_cache(maxsize=1)
+def monomial_table() -> torch.Tensor:
+    """The monomials a_S (0/1) for each value of the eight mask bits:
+    [256, len(MONOMIALS)] int8."""
+    bits = _all_bits()
+    out = []
+    for t in MONOMIALS:
+        m = torch.ones(1 << len(VARS), dtype=torch.int64)
+        for v in t:
+            m = m * bits[v]
+        out.append(m)
+    return torch.stack(out, dim=1).to(torch.int8).contiguous()
+
+
+def _terms(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The constant term (n, int64) and the monomials' coefficients ([len(MONOMIALS), n],
+    int8) of the elements' opened bits."""
+    coefs = coefficient_table()[index]  # [n, 23], a byte each
+    return coefs[:, 0].to(torch.int64), coefs[:, 1:].t()
+
+
+def _combine(out: torch.Tensor, coefs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """out + sum_S coef_S words_S, one monomial at a time (no [len(MONOMIALS), n]
+    temporary)."""
+    for k in range(coefs.shape[0]):
+        out.addcmul_(coefs[k], words[k])
+    return out
+
+
 def u_shares(
-    first: bool, e: dict[str, torch.Tensor], h: torch.Tensor, words: torch.Tensor
+    first: bool, index: torch.Tensor, h: torch.Tensor, words: torch.Tensor
 ) -> torch.Tensor:
-    """This party's additive share of u = h ^ carry = h + (1 - 2h) carry (flat): ``h`` its
-    share of h, ``words`` its shares of (1 - 2h) a_S ([len(MONOMIALS), n],
-    :data:`MONOMIALS` order); the constant terms at the first party."""
-    coefs = coefficients(e)
-    const = coefs.pop(_EMPTY).to(torch.int64)
+    """This party's additive share of u = h ^ carry = h + (1 - 2h) carry (flat), from the
+    opened bits (:func:`opened_index`), its share ``h`` of h and its shares ``words`` of
+    (1 - 2h) a_S ([len(MONOMIALS), n], :data:`MONOMIALS` order); the constant terms at the
+    first party."""
+    const, coefs = _terms(index)
     u = h.reshape(-1) * (1 - 2 * const)  # h + const (1 - 2h): const at the first party
     if first:
         u += const
-    del const
-    for k, t in enumerate(MONOMIALS):
-        u.addcmul_(coefs.pop(t), words[k])  # (one temporary at a time)
-    return u
+    return _combine(u, coefs, words)
 
 
 def msb_shares(
-    first: bool,
-    e: dict[str, torch.Tensor],
-    h: torch.Tensor,
-    words: torch.Tensor,
-    top: torch.Tensor,
+    first: bool, index: torch.Tensor, h: torch.Tensor, words: torch.Tensor, top: torch.Tensor
 ) -> torch.Tensor:
     """This party's additive share of msb(x) = top ^ u (:func:`u_shares`), ``top`` msb(c)
     (public, per element)."""
-    return flip(first, u_shares(first, e, h, words), top.reshape(-1))
+    return flip(first, u_shares(first, index, h, words), top.reshape(-1))
 
 
 def flip(first: bool, u: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
@@ -114,7 +160,7 @@ def flip(first: bool, u: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
 
 def selected_shares(
     first: bool,
-    e: dict[str, torch.Tensor],
+    index: torch.Tensor,
     u: torch.Tensor,
     top: torch.Tensor,
     v: torch.Tensor,
@@ -125,18 +171,23 @@ def selected_shares(
     the dealer knows: v u = ev u + b u and b u = (1 - 2 const) b h + const b +
     sum_S coef_S b (1 - 2h) a_S, with its shares ``products`` of b h, then of
     b (1 - 2h) a_S ([1 + len(MONOMIALS), n], :func:`dealt_products`), of u and of v."""
-    coefs = coefficients(e)
-    const = coefs.pop(_EMPTY).to(torch.int64)
+    const, coefs = _terms(index)
     v = v.reshape(-1)
     b = v - ev if first else v  # (e = v - b)
-    vu = ev * u
+    vu = _combine(ev * u, coefs, products[1:])
     vu += (1 - 2 * const) * products[0]
     vu += const * b
-    for k, t in enumerate(MONOMIALS):
-        vu.addcmul_(coefs.pop(t), products[1 + k])
     out = top * v  # v (top ^ u) = top v + (1 - 2 top) v u
     out += (1 - 2 * top) * vu
     return out
+
+
+def dealt(mask_index: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The dealer's (1 - 2h) a_S for each of :data:`MONOMIALS` from the full masks of
+    :data:`VARS` (an :func:`opened_index` of them) and h (0/1 per element):
+    [len(MONOMIALS), n]."""
+    monomials = monomial_table()[mask_index].t()  # [22, n], a byte each
+    return monomials * (1 - 2 * h.reshape(-1))
 
 
 def dealt_products(b: torch.Tensor, h: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
@@ -149,45 +200,18 @@ def dealt_products(b: torch.Tensor, h: torch.Tensor, words: torch.Tensor) -> tor
     return out
 
 
-def pack_opened(e: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The opened bits of :data:`VARS` in one int64 an element (bit j: VARS[j])."""
-    out = torch.zeros(next(iter(e.values())).shape, dtype=torch.int64)
-    for j, v in enumerate(VARS):
-        out |= e[v].to(torch.int64) << j
-    return out
-
-
-def unpack_opened(packed: torch.Tensor) -> dict[str, torch.Tensor]:
-    """:func:`pack_opened`'s bits, int8 an element."""
-    return {v: ((packed >> j) & 1).to(torch.int8) for j, v in enumerate(VARS)}
-
-
-def dealt(masks: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-    """The dealer's (1 - 2h) a_S for each of :data:`MONOMIALS` from the full masks of
-    :data:`VARS` (0/1 per element) and h (0/1 per element): [len(MONOMIALS), n]."""
-    sign = 1 - 2 * h.reshape(-1)
-    out = torch.empty((len(MONOMIALS), sign.numel()), dtype=torch.int64)
-    for k, t in enumerate(MONOMIALS):
-        it = iter(sorted(t))
-        m = masks[next(it)].clone()
-        for v in it:
-            m &= masks[v]
-        torch.mul(sign, m, out=out[k])
-    return out
-
-
 __all__ = [
     "MONOMIALS",
     "TERMS",
     "VARS",
+    "coefficient_table",
     "coefficients",
     "dealt",
     "dealt_products",
-    "element_bits",
     "flip",
+    "monomial_table",
     "msb_shares",
-    "pack_opened",
+    "opened_index",
     "selected_shares",
     "u_shares",
-    "unpack_opened",
 ]

@@ -37,9 +37,9 @@ ARITH_TOP = "cmp.arith.top"
 ARITH_H = "dealer.cmp.h"
 ARITH_WORDS = "dealer.cmp.arith"
 #: the dealer's words an element for the arithmetic last level beyond the XOR tree's (its
-#: shares of the monomials, their copy in the delivery, the masks: 66.7 words an element
-#: in all measured at 2^20 elements, 27 + 32 declared)
-ARITH_DEALER_WORDS = len(arith_math.MONOMIALS) + len(arith_math.VARS) + 2
+#: shares of the monomials, their copy in the delivery, the masks: 70.6 words an element
+#: in all measured at 2^15 elements, 27 + 36 declared)
+ARITH_DEALER_WORDS = len(arith_math.MONOMIALS) + len(arith_math.VARS) + 6
 
 
 def carry_links(call: ProtocolCall) -> dict[int, int]:
@@ -68,7 +68,7 @@ def arith_material(
     packed = derive(seeds[0], level_nonce, TAG_A, packed_shape)
     for s in seeds[1:]:
         packed ^= derive(s, level_nonce, TAG_A, packed_shape)
-    masks = arith_math.element_bits(carry_tree.unpack(packed, count, level), h.numel())
+    masks = arith_math.opened_index(carry_tree.unpack(packed, count, level), h.numel())
     words = arith_math.dealt(masks, h)
     del masks
     products = select_material(ctx, seeds, h, words, shape, product_nonces)
@@ -106,10 +106,10 @@ def _carry_arith_rule(call: ProtocolCall) -> Any:
 
 
 def _carry_arith_size(p: dict[str, Any]) -> int:
-    """The derived words (one a monomial: dealt at the last party), the opened operands
-    unpacked (a byte each an element), the coefficients and the result: 29.9 words an
-    element measured at 2^20 elements (6.9 at the last party)."""
-    words = len(arith_math.MONOMIALS) + 6 if p.get("words") is None else 7.5
+    """The derived words (one a monomial: dealt at the last party), the opened operands'
+    index, the coefficients gathered (a byte each) and the result: 36.8 words an element
+    measured at 2^15 elements (14.5 at the last party)."""
+    words = len(arith_math.MONOMIALS) + 12 if p.get("words") is None else 14
     return declared(words * WORD * tensor_elems(p, "top"))
 
 
@@ -123,9 +123,10 @@ def _last_level(
     ef_pieces: list[torch.Tensor],
     top: torch.Tensor,
     thresholds: int,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The opened bits of the last level's operands (int8 an element) and this party's
-    share of u = h ^ carry (flat)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The opened bits of the last level's operands (one int64 an element:
+    :func:`mpc.math.carry_arith.opened_index`) and this party's share of u = h ^ carry
+    (flat)."""
     ef = open_pieces(ef_pieces, xor=True)
     level = carry_tree.LEVELS - 1
     shape = list(top.shape)
@@ -146,8 +147,8 @@ def _last_level(
         raise ValueError(f"the dealer's h {list(h.shape)} and words do not fit {shape}")
     if thresholds:
         h = h.unsqueeze(0).expand(shape)
-    e = arith_math.element_bits(carry_tree.unpack(ef.view(shape_e), count, level), n)
-    return e, arith_math.u_shares(first, e, h, words.view(n_mono, n))
+    index = arith_math.opened_index(carry_tree.unpack(ef.view(shape_e), count, level), n)
+    return index, arith_math.u_shares(first, index, h, words.view(n_mono, n))
 
 
 @step(rule=_carry_arith_rule, size=_carry_arith_size, keeps=stream_records(2))
@@ -194,7 +195,7 @@ def carry_arith_sel(
     msb(c) and the opened bits, [3, n], kept for the selections
     (:mod:`mpc.protocols.comparison.arith_select`)."""
     e, u = _last_level(ctx, seed, nonce, first, h, words, ef_pieces, top, 0)
-    return torch.stack([u, top.reshape(-1), arith_math.pack_opened(e)])
+    return torch.stack([u, top.reshape(-1), e])
 
 
 __all__ = [

@@ -74,9 +74,9 @@ def _arith_select_rule(call: ProtocolCall) -> Any:
 
 
 def _arith_select_size(p: dict[str, Any]) -> int:
-    """The derived products (dealt at the last party), the opened bits and coefficients
-    (a byte each), the result and its temporaries."""
-    words = PRODUCT_WORDS + 8 if p.get("products") is None else 8
+    """The derived products (dealt at the last party), the coefficients (a byte each),
+    the result and its temporaries: 25.6 words an element measured at 2^15 elements."""
+    words = PRODUCT_WORDS + 4 if p.get("products") is None else 8
     return declared(words * WORD * tensor_elems(p, "v"))
 
 
@@ -103,9 +103,8 @@ def arith_select(
         products = derive(seed, nonce, TAG_C, [PRODUCT_WORDS, n])
     if products.numel() != PRODUCT_WORDS * n:
         raise ValueError(f"{products.numel()} words of products for {n} elements")
-    bits = arith_math.unpack_opened(sel[2])
     out = arith_math.selected_shares(
-        first, bits, sel[0], sel[1], v, e.reshape(-1), products.view(PRODUCT_WORDS, n)
+        first, sel[2], sel[0], sel[1], v, e.reshape(-1), products.view(PRODUCT_WORDS, n)
     )
     if complement:
         out = v.reshape(-1) - out
