@@ -29,7 +29,8 @@ class MPCConfig:
     side by side, one thread each (default 2^15; ``None``: always one after the other).
 
     ``comparison``: how comparisons (lt/gt, ReLU, max, max-pool, the comparisons inside
-    the non-linear functions) run: ``"default"`` (any number of parties, 4 rounds) or
+    the non-linear functions) run: ``"default"`` (any number of parties, 4 rounds; 3 up
+    to ``three_round_up_to`` elements) or
     ``"fss"`` (function secret sharing: the dealer deals DCF keys, 1 round for a
     comparison, 2 for ReLU and max; 2 parties only). ``fss_bits``: the low bits of a
     compared ring value the FSS comparison reads (default 64, all of them: exact on the

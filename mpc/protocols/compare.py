@@ -128,8 +128,9 @@ def late_fits(session: Session, shape: list[int], selected: int) -> bool:
 
 def select_late(session: Session, x: Shares, values: list[Shares], late: Late) -> list[Shares]:
     """[v (1 - msb(x))] for each v, then for the value ``late`` yields, in one
-    comparison run (4 rounds, 2 with FSS): the late value's opening rides in the
-    comparison's first round and its product with the daBit in the next
+    comparison run (4 rounds, 3 up to ``three_round_up_to`` elements, 2 with FSS): the
+    late value's opening rides in the comparison's first round and its product with the
+    daBit (or its opening for the arithmetic last level) in the next
     (:class:`~mpc.protocols.comparison.base.Late`). For operands :func:`late_fits`."""
     if not late_fits(session, list(x[0].shape), len(values)):
         raise ValueError("internal: a comparison with a late value runs in one piece")
@@ -137,7 +138,8 @@ def select_late(session: Session, x: Shares, values: list[Shares], late: Late) -
 
 
 def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
-    """[relu(z >> bits)] in 4 rounds, for a product z not yet truncated.
+    """[relu(z >> bits)] in 4 rounds (3 up to ``three_round_up_to`` elements), for a
+    product z not yet truncated.
 
     The comparison runs on z itself (same sign as z >> bits, up to the one-unit rounding
     of the truncation); the truncation's opening shares the comparison's first round and
