@@ -139,7 +139,8 @@ def mul(a: Fx, b: Fx, scale: int) -> Fx:
 
 def step_bits(x: Fx, thresholds: Sequence[float]) -> Shares:
     """Shares of the stacked bits c_k = [x >= theta_k] (shape [T, *x.shape], integers), in
-    one comparison run (4 rounds; 1 with FSS): c_k = 1 - msb(x - theta_k), each element
+    one comparison run (4 rounds, 3 within ``three_round_up_to``; 1 with FSS):
+    c_k = 1 - msb(x - theta_k), each element
     of x opened once masked for all its thresholds
     (:func:`~mpc.protocols.compare.msb_thresholds`)."""
     enc = [round(th * 2**x.scale) for th in thresholds]

@@ -14,9 +14,12 @@ entry, the first maximum, has rank 0. One round of dealt lookup tables
 masked, each entry's table of 2^m words, m the bits of k - 1) gives delta_i = [rank_i = 0]
 and delta_i x_i, so the max is sum_i delta_i x_i and the argmax sum_i delta_i i (local).
 
-Rounds: one comparison run and one round, 5 by default and 2 with ``comparison="fss"``,
-where a tree takes one run per level (4 rounds, or 2 with FSS): for k = 33, 12 by default
-and 6 with FSS. The price is the comparisons: k (k - 1) / 2 a row where the tree needs
+Rounds: one comparison run and one round, 5 by default (4 where the run is within
+``MPCConfig.three_round_up_to`` elements) and 2 with ``comparison="fss"``, where a tree
+takes one run per level (4 rounds, 3 for a level of pairs within that bound, or 2 with
+FSS): for k = 33, 12 by default and 6 with FSS. (:func:`rank_rounds` and
+:func:`worth_it` still count 4 a run: the choice between ranks and the tree can be a
+round off in a few shapes.) The price is the comparisons: k (k - 1) / 2 a row where the tree needs
 about 1.5 k, so :func:`worth_it` takes this path only for few rows of few entries (a
 decoding step's softmax: 12 heads, 33 keys).
 
