@@ -109,7 +109,6 @@ class CarryRun(ComparisonRun):
         if arith:  # (the values' openings; their products are the last level's)
             self.ev = [o.value for o in product_openings]
             self.products_last = c_products
-            self.t = []
             late, late_group = self._late(trunc, trunc_opening, product_nonces)
         else:
             late, late_group = self._products(
@@ -194,9 +193,9 @@ class CarryRun(ComparisonRun):
             for i in range(session.n)
         ]
         if not self.selected:
-            thresholds = self.shape[0] if self.shape != list(self.x[0].shape) else 0
             out = [(self.shape, I64)]
-            (self.bit,) = at_parties(session, carry_arith, lambda i: [*args[i], thresholds], out)
+            t = self.n_thresholds
+            (self.bit,) = at_parties(session, carry_arith, lambda i: [*args[i], t], out)
             return
         out = [([3, numel(self.shape)], I64)]
         (self.sel,) = at_parties(session, carry_arith_sel, args.__getitem__, out)

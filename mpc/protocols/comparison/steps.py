@@ -101,8 +101,8 @@ def _dealer_compare_size(p: dict[str, Any]) -> int:
     """The carry tree's material and its temporaries (27 words an element at the peak,
     measured at 2^20 elements), two words per selected value and the groups' material."""
     words = 27 + 2 * selected_count(p) + group_words(p)
-    if p.get("arith") is True:
-        words += ARITH_DEALER_WORDS + 46 * selected_count(p)
+    if p.get("arith") is True:  # (per selected value: its products and a derived copy)
+        words += ARITH_DEALER_WORDS + 2 * PRODUCT_WORDS * selected_count(p)
     return declared(words * WORD * numel(p.get("shape")))
 
 
@@ -254,9 +254,8 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     else:
         seals += [kept(k, nonce) for k in ("dealer.cmp.tarith", "dealer.cmp.tbin")]
     seals.append(kept("dealer.cmp.monomials", nonce))
-    seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels)]
-    if arith:
-        seals[-1] = kept(ARITH_WORDS, levels[-1], carry_tree.LEVELS - 1)
+    seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels[:-1])]
+    seals.append(kept(ARITH_WORDS if arith else "dealer.cmp.and", levels[-1], len(levels)))
     product_kind = ARITH_PROD if arith else "dealer.cmp.prod"
     seals += [kept(product_kind, pn, extra=(nonce,)) for pn in products]
     if group is not None:  # the selection's products (see group_select)
