@@ -5,6 +5,8 @@ comparison modes, 2 and 3 parties), the rounds it saves, and the plans it picks.
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,8 +15,8 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
-from mpc.ops.max_tree import PAIR, plan, ranked_plan, tree_rounds
-from mpc.protocols.ranks import max_pairs, worth_it
+from mpc.ops.max_tree import ranked_plan, tree_rounds
+from mpc.protocols.ranks import max_pairs
 from mpc.session import Session
 
 
@@ -35,18 +37,29 @@ def _ranks(session: Session, pairs: int) -> int:
 
 
 def _tree(session: Session, rows: int, k: int) -> int:
-    """The tree's rounds (2 a level with FSS; by default a level of pairs is a comparison
-    run of rows k / 2 elements, one of groups of four 4 rounds), finished by ranks once the
-    entries left are few (as mpc.ops.max_tree.tree_rounds)."""
-    levels, total = plan(k), 0
-    for done, (kind, left) in enumerate(levels):
-        if done and worth_it(session, rows, left, len(levels) - done):
-            return total + _ranks(session, rows * left * (left - 1) // 2)
-        if session.config.comparison == "fss":
-            total += 2
-        else:
-            total += _run(session, rows * (left // 2)) if kind == PAIR else 4
-    return total
+    """The fewest rounds of any tree: levels of pairs (a comparison run of rows k / 2
+    elements), of groups of four (4 rounds; 2 a level with FSS), with or without padding,
+    in any order, finished by ranks over the entries left at any point where their pairs
+    fit the budget (an exhaustive search, not the code's)."""
+    fss = session.config.comparison == "fss"
+
+    @cache
+    def least(k: int) -> int:
+        if k <= 1:
+            return 0
+        pair = 2 if fss else _run(session, rows * (k // 2))
+        group = 2 if fss else 4
+        options = [pair + least(k // 2 + k % 2)]
+        if k >= 4:
+            options.append(group + least(k // 4 + k % 4))
+        if k >= 3:
+            options.append(group + least(-(-k // 4)))
+        pairs = rows * k * (k - 1) // 2
+        if k >= 3 and pairs <= max_pairs(session):
+            options.append(_ranks(session, pairs))
+        return min(options)
+
+    return least(k)
 
 
 def _ranked(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
@@ -92,9 +105,10 @@ def test_max_by_ranked_groups_against_torch(mode, rows, k, seed) -> None:
 
 @pytest.mark.parametrize(
     ("comparison", "rows", "k", "rounds", "tree"),
-    # (by default, 4 rows of 300: two levels of ranked groups, 3 + 1 rounds each, where the
-    # tree takes a level of pairs, 3, one of groups of four, 4, and ranks, 4)
-    [("fss", 1, 1000, 4, 6), ("fss", 2, 5000, 8, 10), ("default", 4, 300, 8, 11)],
+    # (by default, 2 rows of 20,000: four levels of ranked groups, 3 + 1 rounds each, where
+    # the tree of the fewest rounds takes a level of pairs, 3, three of groups of four, 12,
+    # and ranks over 157 entries, 4)
+    [("fss", 1, 1000, 4, 6), ("default", 2, 20000, 16, 19)],
 )
 def test_ranked_groups_save_rounds(
     comparison: str, rows: int, k: int, rounds: int, tree: int
@@ -103,11 +117,30 @@ def test_ranked_groups_save_rounds(
     config = MPCConfig(comparison=comparison)
     xs = mpc.share(torch.randn(rows, k), *parties, crypto_provider=dealer, config=config)
     assert _tree(xs.session, rows, k) == tree
-    if comparison == "fss":  # (the tree's rounds as the code counts them)
-        assert tree_rounds(xs.session, rows, k) == tree
+    assert tree_rounds(xs.session, rows, k) == tree  # (the tree's rounds as the code counts them)
     with mpc.stats() as s:
         torch.amax(xs, dim=-1).materialize()
     assert s.rounds == rounds
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "rounds"),
+    # 5,000 rows of 32: groups, pairs of 20,000 elements (3), groups: 11, where pairs
+    # first (80,000 elements: 4) took 12; a vocabulary of 50,257: groups of four four
+    # times (16) to 197 entries, then ranks over 19,306 pairs (3 + 1): 20, where ranks
+    # after five levels took 24
+    [(5000, 32, 11), (1, 50257, 20)],
+)
+def test_the_tree_of_fewest_rounds(rows: int, k: int, rounds: int) -> None:
+    parties, dealer = _session_args(2, "default")
+    x = torch.randn(rows, k)
+    xs = mpc.share(x, *parties, crypto_provider=dealer)
+    assert tree_rounds(xs.session, rows, k) == _tree(xs.session, rows, k) == rounds
+    with mpc.stats() as s:
+        m = torch.amax(xs, dim=-1)
+        m.materialize()
+    assert s.rounds == rounds
+    assert torch.equal(m.get(), (torch.round(x * 2**16) / 2**16).amax(dim=-1))
 
 
 def test_ranked_plans() -> None:

@@ -6,11 +6,13 @@ groups of four (:func:`group_level`, all six pairs of a group at once, quarters 
 ranked groups (:func:`ranked_level`: groups of g entries each ranked by one comparison run
 of its g (g - 1) / 2 pairs and one round of lookup tables, :mod:`mpc.protocols.ranks`,
 divides k by g). :func:`plan` gives the tree of pairs and groups of the fewest levels;
+:func:`tree_plan` the tree of the fewest rounds (a level of pairs takes 3 rounds by
+default within the session's ``three_round_up_to`` elements, one of groups of four 4, both
+2 with FSS), finished by ranks once its levels have left few entries where that saves
+rounds (a vocabulary of 50,257: five levels to 50 entries, then ranks).
 :func:`values_max` takes ranked groups instead where they cost fewer rounds within the
 ranks' pairs budget (with FSS comparisons, a decoding step's softmax over 12 heads x 56
-keys: groups of 8, then the 7 maxima, 4 rounds where the tree took 6), and otherwise
-finishes a tree by ranks once its levels have left few entries (a vocabulary of 50,257:
-five levels to 50 entries, then ranks).
+keys: groups of 8, then the 7 maxima, 4 rounds where the tree took 6).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from mpc.ops.local import add_shared, neg_shared
 from mpc.protocols import ranks
-from mpc.protocols.compare import select_by_msb
+from mpc.protocols.compare import comparison_rounds, select_by_msb
 from mpc.protocols.max_of_four.run import max_of_four
 from mpc.session import Session
 from mpc.shared import SharedTensor
@@ -32,17 +34,20 @@ from mpc.shared import SharedTensor
 # three entries joins the next level) or PADDED (GROUP after copies of the first entries
 # fill the last quarter)
 PAIR, GROUP, PADDED = "pair", "group", "padded"
+#: the last step of a tree (:func:`tree_plan`): ranks over the entries left
+RANKS = "ranks"
 
 
 @cache
 def plan(k: int) -> tuple[tuple[str, int], ...]:
     """The levels that reduce k entries to one: the fewest levels (each level is one
-    comparison run, 4 rounds), then the fewest comparisons. A level of pairs costs k / 2
+    comparison run), then the fewest comparisons (:func:`tree_plan` counts rounds
+    instead: a level of pairs can take fewer than one of groups). A level of pairs costs k / 2
     comparisons and halves k; one of groups of four costs 6 k / 4 (all pairs of a group:
     :func:`mpc.protocols.max_of_four.run.max_of_four`) and quarters it. So pairs go first, where
     k is largest, as long as they cost no level: over 128 entries one level of pairs and
     three of groups (190 comparisons a row) where four levels of groups and the last pair
-    took 253, in the same 16 rounds."""
+    took 253."""
     if k <= 1:
         return ()
     options = [(PAIR, k // 2 + k % 2, k // 2)]
@@ -163,22 +168,69 @@ def _pairs_of(rows: int, k: int, sizes: tuple[int, ...]) -> int:
     return total
 
 
+def level_rounds(session: Session, kind: str, rows: int, k: int) -> int:
+    """The rounds of one level over ``rows`` rows of k entries: a comparison run of its
+    pairs (:func:`mpc.protocols.compare.comparison_rounds`: 3 by default within the
+    session's ``three_round_up_to`` elements, groups of four 4, FSS 2), or ranks
+    (:data:`RANKS`: their run and the selection's round)."""
+    if kind == RANKS:
+        return ranks.rank_rounds(session, rows * k * (k - 1) // 2)
+    if kind == PAIR:
+        return comparison_rounds(session, rows * (k // 2), selected=True)
+    return comparison_rounds(session, rows * -(-k // 4), grouped=True)
+
+
+def tree_plan(session: Session, rows: int, k: int) -> tuple[tuple[str, int], ...]:
+    """The levels of pairs and groups of four (:func:`plan`'s kinds) that reduce ``rows``
+    rows of k entries to one in the fewest rounds in the session's mode, then the fewest
+    comparisons, finished by ranks (:data:`RANKS`, the entries left) where that costs
+    fewer rounds within the ranks' pairs budget."""
+    budget = ranks.max_pairs(session)
+    memo: dict[int, tuple[int, int, tuple[tuple[str, int], ...]]] = {}
+
+    def best(k: int) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+        if k <= 1:
+            return 0, 0, ()
+        if k in memo:
+            return memo[k]
+        options = [(PAIR, k // 2 + k % 2, rows * (k // 2))]
+        if k >= 4:
+            options.append((GROUP, k // 4 + k % 4, rows * 6 * (k // 4)))
+        if k >= 3:
+            options.append((PADDED, -(-k // 4), rows * 6 * -(-k // 4)))
+        cands = []
+        for kind, rest, cost in options:
+            r, c, tail = best(rest)
+            cands.append((level_rounds(session, kind, rows, k) + r, cost + c, ((kind, k), *tail)))
+        pairs = rows * k * (k - 1) // 2
+        if k >= 3 and pairs <= budget:
+            cands.append((level_rounds(session, RANKS, rows, k), pairs, ((RANKS, k),)))
+        memo[k] = min(cands, key=lambda c: c[:2])
+        return memo[k]
+
+    return best(k)[2]
+
+
 def tree_rounds(session: Session, rows: int, k: int) -> int:
-    """The rounds of the tree :func:`values_max` runs otherwise: :func:`plan`'s levels,
-    finished by ranks once they have left few entries where that saves rounds."""
-    per = 2 if session.config.comparison == "fss" else 4
-    tree = plan(k)
-    for done, (_, left) in enumerate(tree):
-        if done and ranks.worth_it(session, rows, left, len(tree) - done):
-            return done * per + ranks.rank_rounds(session)
-    return len(tree) * per
+    """The rounds of :func:`tree_plan`'s levels."""
+    return sum(level_rounds(session, kind, rows, n) for kind, n in tree_plan(session, rows, k))
 
 
 def values_max_rounds(session: Session, rows: int, k: int) -> int:
     """The rounds :func:`values_max` takes for ``rows`` rows of k entries."""
     tree = tree_rounds(session, rows, k)
     sizes = _ranked_sizes(session, rows, k)
-    return min(tree, len(sizes) * ranks.rank_rounds(session)) if sizes else tree
+    return min(tree, _ranked_rounds(session, rows, k, sizes)) if sizes else tree
+
+
+def _ranked_rounds(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
+    """The rounds of ranked groups of ``sizes``: each level's ranks over its pairs."""
+    total = 0
+    for g in sizes:
+        left = -(-k // g)
+        total += ranks.rank_rounds(session, rows * left * g * (g - 1) // 2)
+        k = left
+    return total
 
 
 def _ranked_sizes(session: Session, rows: int, k: int) -> tuple[int, ...] | None:
@@ -191,15 +243,12 @@ def values_max(x: SharedTensor) -> SharedTensor:
     session, k = x.session, x.shape[-1]
     rows = x.numel() // max(k, 1)
     sizes = _ranked_sizes(session, rows, k)
-    if sizes and len(sizes) * ranks.rank_rounds(session) < tree_rounds(session, rows, k):
+    if sizes and _ranked_rounds(session, rows, k, sizes) < tree_rounds(session, rows, k):
         for g in sizes:
             x = ranked_level(x, g)
         return x
-    tree = plan(k)
-    for done, (kind, _) in enumerate(tree):
-        left = x.shape[-1]
-        if done and ranks.worth_it(session, x.numel() // left, left, len(tree) - done):
-            # (the entries left are few: ranks finish in fewer rounds than the levels left)
+    for kind, _ in tree_plan(session, rows, k):
+        if kind == RANKS:  # (the entries left are few: ranks finish in fewer rounds)
             x.materialize()
             v, _ = ranks.max_by_ranks(session, x.shares, False)
             return x.with_shares(v)

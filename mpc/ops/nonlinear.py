@@ -111,21 +111,20 @@ def _tree_max(
     """Max (and argmax, :func:`_max_with_index`) over the last dim of x; indices are shared
     integers. Without ``values`` (an argmax alone) the max returned may be None.
 
-    Few rows of few entries take two comparison runs, whatever k (:mod:`mpc.protocols.
+    Few rows of few entries take one comparison run and one round (:mod:`mpc.protocols.
     ranks`), where that saves rounds; otherwise the levels of :mod:`mpc.ops.max_tree`."""
+    if not with_index:
+        return max_tree.values_max(x), None
     k = x.shape[-1]
-    levels = len(max_tree.plan(k))
-    if with_index and x.session.config.comparison == "fss":
-        levels = max(k - 1, 1).bit_length()  # (the pairwise tree's)
-    if ranks.worth_it(x.session, x.numel() // max(k, 1), k, levels):
+    rows = x.numel() // max(k, 1)
+    # (on a tie, ranks: the packed tree compares the packed values beside x, or takes the
+    # low bits' round)
+    if ranks.worth_it(x.session, rows, k, _indexed_rounds(x, values) + 1):
         x.materialize()
-        v, i = ranks.max_by_ranks(x.session, x.shares, with_index)
-        return x.with_shares(v), (
-            SharedTensor(i, x.session, 0, torch.int64) if i is not None else None
-        )
-    if with_index:
-        return _max_with_index(x, values)
-    return max_tree.values_max(x), None
+        v, i = ranks.max_by_ranks(x.session, x.shares, True)
+        assert i is not None
+        return x.with_shares(v), SharedTensor(i, x.session, 0, torch.int64)
+    return _max_with_index(x, values)
 
 
 # the argmax alone takes its index from the packed max's low bits (one round more, half the
@@ -156,24 +155,14 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     paid."""
     k = x.shape[-1]
     m = max(k - 1, 1).bit_length()
-    fss = x.session.config.comparison == "fss"
-    # (with FSS, a domain narrower than the ring, fss_bits < 64, leaves no room for it)
-    packable = not fss or x.session.config.fss_bits >= 64
-    low = not values and packable and m <= MAX_LOW_BITS
-    if low and x.pending and x.frac_bits + m <= FULL_SCALE_PACKING:
+    low, full_scale = _low_bits(x, values)
+    pairwise = _pairwise(x, values)  # (x as it comes: pending or not)
+    if full_scale:
         x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)  # (not pending)
     else:
-        low = low and x.numel() >= LOW_BITS_FROM
         x.materialize()
-    if fss:
-        # FSS: the pairwise tree carries the index (2 rounds a level, k - 1 comparisons);
-        # the packing takes fewer rounds where its tree finishes by ranks (an LM head's
-        # argmax over 50,257: 13 rounds where the pairwise tree took 32), for about 1.5 k
-        # comparisons more (3 KB of keys each at the dealer)
-        rows = x.numel() // max(k, 1) * (1 if low else 2)
-        packed_rounds = max_tree.values_max_rounds(x.session, rows, k) + (1 if low else 0)
-        if not packable or 2 * max(k - 1, 1).bit_length() <= packed_rounds:
-            return _pairwise_with_index(x)
+    if pairwise:
+        return _pairwise_with_index(x)
     rev = (k - 1 - torch.arange(k, dtype=torch.int64)).expand(x.shape).contiguous()
     packed = [s * (1 << m) + r for s, r in zip(x.shares, public_to_shares(rev, x))]
     if low:
@@ -188,6 +177,49 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     idx = [-(p - v * (1 << m)) for p, v in zip(pmax.shares, vmax.shares)]
     idx[0] = idx[0] + (k - 1)
     return vmax, SharedTensor(idx, x.session, 0, torch.int64)
+
+
+def _low_bits(x: SharedTensor, values: bool) -> tuple[bool, bool]:
+    """(whether :func:`_max_with_index` takes the index from the packed max's low bits,
+    whether it packs x at its full scale, its truncation never paid)."""
+    m = max(x.shape[-1] - 1, 1).bit_length()
+    low = not values and _packable(x) and m <= MAX_LOW_BITS
+    if low and x.pending and x.frac_bits + m <= FULL_SCALE_PACKING:
+        return True, True
+    return low and x.numel() >= LOW_BITS_FROM, False
+
+
+def _packable(x: SharedTensor) -> bool:
+    # (with FSS, a domain narrower than the ring, fss_bits < 64, leaves no room for it)
+    return x.session.config.comparison != "fss" or x.session.config.fss_bits >= 64
+
+
+def _packed_rounds(x: SharedTensor, values: bool) -> int:
+    """The rounds of the packed tree of :func:`_max_with_index` (its max of the packed
+    values, with the values' own stacked or the low bits' round after it)."""
+    k = x.shape[-1]
+    low, _ = _low_bits(x, values)
+    rows = x.numel() // max(k, 1) * (1 if low else 2)
+    return max_tree.values_max_rounds(x.session, rows, k) + (1 if low else 0)
+
+
+def _pairwise(x: SharedTensor, values: bool) -> bool:
+    """Whether :func:`_max_with_index` takes the pairwise tree: with FSS, where the
+    packing takes no fewer rounds (the pairwise tree carries the index, 2 rounds a level,
+    k - 1 comparisons; the packing takes fewer rounds where its tree finishes by ranks, an
+    LM head's argmax over 50,257: 13 rounds where the pairwise tree took 32, for about
+    1.5 k comparisons more, 3 KB of keys each at the dealer)."""
+    if x.session.config.comparison != "fss":
+        return False
+    pairwise = 2 * max(x.shape[-1] - 1, 1).bit_length()
+    return not _packable(x) or pairwise <= _packed_rounds(x, values)
+
+
+def _indexed_rounds(x: SharedTensor, values: bool) -> int:
+    """The rounds :func:`_max_with_index` takes for x."""
+    if _pairwise(x, values):
+        return 2 * max(x.shape[-1] - 1, 1).bit_length()
+    return _packed_rounds(x, values)
 
 
 def _pairwise_with_index(x: SharedTensor) -> tuple[SharedTensor, SharedTensor]:

@@ -64,6 +64,18 @@ def in_pieces(session: Session, shape: list[int], selected: int = 0, grouped: bo
     return pieces.count(dealer_fss if fss_mode else dealer_compare, params, rows)
 
 
+def comparison_rounds(
+    session: Session, elements: int, selected: bool = False, grouped: bool = False
+) -> int:
+    """The rounds of one comparison run of ``elements`` compared elements in the session's
+    mode: with FSS 1 for the bit, 2 with selections or groups of four; by default 3 up to
+    the session's ``three_round_up_to`` elements (not for groups of four), else 4. (A run
+    too big for one piece, :func:`in_pieces`, pays its rounds once a piece: not counted.)"""
+    if session.config.comparison == "fss":
+        return 2 if selected or grouped else 1
+    return 3 if three_rounds(session, elements, grouped) else 4
+
+
 def msb(session: Session, x: Shares) -> Shares:
     """[msb(x)] as arithmetic shares of 0/1 (1 where x is negative). 4 rounds (3 up to
     the session's ``three_round_up_to`` elements, where the carry tree's last level gives
@@ -186,6 +198,7 @@ def relu_with_mask(session: Session, x: Shares, pending: int = 0) -> tuple[Share
 
 __all__ = [
     "MODES",
+    "comparison_rounds",
     "comparison_run",
     "in_pieces",
     "late_fits",

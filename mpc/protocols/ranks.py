@@ -14,14 +14,13 @@ entry, the first maximum, has rank 0. One round of dealt lookup tables
 masked, each entry's table of 2^m words, m the bits of k - 1) gives delta_i = [rank_i = 0]
 and delta_i x_i, so the max is sum_i delta_i x_i and the argmax sum_i delta_i i (local).
 
-Rounds: one comparison run and one round, 5 by default (4 where the run is within
-``MPCConfig.three_round_up_to`` elements) and 2 with ``comparison="fss"``, where a tree
-takes one run per level (4 rounds, 3 for a level of pairs within that bound, or 2 with
-FSS): for k = 33, 12 by default and 6 with FSS. (:func:`rank_rounds` and
-:func:`worth_it` still count 4 a run: the choice between ranks and the tree can be a
-round off in a few shapes.) The price is the comparisons: k (k - 1) / 2 a row where the tree needs
-about 1.5 k, so :func:`worth_it` takes this path only for few rows of few entries (a
-decoding step's softmax: 12 heads, 33 keys).
+Rounds: one comparison run and one round (:func:`rank_rounds`): 4 by default within
+``MPCConfig.three_round_up_to`` compared pairs (5 past it) and 2 with ``comparison="fss"``,
+where a tree takes one run per level (3 or 4 rounds by default, 2 with FSS): for k = 33,
+4 where the tree of groups of four takes 12, and 2 with FSS where it takes 6. The price is
+the comparisons: k (k - 1) / 2 a row where the tree needs about 1.5 k, so
+:func:`worth_it` takes this path only for few rows of few entries (a decoding step's
+softmax: 12 heads, 33 keys).
 
 Nothing is opened but masked values (the comparisons', and the ranks and values masked
 by the dealer's uniform words); the order of the entries stays secret (the ranks are
@@ -35,7 +34,7 @@ from typing import cast
 
 import torch
 
-from mpc.protocols.compare import msb
+from mpc.protocols.compare import comparison_rounds, msb
 from mpc.protocols.parties import I64, Shares
 from mpc.protocols.rank_select.run import select_rank_zero
 from mpc.session import Session
@@ -65,18 +64,17 @@ def _pairs(k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return a, b, m
 
 
-def rank_rounds(session: Session) -> int:
-    """The rounds of :func:`max_by_ranks` in the session's comparison mode: the pairs'
-    comparison run and the selection's round."""
-    return 2 if session.config.comparison == "fss" else 5
+def rank_rounds(session: Session, pairs: int) -> int:
+    """The rounds of :func:`max_by_ranks` over ``pairs`` pairwise comparisons in all (rows
+    times k (k - 1) / 2): the pairs' comparison run and the selection's round."""
+    return comparison_rounds(session, pairs) + 1
 
 
-def worth_it(session: Session, rows: int, k: int, tree_levels: int) -> bool:
-    """Whether ranks take fewer rounds than a tree of ``tree_levels`` levels for ``rows``
-    rows of k entries, within :func:`max_pairs` comparisons."""
-    per_level = 2 if session.config.comparison == "fss" else 4
+def worth_it(session: Session, rows: int, k: int, other_rounds: int) -> bool:
+    """Whether ranks take fewer rounds than ``other_rounds`` (a tree's) for ``rows`` rows
+    of k entries, within :func:`max_pairs` comparisons."""
     pairs = rows * k * (k - 1) // 2
-    return k >= 3 and pairs <= max_pairs(session) and rank_rounds(session) < tree_levels * per_level
+    return k >= 3 and pairs <= max_pairs(session) and rank_rounds(session, pairs) < other_rounds
 
 
 def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares, Shares | None]:
