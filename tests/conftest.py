@@ -35,6 +35,7 @@ BOTH_WORKER_KINDS = {
     "test_opening_bits",
     "test_compare_thresholds",
     "test_mpc_carry_arith",
+    "test_mpc_series_product",
     "test_federated",
     "test_pysyft_compat",
 }

@@ -464,6 +464,14 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
 
     zeros = mpc.share(torch.zeros(1 << 17), a, b, crypto_provider=c)
     select_rank_zero(zeros.session, list(zeros.shares), list(zeros.shares), 4)
+    # a series times a value (mpc.protocols.series_product: a decoding step's softmax
+    # over few rows), at 2^18 elements: its dealer's 10 harmonics, 80 MiB
+    from mpc.protocols.approx import Fx
+    from mpc.protocols.fourier.run import EXP_SERIES
+    from mpc.protocols.series_product.run import series_times
+
+    neg = mpc.share(-torch.rand(1 << 18), a, b, crypto_provider=c)
+    series_times(Fx(neg.session, list(neg.shares), 16), EXP_SERIES, list(neg.shares))
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)
     (m @ m).get()
     img = mpc.share(torch.rand(2, 3, 32, 32), a, b, crypto_provider=c)

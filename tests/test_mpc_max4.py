@@ -45,8 +45,9 @@ def test_max_of_four_and_its_one_hot_argmax(rows, n, scale):
 
 # 4 rounds a level of groups of four; 3 one of pairs where it compares at most 2^15
 # elements (5,000 x 1 for k = 5's last level, 5,000 x 4 for k = 8's first), 4 where it
-# compares more (5,000 x 16 for k = 32's first, before two levels of groups)
-@pytest.mark.parametrize(("k", "rounds"), [(4, 4), (5, 7), (8, 7), (13, 8), (32, 12)])
+# compares more (5,000 x 16 for k = 32's first); so k = 32 takes groups (32 to 8), pairs
+# (5,000 x 4: 3) and a group: 11, where pairs first took 12 (mpc.ops.max_tree.tree_plan)
+@pytest.mark.parametrize(("k", "rounds"), [(4, 4), (5, 7), (8, 7), (13, 8), (32, 11)])
 def test_amax_and_max_pool_use_groups_of_four(k, rounds):
     parties, dealer = _group(2)
     v = torch.randn(5000, k)  # (rows enough that no max is by ranks: 5,000 x 10 > 32,768)

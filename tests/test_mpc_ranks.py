@@ -54,7 +54,7 @@ def test_max_and_argmax_by_ranks_agree_with_torch_ties_included(k, rows, mode, s
 @pytest.mark.parametrize("fss", [False, True])
 def test_a_decoding_steps_softmax_takes_its_max_by_ranks(fss: bool) -> None:
     """12 heads, one query, 33 keys (GPT-2 small after a 32-token prompt): the max in 4
-    rounds (2 with FSS) where the tree took 12 (6); the softmax as torch's."""
+    rounds (2 with FSS) where the tree takes 12 (6); the softmax as torch's."""
     torch.manual_seed(3)
     v = torch.randn(1, 12, 1, 33) * 4
     v[0, 0, 0, 3] = v[0, 0, 0, 9] = 12.0  # a tie at the top
@@ -62,22 +62,23 @@ def test_a_decoding_steps_softmax_takes_its_max_by_ranks(fss: bool) -> None:
     with mpc.stats() as s:
         got = torch.softmax(x, -1).get()
     assert torch.allclose(got, torch.softmax(v, -1), atol=1e-4)
-    # max 4 (2), exp 3 (2: the series' opening rides in the clamp's comparison, its
-    # truncation in the division's), division 6 (fine bins and a line; FSS: 4, fine bins
-    # too since a value's comparisons share one key: 5 with the cubic); by default each
-    # comparison run (of at most 2^15 elements) ends in 3 rounds
-    assert s.rounds == (8 if fss else 13)
+    # the max and the exponential's clamp bits by ranks 4 (2: every pair compared with 0
+    # and +-16 in one run, mpc.protocols.ranks.max_and_near), exp 1 (the series times
+    # the bits, mpc.protocols.series_product; its truncation in the division's), division
+    # 6 (fine bins and a line; FSS: 4, fine bins too since a value's comparisons share
+    # one key: 5 with the cubic); 13 (8) while the clamp's own comparison took 3 (2) after
+    # the max; by default each comparison run (of at most 2^15 elements) ends in 3 rounds
+    assert s.rounds == (7 if fss else 11)
 
 
 def test_many_rows_keep_the_tree() -> None:
-    """Past MAX_PAIRS comparisons a call starts with the tree (a level of groups of four:
-    33 entries to 9), and finishes by ranks once the entries left are few: 4 + 4 rounds
-    (the groups' comparison run keeps its 4 rounds, the ranks' ends in 3) where the
-    tree's 3 levels take 12."""
+    """Past MAX_PAIRS comparisons a call starts with the tree (a level of pairs: 33
+    entries to 17, 1,008 comparisons, 3 rounds), and finishes by ranks once the entries
+    left are few (8,568 pairs: 3 + 1): 7 rounds, where the tree's levels take 11."""
     rows = MAX_PAIRS["default"] // (33 * 32 // 2) + 1
     v = torch.randn(rows, 33)
     x = _share(v, 2)
     with mpc.stats() as s:
         got = x.amax(-1).get()
-    assert s.rounds == 8
+    assert s.rounds == 7
     assert torch.allclose(got, v.amax(-1), atol=1e-4)

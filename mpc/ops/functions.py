@@ -17,15 +17,19 @@ import torch
 
 import pointers as pt
 from mpc.errors import UnsupportedOpError
+from mpc.ops import max_tree
 from mpc.ops.common import aten, check_public, encode_public, rescale, wrap
 from mpc.ops.local import add_shared, div_public, mul_public
 from mpc.ops.masking import keep_in_softmax, select_public
 from mpc.ops.nonlinear import difference, lt_gt, max_reduce
-from mpc.protocols import approx
+from mpc.protocols import approx, ranks
 from mpc.protocols.approx import Fx
-from mpc.protocols.compare import select_by_msb
+from mpc.protocols.compare import comparison_rounds, select_by_msb
 from mpc.protocols.fourier import run as trig
+from mpc.protocols.fourier.run import EXP_SERIES
 from mpc.protocols.inverse import times_inverse_power
+from mpc.protocols.series_product import run as series_product
+from mpc.protocols.series_product.run import exp_near
 from mpc.registry import register
 from mpc.shared import SharedTensor, public_to_shares
 
@@ -420,15 +424,46 @@ def softmax_parts(
         x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)
     else:
         x.materialize()
-    mx, _ = max_reduce(x, dim, True, False)
-    d = add_shared(x, mx, -1)  # <= 0
-    e = trig.exp_nonpositive(as_fx(d), None if wide else hi_scale(x))
+    out = None if wide else hi_scale(x)
+    near = _max_and_near(x, dim)
+    if near is not None:  # (the clamp's bits from the max's own comparison run)
+        mx, bits = near
+        d = add_shared(x, mx, -1)  # <= 0
+        e = exp_near(as_fx(d), bits, out)
+    else:
+        mx, _ = max_reduce(x, dim, True, False)
+        d = add_shared(x, mx, -1)  # <= 0
+        e = trig.exp_nonpositive(as_fx(d), out)
     factors = keep_in_softmax(x, dim)
     if factors is not None:  # public masks weigh exactly 0 (mpc.ops.masking): local
         e = e.with_shares([s * factors[0] for s in e.shares])
     total = e.with_shares([s.sum(dim, keepdim=True) for s in e.shares])
     jtop = 2 * math.ceil((math.log2(k) + 1) / 2)
     return d, e, total, jtop
+
+
+def _max_and_near(x: SharedTensor, dim: int) -> tuple[SharedTensor, Any] | None:
+    """The max over the last dim and the exponential's clamp bits [x - max >= -16] by
+    ranks (:func:`mpc.protocols.ranks.max_and_near`: every pair compared with 0 and
+    +-16 in one run, then one lookup round), where that and the series' product with
+    the bits (:func:`mpc.protocols.series_product.run.exp_near`, one round) take fewer
+    rounds than the max and the clamp's comparison run: few rows of few entries (a
+    decoding step's 12 heads over 33 keys: 5 rounds where 7 took); None elsewhere."""
+    k = x.shape[dim]
+    session = x.session
+    if dim != x.dim() - 1 or k < 2 or not series_product.fits(session, list(x.shape), EXP_SERIES):
+        return None
+    rows = x.numel() // k
+    pairs = rows * k * (k - 1) // 2
+    if pairs > ranks.max_pairs(session):
+        return None
+    apart = max_tree.values_max_rounds(session, rows, k)
+    apart += comparison_rounds(session, x.numel(), selected=True)
+    if ranks.near_rounds(session, pairs) + 1 >= apart:
+        return None
+    width = round(-trig.EXP_LO * 2**x.frac_bits)
+    mx, near = ranks.max_and_near(session, list(x.shares), width)
+    return x.with_shares(mx), near
 
 
 @register(aten._softmax.default, aten._safe_softmax.default, lazy=True)

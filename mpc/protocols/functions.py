@@ -37,6 +37,7 @@ from mpc.protocols.max_of_four import steps as max_of_four
 from mpc.protocols.opening import steps as opening
 from mpc.protocols.rank_select import steps as rank_select
 from mpc.protocols.seeds import steps as seeds
+from mpc.protocols.series_product import steps as series_product
 from mpc.protocols.step import making_material, table
 from mpc.protocols.truncated_products import steps as truncated_products
 from mpc.protocols.truncation import steps as truncation
@@ -56,6 +57,7 @@ STEP_MODULES = (
     selection,
     max_of_four,
     fourier,
+    series_product,
     truncated_products,
     weights,
     fss,

@@ -34,7 +34,7 @@ from typing import cast
 
 import torch
 
-from mpc.protocols.compare import comparison_rounds, msb
+from mpc.protocols.compare import comparison_rounds, msb, msb_thresholds
 from mpc.protocols.parties import I64, Shares
 from mpc.protocols.rank_select.run import select_rank_zero
 from mpc.session import Session
@@ -75,6 +75,45 @@ def worth_it(session: Session, rows: int, k: int, other_rounds: int) -> bool:
     of k entries, within :func:`max_pairs` comparisons."""
     pairs = rows * k * (k - 1) // 2
     return k >= 3 and pairs <= max_pairs(session) and rank_rounds(session, pairs) < other_rounds
+
+
+def near_rounds(session: Session, pairs: int) -> int:
+    """The rounds of :func:`max_and_near` over ``pairs`` pairs: one comparison run of three
+    thresholds a pair and the selection's round."""
+    return comparison_rounds(session, 3 * pairs) + 1
+
+
+def max_and_near(session: Session, x: Shares, width: int) -> tuple[Shares, Shares]:
+    """The max over the last dim of ``x`` ([..., k] ring elements), kept as [..., 1], and
+    near_j = [x_j >= max - width] per entry (``width``: ring units, positive), in the
+    rounds of :func:`max_by_ranks`: each pair's difference x_a - x_b (a < b) is compared
+    with 0, -width and width + 1 in the same run (one opening of it: the thresholds share
+    its mask), so that besides l_ab = [x_a < x_b] it gives [x_a < x_b - width] (a is far
+    below b) and [x_a - x_b <= width] (else b is far below a). The count of entries far
+    above x_j is linear in those bits, and x_j is near the max exactly when that count is
+    0: the same lookup round as the ranks' (the count's tables beside the ranks' ones), so
+    near costs no round."""
+    k = int(x[0].shape[-1])
+    if not 0 < width < 1 << 61:
+        raise ValueError(f"internal: a width of {width} ring units")
+    a, b, incidence = _pairs(k)
+    diffs = cast(Shares, [torch.index_select(s, -1, a) - torch.index_select(s, -1, b) for s in x])
+    bits = msb_thresholds(session, diffs, [0, -width, width + 1])  # [3, ..., pairs]
+    lt, below, within = (cast(Shares, [s[t] for s in bits]) for t in range(3))
+    ranks = cast(Shares, [torch.matmul(t, incidence) for t in lt])
+    ranks[0] = ranks[0] + torch.arange(k, dtype=I64)
+    # far_j: pairs (j, b) with x_j < x_b - width, and pairs (a, j) with x_a - x_j > width
+    # (1 - within: party 0 adds the count of pairs (a, j), j of them)
+    first, second = incidence.clamp(min=0), (-incidence).clamp(min=0)
+    far = cast(
+        Shares, [torch.matmul(u, first) - torch.matmul(w, second) for u, w in zip(below, within)]
+    )
+    far[0] = far[0] + torch.arange(k, dtype=I64)
+    both = cast(Shares, [torch.cat([r, f], -1) for r, f in zip(ranks, far)])
+    values = cast(Shares, [torch.cat([s, s], -1) for s in x])
+    delta, selected = select_rank_zero(session, both, values, max(k - 1, 1).bit_length())
+    best = [s[..., :k].sum(-1, keepdim=True) for s in selected]
+    return best, cast(Shares, [d[..., k:] for d in delta])
 
 
 def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares, Shares | None]:
