@@ -64,16 +64,18 @@ def test_products_of_truncated_values_are_exact_in_one_round(n: int) -> None:
         assert torch.equal(_open(session, p.shares), got[i] * got[j])  # exact mod 2^64
 
 
-@pytest.mark.parametrize(("comparison", "rounds"), [("default", 13), ("fss", 8)])
+@pytest.mark.parametrize(("comparison", "rounds"), [("default", 11), ("fss", 7)])
 def test_softmax_division_takes_two_rounds_fewer(comparison: str, rounds: int) -> None:
     """softmax against torch: its division (mpc.protocols.inverse) has its products of
     truncated values ride in the truncations' rounds, 8 rounds with a 4-round comparison
-    (5 with FSS comparisons) where it took 10 (7). Default: the max of 9 by ranks (4,
-    mpc.protocols.ranks; the tree's two levels took 8), the clamp and the series (3: the
-    series' opening rides in the clamp's comparison, its truncation in the division's),
-    the division (6: 6 rows take bins 1/64 octave wide and a line), each comparison run
-    (216, 54 and 1,926 comparisons) within MPCConfig.three_round_up_to, 3 rounds with no
-    d round (16 with it: 5, 4 and 7); FSS: the max by ranks (2), 2 and 4."""
+    (5 with FSS comparisons) where it took 10 (7). Default: the max of 9 by ranks with
+    the exponential's clamp bits from the same run (4: each pair against 0 and +-16,
+    mpc.protocols.ranks.max_and_near), the series times the bits (1,
+    mpc.protocols.series_product; its truncation in the division's), the division (6: 6
+    rows take bins 1/64 octave wide and a line), each comparison run (648 and 1,926
+    comparisons) within MPCConfig.three_round_up_to, 3 rounds with no d round; 13 while
+    the clamp had its own comparison (3) after the max (16 with the d round); FSS: the
+    max and the bits by ranks (2), 1 and 4 (8 with the clamp's own comparison, 2)."""
     parties = [pt.VirtualWorker(f"p{i}") for i in range(2)]
     dealer = pt.VirtualWorker("dealer")
     x = torch.rand(6, 9) * 4

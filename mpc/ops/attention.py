@@ -13,12 +13,13 @@ import torch
 
 from mpc.errors import UnsupportedOpError
 from mpc.ops.bilinear import bilinear_op
-from mpc.ops.common import aten, check_public
+from mpc.ops.common import aten, check_public, result_dtype
 from mpc.ops.local import add_shared, mul_public
 from mpc.ops.masking import select_public
 from mpc.ops.softmax_product import softmax_matmul
 from mpc.protocols import approx
 from mpc.protocols.approx import Fx
+from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -37,19 +38,27 @@ def repeat_heads(t: Any, heads: int) -> Any:
 
 
 def attention(
-    q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, scale: float | None = None
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    scores: SharedTensor | None = None,
 ) -> SharedTensor:
     """softmax(q k^T scale + mask) v, as torch's scaled_dot_product_attention: two Beaver
     matmuls (or local products with a public operand) and a softmax. A public mask is a
     public selection (:mod:`mpc.ops.masking`): a bool mask's False positions, a float
     mask's finfo.min / -inf entries, and the causal mask's upper triangle weigh exactly 0
     in the softmax. Key/value heads fewer than the query's are repeated (grouped-query
-    attention)."""
+    attention). ``scores``: q k^T already formed (:func:`scores_in_truncation`)."""
     heads = q.shape[-3] if q.dim() >= 3 else 1
     if q.dim() >= 3:
-        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
+        v = repeat_heads(v, heads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {})
+    if scores is None:
+        k = repeat_heads(k, heads) if q.dim() >= 3 else k
+        scores = bilinear_op(q, k.transpose(-2, -1), "matmul", {})
     if not isinstance(scores, SharedTensor):
         raise UnsupportedOpError("scaled_dot_product_attention", "expects a shared operand")
     scores = scaled_scores(scores, scale)
@@ -83,6 +92,51 @@ def scaled_scores(scores: SharedTensor, scale: float) -> SharedTensor:
     return mul_public(scores, scale)
 
 
+#: the most product elements (query rows x keys x head size, all heads) whose scores ride
+#: in the truncation round of q, k and v (:func:`scores_in_truncation`): the dealer deals 3
+#: words each (24 MiB at most), where the Beaver matmul's triple is about one a score
+FUSED_SCORES_UP_TO = 1 << 20
+
+
+def scores_in_truncation(q: Any, k: Any, v: Any) -> SharedTensor | None:
+    """q k^T (untruncated, its truncation pending) formed in the round that truncates q, k
+    and v (:func:`mpc.protocols.truncated_products.run.truncate_and_multiply`: each
+    score the sum over the head dim of elementwise products of freshly truncated values,
+    no Beaver opening), where q and k are both still to be truncated (a decoding step's:
+    the new token's projection, and the cache joined to it at the projection's scale) and
+    the products are few (:data:`FUSED_SCORES_UP_TO`: a decoding step's 12 heads x 56 keys
+    x 64, 43,008). One round fewer than the truncations and then the product, and the
+    Beaver opening of k (a word a key and head dim) is not sent. q, k and v (if pending)
+    are left truncated in place, as :func:`_materialize_together` leaves them; None (and
+    nothing run) elsewhere. Grouped-query attention's key heads serve their query heads by
+    broadcasting (no copies)."""
+    if not all(isinstance(t, SharedTensor) for t in (q, k)) or q.dim() < 3 or k.dim() != q.dim():
+        return None
+    if not (q.pending and k.pending) or (isinstance(v, SharedTensor) and v.dim() != q.dim()):
+        return None
+    heads, kv, lq, lk, d = q.shape[-3], k.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1]
+    lead = tuple(q.shape[:-3])
+    if heads % kv or tuple(k.shape[:-3]) != lead or k.shape[-1] != d:
+        return None
+    if math.prod(lead) * heads * lq * lk * d > FUSED_SCORES_UP_TO:
+        return None
+    group = heads // kv
+    # q as [.., kv, group, lq, 1, d] against k as [.., kv, 1, 1, lk, d]
+    qv = q.reshape(*lead, kv, group, lq, 1, d)
+    kv_ = k.reshape(*lead, kv, 1, 1, lk, d)
+    todo = [qv, kv_] + ([v] if isinstance(v, SharedTensor) and v.pending else [])
+    fx = [Fx(t.session, list(t.shares), t.frac_bits) for t in todo]
+    done, (prod,) = truncate_and_multiply(
+        fx, [t.frac_bits - t.pending for t in todo], [0.0] * len(todo), [(0, 1)]
+    )
+    for t, got, shape in zip([q, k, v], done, [q.shape, k.shape, None]):
+        t.shares = [s.reshape(shape) for s in got.shares] if shape is not None else got.shares
+        t.frac_bits, t.pending = got.scale, 0
+    shares = [s.sum(-1).reshape(*lead, heads, lq, lk) for s in prod.shares]
+    f = q.session.config.frac_bits
+    return SharedTensor(shares, q.session, prod.scale, result_dtype(q, k), pending=prod.scale - f)
+
+
 def _materialize_together(*ts: Any) -> None:
     """Apply the pending truncations of several operands in one round (q, k and v are views
     of one projection: three materialisations took three)."""
@@ -104,11 +158,14 @@ def sdpa_flash_cpu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     (:func:`attention`). The logsumexp output is a meta tensor (nothing in inference
     reads it). Pending truncations of q, k and v are applied together (one round)."""
     q, k, v = args[0], args[1], args[2]
-    _materialize_together(q, k, v, kwargs.get("attn_mask"))
+    scores = scores_in_truncation(q, k, v)
+    if scores is None:
+        _materialize_together(q, k, v, kwargs.get("attn_mask"))
     dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
     causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
     if dropout:
         raise UnsupportedOpError(str(func), "dropout in attention (call model.eval())")
-    out = attention(q, k, v, kwargs.get("attn_mask"), bool(causal), kwargs.get("scale"))
+    mask, scale = kwargs.get("attn_mask"), kwargs.get("scale")
+    out = attention(q, k, v, mask, bool(causal), scale, scores)
     lse = torch.empty(tuple(q.shape[:-1]), dtype=torch.float32, device="meta")
     return out, lse
