@@ -9,6 +9,7 @@ Instance: one nonce. The dealer's shares go to the last party (the others derive
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,6 +77,35 @@ def dealer_fourier(
 # -- the parties ---------------------------------------------------------------------------
 
 
+def check_coefficients(
+    bits: int, const: float, cos: list[float], sin: list[float], coef_bits: int, scale: int,
+    single: bool,
+) -> int:  # fmt: skip
+    """The public parameters of a series' evaluation, as a worker accepts them; its terms."""
+    terms = len(sin)
+    check_series_params(bits, terms, scale, single)
+    if len(cos) != terms or type(coef_bits) is not int or not 8 <= coef_bits <= 30:
+        raise ValueError("a series needs as many cosine as sine terms and 8-30 coefficient bits")
+    if not all(math.isfinite(v) and abs(v) <= 2.0**20 for v in [const, *cos, *sin]):
+        raise ValueError("a series' coefficients must be finite, at most 2^20 in magnitude")
+    return terms
+
+
+def harmonic_coefficients(
+    c: torch.Tensor, bits: int, cos: list[float], sin: list[float], coef_bits: int, single: bool
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Per harmonic k, the public (P_k, Q_k) of the opened c at ``coef_bits``, [*c.shape, 2]
+    int64 (see :func:`fourier_finish`), in one buffer reused from harmonic to harmonic."""
+    terms = len(sin)
+    real = torch.float32 if single else torch.float64
+    g = torch.complex(torch.tensor(cos, dtype=real), -torch.tensor(sin, dtype=real))
+    g = g.mul_(2.0**coef_bits).view([terms] + [1] * c.dim())
+    buf = torch.empty([*c.shape, 2], dtype=torch.int64)
+    for k, h in enumerate(harmonic_steps(ring_angle(c, bits, real), terms)):
+        buf.copy_(torch.view_as_real(h * g[k]).round_())
+        yield k, buf
+
+
 def _fourier_finish_rule(call: ProtocolCall) -> Any:
     nonce = nonce_of(call)
     party_seed(call, "trig")
@@ -116,26 +146,16 @@ def fourier_finish(
     times the shares of cos k theta and sin k theta (``trig``, shape [K, *x.shape, 2]: the
     dealer's at the last party; derived elsewhere). Local. ``single``: the trigonometry in
     float32 (about 2.5 times faster; see :class:`mpc.math.fourier.Series`)."""
-    terms = len(sin)
-    check_series_params(bits, terms, scale, single)
-    if len(cos) != terms or type(coef_bits) is not int or not 8 <= coef_bits <= 30:
-        raise ValueError("a series needs as many cosine as sine terms and 8-30 coefficient bits")
-    if not all(math.isfinite(v) and abs(v) <= 2.0**20 for v in [const, *cos, *sin]):
-        raise ValueError("a series' coefficients must be finite, at most 2^20 in magnitude")
+    terms = check_coefficients(bits, const, cos, sin, coef_bits, scale, single)
     consume(ctx, [seed], nonce, TAG_TRIG)
     piece = [*c.shape, 2]  # one harmonic's (cos, sin) pairs
     pieces = stream(seed, nonce, TAG_TRIG)  # (read only where the dealer sent none)
     if trig is not None and list(trig.shape) != [terms, *piece]:
         raise ValueError(f"series material of shape {list(trig.shape)} for {list(c.shape)}")
-    real = torch.float32 if single else torch.float64
-    g = torch.complex(torch.tensor(cos, dtype=real), -torch.tensor(sin, dtype=real))
-    g = g.mul_(2.0**coef_bits).view([terms] + [1] * c.dim())
     # one harmonic at a time, into one buffer: a [K, *c.shape, 2] temporary (63 MB for
     # GELU's 10 harmonics at (1, 128, 3072)) cost more in page faults than in arithmetic
     out = torch.zeros(c.shape, dtype=torch.int64)
-    buf = torch.empty(piece, dtype=torch.int64)
-    for k, h in enumerate(harmonic_steps(ring_angle(c, bits, real), terms)):
-        buf.copy_(torch.view_as_real(h * g[k]).round_())
+    for k, buf in harmonic_coefficients(c, bits, cos, sin, coef_bits, single):
         buf.mul_(pieces.int64(piece) if trig is None else trig[k])
         out += buf[..., 0]
         out += buf[..., 1]

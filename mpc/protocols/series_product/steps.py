@@ -19,12 +19,12 @@ that the mask step masked (bound to it), the c and e opened from that step.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from mpc.math.fourier import check_series_params, harmonic_steps, ring_angle
+from mpc.protocols.fourier.steps import check_coefficients, harmonic_coefficients
 from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed, record, same
 from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records, tensor_elems
 from mpc.protocols.step import SUM, step
@@ -163,12 +163,7 @@ def series_product_finish(
     a bit, or small enough that v F stays in the ring there), F as in :func:`mpc.protocols.fourier.steps.fourier_finish`, from the opened
     c = x + r and e = v - a, its share of v and its shares of the dealer's m_k and a m_k
     (``material``, [2, K, *x.shape, 2]: dealt at the last party, derived elsewhere)."""
-    terms = len(sin)
-    check_series_params(bits, terms, scale, single)
-    if len(cos) != terms or type(coef_bits) is not int or not 8 <= coef_bits <= 30:
-        raise ValueError("a series needs as many cosine as sine terms and 8-30 coefficient bits")
-    if not all(math.isfinite(t) and abs(t) <= 2.0**20 for t in [const, *cos, *sin]):
-        raise ValueError("a series' coefficients must be finite, at most 2^20 in magnitude")
+    terms = check_coefficients(bits, const, cos, sin, coef_bits, scale, single)
     if c.shape != e.shape or c.shape != v.shape:
         raise ValueError(f"c {list(c.shape)}, e {list(e.shape)} and v {list(v.shape)} differ")
     piece = [*c.shape, 2]  # one harmonic's (cos, sin) pairs
@@ -176,18 +171,12 @@ def series_product_finish(
         raise ValueError(f"series material of shape {list(material.shape)} for {list(c.shape)}")
     consume(ctx, [seed], nonce, TAG_TRIG, TAG_C)
     trig, prods = stream(seed, nonce, TAG_TRIG), stream(seed, nonce, TAG_C)
-    real = torch.float32 if single else torch.float64
-    g = torch.complex(torch.tensor(cos, dtype=real), -torch.tensor(sin, dtype=real))
-    g = g.mul_(2.0**coef_bits).view([terms] + [1] * c.dim())
     ee = e.unsqueeze(-1)
     out = v * round(const * 2.0 ** (coef_bits + scale))
-    buf = torch.empty(piece, dtype=torch.int64)
-    for k, h in enumerate(harmonic_steps(ring_angle(c, bits, real), terms)):
+    for k, buf in harmonic_coefficients(c, bits, cos, sin, coef_bits, single):
         m = trig.int64(piece) if material is None else material[0, k]
         am = prods.int64(piece) if material is None else material[1, k]
-        vm = torch.mul(m, ee).add_(am)  # this party's share of v m_k
-        buf.copy_(torch.view_as_real(h * g[k]).round_())
-        buf.mul_(vm)
+        buf.mul_(torch.mul(m, ee).add_(am))  # times this party's share of v m_k
         out += buf[..., 0]
         out += buf[..., 1]
     return out
