@@ -46,6 +46,13 @@ class MPCConfig:
     words an element and 23 more a selected value (larger runs keep the daBit's round,
     with less local work and less of the dealer's traffic). See docs/secret-sharing.md.
 
+    ``two_round_up_to``: a default-mode comparison that selects nothing (the bit alone,
+    or the bits of x against public thresholds) of at most this many compared values
+    (elements times thresholds; default 2^13; ``None``: none) runs by digit look-ups in
+    2 rounds: about 1 KB more of the dealer's a compared value than the carry tree's
+    3-round run, and 64 bytes a compared value more of each party's. See
+    docs/secret-sharing.md.
+
     ``security``: ``"semi-honest"`` (the default: the parties follow the protocol) or
     ``"malicious"`` (authenticated shares: a party that deviates is caught before any
     output reaches the client; docs/security.md). With ``comparison="fss"`` (2 parties)
@@ -60,6 +67,7 @@ class MPCConfig:
     fss_bits: int = 64
     security: str = "semi-honest"
     three_round_up_to: int | None = 1 << 15
+    two_round_up_to: int | None = 1 << 13
 
     def __post_init__(self) -> None:
         c = self.concurrent_from
@@ -68,6 +76,9 @@ class MPCConfig:
         t = self.three_round_up_to
         if t is not None and (type(t) is not int or t < 0):
             raise ValueError(f"three_round_up_to must be a non-negative int or None, got {t!r}")
+        t = self.two_round_up_to
+        if t is not None and (type(t) is not int or t < 0):
+            raise ValueError(f"two_round_up_to must be a non-negative int or None, got {t!r}")
         if not isinstance(self.frac_bits, int) or isinstance(self.frac_bits, bool):
             raise TypeError(f"frac_bits must be an int, got {type(self.frac_bits).__name__}")
         if not 0 <= self.frac_bits <= 28:

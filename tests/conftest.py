@@ -36,6 +36,7 @@ BOTH_WORKER_KINDS = {
     "test_compare_thresholds",
     "test_mpc_carry_arith",
     "test_mpc_series_product",
+    "test_mpc_digit_compare",
     "test_federated",
     "test_pysyft_compat",
 }

@@ -20,6 +20,7 @@ from mpc.protocols import pieces
 from mpc.protocols.comparison.base import ComparisonRun, Late
 from mpc.protocols.comparison.run import CarryRun, three_rounds
 from mpc.protocols.comparison.steps import dealer_compare
+from mpc.protocols.digit_compare.run import digit_msb, digits_fit
 from mpc.protocols.fss import run as fss
 from mpc.protocols.fss.relu import dealer_fss_relu
 from mpc.protocols.fss.steps import dealer_fss
@@ -69,10 +70,14 @@ def comparison_rounds(
 ) -> int:
     """The rounds of one comparison run of ``elements`` compared elements in the session's
     mode: with FSS 1 for the bit, 2 with selections or groups of four; by default 3 up to
-    the session's ``three_round_up_to`` elements (not for groups of four), else 4. (A run
-    too big for one piece, :func:`in_pieces`, pays its rounds once a piece: not counted.)"""
+    the session's ``three_round_up_to`` elements (not for groups of four), else 4; the
+    bit alone (not ``selected``, not ``grouped``) 2 up to ``two_round_up_to`` compared
+    values (:mod:`mpc.protocols.digit_compare`). (A run too big for one piece,
+    :func:`in_pieces`, pays its rounds once a piece: not counted.)"""
     if session.config.comparison == "fss":
         return 2 if selected or grouped else 1
+    if not (selected or grouped) and digits_fit(session, elements):
+        return 2
     return 3 if three_rounds(session, elements, grouped) else 4
 
 
@@ -81,8 +86,12 @@ def msb(session: Session, x: Shares) -> Shares:
     the session's ``three_round_up_to`` elements, where the carry tree's last level gives
     additive shares: :mod:`mpc.protocols.comparison.arith`; 1 with the session option
     ``comparison="fss"``: :mod:`mpc.protocols.fss`); an operand too big
-    for one run runs in pieces (:func:`in_pieces`), each piece its rounds."""
+    for one run runs in pieces (:func:`in_pieces`), each piece its rounds. 2 rounds by
+    digit look-ups up to the session's ``two_round_up_to`` elements
+    (:mod:`mpc.protocols.digit_compare`)."""
     shape = list(x[0].shape)
+    if digits_fit(session, math.prod(shape)):
+        return digit_msb(session, x)
     k = in_pieces(session, shape)
     if k > 1:
         return pieces.join(
@@ -96,8 +105,12 @@ def msb_thresholds(session: Session, x: Shares, thresholds: list[int]) -> Shares
     as :func:`msb`; 1 with FSS), in one comparison run whose T comparisons of an element share its mask r: one
     opening of c = x + r an element, not T (the tree's openings and the daBits stay one
     a comparison; with FSS, one key an element, evaluated at its T points). Where one run
-    would not fit a piece: the stacked differences x - theta_k."""
+    would not fit a piece: the stacked differences x - theta_k. 2 rounds by digit
+    look-ups up to the session's ``two_round_up_to`` compared values (T elements an
+    element of x: :mod:`mpc.protocols.digit_compare`)."""
     shape = [len(thresholds), *x[0].shape]
+    if digits_fit(session, math.prod(shape)):
+        return digit_msb(session, x, list(thresholds))
     if in_pieces(session, shape) > 1:
         enc = torch.tensor(thresholds, dtype=torch.int64).view([-1] + [1] * x[0].dim())
         stacked = [s.unsqueeze(0).repeat([len(thresholds)] + [1] * s.dim()) for s in x]

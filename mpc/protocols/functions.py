@@ -28,6 +28,7 @@ from mpc.protocols.comparison import arith as comparison_arith
 from mpc.protocols.comparison import arith_select as comparison_arith_select
 from mpc.protocols.comparison import selection
 from mpc.protocols.comparison import steps as comparison
+from mpc.protocols.digit_compare import steps as digit_compare
 from mpc.protocols.fourier import steps as fourier
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as fss
@@ -54,6 +55,7 @@ STEP_MODULES = (
     comparison,
     comparison_arith,
     comparison_arith_select,
+    digit_compare,
     selection,
     max_of_four,
     fourier,

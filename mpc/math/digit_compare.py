@@ -1,0 +1,120 @@
+"""The arithmetic of the comparison by digit look-ups (the protocol:
+:mod:`mpc.protocols.digit_compare`): the carry into bit 63 of c + ~r + 1 as a sum of
+zero tests of small integers, each linear in one-hot tables of r's digits.
+
+x = c - r = c + ~r + 1 over 64 bits, so msb(x) = msb(c) ^ msb(~r) ^ carry, where the carry
+into bit 63 is [R >= C] for R = the low 63 bits of ~r (secret) and C = 2^63 - 1 - the low
+63 bits of c (public once c is open). Split both into :data:`DIGITS` digits of
+:data:`DIGIT_BITS` bits (the top one has 7). Per digit i, from a one-hot table O_i of R's
+digit (O_i[v] = [R_i = v]), the comparisons with C's digit are sums of table entries:
+g_i = [R_i > C_i] (and g_0 = [R_0 >= C_0]: the lowest digit decides a tie) and
+eq_i = [R_i = C_i]. Then
+
+    [R >= C] = sum_i g_i prod_{j > i} eq_j,
+
+a sum of terms of which at most one is 1, and term i is 1 exactly where the integer
+
+    w_i = 2 sum_{j > i} (1 - eq_j) + 1 - g_i,   0 <= w_i <= 2 (7 - i) + 1 <= 15,
+
+is 0. So the carry is sum_i [w_i = 0], each w_i linear in the tables (shares of them,
+modulo 16, are enough) and each zero test one masked opening of w_i modulo 16 and a
+look-up in a one-hot table of the mask (:func:`zero_tests`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DIGITS = 8  # digits of the 63 low bits (7 of 8 bits, the top one of 7)
+DIGIT_BITS = 8
+RADIX = 1 << DIGIT_BITS
+TEST_BITS = 4  # the zero tests' modulus 2^4 = 16 > max w_i = 15
+LOW63 = (1 << 63) - 1
+#: int64 words of an element's packed tables (two 4-bit entries a byte)
+PACKED_WORDS = DIGITS * RADIX // 16
+
+
+def digits(v: torch.Tensor) -> torch.Tensor:
+    """The :data:`DIGITS` base-2^8 digits of v's low 63 bits, least significant first:
+    [*v.shape, DIGITS] int64 in [0, 256)."""
+    shifts = torch.arange(0, DIGITS * DIGIT_BITS, DIGIT_BITS, dtype=torch.int64)
+    return ((v & LOW63).unsqueeze(-1) >> shifts) & (RADIX - 1)
+
+
+def secret_digits(r: torch.Tensor) -> torch.Tensor:
+    """R's digits for the mask r (R = the low 63 bits of ~r)."""
+    return digits(~r)
+
+
+def public_digits(c: torch.Tensor) -> torch.Tensor:
+    """C's digits for the opened c (C = 2^63 - 1 - the low 63 bits of c)."""
+    return digits(LOW63 - (c & LOW63))
+
+
+def one_hot(d: torch.Tensor) -> torch.Tensor:
+    """[*d.shape, 256] uint8 one-hot tables of digits d."""
+    out = torch.zeros([*d.shape, RADIX], dtype=torch.uint8)
+    out.scatter_(-1, d.unsqueeze(-1), 1)
+    return out
+
+
+def pack(tables: torch.Tensor) -> torch.Tensor:
+    """Tables [n, DIGITS, 256] of 4-bit entries (uint8) as [n, PACKED_WORDS] int64."""
+    n = tables.shape[0]
+    pairs = tables.reshape(n, DIGITS * RADIX // 2, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+    return packed.view(torch.int64).reshape(n, PACKED_WORDS)
+
+
+def unpack(words: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack`: [n, DIGITS, 256] uint8 entries in [0, 16) (uniform
+    ones from uniform words)."""
+    n = words.shape[0]
+    b = words.contiguous().view(torch.uint8).reshape(n, DIGITS * RADIX // 2)
+    return torch.stack([b & 15, b >> 4], dim=-1).reshape(n, DIGITS, RADIX)
+
+
+def zero_test_operands(tables: torch.Tensor, c_digits: torch.Tensor, first: bool) -> torch.Tensor:
+    """A party's shares (modulo 16: only w mod 16 is opened) of w_i (the module
+    docstring) for each compared element and digit, [T, n, DIGITS] int64, from its shares
+    of the one-hot tables of R's digits ([n, DIGITS, 256] uint8, modulo 16) and C's
+    digits ([T, n, DIGITS]: T public values compared with each element's R). ``first``:
+    the party that adds the constants."""
+    n = tables.shape[0]
+    # suffix sums S[v] = sum_{u >= v} O[u] (modulo 256, enough modulo 16), S[256] = 0
+    suffix = tables.flip(-1).cumsum(-1, dtype=torch.uint8).flip(-1)
+    suffix = torch.cat([suffix, suffix.new_zeros([n, DIGITS, 1])], dim=-1)
+    at = suffix.unsqueeze(0).expand(c_digits.shape[0], *suffix.shape)
+    above = c_digits + 1
+    above[..., 0] -= 1  # digit 0 counts R_0 >= C_0
+    g = torch.gather(at, -1, above.unsqueeze(-1)).squeeze(-1).to(torch.int64)
+    s_c = torch.gather(at, -1, c_digits.unsqueeze(-1)).squeeze(-1).to(torch.int64)
+    s_c1 = torch.gather(at, -1, (c_digits + 1).unsqueeze(-1)).squeeze(-1).to(torch.int64)
+    eq = s_c - s_c1
+    higher_eq = eq.flip(-1).cumsum(-1).flip(-1) - eq  # sum_{j > i} eq_j
+    w = -2 * higher_eq - g
+    if first:
+        higher = torch.arange(DIGITS - 1, -1, -1, dtype=torch.int64)  # digits above i
+        w += 2 * higher + 1
+    return w
+
+
+def carry(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """[R >= C] in the clear (the reference the tests compare the protocol's math with)."""
+    return ((~r & LOW63) >= (LOW63 - (c & LOW63))).to(torch.int64)
+
+
+__all__ = [
+    "DIGITS",
+    "PACKED_WORDS",
+    "RADIX",
+    "TEST_BITS",
+    "carry",
+    "digits",
+    "one_hot",
+    "pack",
+    "public_digits",
+    "secret_digits",
+    "unpack",
+    "zero_test_operands",
+]

@@ -1,0 +1,97 @@
+"""The comparison by digit look-ups, the client's side (the steps:
+:mod:`mpc.protocols.digit_compare.steps`; the math: :mod:`mpc.math.digit_compare`):
+msb(x) and msb(x - theta_k) for public thresholds in 2 rounds, for any number of
+parties, where the carry tree (:mod:`mpc.protocols.comparison.run`) takes 3.
+
+Round 1 opens c = x + r, with whatever rides in it (:mod:`mpc.protocols.riders`); round 2
+opens, for each compared value, 8 uniform bytes (the zero tests' masked operands); the
+bit is then local. It costs the dealer about 1 KB an element and 1 KB a compared value
+(the carry tree's last level: about 0.6 KB), so the default mode takes it for runs of
+at most the session's ``two_round_up_to`` compared values (elements times thresholds)
+and for the bit alone: a comparison that selects values, or groups of four, keeps the
+carry tree. Correct whenever x - theta is in the signed range (-2^63, 2^63), as the
+carry tree is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mpc.math import digit_compare as dm
+from mpc.protocols.digit_compare.steps import (
+    TEST_WORDS,
+    dealer_digit_compare,
+    digit_finish,
+    digit_mask,
+    digit_test,
+)
+from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only
+from mpc.protocols.riders.run import take
+from mpc.session import Session
+
+
+def digits_fit(session: Session, compared: int) -> bool:
+    """Whether a comparison of ``compared`` values (elements times thresholds) that
+    selects nothing runs by digit look-ups: default mode, semi-honest, at most the
+    session's ``two_round_up_to``."""
+    config = session.config
+    limit = config.two_round_up_to
+    return (
+        config.comparison == "default"
+        and config.security == "semi-honest"
+        and limit is not None
+        and compared <= limit
+    )
+
+
+def digit_msb(session: Session, x: Shares, thresholds: list[int] | None = None) -> Shares:
+    """[msb(x)] ([*x]), or [msb(x - theta_k)] for public ring values theta_k
+    ([T, *x]), as arithmetic shares of 0/1, in 2 rounds (the module docstring). The
+    truncations riding on the session's next round (:func:`mpc.protocols.riders.run.
+    riding`) ride in the first."""
+    shape = list(x[0].shape)
+    n = math.prod(shape)
+    count = len(thresholds) if thresholds is not None else 1
+    nonce = session.next_nonce()
+    seed = session.party_seeds
+    tables_last, tests_last = deal(
+        session,
+        "a comparison",
+        dealer_digit_compare,
+        [nonce, shape, thresholds],
+        out=[([n, dm.PACKED_WORDS], I64), ([n + count * n * TEST_WORDS], I64)],
+    )
+    (masked,) = at_parties(session, digit_mask, lambda i: [seed[i], nonce, x[i]], [(shape, I64)])
+    one = Round(session)
+    c = one.add(masked)
+    riders = take()
+    if riders is not None:
+        riders.open_in(one)
+    one.open()
+    if riders is not None:
+        riders.finish()
+    tables = last_only(session, tables_last)
+    (u_shares,) = at_parties(
+        session,
+        digit_test,
+        lambda i: [seed[i], nonce, i == 0, tables(i), c.value[i], thresholds],
+        [([count, n, dm.DIGITS], torch.uint8)],
+    )
+    two = Round(session)
+    u = two.add(u_shares)
+    two.open()
+    tests = last_only(session, tests_last)
+    out_shape = [count, *shape] if thresholds is not None else shape
+    (bits,) = at_parties(
+        session,
+        digit_finish,
+        lambda i: [seed[i], nonce, i == 0, tests(i), c.value[i], u.value[i], thresholds],
+        [(out_shape, I64)],
+    )
+    return bits
+
+
+__all__ = ["digit_msb", "digits_fit"]

@@ -1,0 +1,252 @@
+"""The steps of the comparison by digit look-ups (the protocol:
+:class:`mpc.protocols.digit_compare.run.DigitRun`; the math:
+:mod:`mpc.math.digit_compare`): the dealer's tables, each party's mask of x, its zero
+tests' masked operands and its bit.
+
+Dealer, for the mask r (the sum of the parties' derived words, one an element of x):
+one-hot tables of the 8 digits of R = the low 63 bits of ~r, shared modulo 16 (two
+entries a byte: 1,024 bytes an element); h = msb(~r), shared additively; and per
+compared value (an element and one of its T public thresholds) and digit, the one-hot
+table of the zero test's mask rho mod 16 times (1 - 2h), shared additively (16 words).
+The parties before the last derive their shares; the last party's come in two
+deliveries, one for each step that reads them.
+
+Round 1 opens c = x + r (one word an element). Round 2 opens u = w + rho mod 256 (a byte) for each
+compared value and digit (w linear in the tables' shares at c's digits, rho each party's
+derived word: u is uniform), and each party's share of the bit is then local:
+msb(x - theta) = b + (1 - 2b) (h + (1 - 2h) sum_i [w_i = 0]), with b = msb(c - theta)
+public and (1 - 2h) [w_i = 0] the entry of the dealt table at u_i mod 16.
+
+Instance: one nonce for r, the tables, h, the masks rho and their tables. Each
+threshold's comparisons of an element share its r (one opening of c an element), each
+has its own rho and tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpc.math import digit_compare as dm
+from mpc.protocols.comparison.steps import MAX_THRESHOLDS, threshold_values
+from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records, tensor_elems
+from mpc.protocols.step import SUM, step
+from mpc.protocols.streams import (
+    TAG_A,
+    TAG_B,
+    TAG_C,
+    TAG_R,
+    TAG_TABLE,
+    consume,
+    derive,
+    entries_at,
+    last_share,
+    party_tables,
+    sum_derived,
+)
+from pointers.worker.sealing import ProtocolCall, seal
+
+#: the opened values and the dealer's two deliveries (the tables of R's digits; h and
+#: the zero tests' tables)
+DIGIT_C, DIGIT_U = "digits.c", "digits.u"
+DEALER_TABLES, DEALER_TESTS = "dealer.digits.tables", "dealer.digits.tests"
+#: one compared value's zero tests: a 16-entry table a digit
+TEST_WORDS = dm.DIGITS << dm.TEST_BITS
+
+
+def _count(thresholds: Any) -> int:
+    """T, the thresholds compared with each element (1 without)."""
+    if thresholds is None:
+        return 1
+    if not isinstance(thresholds, list) or not 1 <= len(thresholds) <= MAX_THRESHOLDS:
+        raise ValueError(f"thresholds are a list of 1 to {MAX_THRESHOLDS} ring values")
+    return len(thresholds)
+
+
+def _t(p: dict[str, Any]) -> int:
+    t = p.get("thresholds")
+    return min(len(t), MAX_THRESHOLDS) if isinstance(t, list) and t else 1
+
+
+# -- the dealer ----------------------------------------------------------------------------
+
+
+def _dealer_rule(call: ProtocolCall) -> Any:
+    dealer_seeds(call)
+    nonce = nonce_of(call)
+    count = _count(call.value("thresholds"))
+    shape = call.value("shape")
+    return [
+        seal(DEALER_TABLES, nonce, deliveries=1, extra=(numel(shape),)),
+        seal(DEALER_TESTS, nonce, count, deliveries=1),
+    ]
+
+
+def _dealer_size(p: dict[str, Any]) -> int:
+    """The tables and their derived shares (6 KB an element at the peak) and the zero
+    tests' tables with one derived share (3 KB a compared value)."""
+    n = numel(p.get("shape"))
+    return declared(6144 * n + 3 * TEST_WORDS * WORD * n * _t(p))
+
+
+@step(rule=_dealer_rule, size=_dealer_size, keeps=stream_records(5), makes_material=True)
+def dealer_digit_compare(
+    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], thresholds: list[int] | None
+) -> list[torch.Tensor]:
+    """The last party's shares: the tables of R's digits ([n, PACKED_WORDS], 4-bit
+    entries), then h and the zero tests' tables (flat: n words, then [T, n, 8, 16])."""
+    count = _count(thresholds)
+    consume(ctx, seeds, nonce, TAG_R, TAG_A, TAG_B, TAG_C, TAG_TABLE)
+    n = numel(shape)
+    r = sum_derived(seeds, nonce, TAG_R, [n])
+    tables = dm.one_hot(dm.secret_digits(r))
+    for s in seeds[:-1]:
+        tables -= dm.unpack(derive(s, nonce, TAG_A, [n, dm.PACKED_WORDS]))
+    packed = dm.pack(tables.bitwise_and_(15))
+    del tables
+    h = (r >> 63).bitwise_and_(1).bitwise_xor_(1)  # msb(~r)
+    del r
+    rho = sum_derived(seeds, nonce, TAG_C, [count, n, dm.DIGITS]).bitwise_and_(15)
+    tests = torch.zeros([count, n, dm.DIGITS, 1 << dm.TEST_BITS], dtype=torch.int64)
+    tests.scatter_(
+        -1, rho.unsqueeze(-1), (1 - 2 * h).view(1, n, 1, 1).expand(count, n, dm.DIGITS, 1)
+    )
+    del rho
+    tests = last_share(tests, seeds, nonce, TAG_TABLE).reshape(-1)
+    return [packed, torch.cat([last_share(h, seeds, nonce, TAG_B), tests])]
+
+
+# -- the parties ---------------------------------------------------------------------------
+
+
+def _mask_rule(call: ProtocolCall) -> Any:
+    party_seed(call)
+    call.share("x")
+    return [seal(DIGIT_C, nonce_of(call))]
+
+
+@step(
+    rule=_mask_rule,
+    size=elementwise(2, "x"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={DIGIT_C: SUM},
+)
+def digit_mask(ctx: Any, seed: torch.Tensor, nonce: int, x: torch.Tensor) -> torch.Tensor:
+    """Party i: c_i = x_i + r_i."""
+    consume(ctx, [seed], nonce, TAG_R)
+    return derive(seed, nonce, TAG_R, list(x.shape)).add_(x)
+
+
+def _compared(c: torch.Tensor, thresholds: list[int] | None) -> torch.Tensor:
+    """The opened c compared with each threshold: c - theta_k, [T, n]."""
+    flat = c.reshape(1, -1)
+    if thresholds is None:
+        return flat
+    return flat - threshold_values(thresholds).view(-1, 1)
+
+
+def _test_rule(call: ProtocolCall) -> Any:
+    nonce = nonce_of(call)
+    party_seed(call, "tables")
+    call.material("tables", DEALER_TABLES, nonce, local=False, optional=True, consume=True)
+    call.material("c", OPENED + DIGIT_C, nonce, local=True)
+    return [seal(DIGIT_U, nonce)]
+
+
+def _test_size(p: dict[str, Any]) -> int:
+    """The tables, their suffix sums and a derived copy (5 KB an element); per compared
+    value, C's digits and the sums read at them (10 words a digit)."""
+    n = tensor_elems(p, "c")
+    return declared(5120 * n + 10 * dm.DIGITS * WORD * n * _t(p))
+
+
+@step(
+    rule=_test_rule,
+    size=_test_size,
+    keeps=stream_records(2),
+    makes_material=True,
+    opens={DIGIT_U: SUM},
+)
+def digit_test(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    tables: torch.Tensor | None,
+    c: torch.Tensor,
+    thresholds: list[int] | None = None,
+) -> torch.Tensor:
+    """Party i's u_i = w_i + rho_i mod 256 for each compared value and digit, [T, n, 8]
+    uint8 (the sum of the parties' bytes, modulo 256, is uniform: rho's sum is): w_i from
+    its shares of the tables of R's digits (derived, or the last party's ``tables``) at
+    the digits of C = 2^63 - 1 - (c - theta) mod 2^63 (:func:`mpc.math.digit_compare.
+    zero_test_operands`), rho_i derived."""
+    count = _count(thresholds)
+    n = c.numel()
+    if tables is not None and list(tables.shape) != [n, dm.PACKED_WORDS]:
+        raise ValueError(f"the dealer's tables are {list(tables.shape)} for {n} elements")
+    consume(ctx, [seed], nonce, TAG_A, TAG_C)
+    words = derive(seed, nonce, TAG_A, [n, dm.PACKED_WORDS]) if tables is None else tables
+    w = dm.zero_test_operands(dm.unpack(words), dm.public_digits(_compared(c, thresholds)), first)
+    w += derive(seed, nonce, TAG_C, [count, n, dm.DIGITS])
+    return w.bitwise_and_(255).to(torch.uint8)  # (opened modulo 256: a byte, not a word)
+
+
+def _finish_rule(call: ProtocolCall) -> Any:
+    nonce = nonce_of(call)
+    party_seed(call, "tests")
+    tests = call.material("tests", DEALER_TESTS, nonce, local=False, optional=True, consume=True)
+    if tests is not None and tests.index != _t({"thresholds": call.value("thresholds")}):
+        raise call.refuse("the thresholds are not the ones the dealer's tables are for")
+    call.material("c", OPENED + DIGIT_C, nonce, local=True, consume=True)
+    call.material("u", OPENED + DIGIT_U, nonce, local=True, consume=True)
+    return None
+
+
+def _finish_size(p: dict[str, Any]) -> int:
+    """The zero tests' tables (derived or dealt: 16 words a digit of a compared value),
+    the entries read and the bits."""
+    return declared((TEST_WORDS + 3 * dm.DIGITS + 4) * WORD * tensor_elems(p, "c") * _t(p))
+
+
+@step(rule=_finish_rule, size=_finish_size, keeps=stream_records(2))
+def digit_finish(
+    ctx: Any,
+    seed: torch.Tensor,
+    nonce: int,
+    first: bool,
+    tests: torch.Tensor | None,
+    c: torch.Tensor,
+    u: torch.Tensor,
+    thresholds: list[int] | None = None,
+) -> torch.Tensor:
+    """Party i's share of msb(x - theta_k), [T, *x] ([*x] without thresholds), from the
+    opened c and u: b + (1 - 2b) (h + sum_i Q_i[u_i mod 16]) with b = msb(c - theta_k)
+    public (the constant b at party 0 only), h and the tables Q = (1 - 2h) onehot(rho)
+    its shares (derived, or the last party's ``tests``)."""
+    count = _count(thresholds)
+    n = c.numel()
+    if list(u.shape) != [count, n, dm.DIGITS] or u.dtype != torch.uint8:
+        raise ValueError(f"u is {u.dtype} {list(u.shape)}, not uint8 [{count}, {n}, {dm.DIGITS}]")
+    if tests is not None and tests.numel() != n + count * n * TEST_WORDS:
+        raise ValueError(
+            f"the dealer's zero tests are {tests.numel()} words, not for {count} x {n}"
+        )
+    consume(ctx, [seed], nonce, TAG_B, TAG_TABLE)
+    if tests is None:
+        h = derive(seed, nonce, TAG_B, [n])
+        dealt = None
+    else:
+        h, dealt = tests[:n], tests[n:]
+    shape = [count, n, dm.DIGITS]
+    (table,) = party_tables(seed, nonce, [TAG_TABLE], dealt, shape, dm.TEST_BITS)
+    (y,) = entries_at([table], u.to(torch.int64), dm.TEST_BITS)
+    y = y.sum(-1).add_(h)
+    b = (_compared(c, thresholds) >> 63) & 1
+    out = y.mul_(1 - 2 * b)
+    if first:
+        out += b
+    return out.reshape([count, *c.shape] if thresholds is not None else list(c.shape))
