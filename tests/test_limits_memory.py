@@ -472,6 +472,13 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
 
     neg = mpc.share(-torch.rand(1 << 18), a, b, crypto_provider=c)
     series_times(Fx(neg.session, list(neg.shares), 16), EXP_SERIES, list(neg.shares))
+    # the comparison by digit look-ups at its default limit (2^13 compared values): the
+    # bit of 8,192 elements (tables an element), 64 elements against 128 thresholds (zero
+    # tests a compared value)
+    from mpc.protocols import compare
+
+    compare.msb(x.session, [s[: 1 << 13] for s in x.shares])
+    compare.msb_thresholds(x.session, [s[:64] for s in x.shares], list(range(128)))
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)
     (m @ m).get()
     img = mpc.share(torch.rand(2, 3, 32, 32), a, b, crypto_provider=c)

@@ -71,7 +71,10 @@ def unpack(words: torch.Tensor) -> torch.Tensor:
     ones from uniform words)."""
     n = words.shape[0]
     b = words.contiguous().view(torch.uint8).reshape(n, DIGITS * RADIX // 2)
-    return torch.stack([b & 15, b >> 4], dim=-1).reshape(n, DIGITS, RADIX)
+    out = torch.empty([n, DIGITS * RADIX // 2, 2], dtype=torch.uint8)
+    torch.bitwise_and(b, 15, out=out[..., 0])
+    torch.bitwise_right_shift(b, 4, out=out[..., 1])
+    return out.view(n, DIGITS, RADIX)
 
 
 def zero_test_operands(tables: torch.Tensor, c_digits: torch.Tensor, first: bool) -> torch.Tensor:
@@ -81,16 +84,20 @@ def zero_test_operands(tables: torch.Tensor, c_digits: torch.Tensor, first: bool
     digits ([T, n, DIGITS]: T public values compared with each element's R). ``first``:
     the party that adds the constants."""
     n = tables.shape[0]
-    # suffix sums S[v] = sum_{u >= v} O[u] (modulo 256, enough modulo 16), S[256] = 0
-    suffix = tables.flip(-1).cumsum(-1, dtype=torch.uint8).flip(-1)
-    suffix = torch.cat([suffix, suffix.new_zeros([n, DIGITS, 1])], dim=-1)
-    at = suffix.unsqueeze(0).expand(c_digits.shape[0], *suffix.shape)
-    above = c_digits + 1
-    above[..., 0] -= 1  # digit 0 counts R_0 >= C_0
-    g = torch.gather(at, -1, above.unsqueeze(-1)).squeeze(-1).to(torch.int64)
-    s_c = torch.gather(at, -1, c_digits.unsqueeze(-1)).squeeze(-1).to(torch.int64)
-    s_c1 = torch.gather(at, -1, (c_digits + 1).unsqueeze(-1)).squeeze(-1).to(torch.int64)
-    eq = s_c - s_c1
+    # prefix sums P[v] = sum_{u < v} O[u] (modulo 256, enough modulo 16), v in [0, 256]:
+    # the sums at and above v are P[256] - P[v]
+    prefix = torch.zeros([n, DIGITS, RADIX + 1], dtype=torch.uint8)
+    torch.cumsum(tables, -1, dtype=torch.uint8, out=prefix[..., 1:])
+    at = prefix.unsqueeze(0).expand(c_digits.shape[0], *prefix.shape)
+
+    def below(v: torch.Tensor) -> torch.Tensor:  # P at v, per compared value and digit
+        return torch.gather(at, -1, v.unsqueeze(-1)).squeeze(-1).to(torch.int64)
+
+    total = prefix[..., RADIX].to(torch.int64)  # (this party's share of 1)
+    p_c, p_c1 = below(c_digits), below(c_digits + 1)
+    eq = p_c1 - p_c
+    g = total - p_c1  # [R_i > C_i]
+    g[..., 0] += eq[..., 0]  # digit 0 counts R_0 >= C_0
     higher_eq = eq.flip(-1).cumsum(-1).flip(-1) - eq  # sum_{j > i} eq_j
     w = -2 * higher_eq - g
     if first:
