@@ -29,6 +29,9 @@ from mpc.protocols.step import name_of
 
 I64 = torch.int64
 RING = 1 << 62  # the comparison is exact for |x - theta| < 2^63
+#: the carry tree, also where a run is small enough for digit look-ups (their own tests:
+#: tests/test_mpc_digit_compare.py)
+CARRY = MPCConfig(two_round_up_to=None)
 
 
 def _msb(x: Any, thresholds: list[int]) -> torch.Tensor:
@@ -59,7 +62,7 @@ def test_every_threshold_against_plaintext(
     picks = data.draw(st.lists(st.sampled_from(thresholds), max_size=6))
     values = values + picks + [p + 1 for p in picks] + [p - 1 for p in picks]
     v = torch.tensor(values, dtype=I64)
-    x = _shared(v, n, MPCConfig(comparison=mode))
+    x = _shared(v, n, MPCConfig(comparison=mode, two_round_up_to=None))
     got = _msb(x, thresholds)
     want = torch.stack([(v - t < 0).long() for t in thresholds])
     assert torch.equal(got, want)
@@ -73,7 +76,9 @@ def test_many_thresholds_and_the_stacked_path(mode: str, monkeypatch: pytest.Mon
     v = torch.randint(-(1 << 40), 1 << 40, (4, 10), generator=gen)
     thresholds = sorted(torch.randint(-(1 << 41), 1 << 41, (300,), generator=gen).tolist())
     want = torch.stack([(v - t < 0).long() for t in thresholds])
-    assert torch.equal(_msb(_shared(v, 2, MPCConfig(comparison=mode)), thresholds), want)
+    assert torch.equal(
+        _msb(_shared(v, 2, MPCConfig(comparison=mode, two_round_up_to=None)), thresholds), want
+    )
     real, calls = compare.in_pieces, []
 
     def in_pieces(*args: Any, **kwargs: Any) -> int:  # msb_thresholds' own check: 2 pieces
@@ -81,7 +86,9 @@ def test_many_thresholds_and_the_stacked_path(mode: str, monkeypatch: pytest.Mon
         return 2 if len(calls) == 1 else real(*args, **kwargs)
 
     monkeypatch.setattr(compare, "in_pieces", in_pieces)
-    assert torch.equal(_msb(_shared(v, 2, MPCConfig(comparison=mode)), thresholds), want)
+    assert torch.equal(
+        _msb(_shared(v, 2, MPCConfig(comparison=mode, two_round_up_to=None)), thresholds), want
+    )
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -90,7 +97,7 @@ def test_c_opens_once_an_element(n: int) -> None:
     (13 1/8 bytes each when the differences were stacked, d's bit with them), in 3 rounds:
     the last level's output is arithmetic (no d)."""
     gen = torch.Generator().manual_seed(n)
-    x = _shared(torch.randint(-(1 << 40), 1 << 40, (1024,), generator=gen), n)
+    x = _shared(torch.randint(-(1 << 40), 1 << 40, (1024,), generator=gen), n, CARRY)
     with mpc.stats() as s:
         x.session.watch()  # (the parties' counters, as an op does)
         compare.msb_thresholds(x.session, list(x.shares), list(range(0, 1 << 20, 1 << 16)))
@@ -134,7 +141,7 @@ def test_the_last_party_compares_the_thresholds_r_is_shared_by(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, change: Any
 ) -> None:
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     _tamper(monkeypatch, change)
     _refused(
         bob,
@@ -169,8 +176,8 @@ def test_a_plain_comparison_takes_no_thresholds(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
-    y = mpc.share(torch.zeros(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
+    y = mpc.share(torch.zeros(6), alice, bob, crypto_provider=carol, config=CARRY)
     _tamper(monkeypatch, lambda a: a[:7] + [[0, 1]] + a[8:])
     _refused(bob, lambda: (x < y).get(), "not the ones the dealer's r is shared by")
 
@@ -178,7 +185,7 @@ def test_a_plain_comparison_takes_no_thresholds(
 def test_bad_thresholds_are_refused_by_the_steps(make_worker: Callable[[str], Any]) -> None:
     """The dealer deals r for [T, *x] only, with no selections; cmp_init takes ints."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     s = x.session
     cases = (
         ([3, 6], 4, []),  # T is the leading dimension

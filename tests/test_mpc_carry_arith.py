@@ -18,6 +18,7 @@ from refusals import refused
 
 import mpc
 import pointers as pt
+from mpc.config import MPCConfig
 from mpc.math import carry_arith as A
 from mpc.math import carry_tree as C
 from mpc.protocols import compare
@@ -26,6 +27,10 @@ from mpc.protocols.comparison.arith import carry_arith
 from mpc.protocols.comparison.arith_select import arith_mask, arith_select
 from mpc.protocols.comparison.steps import carry_step, dealer_compare
 from mpc.protocols.step import name_of
+
+#: the carry tree, also where a run is small enough for digit look-ups (their own tests:
+#: tests/test_mpc_digit_compare.py)
+CARRY = MPCConfig(two_round_up_to=None)
 
 I64 = torch.int64
 EDGES = [0, 1, -1, 2, -2, 2**62, -(2**62), 2**63 - 1, -(2**63) + 1, 2**31, -(2**31)]
@@ -139,7 +144,7 @@ def test_the_carry_is_the_sum_of_exclusive_terms():
 
 def _shared(values: torch.Tensor, n: int, make: Callable[[str], Any] = pt.VirtualWorker) -> Any:
     parties = [make(f"p{i}") for i in range(n)]
-    x = mpc.share(torch.zeros(values.shape), *parties, crypto_provider=make("d"))
+    x = mpc.share(torch.zeros(values.shape), *parties, crypto_provider=make("d"), config=CARRY)
     x.shares[0] = x.shares[0] + pt.send(values, parties[0])  # (ring values, not encoded)
     return x
 
@@ -161,8 +166,8 @@ def test_a_comparison_and_relu_as_a_user_writes_them():
     """x < y gives its bits in 3 rounds, and ReLU (a selection) its values."""
     a, b, c = (pt.VirtualWorker(w) for w in ("a", "b", "c"))
     xv, yv = torch.randn(3000) * 50, torch.randn(3000)
-    x = mpc.share(xv, a, b, crypto_provider=c)
-    y = mpc.share(yv, a, b, crypto_provider=c)
+    x = mpc.share(xv, a, b, crypto_provider=c, config=CARRY)
+    y = mpc.share(yv, a, b, crypto_provider=c, config=CARRY)
     with mpc.stats() as s:
         lt = (x < y).get()
     assert s.rounds == 3
@@ -263,7 +268,7 @@ def test_the_last_level_takes_its_comparisons_thresholds(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, party: int, match: str
 ) -> None:
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     _tamper(monkeypatch, carry_arith, lambda i, a: a[:-1] + [1] if i == party else a)
     refused((alice, bob)[party], lambda: compare.msb(x.session, list(x.shares)), match)
 
@@ -274,7 +279,7 @@ def test_the_last_xor_level_does_not_mask_for_an_arithmetic_one(
     """A max pool's comparison (groups of four: the XOR tree to its end, then d) whose
     last level is asked to mask operands for an arithmetic level after it: refused."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(1, 1, 4, 4), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(1, 1, 4, 4), alice, bob, crypto_provider=carol, config=CARRY)
     _tamper(monkeypatch, carry_step, lambda i, a: a[:-1] + [True] if a[8] == 2 else a)
     refused(
         alice,
@@ -302,8 +307,8 @@ def test_a_selection_takes_the_value_it_masked(
 ) -> None:
     """A selection's v is the share its opening masked: another share is refused."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
-    other = mpc.share(torch.full((6,), 5.0), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
+    other = mpc.share(torch.full((6,), 5.0), alice, bob, crypto_provider=carol, config=CARRY)
     _tamper(monkeypatch, arith_select, lambda i, a: a[:5] + [other.shares[i]] + a[6:])
     refused(
         alice,
@@ -316,7 +321,7 @@ def test_relus_mask_is_taken_once(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     calls = _selection_args(monkeypatch, arith_mask)
     compare.relu_with_mask(x.session, list(x.shares))
     args = calls[0][0]
@@ -332,7 +337,7 @@ def test_a_selection_runs_once(
 ) -> None:
     """Its opened e and its products are used up by the first call."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     calls = _selection_args(monkeypatch, arith_select)
     compare.select_by_msb(x.session, list(x.shares), [list(x.shares)])
     args = calls[0][0]
@@ -349,7 +354,7 @@ def test_the_last_level_runs_once(
     """Its nonce's level waits for one step: a second call is refused (its streams and
     the dealer's words serve one comparison)."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     real = carry_run.at_parties
     calls: list[Any] = []
 
@@ -374,7 +379,7 @@ def test_the_dealer_deals_no_arithmetic_level_for_groups_of_four(
 ) -> None:
     """Groups of four select on the daBit (their own material): never arithmetic."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
-    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
+    x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol, config=CARRY)
     s = x.session
     args = [s.dealer_seeds, s.next_nonce(), [2, 6], [s.next_nonce(), s.next_nonce()]]
     args += [[], s.next_nonce(), 0, True]

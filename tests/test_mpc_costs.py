@@ -58,7 +58,10 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
         2,
         8 * (32 * 32 + 4 * 9 + 4 * 30 * 30),
     ),
-    "lt": (lambda a, b: a < b, [(N,), (N,)], 3, 13 * N),
+    # the bit alone of at most MPCConfig.two_round_up_to (2^13) elements by digit look-ups
+    # (mpc.protocols.digit_compare): c (8 bytes an element), then the 8 zero tests' masked
+    # operands (a byte each), 2 rounds; the carry tree's run took 3 and 13 bytes
+    "lt": (lambda a, b: a < b, [(N,), (N,)], 2, 16 * N),
     "relu": (F.relu, [(N,)], 3, 21 * N),
     "relu of a product": (lambda a, b: F.relu(a * b), [(N,), (N,)], 4, 45 * N),
     # values and indices (issue 25): the indices packed into the values' low bits and the
@@ -103,8 +106,9 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # (2,048 comparisons) and ranks (15,360) and the clamp's (4,096) are within
     # three_round_up_to, 3 rounds each, and d's 21,504 bits (2,688 bytes) are gone; the
     # bins' run (449 x 128 = 57,472 comparisons) keeps its 4 rounds: 17 rounds (measured:
-    # 860,098 bytes)
-    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 17, 858_912),
+    # 860,098 bytes); 16 and 822,153 measured with the comparisons of at most 2^13 values
+    # that select nothing by digit look-ups (2 rounds), where the max's plan changes
+    "softmax over 32": (lambda a: torch.softmax(a, -1), [(N // 32, 32)], 16, 822_000),
     # (x - mean) / sqrt(var + eps) likewise: 10 rounds; 23 and 200,600 with rsqrt, 12 and
     # 430,242 before the products rode in the truncations' rounds (8,448 words fewer);
     # 362,658 before the squares' products rode on the truncation of x and the mean (the
@@ -114,10 +118,14 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], int, int]] = {
     # fewer; measured: 453,116 bytes sent with 2 parties, headers included); its bins' run
     # (961 x 64 = 61,504 comparisons) is over three_round_up_to: 4 rounds and d, unchanged
     "layer norm over 64": (lambda a: F.layer_norm(a, (64,)), [(N // 64, 64)], 8, 452_500),
-    # a 2x2 window is one group of four: its six pairwise comparisons in one run and the
+    # a 2x2 window was one group of four: its six pairwise comparisons in one run and the
     # selection on their daBits (mpc/math/groups_of_four.py): 4 rounds (groups of four keep
-    # d's round), where two pairwise levels took 8 rounds and 89,089 bytes
-    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 4, 113_405),
+    # d's round) and 113,405 bytes, where two pairwise levels took 8 rounds and 89,089
+    # bytes. 1,024 windows' 6,144 pairs are within two_round_up_to: ranks take the bits
+    # by digit look-ups (2 rounds) and their lookup round, 3 rounds (the plan of the
+    # fewest rounds: mpc.ops.max_tree), for 45% more bytes (164,056 measured) and the
+    # dealer's 12.9 MB where the groups took 0.2 MB
+    "max pool 2x2": (lambda a: F.max_pool2d(a, 2), [(1, 1, 64, 64)], 3, 163_900),
     # a ReLU then a 2x2 max-pool in one run (mpc/ops/relu_pool.py): the six differences and
     # the four values compared (10 x 13 1/8 bytes a window) and the four masked values (32): 4
     # rounds, where the ReLU's run and then the max's took 8 and 280,839 bytes
@@ -159,7 +167,9 @@ DEALER_CASES: dict[str, int] = {
     # monomial of its masks: mpc/math/carry_arith.py); it was (24 + 22 + 12 + 3) N = 249,856
     # with the daBit both ways (24 with r's bits) and level 2's packed 3/8 word, 43.25
     # bytes an element with the radix-2 tree (177,152)
-    "lt": (16 + 22 + 12 + 22 * 8) * N,
+    # "lt": (16 + 22 + 12 + 22 * 8) * N while it ran the carry tree: now the tables of
+    # r's 8 digits (1,024 bytes an element), h (8) and the zero tests' tables (8 x 16 words)
+    "lt": (1024 + 8 + 8 * 16 * 8) * N,
 }
 DEALER_HEADER_ALLOWANCE = 512  # bytes of message headers of the dealer's few messages
 

@@ -85,9 +85,9 @@ def test_times_inverse_power_of_few_rows_by_fine_bins(mode, case, rows, rnd):
             Fx(session, v_sh.shares, 16), Fx(session, x_sh.shares, 24), p, lo, hi, 20, mult
         )
     fss = comparison == "fss"
-    # the comparison 3 by default (at most 961 bins x 4 rows: within 2^15, its last level
-    # arithmetic), 1 with FSS
-    assert s.rounds == (1 if fss else 3) + (3 if fine else 4)
+    # the comparison 2 by default (at most 961 bins x 4 rows: within 2^13, the bits alone
+    # by digit look-ups), 1 with FSS
+    assert s.rounds == (1 if fss else 2) + (3 if fine else 4)
     got = mpc.SharedTensor(out.shares, session, 20, torch.float32).get().double()
     xq = torch.round(xs * 2**24) / 2**24
     vq = torch.round(v.float().double() * 2**16) / 2**16

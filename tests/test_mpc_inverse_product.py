@@ -85,9 +85,9 @@ def test_product_times_inverse_power(mode, case, rows, k, rnd) -> None:
             mult,
         )
     assert out is not None
-    # the fine bins' comparison: 3 rounds by default (at most 847 bins x 4 rows, within 2^15:
-    # its last level arithmetic), 1 with FSS; then two
-    assert s.rounds == (1 if comparison == "fss" else 3) + 2
+    # the fine bins' comparison: 2 rounds by default (at most 847 bins x 4 rows, within
+    # 2^13: the bits alone by digit look-ups), 1 with FSS; then two
+    assert s.rounds == (1 if comparison == "fss" else 2) + 2
     sp, bits = out
     got = mpc.SharedTensor(sp.shares, session, sp.scale, torch.float32).get().double()
     xq = torch.round(xs * 2**24) / 2**24

@@ -32,8 +32,12 @@ def _run(session: Session, elements: int, grouped: bool = False) -> int:
 
 
 def _ranks(session: Session, pairs: int) -> int:
-    """Ranks: the pairs' comparison run (1 round with FSS) and the selection's round."""
-    return 2 if session.config.comparison == "fss" else _run(session, pairs) + 1
+    """Ranks: the pairs' comparison run (1 round with FSS; the bit alone, so 2 by digit
+    look-ups up to the session's ``two_round_up_to`` pairs) and the selection's round."""
+    if session.config.comparison == "fss":
+        return 2
+    digits = session.config.two_round_up_to
+    return (2 if digits is not None and pairs <= digits else _run(session, pairs)) + 1
 
 
 def _tree(session: Session, rows: int, k: int) -> int:
@@ -124,14 +128,16 @@ def test_ranked_groups_save_rounds(
 
 
 @pytest.mark.parametrize(
-    ("rows", "k", "rounds"),
+    ("rows", "k", "rounds", "measured"),
     # 5,000 rows of 32: groups, pairs of 20,000 elements (3), groups: 11, where pairs
     # first (80,000 elements: 4) took 12; a vocabulary of 50,257: groups of four four
     # times (16) to 197 entries, then ranks over 19,306 pairs (3 + 1): 20, where ranks
-    # after five levels took 24
-    [(5000, 32, 11), (1, 50257, 20)],
+    # after five levels took 24. The max takes ranked groups where they take fewer: four
+    # levels (16), then ranks over 50 entries, whose 1,225 pairs compare by digit
+    # look-ups in 2 rounds (mpc.protocols.digit_compare) and the lookup round: 19
+    [(5000, 32, 11, 11), (1, 50257, 20, 19)],
 )
-def test_the_tree_of_fewest_rounds(rows: int, k: int, rounds: int) -> None:
+def test_the_tree_of_fewest_rounds(rows: int, k: int, rounds: int, measured: int) -> None:
     parties, dealer = _session_args(2, "default")
     x = torch.randn(rows, k)
     xs = mpc.share(x, *parties, crypto_provider=dealer)
@@ -139,7 +145,7 @@ def test_the_tree_of_fewest_rounds(rows: int, k: int, rounds: int) -> None:
     with mpc.stats() as s:
         m = torch.amax(xs, dim=-1)
         m.materialize()
-    assert s.rounds == rounds
+    assert s.rounds == measured
     assert torch.equal(m.get(), (torch.round(x * 2**16) / 2**16).amax(dim=-1))
 
 

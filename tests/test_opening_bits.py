@@ -107,7 +107,7 @@ def _captured_d(x: Any, y: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list[A
 
 _refused = refused  # (tests/refusals.py)
 #: comparisons that open d at every size
-FOUR_ROUNDS = MPCConfig(three_round_up_to=None)
+FOUR_ROUNDS = MPCConfig(three_round_up_to=None, two_round_up_to=None)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -100,8 +100,8 @@ def test_shared_copy_max_and_protocol_names(make_worker):
     values, indices = x.max(dim=0)
     assert torch.equal(values.get(), torch.tensor([3.0, 5.0]))
     assert torch.equal(indices.get(), torch.tensor([1, 0]))
-    # ("snn": the carry tree, 3 rounds for so few elements: its last level arithmetic)
-    for protocol, rounds in (("fss", 1), ("snn", 3)):
+    # ("snn": 2 rounds for so few elements, the bit by digit look-ups)
+    for protocol, rounds in (("fss", 1), ("snn", 2)):
         y = torch.tensor([1.0, -2.0]).share(alice, bob, crypto_provider=carol, protocol=protocol)
         with mpc.stats() as s:
             above = y > 0

@@ -20,6 +20,7 @@ import math
 import torch
 
 from mpc.math import digit_compare as dm
+from mpc.protocols import pieces
 from mpc.protocols.digit_compare.steps import (
     TEST_WORDS,
     dealer_digit_compare,
@@ -36,7 +37,9 @@ from mpc.session import Session
 def digits_fit(session: Session, compared: int) -> bool:
     """Whether a comparison of ``compared`` values (elements times thresholds) that
     selects nothing runs by digit look-ups: default mode, semi-honest, at most the
-    session's ``two_round_up_to``."""
+    session's ``two_round_up_to``, and its dealer's step within one piece (counted as if
+    each compared value were an element: the larger declaration; else the carry tree
+    runs in pieces, :mod:`mpc.protocols.pieces`)."""
     config = session.config
     limit = config.two_round_up_to
     return (
@@ -44,6 +47,7 @@ def digits_fit(session: Session, compared: int) -> bool:
         and config.security == "semi-honest"
         and limit is not None
         and compared <= limit
+        and pieces.count(dealer_digit_compare, {"shape": [compared]}, compared) == 1
     )
 
 
