@@ -168,8 +168,9 @@ DEALER_CASES: dict[str, int] = {
     # with the daBit both ways (24 with r's bits) and level 2's packed 3/8 word, 43.25
     # bytes an element with the radix-2 tree (177,152)
     # "lt": (16 + 22 + 12 + 22 * 8) * N while it ran the carry tree: now the tables of
-    # r's 8 digits (1,024 bytes an element), h (8) and the zero tests' tables (8 x 16 words)
-    "lt": (1024 + 8 + 8 * 16 * 8) * N,
+    # r's 8 digits (1,024 bytes an element), h (8) and the zero tests' tables (86 words:
+    # 16 entries for each of the four lowest digits, 8, 8, 4 and 2 for the others)
+    "lt": (1024 + 8 + 86 * 8) * N,
 }
 DEALER_HEADER_ALLOWANCE = 512  # bytes of message headers of the dealer's few messages
 

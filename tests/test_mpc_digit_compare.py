@@ -133,7 +133,7 @@ def test_what_it_sends(n: int) -> None:
     payload = (8 * 512 + 8 * 8 * 512) * (n - 1)
     for sent in s.bytes_per_party.values():
         assert payload <= sent <= payload + 80 * 4 * (n - 1)
-    dealt = 512 * 1024 + 8 * (512 + 8 * 512 * 128)  # tables, h, the zero tests' tables
+    dealt = 512 * 1024 + 8 * (512 + 8 * 512 * 86)  # tables, h, the zero tests' tables
     assert dealt <= s.dealer_bytes <= 1.05 * dealt
 
 

@@ -28,7 +28,11 @@ import torch
 DIGITS = 8  # digits of the 63 low bits (7 of 8 bits, the top one of 7)
 DIGIT_BITS = 8
 RADIX = 1 << DIGIT_BITS
-TEST_BITS = 4  # the zero tests' modulus 2^4 = 16 > max w_i = 15
+#: each digit's zero test modulo the least power of two above its largest w_i,
+#: 2 (7 - i) + 1: 16, 16, 16, 16, 8, 8, 4, 2 from the lowest digit (86 entries, not 128)
+MODULI = [1 << (2 * (DIGITS - 1 - i) + 1).bit_length() for i in range(DIGITS)]
+OFFSETS = [sum(MODULI[:i]) for i in range(DIGITS)]
+TEST_ENTRIES = sum(MODULI)
 LOW63 = (1 << 63) - 1
 #: int64 words of an element's packed tables (two 4-bit entries a byte)
 PACKED_WORDS = DIGITS * RADIX // 16
@@ -106,6 +110,14 @@ def zero_test_operands(tables: torch.Tensor, c_digits: torch.Tensor, first: bool
     return w
 
 
+def test_index(v: torch.Tensor) -> torch.Tensor:
+    """Each digit's entry in a compared value's zero-test tables (:data:`TEST_ENTRIES`
+    words, digit i's :data:`MODULI` [i] from :data:`OFFSETS` [i]) for v = w + rho (or
+    rho itself) modulo 256, [..., DIGITS] of any integer dtype: OFFSETS + v mod MODULI."""
+    mask = torch.tensor(MODULI, dtype=torch.int64) - 1
+    return (v.to(torch.int64) & mask) + torch.tensor(OFFSETS, dtype=torch.int64)
+
+
 def carry(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """[R >= C] in the clear (the reference the tests compare the protocol's math with)."""
     return ((~r & LOW63) >= (LOW63 - (c & LOW63))).to(torch.int64)
@@ -115,7 +127,9 @@ __all__ = [
     "DIGITS",
     "PACKED_WORDS",
     "RADIX",
-    "TEST_BITS",
+    "MODULI",
+    "OFFSETS",
+    "TEST_ENTRIES",
     "carry",
     "digits",
     "one_hot",

@@ -7,7 +7,9 @@ Dealer, for the mask r (the sum of the parties' derived words, one an element of
 one-hot tables of the 8 digits of R = the low 63 bits of ~r, shared modulo 16 (two
 entries a byte: 1,024 bytes an element); h = msb(~r), shared additively; and per
 compared value (an element and one of its T public thresholds) and digit, the one-hot
-table of the zero test's mask rho mod 16 times (1 - 2h), shared additively (16 words).
+table of the zero test's mask rho modulo the digit's modulus (16 for the four lowest
+digits, then 8, 8, 4, 2: above the digit's largest w) times (1 - 2h), shared additively
+(86 words).
 The parties before the last derive their shares; the last party's come in two
 deliveries, one for each step that reads them.
 
@@ -15,7 +17,7 @@ Round 1 opens c = x + r (one word an element). Round 2 opens u = w + rho mod 256
 compared value and digit (w linear in the tables' shares at c's digits, rho each party's
 derived word: u is uniform), and each party's share of the bit is then local:
 msb(x - theta) = b + (1 - 2b) (h + (1 - 2h) sum_i [w_i = 0]), with b = msb(c - theta)
-public and (1 - 2h) [w_i = 0] the entry of the dealt table at u_i mod 16.
+public and (1 - 2h) [w_i = 0] the entry of the dealt table at u_i mod M_i.
 
 Instance: one nonce for r, the tables, h, the masks rho and their tables. Each
 threshold's comparisons of an element share its r (one opening of c an element), each
@@ -41,9 +43,7 @@ from mpc.protocols.streams import (
     TAG_TABLE,
     consume,
     derive,
-    entries_at,
     last_share,
-    party_tables,
     sum_derived,
 )
 from pointers.worker.sealing import ProtocolCall, seal
@@ -52,8 +52,8 @@ from pointers.worker.sealing import ProtocolCall, seal
 #: the zero tests' tables)
 DIGIT_C, DIGIT_U = "digits.c", "digits.u"
 DEALER_TABLES, DEALER_TESTS = "dealer.digits.tables", "dealer.digits.tests"
-#: one compared value's zero tests: a 16-entry table a digit
-TEST_WORDS = dm.DIGITS << dm.TEST_BITS
+#: one compared value's zero tests: a table a digit, 86 words in all (mpc.math.digit_compare.MODULI)
+TEST_WORDS = dm.TEST_ENTRIES
 
 
 def _count(thresholds: Any) -> int:
@@ -97,7 +97,8 @@ def dealer_digit_compare(
     ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], thresholds: list[int] | None
 ) -> list[torch.Tensor]:
     """The last party's shares: the tables of R's digits ([n, PACKED_WORDS], 4-bit
-    entries), then h and the zero tests' tables (flat: n words, then [T, n, 8, 16])."""
+    entries), then h and the zero tests' tables (flat: n words, then [T, n, 86]: per
+    digit, a one-hot table of rho mod its modulus, times 1 - 2h)."""
     count = _count(thresholds)
     consume(ctx, seeds, nonce, TAG_R, TAG_A, TAG_B, TAG_C, TAG_TABLE)
     n = numel(shape)
@@ -109,14 +110,14 @@ def dealer_digit_compare(
     del tables
     h = (r >> 63).bitwise_and_(1).bitwise_xor_(1)  # msb(~r)
     del r
-    rho = sum_derived(seeds, nonce, TAG_C, [count, n, dm.DIGITS]).bitwise_and_(15)
-    tests = torch.zeros([count, n, dm.DIGITS, 1 << dm.TEST_BITS], dtype=torch.int64)
-    tests.scatter_(
-        -1, rho.unsqueeze(-1), (1 - 2 * h).view(1, n, 1, 1).expand(count, n, dm.DIGITS, 1)
-    )
-    del rho
-    tests = last_share(tests, seeds, nonce, TAG_TABLE).reshape(-1)
-    return [packed, torch.cat([last_share(h, seeds, nonce, TAG_B), tests])]
+    at = dm.test_index(sum_derived(seeds, nonce, TAG_C, [count, n, dm.DIGITS]))
+    out = torch.zeros(n + count * n * TEST_WORDS, dtype=torch.int64)
+    tests = out[n:].view(count, n, TEST_WORDS)
+    tests.scatter_(-1, at, (1 - 2 * h).view(1, n, 1).expand(count, n, dm.DIGITS))
+    del at
+    last_share(tests, seeds, nonce, TAG_TABLE)
+    out[:n] = last_share(h, seeds, nonce, TAG_B)
+    return [packed, out]
 
 
 # -- the parties ---------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def _finish_rule(call: ProtocolCall) -> Any:
 
 
 def _finish_size(p: dict[str, Any]) -> int:
-    """The zero tests' tables (derived or dealt: 16 words a digit of a compared value),
+    """The zero tests' tables (derived or dealt: 86 words a compared value),
     the entries read and the bits."""
     return declared((TEST_WORDS + 3 * dm.DIGITS + 4) * WORD * tensor_elems(p, "c") * _t(p))
 
@@ -225,7 +226,7 @@ def digit_finish(
     thresholds: list[int] | None = None,
 ) -> torch.Tensor:
     """Party i's share of msb(x - theta_k), [T, *x] ([*x] without thresholds), from the
-    opened c and u: b + (1 - 2b) (h + sum_i Q_i[u_i mod 16]) with b = msb(c - theta_k)
+    opened c and u: b + (1 - 2b) (h + sum_i Q_i[u_i mod M_i]) with b = msb(c - theta_k)
     public (the constant b at party 0 only), h and the tables Q = (1 - 2h) onehot(rho)
     its shares (derived, or the last party's ``tests``)."""
     count = _count(thresholds)
@@ -242,10 +243,9 @@ def digit_finish(
         dealt = None
     else:
         h, dealt = tests[:n], tests[n:]
-    shape = [count, n, dm.DIGITS]
-    (table,) = party_tables(seed, nonce, [TAG_TABLE], dealt, shape, dm.TEST_BITS)
-    (y,) = entries_at([table], u.to(torch.int64), dm.TEST_BITS)
-    y = y.sum(-1).add_(h)
+    shape = [count, n, TEST_WORDS]
+    table = derive(seed, nonce, TAG_TABLE, shape) if dealt is None else dealt.view(shape)
+    y = torch.gather(table, -1, dm.test_index(u)).sum(-1).add_(h)
     b = (_compared(c, thresholds) >> 63) & 1
     out = y.mul_(1 - 2 * b)
     if first:
