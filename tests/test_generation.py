@@ -465,3 +465,36 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram() -> None:
     assert prompt_lookup([1, 2, 3, 1, 2, 3, 1], 2) == [2, 3]
     assert prompt_lookup([9, 8, 7], 2) == [7, 7]  # no earlier n-gram: the last token
     assert prompt_lookup([4, 4], 3) == [4, 4, 4]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_steps_scores_ride_in_the_round_that_truncates_its_key(kind: str) -> None:
+    """A step's q K^T over the cache forms in the round that truncates q and the step's new
+    key and value (mpc.generation.attention.scores_with_writes), and the same greedy
+    tokens: GPT-2 one round fewer a layer (its q, k and v, views of one projection, took
+    one truncation round, then the Beaver product); Llama three (its rotated key, its
+    value and its rotated query took a truncation round each, then the product; its
+    grouped key heads serve their query heads by broadcasting)."""
+    from mpc.generation import attention as gen_attention
+
+    model = tiny(kind)
+    prompt = prompt_of(1)
+    expected = plaintext(model, prompt, 3)
+    rounds = {}
+    for fused in (True, False):
+        parties, carol = workers()
+        shared = copy.deepcopy(model)
+        mpc.share(shared, *parties, crypto_provider=carol)
+        progs = mpc.generation.programs(shared, PROMPT, MAX_LENGTH)
+        session = mpc.hf.session_of(shared)
+        with pytest.MonkeyPatch.context() as mp:
+            if not fused:
+                mp.setattr(gen_attention, "FUSED_SCORES_UP_TO", 0)
+            tokens = [progs.prefill(one_hot_rows(prompt, VOCAB, session)).get()]
+            for _ in range(2):
+                with mpc.stats() as s:
+                    tokens.append(progs.step(one_hot_rows(tokens[-1], VOCAB, session)).get())
+        rounds[fused] = s.rounds
+        assert torch.equal(torch.cat([t.reshape(1, 1) for t in tokens], 1), expected)
+    saved = 1 if kind == "gpt2" else 3
+    assert rounds[True] == rounds[False] - saved * model.config.num_hidden_layers

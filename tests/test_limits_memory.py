@@ -479,6 +479,16 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
 
     compare.msb(x.session, [s[: 1 << 13] for s in x.shares])
     compare.msb_thresholds(x.session, [s[:64] for s in x.shares], list(range(128)))
+    # truncated values times a plain operand (a decoding step's scores over its cache:
+    # mpc.generation.attention), 2^20 product elements
+    from mpc.protocols.truncated_products.run import truncate_and_multiply
+
+    q = mpc.share(torch.rand(16, 1, 1, 64), a, b, crypto_provider=c)
+    keys = mpc.share(torch.rand(1, 1, 1024, 64), a, b, crypto_provider=c)
+    truncate_and_multiply(
+        [Fx(q.session, [t * (1 << 16) for t in q.shares], 32)], [16], [0.0], [(0, 0)],
+        Fx(keys.session, list(keys.shares), 16), [0],
+    )  # fmt: skip
     m = mpc.share(torch.rand(256, 256), a, b, crypto_provider=c)
     (m @ m).get()
     img = mpc.share(torch.rand(2, 3, 32, 32), a, b, crypto_provider=c)

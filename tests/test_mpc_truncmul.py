@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_sealing_attacks import Recorder, _refused, step
 
 import mpc
@@ -125,3 +127,76 @@ def test_the_batch_steps_run_once_on_their_own_truncations(
         lambda: step(carol, "mpc.dealer_trunc_products", again, [((1,), I64)]),
         "already used",
     )
+
+
+# -- a plain operand: a shared value with nothing pending, multiplied in the same round ----
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.sampled_from([2, 3]),
+    rows=st.integers(1, 4),
+    cols=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    offset=st.sampled_from([0.0, -1.0, 0.5]),
+)
+def test_a_plain_operand_times_truncated_values_is_exact(
+    n: int, rows: int, cols: int, seed: int, offset: float
+) -> None:
+    """x y for x = (z >> f) + offset truncated in the round and y shared (any scale,
+    broadcast against x), exact in the ring, beside a pair's product, in one round that
+    opens the truncations' c and y's masked e (8 bytes an element each)."""
+    parties = [pt.VirtualWorker(f"p{i}") for i in range(n)]
+    session = mpc.share(torch.zeros(1), *parties, crypto_provider=pt.VirtualWorker("d")).session
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randint(-(1 << 45), 1 << 45, (rows, 1, 8), generator=gen, dtype=I64)
+    y = torch.randint(-(1 << 30), 1 << 30, (1, cols, 8), generator=gen, dtype=I64)
+    fx = Fx(session, share_tensor(z, session).shares, 40)
+    yfx = Fx(session, share_tensor(y, session).shares, 16)
+    with mpc.stats() as s:
+        session.watch()
+        xs, prods = truncate_and_multiply([fx], [16], [offset], [(0, 0)], yfx, [0])
+    assert s.rounds == 1
+    payload = 8 * (rows * 8 + cols * 8) * (n - 1)
+    for sent in s.bytes_per_party.values():
+        assert payload <= sent <= payload + 96 * (n - 1)
+    x = _open(session, xs[0].shares)
+    assert set((x - (z >> 24) - int(offset * 2**16)).unique().tolist()) <= {
+        0,
+        1,
+    }  # floor, or one more
+    assert torch.equal(_open(session, prods[0].shares), x * x)
+    assert prods[1].scale == 32
+    assert torch.equal(_open(session, prods[1].shares), x * y)  # exact, broadcast
+
+
+def test_a_plain_operands_steps_take_their_own_opening(
+    trio: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parties' step given another batch's opened e (or none, or its e without the
+    products' pairs), and the mask step again: refused."""
+    alice, bob, carol = trio
+    rec = Recorder(monkeypatch)
+    session, zs, fx = _batch([alice, bob], carol)
+    y = Fx(session, share_tensor(torch.ones(5, 7, dtype=I64), session).shares, 16)
+    for _ in range(2):
+        truncate_and_multiply(fx, [24, 20], [0.0, 0.0], [(0, 1)], y, [0, 1])
+    first, second = (c for c in rec.of("mpc.trunc_products") if c[0] is alice)
+    out = [((5, 7), I64), ((5, 1), I64), ((5, 7), I64), ((5, 7), I64), ((5, 7), I64)]
+    args = list(second[2])
+    args[10] = first[2][10]  # another batch's e (spent with it)
+    _refused(alice, lambda: step(alice, "mpc.trunc_products", args, out), "spent|belongs|takes a")
+    masks = [c for c in rec.of("mpc.plain_mask") if c[0] is alice]
+    _refused(
+        alice,
+        lambda: step(alice, "mpc.plain_mask", masks[0][2], [((5, 7), I64), ((5, 7), I64)]),
+        "already used",
+    )
+    # a batch without a plain operand, its step given the pairs of one
+    rec2 = Recorder(monkeypatch)
+    truncate_and_multiply(_batch([alice, bob], carol)[2], [24, 20], [0.0, 0.0], [(0, 1)])
+    (call,) = [c for c in rec2.of("mpc.trunc_products") if c[0] is alice]
+    assert call[2][10] is None and call[2][12] is None  # (e, b, the plain operand's pairs)
+    args = list(call[2])
+    args[12] = [0]
+    _refused(alice, lambda: step(alice, "mpc.trunc_products", args, out), "spent|takes")

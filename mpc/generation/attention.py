@@ -11,6 +11,7 @@ rotated there too (its keys when the cache writes them)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,11 +19,14 @@ from typing import Any
 import torch
 
 from mpc.errors import MPCError, UnsupportedOpError
-from mpc.ops.attention import repeat_heads, scaled_scores
+from mpc.generation.cache import PartyPositions
+from mpc.ops.attention import FUSED_SCORES_UP_TO, repeat_heads, scaled_scores
 from mpc.ops.bilinear import bilinear_op
-from mpc.ops.common import aten
+from mpc.ops.common import aten, result_dtype
 from mpc.ops.masking import select_public
 from mpc.ops.softmax_product import softmax_matmul
+from mpc.protocols.approx import Fx
+from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.shared import SharedTensor
 
 NAME = "mpc_static_cache"
@@ -50,10 +54,16 @@ def static_cache_attention(
     positions, rotary = state.positions, state.rotary
     if not state.prefill and rotary is not None:
         query = rotary.rotate(query)
+    fused = None
+    new = None if state.prefill else state.cache.take(getattr(module, "layer_idx", -1))
+    if new is not None:  # the step's key and value, still to be truncated
+        fused = scores_with_writes(query, key, value, new[0], new[1], positions)
     heads = query.shape[-3]
     key, value = repeat_heads(key, heads), repeat_heads(value, heads)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = scaled_scores(bilinear_op(query, key.transpose(-2, -1), "matmul", {}), scale)
+    if fused is None:
+        fused = bilinear_op(query, key.transpose(-2, -1), "matmul", {})
+    scores = scaled_scores(fused, scale)
     length, capacity = query.shape[-2], key.shape[-2]
     if state.prefill:  # query i sees 0..i: public, the same at every prefill of L tokens
         keep = torch.ones(length, capacity, dtype=torch.bool).tril()
@@ -62,6 +72,72 @@ def static_cache_attention(
         scores = state.mask_extra(positions.mask_scores(scores))
     out = softmax_matmul(aten._softmax.default, scores, value)
     return out.transpose(1, 2), None
+
+
+def scores_with_writes(
+    q: SharedTensor,
+    keys: SharedTensor,
+    values: SharedTensor,
+    k: SharedTensor,
+    v: SharedTensor,
+    positions: PartyPositions,
+) -> SharedTensor | None:
+    """A decoding step's q K^T over the cache, formed in the round that truncates q and
+    the step's new key k and value v (:func:`mpc.protocols.truncated_products.run.
+    truncate_and_multiply`): q times the cache with the step's rows zeroed (a plain
+    operand: its masked opening rides in that round) plus q k scattered to the step's
+    rows (a product of truncated values), where the truncation and then the Beaver
+    product took a round each. k and v are then written (:meth:`PartyPositions.write`),
+    truncated. Returns the scores (their truncation pending), or None where it does not
+    apply (k and v written as before, nothing else run)."""
+    heads, kv, lq, d = q.shape[-3], keys.shape[-3], q.shape[-2], q.shape[-1]
+    cap, lead = keys.shape[-2], tuple(q.shape[:-3])
+    fits = (
+        q.pending
+        and k.pending
+        and q.dim() == keys.dim() == k.dim() == 4
+        and heads % kv == 0
+        and tuple(k.shape) == (*lead, kv, lq, d)
+        and tuple(keys.shape[:-2]) == (*lead, kv)
+        and keys.pending == 0
+        and q.frac_bits - q.pending + keys.frac_bits
+        == q.frac_bits - q.pending + k.frac_bits - k.pending
+        and math.prod(lead) * heads * lq * cap * d <= FUSED_SCORES_UP_TO
+    )
+    if not fits:
+        positions.write(keys, k)
+        positions.write(values, v)
+        return None
+    group = heads // kv
+    session = q.session
+    qv = q.reshape(*lead, kv, group, lq, 1, d)
+    kn = k.reshape(*lead, kv, 1, 1, lq, d)
+    old = [  # the cache with the step's rows zeroed (each party's own positions)
+        (s * (1 - sel.sum(0)).reshape(-1, 1)).reshape(*lead, kv, 1, 1, cap, d)
+        for s, sel in zip(keys.shares, positions.sel)
+    ]
+    todo = [qv, kn] + ([v] if v.pending else [])
+    fx = [Fx(session, list(t.shares), t.frac_bits) for t in todo]
+    done, (with_new, with_old) = truncate_and_multiply(
+        fx,
+        [t.frac_bits - t.pending for t in todo],
+        [0.0] * len(todo),
+        [(0, 1)],
+        plain=Fx(session, old, keys.frac_bits),
+        plain_pairs=[0],
+    )
+    for t, got, shape in zip([q, k, v], done, [q.shape, k.shape, None]):
+        t.shares = [s.reshape(shape) for s in got.shares] if shape is not None else got.shares
+        t.frac_bits, t.pending = got.scale, 0
+    shares = [
+        (o.sum(-1) + torch.matmul(n.sum(-1), sel)).reshape(*lead, heads, lq, cap)
+        for o, n, sel in zip(with_old.shares, with_new.shares, positions.sel)
+    ]
+    positions.write(keys, k)
+    positions.write(values, v)
+    f = session.config.frac_bits
+    scale = with_old.scale
+    return SharedTensor(shares, session, scale, result_dtype(q, keys), pending=scale - f)
 
 
 def register() -> None:

@@ -181,6 +181,9 @@ class SharedStaticCache:
         self.keys: dict[int, SharedTensor] = {}
         self.values: dict[int, SharedTensor] = {}
         self.prefill = True
+        # a step's new keys and values still to be truncated, by layer: written by the
+        # attention in the round that truncates them (mpc.generation.attention)
+        self.pending: dict[int, tuple[SharedTensor, SharedTensor]] = {}
 
     # -- what the models' code asks of a cache --------------------------------------------
     def update(
@@ -194,9 +197,17 @@ class SharedStaticCache:
         else:
             if self.rotary is not None:
                 key = self.rotary.rotate(key)
-            self.positions.write(self.keys[layer_idx], key)
-            self.positions.write(self.values[layer_idx], value)
+            if key.pending:  # (the attention writes it, :meth:`take`)
+                self.pending[layer_idx] = (key, value)
+            else:
+                self.positions.write(self.keys[layer_idx], key)
+                self.positions.write(self.values[layer_idx], value)
         return self.keys[layer_idx], self.values[layer_idx]
+
+    def take(self, layer_idx: int) -> tuple[SharedTensor, SharedTensor] | None:
+        """The step's new key and value of ``layer_idx`` not yet written (the caller
+        writes them: :meth:`PartyPositions.write`), or None."""
+        return self.pending.pop(layer_idx, None)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.prefill else self.positions.seen

@@ -18,6 +18,15 @@ the public bits m (:func:`trunc_products`). A level of products after a truncati
 that one round instead of two. The inverse powers of
 softmax and layer norm use it (:mod:`mpc.protocols.inverse`).
 
+A *plain* operand y (shared, nothing pending: a cache of keys) multiplies a truncated x
+in the same round too: the parties open e = y - b beside the truncations' c (b the
+parties' derived mask of the batch's nonce, :func:`plain_mask`), and
+
+    x y = x e + p_x [b] + [U_x b] + m_x [D_x b],
+
+with the dealer's U_x b and D_x b per product element (2 words: :func:`dealer_trunc_products`'
+``plain_pairs``), where a Beaver product after the truncation took its own round.
+
 The rules (sealing): the dealer's products are bound to the
 truncations' nonces, bits and pairs, and each truncation joins at most one batch of
 products (the dealer marks its nonce's otherwise unused C stream); the parties' step takes
@@ -31,10 +40,21 @@ from typing import Any
 
 import torch
 
-from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
-from mpc.protocols.sizes import SLACK, WORD, declared, int_param, numel, records, tensors
-from mpc.protocols.step import step
+from mpc.protocols.rules import OPENED, dealer_seeds, kept, nonce_of, party_seed
+from mpc.protocols.sizes import (
+    SLACK,
+    WORD,
+    declared,
+    elementwise,
+    int_param,
+    numel,
+    records,
+    stream_records,
+    tensors,
+)
+from mpc.protocols.step import SUM, step
 from mpc.protocols.streams import (
+    TAG_A,
     TAG_C,
     TAG_D,
     TAG_R,
@@ -49,6 +69,7 @@ from pointers.worker.sealing import ProtocolCall, seal
 
 MAX_VALUES = 8  # truncations in one batch
 MAX_PAIRS = 8  # products in one batch
+PLAIN_E, PLAIN_B = "tprod.e", "tprod.b"  # a plain operand's opened e and its mask's share
 
 
 def terms(bits_x: int, bits_y: int) -> int:
@@ -61,15 +82,44 @@ def out_shape(shape_x: list[int], shape_y: list[int]) -> list[int]:
     return list(torch.broadcast_shapes(tuple(shape_x), tuple(shape_y)))
 
 
-def material_words(shapes: list[list[int]], bits: list[int], pairs: list[list[int]]) -> int:
-    """int64 words of a batch's product material (one party's share, flat)."""
+def material_words(
+    shapes: list[list[int]],
+    bits: list[int],
+    pairs: list[list[int]],
+    plain_shape: list[int] | None = None,
+    plain_pairs: list[int] | None = None,
+) -> int:
+    """int64 words of a batch's product material (one party's share, flat): the pairs'
+    terms, then 2 a product element of each value with the plain operand."""
     total = 0
     for i, j in pairs:
-        n = 1
-        for d in out_shape(shapes[i], shapes[j]):
-            n *= d
-        total += terms(bits[i], bits[j]) * n
+        total += terms(bits[i], bits[j]) * torch.Size(out_shape(shapes[i], shapes[j])).numel()
+    for i in plain_pairs or []:
+        assert plain_shape is not None
+        total += 2 * torch.Size(out_shape(shapes[i], plain_shape)).numel()
     return total
+
+
+def check_plain(shapes: list[list[int]] | None, plain_shape: Any, plain_pairs: Any) -> None:
+    """A plain operand: a shape (or None with no pairs) and the values it multiplies
+    (indices, 1 to MAX_PAIRS), whose shapes broadcast with it."""
+    if plain_pairs is None and plain_shape is None:
+        return
+    n = len(shapes) if shapes is not None else MAX_VALUES
+    if not (
+        isinstance(plain_pairs, list)
+        and 1 <= len(plain_pairs) <= MAX_PAIRS
+        and all(type(k) is int and 0 <= k < n for k in plain_pairs)
+    ):
+        raise ValueError(f"a plain operand multiplies 1 to {MAX_PAIRS} of the batch's values")
+    if not (isinstance(plain_shape, list) and all(type(d) is int and d >= 0 for d in plain_shape)):
+        raise ValueError("a plain operand takes its shape (a list of sizes)")
+    if shapes is not None:
+        for i in plain_pairs:
+            try:
+                out_shape(shapes[i], plain_shape)
+            except (RuntimeError, TypeError) as e:
+                raise ValueError(f"value {i} and the plain operand do not broadcast: {e}") from None
 
 
 def check_batch(shapes: Any, bits: Any, pairs: Any, count: int | None = None) -> None:
@@ -133,16 +183,27 @@ def _pair_elems(shapes: list[list[int]], pairs: Any) -> int:
     return total
 
 
+def _plain_elems(shapes: list[list[int]], plain_shape: Any, plain_pairs: Any) -> int:
+    """Elements of the products with the plain operand (0 without one)."""
+    if plain_pairs is None:
+        return 0
+    check_plain(shapes, plain_shape, plain_pairs)
+    return sum(torch.Size(out_shape(shapes[i], plain_shape)).numel() for i in plain_pairs)
+
+
 def _dealer_size(p: dict[str, Any]) -> int:
     """Each truncation's mask, U and D, and per product element its four terms (twice:
     the parts and their concatenation), the others' derived shares and their temporaries
     (measured: 4 words a truncated value and 10.5 a product element, for a softmax over
-    4096 x 256)."""
+    4096 x 256); a plain operand's mask and its products likewise."""
     shapes = p.get("shapes")
     if not isinstance(shapes, list) or not 1 <= len(shapes) <= 64:
         raise ValueError("parameter 'shapes' is a list of 1 to 64 shapes")
     values = sum(numel(s, "shapes") for s in shapes)
-    return declared(WORD * (4 * values + 10.5 * _pair_elems(shapes, p.get("pairs"))))
+    plain = p.get("plain_shape")
+    values += numel(plain, "plain_shape") if plain is not None else 0
+    elems = _pair_elems(shapes, p.get("pairs")) + _plain_elems(shapes, plain, p.get("plain_pairs"))
+    return declared(WORD * (4 * values + 10.5 * elems))
 
 
 def _party_size(p: dict[str, Any]) -> int:
@@ -153,7 +214,11 @@ def _party_size(p: dict[str, Any]) -> int:
         return SLACK
     shapes = [list(c.shape) for c in cs]
     values = sum(c.numel() for c in cs)
-    return declared(WORD * (5.5 * values + 7 * _pair_elems(shapes, p.get("pairs"))))
+    elems = _pair_elems(shapes, p.get("pairs"))
+    e = p.get("plain_e")
+    if isinstance(e, torch.Tensor):
+        elems += _plain_elems(shapes, list(e.shape), p.get("plain_pairs"))
+    return declared(WORD * (5.5 * values + 7 * elems))
 
 
 def _batch_keeps(per_value: int) -> Any:
@@ -170,10 +235,13 @@ def _batch_keeps(per_value: int) -> Any:
 
 def _dealer_rule(call: ProtocolCall) -> Any:
     dealer_seeds(call)
-    tn, bits, pairs = (call.value(k) for k in ("trunc_nonces", "bits", "pairs"))
+    tn, bits, pairs, plain = (
+        call.value(k) for k in ("trunc_nonces", "bits", "pairs", "plain_pairs")
+    )
     if not (isinstance(tn, list) and all(type(v) is int for v in tn)):
         raise call.refuse("parameter 'trunc_nonces' is a list of ints")
-    return [seal("dealer.tprod", nonce_of(call), deliveries=1, extra=(tn, bits, pairs))]
+    extra = (tn, bits, pairs, plain)
+    return [seal("dealer.tprod", nonce_of(call), deliveries=1, extra=extra)]
 
 
 @step(
@@ -190,11 +258,17 @@ def dealer_trunc_products(
     shapes: list[list[int]],
     bits: list[int],
     pairs: list[list[int]],
+    plain_shape: list[int] | None = None,
+    plain_pairs: list[int] | None = None,
 ) -> torch.Tensor:
     """The last party's shares of the products of the truncations' masks (module
-    docstring), per pair U_x U_y, D_x U_y, U_x D_y (and D_x D_y), flat."""
+    docstring), per pair U_x U_y, D_x U_y, U_x D_y (and D_x D_y), then per value of
+    ``plain_pairs`` U_x b and D_x b with the plain operand's mask b, flat."""
     check_batch(shapes, bits, pairs, len(trunc_nonces))
+    check_plain(shapes, plain_shape, plain_pairs)
     consume(ctx, seeds, nonce, TAG_C)
+    if plain_pairs is not None:
+        consume(ctx, seeds, nonce, TAG_A)
     # (a truncation's C stream is otherwise unused: it marks its nonce as in one batch)
     for tn in set(trunc_nonces):
         consume(ctx, seeds, tn, TAG_C)
@@ -207,7 +281,35 @@ def dealer_trunc_products(
         parts += [
             t.reshape(-1) for t in _terms(*masks[i], *masks[j], bits[i], bits[j])
         ]  # fmt: skip
+    if plain_pairs is not None:
+        assert plain_shape is not None
+        b = sum_derived(seeds, nonce, TAG_A, plain_shape)
+        for i in plain_pairs:
+            u, d = masks[i]
+            parts += [(u * b).reshape(-1), (d * b).reshape(-1)]
     return last_share(torch.cat(parts), seeds, nonce, TAG_C)
+
+
+def _plain_mask_rule(call: ProtocolCall) -> Any:
+    nonce = nonce_of(call)
+    party_seed(call)
+    call.share("y")
+    return [seal(PLAIN_E, nonce), kept(PLAIN_B, nonce)]
+
+
+@step(
+    rule=_plain_mask_rule,
+    size=elementwise(1.3, "y"),  # (e and b: one word an element measured at 2^16)
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={PLAIN_E: SUM},
+)
+def plain_mask(ctx: Any, seed: torch.Tensor, nonce: int, y: torch.Tensor) -> list[torch.Tensor]:
+    """Party i: e_i = y_i - b_i (opened with the batch's truncations) and b_i (kept for
+    the batch's products), b_i derived for the batch's nonce."""
+    consume(ctx, [seed], nonce, TAG_A)
+    b = derive(seed, nonce, TAG_A, list(y.shape))
+    return [y - b, b]
 
 
 def _party_rule(call: ProtocolCall) -> Any:
@@ -221,11 +323,17 @@ def _party_rule(call: ProtocolCall) -> Any:
     )
     if [lb.nonce for lb in cs] != tn:
         raise call.refuse("the opened values are not those of the batch's truncations")
+    plain = call.value("plain_pairs")
+    e = call.material("plain_e", OPENED + PLAIN_E, nonce, local=True, optional=True, consume=True)
+    b = call.material("plain_b", PLAIN_B, nonce, local=True, optional=True, consume=True)
+    if (e is None) != (plain is None) or (b is None) != (plain is None):
+        raise call.refuse("a plain operand's products take its opened e and its mask b")
     prod = call.material(
         "products", "dealer.tprod", nonce, local=False, optional=True, consume=True
     )
     if prod is not None:
-        if [list(v) for v in prod.extra] != [tn, bits, [list(p) for p in pairs]]:
+        want = [tn, bits, [list(p) for p in pairs], plain]
+        if [list(v) if isinstance(v, list | tuple) else v for v in prod.extra] != want:
             raise call.refuse("the dealer's products are for another batch")
         corr = call.materials(
             "corrections", "dealer.trunc", "the truncations' corrections", local=False,
@@ -249,12 +357,24 @@ def trunc_products(
     bits: list[int],
     offsets: list[int],
     pairs: list[list[int]],
+    plain_e: torch.Tensor | None = None,
+    plain_b: torch.Tensor | None = None,
+    plain_pairs: list[int] | None = None,
 ) -> list[torch.Tensor]:
     """Party i's shares of each truncated value x_k = (z_k >> f_k) + offset_k (the
     offset, public, in ring units) from its opened c_k, then of each pair's product x_i
-    x_j (untruncated), with no opening (module docstring)."""
+    x_j (untruncated), then of each product x_k y with the plain operand y (``plain_e``: the
+    opened y - b, ``plain_b``: this party's share of b; ``plain_pairs``: the k's), with
+    no opening (module docstring)."""
     shapes = [list(c.shape) for c in cs]
     check_batch(shapes, bits, pairs, len(trunc_nonces))
+    e, mask = plain_e, plain_b
+    if (e is None) != (plain_pairs is None) or (mask is None) != (plain_pairs is None):
+        raise ValueError("a plain operand's products take its opened e and its mask b")
+    if e is not None and mask is not None:
+        if e.shape != mask.shape:
+            raise ValueError(f"e {list(e.shape)} and b {list(mask.shape)} differ in shape")
+        check_plain(shapes, list(e.shape), plain_pairs)
     if not (
         isinstance(offsets, list)
         and len(offsets) == len(bits)
@@ -285,9 +405,8 @@ def trunc_products(
         ms.append(m)
         us.append(u)
         ds.append(d)
-    want = sum(
-        terms(bits[i], bits[j]) * torch.Size(out_shape(shapes[i], shapes[j])).numel()
-        for i, j in pairs
+    want = material_words(
+        shapes, bits, pairs, list(e.shape) if e is not None else None, plain_pairs
     )
     if products is None:
         material = derive(seed, nonce, TAG_C, [want])
@@ -311,5 +430,15 @@ def trunc_products(
         z += t[2] & ms[j]
         if k == 4:
             z += t[3] & ms[i] & ms[j]
+        out.append(z)
+    for i in plain_pairs or []:
+        assert e is not None and mask is not None
+        shape = out_shape(shapes[i], list(e.shape))
+        n = torch.Size(shape).numel()
+        t = material[at : at + 2 * n].view(2, *shape)
+        at += 2 * n
+        z = xs[i] * e + ps[i] * mask  # x e + p [b]
+        z += t[0]  # [U b]
+        z += t[1] & ms[i]  # m [D b]
         out.append(z)
     return out
