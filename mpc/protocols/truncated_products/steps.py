@@ -299,7 +299,7 @@ def _plain_mask_rule(call: ProtocolCall) -> Any:
 
 @step(
     rule=_plain_mask_rule,
-    size=elementwise(1.3, "y"),  # (e and b: one word an element measured at 2^16)
+    size=elementwise(2, "y"),  # (e and b: two words an element, measured at 2^16)
     keeps=stream_records(1),
     makes_material=True,
     opens={PLAIN_E: SUM},
