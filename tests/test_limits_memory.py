@@ -483,10 +483,10 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     # mpc.generation.attention), 2^20 product elements
     from mpc.protocols.truncated_products.run import truncate_and_multiply
 
-    # (the plain operand small: its mask step's two words an element measure as one or
-    # two, so it is measured where its SLACK covers either)
-    q = mpc.share(torch.rand(128, 1, 1, 64), a, b, crypto_provider=c)
-    keys = mpc.share(torch.rand(1, 1, 128, 64), a, b, crypto_provider=c)
+    # (the plain operand small, 4,096 elements: its mask step's two words an element
+    # measure as none, one or two, so it is measured where its SLACK covers each)
+    q = mpc.share(torch.rand(256, 1, 1, 64), a, b, crypto_provider=c)
+    keys = mpc.share(torch.rand(1, 1, 64, 64), a, b, crypto_provider=c)
     for _ in range(2):
         truncate_and_multiply(
             [Fx(q.session, [t * (1 << 16) for t in q.shares], 32)], [16], [0.0], [(0, 0)],
