@@ -226,35 +226,28 @@ def _parties(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any, Any]:
     return alice, bob, carol, mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
 
 
-def test_the_finish_runs_once(
-    make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("step_fn", "out", "match"),
+    [
+        # the opened c and u, and the dealer's tables, are used up by the first finish
+        (digit_finish, [((6,), I64)], "not a spent"),
+        # a second zero test of one instance (a second rho, or the tables twice)
+        (digit_test, [((1, 6, dm.DIGITS), torch.uint8)], "already used|spent"),
+    ],
+)
+def test_each_step_runs_once(
+    make_worker: Callable[[str], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    step_fn: Any,
+    out: Any,
+    match: str,
 ) -> None:
-    """The opened c and u, and the dealer's tables, are used up by the first finish."""
+    """A step sent again with the arguments of its first run is refused."""
     alice, _, _, x = _parties(make_worker)
-    calls = _args_of(monkeypatch, digit_finish)
+    calls = _args_of(monkeypatch, step_fn)
     compare.msb(x.session, list(x.shares))
     args = calls[0][0]
-    refused(
-        alice,
-        lambda: pt.call_function(alice, name_of(digit_finish), args, out=[((6,), I64)]),
-        "not a spent",
-    )
-
-
-def test_the_test_step_runs_once(
-    make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A second zero test of one instance (a second rho, or the tables twice) is refused."""
-    alice, _, _, x = _parties(make_worker)
-    calls = _args_of(monkeypatch, digit_test)
-    compare.msb(x.session, list(x.shares))
-    args = calls[0][0]
-    out = [((1, 6, dm.DIGITS), torch.uint8)]
-    refused(
-        alice,
-        lambda: pt.call_function(alice, name_of(digit_test), args, out=out),
-        "already used|spent",
-    )
+    refused(alice, lambda: pt.call_function(alice, name_of(step_fn), args, out=out), match)
 
 
 def test_the_finish_takes_its_own_openings(

@@ -20,7 +20,12 @@ import torch
 
 from mpc.errors import MPCError, UnsupportedOpError
 from mpc.generation.cache import PartyPositions
-from mpc.ops.attention import FUSED_SCORES_UP_TO, repeat_heads, scaled_scores
+from mpc.ops.attention import (
+    FUSED_SCORES_UP_TO,
+    repeat_heads,
+    scaled_scores,
+    truncated_in_place,
+)
 from mpc.ops.bilinear import bilinear_op
 from mpc.ops.common import aten, result_dtype
 from mpc.ops.masking import select_public
@@ -126,9 +131,7 @@ def scores_with_writes(
         plain=Fx(session, old, keys.frac_bits),
         plain_pairs=[0],
     )
-    for t, got, shape in zip([q, k, v], done, [q.shape, k.shape, None]):
-        t.shares = [s.reshape(shape) for s in got.shares] if shape is not None else got.shares
-        t.frac_bits, t.pending = got.scale, 0
+    truncated_in_place(q, k, v, done)
     shares = [
         (o.sum(-1) + torch.matmul(n.sum(-1), sel)).reshape(*lead, heads, lq, cap)
         for o, n, sel in zip(with_old.shares, with_new.shares, positions.sel)

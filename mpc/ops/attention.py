@@ -129,12 +129,18 @@ def scores_in_truncation(q: Any, k: Any, v: Any) -> SharedTensor | None:
     done, (prod,) = truncate_and_multiply(
         fx, [t.frac_bits - t.pending for t in todo], [0.0] * len(todo), [(0, 1)]
     )
-    for t, got, shape in zip([q, k, v], done, [q.shape, k.shape, None]):
-        t.shares = [s.reshape(shape) for s in got.shares] if shape is not None else got.shares
-        t.frac_bits, t.pending = got.scale, 0
+    truncated_in_place(q, k, v, done)
     shares = [s.sum(-1).reshape(*lead, heads, lq, lk) for s in prod.shares]
     f = q.session.config.frac_bits
     return SharedTensor(shares, q.session, prod.scale, result_dtype(q, k), pending=prod.scale - f)
+
+
+def truncated_in_place(q: SharedTensor, k: SharedTensor, v: Any, done: list[Fx]) -> None:
+    """q, k and v (if it was truncated too: ``done`` holds 2 or 3) take the truncated
+    values of their round, q and k reshaped back from the products' broadcast views."""
+    for t, got, shape in zip([q, k, v], done, [q.shape, k.shape, None]):
+        t.shares = [s.reshape(shape) for s in got.shares] if shape is not None else got.shares
+        t.frac_bits, t.pending = got.scale, 0
 
 
 def _materialize_together(*ts: Any) -> None:
