@@ -16,16 +16,20 @@ carry tree is.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from mpc.math import digit_compare as dm
 from mpc.protocols import pieces
 from mpc.protocols.digit_compare.steps import (
+    SELECT_WORDS,
     TEST_WORDS,
     dealer_digit_compare,
     digit_finish,
     digit_mask,
+    digit_select_mask,
     digit_test,
 )
 from mpc.protocols.opening.run import Round
@@ -98,4 +102,97 @@ def digit_msb(session: Session, x: Shares, thresholds: list[int] | None = None) 
     return bits
 
 
-__all__ = ["digit_msb", "digits_fit"]
+class Opening(Protocol):
+    """Something whose masked opening joins a round (a product's run)."""
+
+    def open_in(self, round: Round) -> Any: ...
+
+
+def digit_select(
+    session: Session,
+    x: Shares,
+    thresholds: list[int],
+    picks: list[int],
+    values: Callable[[], list[Shares]],
+    extra: Sequence[Opening] = (),
+) -> tuple[Shares, list[Shares]]:
+    """([msb(x - theta_k)] stacked [T, *x], [msb(x - theta_{picks[s]}) v_s] for each
+    selected value) in the 2 rounds of :func:`digit_msb`: ``values()`` gives the v_s
+    (each of x's shape) once the first round opened (what rode in it finished), their
+    masked openings e_s = v_s + m_s and ``extra``'s openings ride in the second, and
+    the products are local after it: msb v_s = msb e_s - m_s msb, where the dealer's
+    [y m_s] for the picked compared value's y = h + its zero tests (86 words an element
+    and selected value, :data:`~mpc.protocols.digit_compare.steps.SELECT_WORDS` with h m_s)
+    gives [m_s msb] = b m_s + (1 - 2b) [y m_s] (b public). For runs :func:`digits_fit`
+    counts (the caller checks); the values' material is the caller's price."""
+    shape = list(x[0].shape)
+    n = math.prod(shape)
+    count, selected = len(thresholds), len(picks)
+    nonce = session.next_nonce()
+    seed = session.party_seeds
+    tables_last, tests_last, select_last = deal(
+        session,
+        "a comparison",
+        dealer_digit_compare,
+        [nonce, shape, list(thresholds), list(picks)],
+        out=[
+            ([n, dm.PACKED_WORDS], I64),
+            ([n + count * n * TEST_WORDS], I64),
+            ([selected * n * SELECT_WORDS], I64),
+        ],
+    )
+    (masked,) = at_parties(session, digit_mask, lambda i: [seed[i], nonce, x[i]], [(shape, I64)])
+    one = Round(session)
+    c = one.add(masked)
+    riders = take()
+    if riders is not None:
+        riders.open_in(one)
+    one.open()
+    if riders is not None:
+        riders.finish()
+    vals = values()
+    if len(vals) != selected:
+        raise ValueError(f"internal: {len(vals)} selected values for {selected} picks")
+    stacked = [torch.stack([v[i].reshape(shape) for v in vals]) for i in range(session.n)]
+    tables = last_only(session, tables_last)
+    (u_shares,) = at_parties(
+        session,
+        digit_test,
+        lambda i: [seed[i], nonce, i == 0, tables(i), c.value[i], thresholds],
+        [([count, n, dm.DIGITS], torch.uint8)],
+    )
+    e_shares, m = at_parties(
+        session,
+        digit_select_mask,
+        lambda i: [seed[i], nonce, stacked[i]],
+        [([selected, *shape], I64), ([selected, *shape], I64)],
+    )
+    two = Round(session)
+    u = two.add(u_shares)
+    e = two.add(e_shares)
+    for run in extra:
+        run.open_in(two)
+    two.open()
+    tests, sel = last_only(session, tests_last), last_only(session, select_last)
+    bits, got = at_parties(
+        session,
+        digit_finish,
+        lambda i: [
+            seed[i],
+            nonce,
+            i == 0,
+            tests(i),
+            c.value[i],
+            u.value[i],
+            thresholds,
+            picks,
+            sel(i),
+            e.value[i],
+            m[i],
+        ],
+        [([count, *shape], I64), ([selected, *shape], I64)],
+    )
+    return bits, [[g[s] for g in got] for s in range(selected)]
+
+
+__all__ = ["digit_msb", "digit_select", "digits_fit"]

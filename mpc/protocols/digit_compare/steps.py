@@ -32,15 +32,17 @@ import torch
 
 from mpc.math import digit_compare as dm
 from mpc.protocols.comparison.steps import MAX_THRESHOLDS, threshold_values
-from mpc.protocols.rules import OPENED, dealer_seeds, nonce_of, party_seed
+from mpc.protocols.rules import OPENED, dealer_seeds, kept, nonce_of, party_seed
 from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records, tensor_elems
 from mpc.protocols.step import SUM, step
 from mpc.protocols.streams import (
     TAG_A,
     TAG_B,
     TAG_C,
+    TAG_D,
     TAG_R,
     TAG_TABLE,
+    TAG_U,
     consume,
     derive,
     last_share,
@@ -54,6 +56,12 @@ DIGIT_C, DIGIT_U = "digits.c", "digits.u"
 DEALER_TABLES, DEALER_TESTS = "dealer.digits.tables", "dealer.digits.tests"
 #: one compared value's zero tests: a table a digit, 86 words in all (mpc.math.digit_compare.MODULI)
 TEST_WORDS = dm.TEST_ENTRIES
+#: selections: the opened masked values, each party's kept mask, the dealer's delivery
+DIGIT_E, DIGIT_M, DEALER_SELECT = "digits.e", "digits.m", "dealer.digits.select"
+#: one selected value's material an element: h m and the picked zero tests' tables times m
+SELECT_WORDS = 1 + TEST_WORDS
+#: the most values one run selects
+MAX_SELECTED = 1 << 14
 
 
 def _count(thresholds: Any) -> int:
@@ -70,6 +78,27 @@ def _t(p: dict[str, Any]) -> int:
     return min(len(t), MAX_THRESHOLDS) if isinstance(t, list) and t else 1
 
 
+def _picks(picks: Any, count: int) -> int:
+    """S, the values selected (0 without): each picks one of the T compared values of an
+    element (an index into the thresholds; 0 without)."""
+    if picks is None:
+        return 0
+    if not (
+        isinstance(picks, list)
+        and 1 <= len(picks) <= MAX_SELECTED
+        and all(type(k) is int and 0 <= k < count for k in picks)
+    ):
+        raise ValueError(
+            f"picks are a list of 1 to {MAX_SELECTED} indices of the {count} compared values"
+        )
+    return len(picks)
+
+
+def _s(p: dict[str, Any]) -> int:
+    picks = p.get("picks")
+    return min(len(picks), MAX_SELECTED) if isinstance(picks, list) else 0
+
+
 # -- the dealer ----------------------------------------------------------------------------
 
 
@@ -78,10 +107,14 @@ def _dealer_rule(call: ProtocolCall) -> Any:
     nonce = nonce_of(call)
     count = _count(call.value("thresholds"))
     shape = call.value("shape")
-    return [
+    picks = call.value("picks")
+    out = [
         seal(DEALER_TABLES, nonce, deliveries=1, extra=(numel(shape),)),
         seal(DEALER_TESTS, nonce, count, deliveries=1),
     ]
+    if _picks(picks, count):
+        out.append(seal(DEALER_SELECT, nonce, len(picks), deliveries=1, extra=tuple(picks)))
+    return out
 
 
 def _dealer_size(p: dict[str, Any]) -> int:
@@ -89,18 +122,33 @@ def _dealer_size(p: dict[str, Any]) -> int:
     tests' tables with one derived share (2.2 KB a compared value): 4.9 KB an element
     measured with one threshold, at 2^13 elements."""
     n = numel(p.get("shape"))
-    return declared(3072 * n + 2.2 * TEST_WORDS * WORD * n * _t(p))
+    tests = 2.2 * TEST_WORDS * WORD * n * _t(p)
+    return declared(3072 * n + tests + 2.2 * SELECT_WORDS * WORD * n * _s(p))
 
 
-@step(rule=_dealer_rule, size=_dealer_size, keeps=stream_records(5), makes_material=True)
+def _dealer_keeps(p: dict[str, Any]) -> int:
+    return stream_records(7 if _s(p) else 5)(p)
+
+
+@step(rule=_dealer_rule, size=_dealer_size, keeps=_dealer_keeps, makes_material=True)
 def dealer_digit_compare(
-    ctx: Any, seeds: list[torch.Tensor], nonce: int, shape: list[int], thresholds: list[int] | None
+    ctx: Any,
+    seeds: list[torch.Tensor],
+    nonce: int,
+    shape: list[int],
+    thresholds: list[int] | None,
+    picks: list[int] | None = None,
 ) -> list[torch.Tensor]:
     """The last party's shares: the tables of R's digits ([n, PACKED_WORDS], 4-bit
     entries), then h and the zero tests' tables (flat: n words, then [T, n, 86]: per
-    digit, a one-hot table of rho mod its modulus, times 1 - 2h)."""
+    digit, a one-hot table of rho mod its modulus, times 1 - 2h); with ``picks``, then
+    per selected value s and element, h m_s and the tables of compared value picks[s]
+    times m_s ([S, n, SELECT_WORDS]), m_s the parties' derived mask of value s."""
     count = _count(thresholds)
+    selected = _picks(picks, count)
     consume(ctx, seeds, nonce, TAG_R, TAG_A, TAG_B, TAG_C, TAG_TABLE)
+    if selected:
+        consume(ctx, seeds, nonce, TAG_U, TAG_D)
     n = numel(shape)
     r = sum_derived(seeds, nonce, TAG_R, [n])
     tables = dm.one_hot(dm.secret_digits(r))
@@ -115,9 +163,17 @@ def dealer_digit_compare(
     tests = out[n:].view(count, n, TEST_WORDS)
     tests.scatter_(-1, at, (1 - 2 * h).view(1, n, 1).expand(count, n, dm.DIGITS))
     del at
+    dealt = [packed, out]
+    if picks is not None and selected:
+        m = sum_derived(seeds, nonce, TAG_U, [selected, n])
+        sel = torch.empty([selected, n, SELECT_WORDS], dtype=torch.int64)
+        torch.mul(h, m, out=sel[..., 0])
+        torch.mul(tests[picks], m.unsqueeze(-1), out=sel[..., 1:])
+        del m
+        dealt.append(last_share(sel.view(-1), seeds, nonce, TAG_D))
     last_share(tests, seeds, nonce, TAG_TABLE)
     out[:n] = last_share(h, seeds, nonce, TAG_B)
-    return [packed, out]
+    return dealt
 
 
 # -- the parties ---------------------------------------------------------------------------
@@ -148,6 +204,30 @@ def _compared(c: torch.Tensor, thresholds: list[int] | None) -> torch.Tensor:
     if thresholds is None:
         return flat
     return flat - threshold_values(thresholds).view(-1, 1)
+
+
+def _select_mask_rule(call: ProtocolCall) -> Any:
+    party_seed(call)
+    call.share("values")
+    nonce = nonce_of(call)
+    return [seal(DIGIT_E, nonce), kept(DIGIT_M, nonce)]
+
+
+@step(
+    rule=_select_mask_rule,
+    size=elementwise(2, "values"),
+    keeps=stream_records(1),
+    makes_material=True,
+    opens={DIGIT_E: SUM},
+)
+def digit_select_mask(
+    ctx: Any, seed: torch.Tensor, nonce: int, values: torch.Tensor
+) -> list[torch.Tensor]:
+    """Party i: e_i = v_i + m_i for the selected values [S, *x] (opened in the zero
+    tests' round) and m_i (kept for the finish), m_i derived."""
+    consume(ctx, [seed], nonce, TAG_U)
+    m = derive(seed, nonce, TAG_U, list(values.shape))
+    return [values + m, m]
 
 
 def _test_rule(call: ProtocolCall) -> Any:
@@ -205,16 +285,32 @@ def _finish_rule(call: ProtocolCall) -> Any:
         raise call.refuse("the thresholds are not the ones the dealer's tables are for")
     call.material("c", OPENED + DIGIT_C, nonce, local=True, consume=True)
     call.material("u", OPENED + DIGIT_U, nonce, local=True, consume=True)
+    picks = call.value("picks")
+    e = call.material("e", OPENED + DIGIT_E, nonce, local=True, optional=True, consume=True)
+    m = call.material("m", DIGIT_M, nonce, local=True, optional=True, consume=True)
+    sel = call.material(
+        "selections", DEALER_SELECT, nonce, local=False, optional=True, consume=True
+    )
+    if (e is None) != (picks is None) or (m is None) != (picks is None):
+        raise call.refuse("selections take their opened masked values and their masks")
+    if sel is not None and (picks is None or list(sel.extra) != list(picks)):
+        raise call.refuse("the selections are not the ones the dealer's tables are for")
     return None
 
 
 def _finish_size(p: dict[str, Any]) -> int:
     """The zero tests' tables (derived or dealt: 86 words a compared value),
-    the entries read and the bits: 98 words (measured 89-96 at 2^13 compared values)."""
-    return declared((TEST_WORDS + 12) * WORD * tensor_elems(p, "c") * _t(p))
+    the entries read and the bits: 98 words (measured 89-96 at 2^13 compared values);
+    per selected value, its tables and what is read of them (99 words an element)."""
+    n = tensor_elems(p, "c")
+    return declared((TEST_WORDS + 12) * WORD * n * _t(p) + (SELECT_WORDS + 12) * WORD * n * _s(p))
 
 
-@step(rule=_finish_rule, size=_finish_size, keeps=stream_records(2))
+def _finish_keeps(p: dict[str, Any]) -> int:
+    return stream_records(3 if _s(p) else 2)(p)
+
+
+@step(rule=_finish_rule, size=_finish_size, keeps=_finish_keeps)
 def digit_finish(
     ctx: Any,
     seed: torch.Tensor,
@@ -224,12 +320,22 @@ def digit_finish(
     c: torch.Tensor,
     u: torch.Tensor,
     thresholds: list[int] | None = None,
-) -> torch.Tensor:
+    picks: list[int] | None = None,
+    selections: torch.Tensor | None = None,
+    e: torch.Tensor | None = None,
+    m: torch.Tensor | None = None,
+) -> Any:
     """Party i's share of msb(x - theta_k), [T, *x] ([*x] without thresholds), from the
-    opened c and u: b + (1 - 2b) (h + sum_i Q_i[u_i mod M_i]) with b = msb(c - theta_k)
-    public (the constant b at party 0 only), h and the tables Q = (1 - 2h) onehot(rho)
-    its shares (derived, or the last party's ``tests``)."""
+    opened c and u: b + (1 - 2b) y with y = h + sum_i Q_i[u_i mod M_i], b = msb(c -
+    theta_k) public (the constant b at party 0 only), h and the tables Q = (1 - 2h)
+    onehot(rho) its shares (derived, or the last party's ``tests``).
+
+    With ``picks``: [bits, selected], selected [S, *x] its shares of msb_k v_s for each
+    selected value v_s (k = picks[s]) from the opened e_s = v_s + m_s and its share m_s:
+    msb_k e_s - b m_s - (1 - 2b) [y m_s], [y m_s] = [h m_s] + sum_i [Q_i m_s][u_i mod M_i]
+    (derived, or the last party's ``selections``)."""
     count = _count(thresholds)
+    selected = _picks(picks, count)
     n = c.numel()
     if list(u.shape) != [count, n, dm.DIGITS] or u.dtype != torch.uint8:
         raise ValueError(f"u is {u.dtype} {list(u.shape)}, not uint8 [{count}, {n}, {dm.DIGITS}]")
@@ -237,7 +343,14 @@ def digit_finish(
         raise ValueError(
             f"the dealer's zero tests are {tests.numel()} words, not for {count} x {n}"
         )
+    if selected:
+        if e is None or m is None or list(e.shape) != [selected, *c.shape] or e.shape != m.shape:
+            raise ValueError(f"the selections' e and m are [{selected}, *x] for {selected} picks")
+        if selections is not None and selections.numel() != selected * n * SELECT_WORDS:
+            raise ValueError(f"the dealer's selections are not for {selected} x {n}")
     consume(ctx, [seed], nonce, TAG_B, TAG_TABLE)
+    if selected:
+        consume(ctx, [seed], nonce, TAG_D)
     if tests is None:
         h = derive(seed, nonce, TAG_B, [n])
         dealt = None
@@ -245,9 +358,21 @@ def digit_finish(
         h, dealt = tests[:n], tests[n:]
     shape = [count, n, TEST_WORDS]
     table = derive(seed, nonce, TAG_TABLE, shape) if dealt is None else dealt.view(shape)
-    y = torch.gather(table, -1, dm.test_index(u)).sum(-1).add_(h)
+    at = dm.test_index(u)
+    y = torch.gather(table, -1, at).sum(-1).add_(h)
     b = (_compared(c, thresholds) >> 63) & 1
-    out = y.mul_(1 - 2 * b)
+    sign = 1 - 2 * b
+    out = y.mul_(sign)
     if first:
         out += b
-    return out.reshape([count, *c.shape] if thresholds is not None else list(c.shape))
+    bits = out.reshape([count, *c.shape] if thresholds is not None else list(c.shape))
+    if not selected:
+        return bits
+    assert picks is not None and e is not None and m is not None
+    shape = [selected, n, SELECT_WORDS]
+    sel = derive(seed, nonce, TAG_D, shape) if selections is None else selections.view(shape)
+    picked = torch.tensor(picks, dtype=torch.int64)
+    ym = torch.gather(sel[..., 1:], -1, at[picked]).sum(-1).add_(sel[..., 0])
+    flat_e, flat_m = e.reshape(selected, n), m.reshape(selected, n)
+    got = out[picked] * flat_e - b[picked] * flat_m - sign[picked] * ym
+    return [bits, got.reshape(e.shape)]
