@@ -50,10 +50,11 @@ def test_rms_norm_agrees_with_llamas_module(mode, rows, magnitude, seed):
 @pytest.mark.parametrize("fss", [False, True])
 def test_a_decoding_steps_rms_norm_rounds(fss: bool) -> None:
     """One row (a decoding step's), after a product (its truncation pending): the
-    truncation with x^2 and x w riding (1), the fine bins' comparison (3: its last level
-    arithmetic; FSS 1), and the factor's two rounds when the result is read
-    (mpc.ops.row_scaled; get() decodes its pending truncation): 6 (FSS 4), where the
-    division took 7 (5) and pow, mean, rsqrt and the products 24."""
+    truncation with x^2 and x w riding (1), the fine bins' comparison (2 by digit look-ups;
+    FSS 1) and the factor's two rounds when the result is read (mpc.ops.row_scaled; get()
+    decodes its pending truncation; by default the first is the comparison's second, its
+    selections giving the factor): 4 either way, where pow, mean, rsqrt and the products
+    took 24."""
     torch.manual_seed(5)
     module = LlamaRMSNorm(64, eps=1e-6)
     module.weight.data = torch.randn(64) * 0.2 + 1
@@ -67,8 +68,8 @@ def test_a_decoding_steps_rms_norm_rounds(fss: bool) -> None:
     with mpc.stats() as s:
         got = shared(sx @ sw).get()
     # the product's Beaver round, then RMSNorm's (its bins' comparison by digit look-ups
-    # by default: 2 rounds)
-    assert s.rounds == 1 + (4 if fss else 5)
+    # by default: 2 rounds, whose selections give the factor)
+    assert s.rounds == 1 + 4
     assert torch.allclose(got, plain(x @ w).detach(), atol=5e-4)
 
 

@@ -44,8 +44,9 @@ def _model(n: int, m: int, seed: int) -> nn.Sequential:
 def test_layer_norm_then_linear(mode, rows, log_std, mean, seed) -> None:
     """(LayerNorm, Linear) shared with the model's owner's sharing, rows of std 0.03 to 100
     around a mean (variances inside the domain, 1e-3 to 1e4): within 2e-3 of float64 (the layer norm's own tolerance), in the
-    comparison and three rounds (the squares', the factor's and the product's, S riding
-    in the last)."""
+    comparison and three rounds with FSS (the squares', the factor's and the product's, S
+    riding in the last), two by default (the factor from the digit comparison's
+    selections)."""
     n_parties, comparison = mode
     parties, dealer = _workers(n_parties)
     config = MPCConfig(comparison=comparison)
@@ -62,9 +63,10 @@ def test_layer_norm_then_linear(mode, rows, log_std, mean, seed) -> None:
         y.materialize()
     got = y.get().double()
     assert (got - want).abs().max() < 2e-3 * max(1.0, float(want.abs().max()))
-    # the comparison (2 rounds by default: the bits alone by digit look-ups; 1 with FSS),
-    # three rounds, and the materialize
-    assert s.rounds == (1 if comparison == "fss" else 2) + 3 + 1
+    # with FSS: the comparison (1 round) and three (the squares', the factor's and the
+    # product's); by default the comparison by digit look-ups (2), whose selections give
+    # the factor and whose second round opens the product, and two: the materialize's 1
+    assert s.rounds == (1 + 3 if comparison == "fss" else 2 + 2) + 1
 
 
 @pytest.mark.parametrize(("n", "comparison"), MODES)
@@ -126,7 +128,9 @@ def test_gpt2_conv1d_after_a_layer_norm() -> None:
         y = model(xs)
         y.materialize()
     assert (y.get().double() - want).abs().max() < 2e-3
-    assert s.rounds == 2 + 3 + 1  # (the comparison's 2, the fused three, the materialize)
+    # the comparison's 2 (by digit look-ups, its selections giving the factor and its
+    # second round opening the product), the squares' and the truncation's, the materialize
+    assert s.rounds == 2 + 2 + 1
 
 
 def test_public_layer_norm_weight_forms_the_result() -> None:
@@ -157,14 +161,16 @@ def test_addmm_with_a_public_bias_and_a_shared_matrix() -> None:
         y = torch.addmm(b, ln(xs).view(-1, 24), ws)
         y.materialize()
     assert (y.get().double() - want).abs().max() < 2e-3
-    assert s.rounds == 2 + 3 + 1  # (the comparison's 2, the fused three, the materialize)
+    # the comparison's 2 (by digit look-ups, its selections giving the factor and its
+    # second round opening the product), the squares' and the truncation's, the materialize
+    assert s.rounds == 2 + 2 + 1
 
 
 def test_three_linear_layers_read_one_layer_norm() -> None:
     """q, k and v projections of one normalised value (Llama's and BERT's pattern): the
     first takes the factor after its product and forms the value, the second truncates it
-    once for every later reader: 9 rounds where forming it first took 10 (8 with the bins'
-    bits by digit look-ups in 2 rounds)."""
+    once for every later reader: 9 rounds where forming it first took 10 (7 with the bins'
+    comparison by digit look-ups: 2 rounds, whose selections give the factor)."""
     parties, dealer = _workers(2)
     torch.manual_seed(8)
     ln, q, k, v = nn.LayerNorm(32), nn.Linear(32, 8), nn.Linear(32, 8), nn.Linear(32, 8)
@@ -178,7 +184,7 @@ def test_three_linear_layers_read_one_layer_norm() -> None:
     with mpc.stats() as s:
         hs = ln(xs)
         outs = [m(hs) for m in (q, k, v)]  # (their truncations stay pending: get() reads them)
-    assert s.rounds == 3 + 2 + 2 + 1
+    assert s.rounds == 3 + 2 + 1 + 1
     for o, w in zip(outs, want):
         assert (o.get().double() - w).abs().max() < 2e-3
 

@@ -22,13 +22,14 @@ product's does.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from mpc.ops.common import aten, encode_public, matmul_shape, result_dtype
 from mpc.protocols.approx import Fx
-from mpc.protocols.inverse_product import BeaverProduct, ProductRun, RowFactor
+from mpc.protocols.inverse_product import BeaverProduct, DigitRowFactor, ProductRun, RowFactor
 from mpc.protocols.opening.run import Round
 from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.protocols.truncation.run import truncate_together
@@ -36,6 +37,7 @@ from mpc.protocols.weights.run import WeightRun, finish_runs, weight_runs
 from mpc.shared import Deferred, SharedTensor
 
 ROW_SCALED = "row_scaled"
+Factor = RowFactor | DigitRowFactor
 VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 LEADING = (aten.slice.Tensor, aten.select.int)
 
@@ -45,7 +47,7 @@ class RowScaled:
     once formed (at scale ``bits + f``, ``bits`` pending)."""
 
     def __init__(
-        self, factor: RowFactor, bias: SharedTensor | None, f: int, parent: RowScaled | None = None
+        self, factor: Factor, bias: SharedTensor | None, f: int, parent: RowScaled | None = None
     ) -> None:
         self.factor, self.bias, self.f, self.parent = factor, bias, f, parent
         self.bits = factor.s_bits
@@ -61,15 +63,19 @@ class RowScaled:
     def value(self) -> list[Any]:
         """The shares of S v + b, formed now if no product formed them (two rounds)."""
         if self.shares is None:
-            self.form(self.factor, [], False)
+            self.form(self.factor, lambda v: [], False)
         assert self.shares is not None
         return self.shares
 
-    def form(self, factor: RowFactor, extra: list[ProductRun], product: bool) -> Fx | None:
-        """Round 1: the factor's products with ``extra``'s openings; round 2: S, S v and,
-        with ``product``, S times the first extra run's result, truncations and products
-        in one round. Keeps S v + b (shaped as the value); returns S times the product."""
-        s = factor.products(extra)
+    def form(
+        self, factor: Factor, make: Callable[[Fx], list[ProductRun]], product: bool
+    ) -> tuple[Fx | None, list[ProductRun]]:
+        """Round 1: the factor's products with the openings of the runs ``make`` gives
+        for v (or the factor's comparison with them, :class:`~mpc.protocols.
+        inverse_product.DigitRowFactor`); round 2: S, S v and, with ``product``, S times
+        the first run's result, truncations and products in one round. Keeps S v + b
+        (shaped as the value); returns S times the product, and the runs."""
+        s, extra = factor.products(make)
         values, scales, pairs = [s, factor.v.lift(self.f + 1)], [self.bits, self.f], [(0, 1)]
         if product:
             values.append(extra[0].finish())
@@ -84,7 +90,7 @@ class RowScaled:
         up = self.parent
         while up is not None:
             up.used, up = True, up.parent
-        return prods[1] if product else None
+        return (prods[1] if product else None), extra
 
 
 class RowDeferred(Deferred):
@@ -117,10 +123,10 @@ def at_scale(t: Any, f: int) -> bool:
 
 
 def row_scaled(
-    like: SharedTensor, factor: RowFactor, bias: SharedTensor | None, f: int
+    like: SharedTensor, factor: Factor, bias: SharedTensor | None, f: int
 ) -> SharedTensor:
     """The deferred result S v + b (see the module docstring), of ``like``'s dtype."""
-    if factor.v.scale != f or (bias is not None and not at_scale(bias, f)):
+    if factor.v_scale != f or (bias is not None and not at_scale(bias, f)):
         raise ValueError("internal: v and the bias are at the session's scale")
     state = RowScaled(factor, bias, f)
     dtype = like.dtype if like.dtype.is_floating_point else torch.float32
@@ -232,14 +238,18 @@ def fused_product(a: Any, w: Any, bias: Any = None) -> SharedTensor | None:
     factor = state.factor.reshaped(d.shape)
     f, session = state.f, a.session
     dtype = result_dtype(a, w)
-    v = SharedTensor(list(factor.v.shares), session, f, dtype)
-    runs = [_product(v, w)]
-    if state.bias is not None:
-        b = state.bias
-        row = SharedTensor([t.reshape(1, -1) for t in b.shares], session, b.frac_bits, dtype)
-        runs.append(_product(row, w))
-    with session.concurrently(max(v.numel(), w.numel())):
-        out = state.form(factor, runs, True)
+
+    def make(v_fx: Fx) -> list[ProductRun]:
+        v = SharedTensor(list(v_fx.shares), session, f, dtype)
+        runs = [_product(v, w)]
+        if state.bias is not None:
+            b = state.bias
+            row = SharedTensor([t.reshape(1, -1) for t in b.shares], session, b.frac_bits, dtype)
+            runs.append(_product(row, w))
+        return runs
+
+    with session.concurrently(max(math.prod(d.shape), w.numel())):
+        out, runs = state.form(factor, make, True)
     assert out is not None
     scale = state.bits + f
     shares = list(out.shares)

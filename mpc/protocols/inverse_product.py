@@ -39,10 +39,14 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
+import torch
+
 from mpc.protocols.approx import Fx, select, step_bits
 from mpc.protocols.beaver.run import BeaverRun
+from mpc.protocols.digit_compare.run import digit_select, selects_fit
 from mpc.protocols.inverse import bins_table, fine_bins, fine_per_octave
 from mpc.protocols.opening.run import Round
+from mpc.protocols.parties import I64
 from mpc.protocols.riders.run import riding
 from mpc.protocols.truncated_products.run import truncate_and_multiply
 from mpc.protocols.truncation.run import TruncRun
@@ -188,9 +192,16 @@ class RowFactor:
             self.s_bits,
         )
 
-    def products(self, extra: list[ProductRun]) -> Fx:
-        """S (untruncated, at its scale) from the products H x, opened in one round with
-        the ``extra`` runs' openings (finish those after)."""
+    @property
+    def v_scale(self) -> int:
+        """v's scale once truncated (the factor's products read it there)."""
+        return self.v.scale
+
+    def products(self, make: Callable[[Fx], list[ProductRun]]) -> tuple[Fx, list[ProductRun]]:
+        """(S untruncated at its scale, the caller's runs): S from the products H x,
+        opened in one round with the openings of the runs ``make`` gives for v (finish
+        those after)."""
+        extra = make(self.v)
         runs = [BeaverProduct(h, x, "mul", tuple(x.shape)) for h, x in self.pieces]
         one = Round(self.k.session)
         for r in [*runs, *extra]:
@@ -199,21 +210,111 @@ class RowFactor:
         s = self.k
         for r in runs:
             s = s.add(r.finish())
-        return s
+        return s, extra
+
+
+class DigitRowFactor:
+    """S = mult x^-p per row whose bins' comparison (digit look-ups,
+    :func:`mpc.protocols.digit_compare.run.digit_select`) runs in :meth:`products`: its
+    first round truncates v and x's copies at the pieces' scales (riders), its second
+    opens the caller's runs (made for the truncated v) with the selections
+    [msb_k x_p], and S = K + sum over pieces of H_p x_p is local after it:
+
+        H_p x_p = sum_k D_k c_k x_p + h_0 x_p = h_top x_p - sum_k D_k [msb_k x_p]
+
+    (c_k = 1 - msb_k the bins' bits, D_k the piece's steps of H at its scale, h_0 and
+    h_top its values below the first and at or above the last threshold): exact in the
+    ring, as the Beaver product H x_p is. The comparison's 2 rounds and the truncation
+    round after them, where the eager :class:`RowFactor` takes a round more for H x."""
+
+    def __init__(self, v: Fx, x: Fx, table: _Table, pending: tuple[int, int]) -> None:
+        self.v, self.x, self.table, self.pending = v, x, table, pending
+        self.s_scale, self.s_bits = table.s_scale, table.s_bits
+
+    @property
+    def v_scale(self) -> int:
+        return self.v.scale - self.pending[0]
+
+    def reshaped(self, v_shape: list[int]) -> DigitRowFactor:
+        """The same factor with v viewed as ``v_shape`` (its last dimension unchanged) and
+        x's rows alike."""
+        rows = list(v_shape[:-1]) + [1]
+        v = self.v.with_shares([t.reshape(v_shape) for t in self.v.shares])
+        x = self.x.with_shares([t.reshape(rows) for t in self.x.shares])
+        return DigitRowFactor(v, x, self.table, self.pending)
+
+    def mapped(self, fn: Callable[[Any], Any]) -> DigitRowFactor:
+        """The same factor with ``fn`` applied to each share of v and of x (an index or a
+        slice of a leading dimension: the comparison then runs on those rows only)."""
+        v = self.v.with_shares([fn(t) for t in self.v.shares])
+        x = self.x.with_shares([fn(t) for t in self.x.shares])
+        return DigitRowFactor(v, x, self.table, self.pending)
+
+    def products(self, make: Callable[[Fx], list[ProductRun]]) -> tuple[Fx, list[ProductRun]]:
+        """(S untruncated at its scale, the caller's runs) in the comparison's two rounds
+        (the class docstring); ``v`` is the truncated v after it."""
+        v, x, table = self.v, self.x, self.table
+        v_bits = self.pending[0]
+        scales = sorted({xs for _, xs, _ in table.pieces if xs < x.scale})
+        runs = [TruncRun(v.session, v.shares, v_bits)] if v_bits else []
+        runs += [TruncRun(x.session, x.shares, x.scale - xs) for xs in scales]
+        steps = []  # per piece: its scale, h_top, and (threshold, D_k) where D_k != 0
+        for per_bin, xs, h_scale in table.pieces:
+            enc = [round(h * 2**h_scale) for h in per_bin]
+            diffs = [(k, enc[k + 1] - enc[k]) for k in range(len(enc) - 1) if enc[k + 1] != enc[k]]
+            steps.append((xs, enc[-1], diffs))
+        picks = [k for _, _, diffs in steps for k, _ in diffs]
+        held: dict[str, Any] = {}
+
+        def after_first() -> tuple[list[Any], list[ProductRun]]:
+            done = iter(rides.results)
+            truncated = v.with_shares(next(done), v.scale - v_bits) if v_bits else v
+            at = {xs: x.with_shares(next(done), xs) for xs in scales} | {x.scale: x}
+            held["v"], held["at"] = truncated, at
+            held["extra"] = extra = make(truncated)
+            values = [
+                [t.unsqueeze(0).expand(len(diffs), *t.shape) for t in at[xs].shares]
+                for xs, _, diffs in steps
+            ]
+            return values, extra
+
+        enc_t = [round(t * 2**x.scale) for t in table.thresholds]
+        with riding(runs) as rides:
+            msb, selected = digit_select(x.session, list(x.shares), enc_t, picks, after_first)
+        self.v = held["v"]
+        bits = [-b for b in msb]  # c_k = 1 - msb_k
+        bits[0] = bits[0] + 1
+        s = select(x, bits, table.ks, table.s_scale)
+        start = 0
+        for xs, top, diffs in steps:
+            d = torch.tensor([dk for _, dk in diffs], dtype=I64).view([-1] + [1] * len(x.shape))
+            end = start + len(diffs)
+            shares = [
+                t * top - (u[start:end] * d).sum(0) for t, u in zip(held["at"][xs].shares, selected)
+            ]
+            s = s.add(Fx(x.session, shares, table.s_scale))
+            start = end
+        return s, held["extra"]
 
 
 def row_factor(
     v: Fx, x: Fx, p: float, lo: float, hi: float, mult: float, pending: tuple[int, int]
-) -> RowFactor | None:
+) -> RowFactor | DigitRowFactor | None:
     """The bins' comparison of x (``pending``: bits of v and of x still to be truncated,
     riding in its first round, with x's copies at the pieces' scales): the factor, or
-    None where x's rows take coarse bins or the fused factor does not fit (nothing run)."""
+    None where x's rows take coarse bins or the fused factor does not fit (nothing run).
+    Where the comparison and its selections fit the digit look-ups
+    (:func:`mpc.protocols.digit_compare.run.selects_fit`), it waits for the factor's
+    products (:class:`DigitRowFactor`)."""
     v_bits, x_bits = pending
     if not fine_bins(x.session, math.prod(x.shape), lo, hi, p):
         return None
     table = _factor_table(p, lo, hi, x.scale - x_bits, mult)
     if table is None:
         return None
+    picks = sum(sum(1 for a, b in zip(h, h[1:]) if a != b) for h, _, _ in table.pieces)
+    if selects_fit(x.session, list(x.shape), len(table.thresholds), picks):
+        return DigitRowFactor(v, x, table, pending)
     runs = [TruncRun(v.session, v.shares, v_bits)] if v_bits else []
     scales = sorted({xs for _, xs, _ in table.pieces if xs < x.scale})
     runs += [TruncRun(x.session, x.shares, x.scale - xs) for xs in scales]
@@ -253,8 +354,8 @@ def times_product_inverse_power(
     factor = row_factor(v, x, p, lo, hi, mult, pending)
     if factor is None:
         return None
-    prod = product(factor.v)
-    s = factor.products([prod])  # round 1: H x and the caller's product
+    # round 1 (or the digit comparison's second): H x and the caller's product
+    s, (prod,) = factor.products(lambda v: [product(v)])
     p_raw = prod.finish()
     if p_raw.scale <= product_scale:
         raise ValueError("internal: the product has no bits to lose")
@@ -267,6 +368,7 @@ def times_product_inverse_power(
 
 __all__ = [
     "BeaverProduct",
+    "DigitRowFactor",
     "ProductRun",
     "RowFactor",
     "fused_factor_fits",

@@ -55,6 +55,19 @@ def digits_fit(session: Session, compared: int) -> bool:
     )
 
 
+def selects_fit(session: Session, shape: list[int], count: int, selected: int) -> bool:
+    """Whether a comparison of x (``shape``) with ``count`` thresholds that selects
+    ``selected`` values (:func:`digit_select`) runs by digit look-ups: as
+    :func:`digits_fit` for its compared values, its dealer's step within one piece."""
+    n = math.prod(shape)
+    params = {"shape": list(shape), "thresholds": [0] * count, "picks": [0] * selected}
+    return (
+        selected >= 1
+        and digits_fit(session, n * count)
+        and pieces.count(dealer_digit_compare, params, n * count) == 1
+    )
+
+
 def digit_msb(session: Session, x: Shares, thresholds: list[int] | None = None) -> Shares:
     """[msb(x)] ([*x]), or [msb(x - theta_k)] for public ring values theta_k
     ([T, *x]), as arithmetic shares of 0/1, in 2 rounds (the module docstring). The
@@ -113,13 +126,13 @@ def digit_select(
     x: Shares,
     thresholds: list[int],
     picks: list[int],
-    values: Callable[[], list[Shares]],
-    extra: Sequence[Opening] = (),
-) -> tuple[Shares, list[Shares]]:
-    """([msb(x - theta_k)] stacked [T, *x], [msb(x - theta_{picks[s]}) v_s] for each
-    selected value) in the 2 rounds of :func:`digit_msb`: ``values()`` gives the v_s
-    (each of x's shape) once the first round opened (what rode in it finished), their
-    masked openings e_s = v_s + m_s and ``extra``'s openings ride in the second, and
+    values: Callable[[], tuple[list[Shares], Sequence[Opening]]],
+) -> tuple[Shares, Shares]:
+    """([msb(x - theta_k)] stacked [T, *x], [msb(x - theta_{picks[s]}) v_s] stacked
+    [S, *x]) in the 2 rounds of :func:`digit_msb`: ``values()`` gives the v_s, in groups
+    (each [S_j, *x], one after the other: S in all), and runs to open once the first
+    round opened (what rode in it finished); the v_s's masked openings e_s = v_s + m_s
+    and the runs' ride in the second, and
     the products are local after it: msb v_s = msb e_s - m_s msb, where the dealer's
     [y m_s] for the picked compared value's y = h + its zero tests (86 words an element
     and selected value, :data:`~mpc.protocols.digit_compare.steps.SELECT_WORDS` with h m_s)
@@ -150,10 +163,13 @@ def digit_select(
     one.open()
     if riders is not None:
         riders.finish()
-    vals = values()
-    if len(vals) != selected:
-        raise ValueError(f"internal: {len(vals)} selected values for {selected} picks")
-    stacked = [torch.stack([v[i].reshape(shape) for v in vals]) for i in range(session.n)]
+    groups, extra = values()
+    if sum(int(g[0].shape[0]) for g in groups) != selected:
+        raise ValueError(f"internal: the selected values are not {selected}, one a pick")
+    stacked = [
+        groups[0][i] if len(groups) == 1 else torch.cat([g[i] for g in groups])
+        for i in range(session.n)
+    ]
     tables = last_only(session, tables_last)
     (u_shares,) = at_parties(
         session,
@@ -192,7 +208,7 @@ def digit_select(
         ],
         [([count, *shape], I64), ([selected, *shape], I64)],
     )
-    return bits, [[g[s] for g in got] for s in range(selected)]
+    return bits, got
 
 
-__all__ = ["digit_msb", "digit_select", "digits_fit"]
+__all__ = ["digit_msb", "digit_select", "digits_fit", "selects_fit"]
