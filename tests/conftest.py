@@ -37,6 +37,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_carry_arith",
     "test_mpc_series_product",
     "test_mpc_digit_compare",
+    "test_mpc_digit_select",
     "test_federated",
     "test_pysyft_compat",
 }
