@@ -180,7 +180,7 @@ def test_a_finish_with_picks_takes_the_openings(
 ) -> None:
     """Picks without the opened e (or without the kept mask m) are refused."""
     alice, _, x, v = _parties(make_worker)
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:9] + [None, a[10]])
+    _tamper(monkeypatch, digit_finish, lambda i, a: a[:8] + [None, a[9]])
     refused(alice, lambda: _select(x, [0, 1], [0, 1], [v]), "opened masked values")
 
 
@@ -218,9 +218,55 @@ def test_the_finish_takes_its_own_opened_values(
     with pytest.raises(_Stop):
         _select(x, [0, 1], [0, 1], [v])
     monkeypatch.setattr(digit_run, "at_parties", real)
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:9] + [held[i][9]] + a[10:])
+    _tamper(monkeypatch, digit_finish, lambda i, a: a[:8] + [held[i][8]] + a[9:])
     refused(alice, lambda: _select(x, [0, 1], [0, 1], [v]), "belongs to protocol instance")
 
 
 class _Stop(Exception):
     pass
+
+
+# -- the second round: bytes and words in one delivery ------------------------------------
+
+
+def test_the_zero_tests_and_the_values_travel_in_one_delivery(
+    make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """u (bytes) and the values' e (words) open in one packed exchange (one latency at
+    each peer, not one a dtype), each summed in its own width."""
+    from mpc.protocols.opening import run as opening
+
+    _, _, x, v = _parties(make_worker)
+    calls: list[Any] = []
+    real = opening.exchange
+
+    def spy(session: Any, shares: Any, count: bool = True) -> Any:
+        calls.append(shares[0].dtype)
+        return real(session, shares, count)
+
+    monkeypatch.setattr(opening, "exchange", spy)
+    bits, got = _select(x, [0, 2 << 16], [0, 1], [v])
+    assert calls == [I64, torch.uint8]  # round 1's c, round 2's u and e packed as bytes
+    assert torch.equal(_open(bits), torch.tensor([[0] * 6, [1] * 6]))
+    assert torch.equal(_open(got), torch.tensor([[0] * 6, [1 << 16] * 6]))
+
+
+def test_packed_bytes_open_in_the_dtypes_they_were_packed_in(
+    make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An opening told other dtypes than the packed values' is refused."""
+    from mpc.protocols.opening import run as opening
+    from mpc.protocols.opening.steps import open_unpack
+
+    alice, _, x, v = _parties(make_worker)
+    real = opening.at_parties
+
+    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
+        if fn is open_unpack:
+            first = args(0)
+            if len(first) == 4:  # (a packed round of two dtypes: read it all as words)
+                return real(session, fn, lambda i: args(i)[:3] + [["int64"] * 2], out)
+        return real(session, fn, args, out)
+
+    monkeypatch.setattr(opening, "at_parties", at_parties)
+    refused(alice, lambda: _select(x, [0, 1], [0, 1], [v]), "dtypes")

@@ -384,8 +384,10 @@ def test_transformer_encoder_layer_as_plan(make_worker: Any) -> None:
     # the bits in one round, 5 where 7 took, and the scores formed in the round that
     # truncates q, k and v, mpc.ops.attention.scores_in_truncation; 28 with the bits
     # alone of at most 2^13 compared values by digit look-ups in 2 rounds: the bins of the
-    # softmax and of the two layer norms, the max's ranks)
-    assert layer_plan.rounds == 28
+    # softmax and of the two layer norms, the max's ranks; 25 with those bins' selections
+    # giving the rows' factors in the comparison's second round, mpc.protocols.
+    # inverse_product.DigitRowFactor)
+    assert layer_plan.rounds == 25
     gen = torch.Generator().manual_seed(2)
     outs = []
     for _ in range(3):

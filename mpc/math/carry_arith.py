@@ -182,6 +182,66 @@ def selected_shares(
     return out
 
 
+def trunc_masks(b: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U, D) of a truncation by ``bits`` whose opened value is e = v - b (the mask
+    r = -b of :func:`mpc.protocols.truncation.steps.dealer_trunc`): with r' = r - 2^62,
+    U = -(r' >> f) - 2^(62-f) and D = 2^(64-f) (1 - msb(r')), so that for |v| < 2^62
+    v >> f = (e >> f) + U + msb(e) D, or one unit more."""
+    r = b.neg().sub_(1 << 62)
+    d = (r >> 63).add_(1).bitwise_left_shift_(64 - bits)
+    u = r.bitwise_right_shift_(bits).neg_().sub_(1 << (62 - bits))
+    return u, d
+
+
+def selected_truncated_shares(
+    first: bool,
+    index: torch.Tensor,
+    u: torch.Tensor,
+    top: torch.Tensor,
+    ev: torch.Tensor,
+    products: torch.Tensor,
+    bits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This party's shares (flat) of (v >> f) msb(x) and of v >> f (f = ``bits``, each
+    one unit more at most), v = ev + b opened as ``ev``: v >> f = (ev >> f) + U + msb(ev) D
+    (:func:`trunc_masks`), and with W u for W = U, D from the dealer's products as
+    :func:`selected_shares` takes b u, (v >> f) u = (ev >> f) u + U u + msb(ev) D u;
+    ``products`` [2 (2 + len(MONOMIALS)), n]: U, U h, U (1 - 2h) a_S, then D's
+    (:func:`dealt_trunc_products`)."""
+    const, coefs = _terms(index)
+    half = 2 + len(MONOMIALS)
+    high = ev.reshape(-1) >> bits
+    wrap = ev.reshape(-1) >> 63  # (all ones where msb(ev) = 1)
+
+    def times_u(w: torch.Tensor) -> torch.Tensor:  # W u from W, W h, W (1 - 2h) a_S
+        out = _combine((1 - 2 * const) * w[1], coefs, w[2:])
+        return out.add_(const * w[0])
+
+    ups, downs = products[:half], products[half:]
+    tv = ups[0] + (downs[0] & wrap)
+    tu = times_u(ups) + (times_u(downs) & wrap)
+    tu += high * u
+    if first:
+        tv += high
+    out = top * tv
+    out += (1 - 2 * top) * tu
+    return out, tv
+
+
+def dealt_trunc_products(
+    b: torch.Tensor, h: torch.Tensor, words: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """The dealer's U, U h, U (1 - 2h) a_S and D's alike for a value's mask ``b`` and a
+    truncation by ``bits`` (:func:`trunc_masks`): [2 (2 + len(MONOMIALS)), n]."""
+    u, d = trunc_masks(b.reshape(-1), bits)
+    half = 2 + words.shape[0]
+    out = torch.empty((2 * half, u.numel()), dtype=torch.int64)
+    for k, w in enumerate((u, d)):
+        out[k * half] = w
+        out[k * half + 1 : (k + 1) * half] = dealt_products(w, h, words)
+    return out
+
+
 def dealt(mask_index: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """The dealer's (1 - 2h) a_S for each of :data:`MONOMIALS` from the full masks of
     :data:`VARS` (an :func:`opened_index` of them) and h (0/1 per element):
@@ -208,10 +268,13 @@ __all__ = [
     "coefficients",
     "dealt",
     "dealt_products",
+    "dealt_trunc_products",
     "flip",
     "monomial_table",
     "msb_shares",
     "opened_index",
     "selected_shares",
+    "selected_truncated_shares",
+    "trunc_masks",
     "u_shares",
 ]

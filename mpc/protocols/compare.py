@@ -38,24 +38,36 @@ def comparison_run(
     values: list[Shares],
     trunc: Late | None = None,
     group: Shares | None = None,
+    bits: list[int] | None = None,
 ) -> ComparisonRun:
     """The comparison run of the session's mode (:data:`MODES`) on ``x``, selecting
-    ``values`` (and a pending truncation's result, or groups of four)."""
+    ``values`` (and a pending truncation's result, or groups of four); ``bits``: each
+    selected value's truncation in its selection (:func:`truncating_fits`)."""
     mode = session.config.comparison
     run = MODES.get(mode)
     if run is None:
         raise MPCError(f"no comparison protocol {mode!r}: use one of {sorted(MODES)}")
+    if bits is not None:
+        return CarryRun(session, x, values, trunc=trunc, group=group, bits=bits)
     return run(session, x, values, trunc=trunc, group=group)
 
 
-def in_pieces(session: Session, shape: list[int], selected: int = 0, grouped: bool = False) -> int:
+def in_pieces(
+    session: Session,
+    shape: list[int],
+    selected: int = 0,
+    grouped: bool = False,
+    truncated: int = 0,
+) -> int:
     """How many pieces a comparison of ``shape`` (with ``selected`` products, of groups
-    of four) runs in: its dealer's step, the run's largest, declares at most
-    :data:`mpc.config.STEP_BYTES` a piece (:mod:`mpc.protocols.pieces`)."""
+    of four; ``truncated`` of the selected values truncated in their selection) runs in:
+    its dealer's step, the run's largest, declares at most :data:`mpc.config.STEP_BYTES`
+    a piece (:mod:`mpc.protocols.pieces`)."""
     fss_mode = session.config.comparison == "fss"
     params = {
         "shape": list(shape),
         "product_nonces": [0] * selected,
+        "product_bits": [1] * truncated + [0] * (selected - truncated),
         "group_nonce": 0 if grouped else None,
         "select": selected > 0 or grouped,
         "bits": session.config.fss_bits,
@@ -145,21 +157,43 @@ def select_by_msb(
     return comparison_run(session, x, values).finish_select(complement)
 
 
-def late_fits(session: Session, shape: list[int], selected: int) -> bool:
+def late_fits(session: Session, shape: list[int], selected: int, truncated: bool = False) -> bool:
     """Whether a comparison of ``shape`` with ``selected`` values and a late one
-    (:func:`select_late`) runs in one piece."""
-    return in_pieces(session, shape, selected + 1) == 1
+    (:func:`select_late`; ``truncated``: all of them truncated in their selection) runs
+    in one piece."""
+    count = selected + 1
+    return in_pieces(session, shape, count, truncated=count if truncated else 0) == 1
 
 
-def select_late(session: Session, x: Shares, values: list[Shares], late: Late) -> list[Shares]:
+def truncating_fits(session: Session, shape: list[int], selected: int) -> bool:
+    """Whether a comparison of ``shape`` selecting ``selected`` values and a late one can
+    truncate them in their selection (:func:`select_late` with ``bits``): the default
+    mode's arithmetic last level (3 rounds, up to ``three_round_up_to`` elements),
+    semi-honest, in one piece."""
+    config = session.config
+    return (
+        config.comparison == "default"
+        and config.security == "semi-honest"
+        and three_rounds(session, math.prod(shape), False)
+        and late_fits(session, shape, selected, truncated=True)
+    )
+
+
+def select_late(
+    session: Session, x: Shares, values: list[Shares], late: Late, bits: list[int] | None = None
+) -> list[Shares]:
     """[v (1 - msb(x))] for each v, then for the value ``late`` yields, in one
     comparison run (4 rounds, 3 up to ``three_round_up_to`` elements, 2 with FSS): the
     late value's opening rides in the comparison's first round and its product with the
     daBit (or its opening for the arithmetic last level) in the next
-    (:class:`~mpc.protocols.comparison.base.Late`). For operands :func:`late_fits`."""
-    if not late_fits(session, list(x[0].shape), len(values)):
+    (:class:`~mpc.protocols.comparison.base.Late`). For operands :func:`late_fits`.
+    ``bits`` (for operands :func:`truncating_fits`): [(v >> bits_k) (1 - msb(x))], each
+    value truncated in its selection, the late one's last (no round after the
+    comparison's for the truncation)."""
+    if not late_fits(session, list(x[0].shape), len(values), bits is not None):
         raise ValueError("internal: a comparison with a late value runs in one piece")
-    return comparison_run(session, x, values, trunc=late).finish_select(complement=True)
+    run = comparison_run(session, x, values, trunc=late, bits=bits)
+    return run.finish_select(complement=True)
 
 
 def relu_truncating(session: Session, z: Shares, bits: int) -> Shares:
@@ -220,4 +254,5 @@ __all__ = [
     "relu_with_mask",
     "select_by_msb",
     "select_late",
+    "truncating_fits",
 ]

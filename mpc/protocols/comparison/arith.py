@@ -56,12 +56,13 @@ def arith_material(
     n_pad: int,
     shape: list[int],
     product_nonces: list[int],
+    bits: list[int],
 ) -> list[torch.Tensor]:
     """The dealer's last-level material (flat): the last party's shares of (1 - 2h) a_S
     for :data:`mpc.math.carry_arith.MONOMIALS`, a_S the products of the full masks of the
     last level's operands (every party's, derived here) and h per compared element; then
     each selected value's products (:func:`~mpc.protocols.comparison.arith_select.
-    select_material`)."""
+    select_material`; ``bits``: each one's truncation, 0: none)."""
     level = carry_tree.LEVELS - 1
     count = len(arith_math.VARS)
     packed_shape = [carry_tree.packed_words(count), carry_tree.words(n_pad, level)]
@@ -71,7 +72,7 @@ def arith_material(
     masks = arith_math.opened_index(carry_tree.unpack(packed, count, level), h.numel())
     words = arith_math.dealt(masks, h)
     del masks
-    products = select_material(ctx, seeds, h, words, shape, product_nonces)
+    products = select_material(ctx, seeds, h, words, shape, product_nonces, bits)
     return [last_share(words, seeds, level_nonce, TAG_C).reshape(-1), *products]
 
 

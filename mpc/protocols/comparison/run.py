@@ -32,7 +32,12 @@ from mpc.math import carry_tree, groups_of_four
 from mpc.math.bits import words_for
 from mpc.math.carry_arith import MONOMIALS as ARITH_MONOMIALS
 from mpc.protocols.comparison.arith import carry_arith, carry_arith_sel
-from mpc.protocols.comparison.arith_select import PRODUCT_WORDS, arith_mask, arith_select
+from mpc.protocols.comparison.arith_select import (
+    arith_mask,
+    arith_select,
+    check_bits,
+    product_words,
+)
 from mpc.protocols.comparison.base import ComparisonRun, Late, numel
 from mpc.protocols.comparison.steps import (
     carry_step,
@@ -60,9 +65,13 @@ class CarryRun(ComparisonRun):
         trunc: Late | None = None,
         group: Shares | None = None,
         thresholds: list[int] | None = None,
+        bits: list[int] | None = None,
     ) -> None:
+        """``bits``: each selected value's truncation in its selection (the values', then
+        the late one's; 0: none), on the arithmetic last level only."""
         super().__init__(session, x, values, trunc=trunc, group=group, thresholds=thresholds)
         shape, nonce, seed = self.shape, self.nonce, session.party_seeds
+        self.bits = check_bits(bits, self.selected)
 
         # offline, in one dealer call and one delivery: r shared both ways (the last
         # party's <r>), the daBit t both ways, the pair products of the local first level,
@@ -75,12 +84,14 @@ class CarryRun(ComparisonRun):
         # but for groups of four, up to the session's size: the last level's output is
         # arithmetic (3 rounds, no daBit)
         self.arith = arith = three_rounds(session, numel(shape), group is not None)
+        if any(self.bits) and not arith:
+            raise ValueError("internal: a truncated selection ends on the arithmetic level")
         self.product_nonces = product_nonces
         # (with thresholds, r's bits are one word an element of x: shared by its T)
         x_shape = shape[1:] if thresholds else shape
         shapes = [x_shape] + ([x_shape] if arith else [shape] * 2)
         shapes += _packed_shapes(words, numel(shape) if arith else 0)
-        shapes += [[PRODUCT_WORDS * numel(shape)] if arith else shape] * self.selected
+        shapes += [[product_words(b) * numel(shape)] if arith else shape for b in self.bits]
         if group is not None:  # the max of groups of four (mpc.math.groups_of_four)
             shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
         self.n_thresholds = n_thresholds = len(thresholds or [])
@@ -88,7 +99,8 @@ class CarryRun(ComparisonRun):
             session,
             "comparison of secret values",
             dealer_compare,
-            [nonce, shape, level_nonces, product_nonces, self.group_nonce, n_thresholds, arith],
+            [nonce, shape, level_nonces, product_nonces, self.group_nonce, n_thresholds, arith]
+            + ([self.bits] if any(self.bits) else []),
             out=[([sum(numel(sh) for sh in shapes)], I64)],
         )
 
@@ -208,10 +220,13 @@ class CarryRun(ComparisonRun):
             return super().finish_select(complement)
         session, seed = self.session, self.session.party_seeds
         out = []
-        for v, ev, pn, prod in zip(self.values, self.ev, self.product_nonces, self.products_last):
+        for v, ev, pn, prod, bits in zip(
+            self.values, self.ev, self.product_nonces, self.products_last, self.bits
+        ):
             p = last_only(session, prod)
             args = [
                 [seed[i], pn, i == 0, p(i), ev[i], v[i], self.sel[i], complement]
+                + ([bits] if bits else [])
                 for i in range(session.n)
             ]
             (got,) = at_parties(session, arith_select, args.__getitem__, [(self.shape, I64)])

@@ -27,8 +27,19 @@ from mpc.protocols.comparison.arith import (
     arith_material,
     carry_links,
 )
-from mpc.protocols.comparison.arith_select import ARITH_PROD, PRODUCT_WORDS
-from mpc.protocols.comparison.selection import check_selection, selected_count, selection_material
+from mpc.protocols.comparison.arith_select import (
+    ARITH_PROD,
+    PRODUCT_WORDS,
+    TRUNC_PRODUCT_WORDS,
+    check_bits,
+    product_words,
+)
+from mpc.protocols.comparison.selection import (
+    MAX_SELECTED,
+    check_selection,
+    selected_count,
+    selection_material,
+)
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import open_pieces, split
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
@@ -93,7 +104,11 @@ def _dealer_compare_rule(call: ProtocolCall) -> Any:
         call.value(k)
         for k in ("level_nonces", "product_nonces", "shape", "group_nonce", "thresholds", "arith")
     )
-    extra = (levels, products, shape, group, thresholds or 0, arith is True)
+    count = len(products) if isinstance(products, list) else 0
+    bits = check_bits(call.value("product_bits"), count)
+    if any(bits) and arith is not True:
+        raise call.refuse("only the arithmetic last level selects truncated values")
+    extra = (levels, products, shape, group, thresholds or 0, arith is True, bits)
     return [seal("dealer.compare", nonce_of(call), deliveries=1, extra=extra)]
 
 
@@ -102,7 +117,10 @@ def _dealer_compare_size(p: dict[str, Any]) -> int:
     measured at 2^20 elements), two words per selected value and the groups' material."""
     words = 27 + 2 * selected_count(p) + group_words(p)
     if p.get("arith") is True:  # (per selected value: its products and a derived copy)
+        bits = p.get("product_bits")
+        truncated = sum(1 for b in bits[:MAX_SELECTED] if b) if isinstance(bits, list) else 0
         words += ARITH_DEALER_WORDS + 2 * PRODUCT_WORDS * selected_count(p)
+        words += 2 * (TRUNC_PRODUCT_WORDS - PRODUCT_WORDS + 4) * truncated
     return declared(words * WORD * numel(p.get("shape")))
 
 
@@ -128,6 +146,7 @@ def dealer_compare(
     group_nonce: int | None = None,
     thresholds: int = 0,
     arith: bool = False,
+    product_bits: list[int] | None = None,
 ) -> torch.Tensor:
     """Comparison material, the last party's part as one flat tensor (one delivery): its
     binary share of r (arithmetic, derived by all), its arithmetic and binary shares of a
@@ -151,8 +170,13 @@ def dealer_compare(
     output (:mod:`mpc.protocols.comparison.arith`): no daBit; in its place the last
     party's additive share of h = msb(~r), in place of the last level's mask products its
     shares of (1 - 2h) a_S, and per ``product_nonces`` entry its shares of a selected
-    value's products (:func:`~mpc.protocols.comparison.arith.arith_material`)."""
+    value's products (:func:`~mpc.protocols.comparison.arith.arith_material`); with
+    ``product_bits``, a value's truncation by that many bits (0: none) in its selection
+    (:func:`~mpc.protocols.comparison.arith_select.arith_select`), arith only."""
     check_selection(shape, product_nonces, group_nonce)
+    bits = check_bits(product_bits, len(product_nonces))
+    if any(bits) and not arith:
+        raise ValueError("only the arithmetic last level selects truncated values")
     check_thresholds(shape, thresholds, bool(product_nonces) or group_nonce is not None)
     if type(arith) is not bool or (arith and group_nonce is not None):
         raise ValueError("an arithmetic comparison output (arith) selects no groups of four")
@@ -193,7 +217,9 @@ def dealer_compare(
         if h is not None and level == carry_tree.LEVELS - 1:
             consume(ctx, seeds, level_nonce, TAG_B)
             h_all = h.unsqueeze(0).expand(shape) if thresholds else h
-            parts += arith_material(ctx, seeds, level_nonce, h_all, words, shape, product_nonces)
+            parts += arith_material(
+                ctx, seeds, level_nonce, h_all, words, shape, product_nonces, bits
+            )
             continue
         w = carry_tree.words(words, level)
         packed = derive(seeds[0], level_nonce, TAG_A, [carry_tree.packed_words(count), w])
@@ -227,7 +253,7 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     """The last party splits the dealer's comparison material (one delivery)."""
     label = call.material("packed", "dealer.compare", local=False, consume=True)
     assert label is not None
-    levels, products, shape, group, thresholds, arith = label.extra
+    levels, products, shape, group, thresholds, arith, bits = label.extra
     n = 1
     for d in shape:
         n *= d
@@ -239,9 +265,8 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     x_shape = shape[1:] if thresholds else shape
     if arith:  # h an element of x, and the last level's words
         tree[-1] = [len(carry_arith.MONOMIALS) * n]
-    products_shape = [PRODUCT_WORDS * n] if arith else shape
     want = [x_shape] + ([x_shape] if arith else [shape] * 2) + tree
-    want += [products_shape] * len(products)
+    want += [[product_words(b) * n] if arith else shape for b in bits]
     if group is not None:
         want += [[group_terms(call, shape)]]
     if call.value("shapes") != want:
@@ -257,7 +282,10 @@ def _unpack_rule(call: ProtocolCall) -> Any:
     seals += [kept("dealer.cmp.and", ln, k + 1) for k, ln in enumerate(levels[:-1])]
     seals.append(kept(ARITH_WORDS if arith else "dealer.cmp.and", levels[-1], len(levels)))
     product_kind = ARITH_PROD if arith else "dealer.cmp.prod"
-    seals += [kept(product_kind, pn, extra=(nonce,)) for pn in products]
+    seals += [
+        kept(product_kind, pn, extra=(nonce, b) if arith else (nonce,))
+        for pn, b in zip(products, bits)
+    ]
     if group is not None:  # the selection's products (see group_select)
         seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals

@@ -143,15 +143,14 @@ def digit_select(
     count, selected = len(thresholds), len(picks)
     nonce = session.next_nonce()
     seed = session.party_seeds
-    tables_last, tests_last, select_last = deal(
+    tables_last, tests_last = deal(
         session,
         "a comparison",
         dealer_digit_compare,
         [nonce, shape, list(thresholds), list(picks)],
         out=[
             ([n, dm.PACKED_WORDS], I64),
-            ([n + count * n * TEST_WORDS], I64),
-            ([selected * n * SELECT_WORDS], I64),
+            ([n + count * n * TEST_WORDS + selected * n * SELECT_WORDS], I64),
         ],
     )
     (masked,) = at_parties(session, digit_mask, lambda i: [seed[i], nonce, x[i]], [(shape, I64)])
@@ -189,7 +188,7 @@ def digit_select(
     for run in extra:
         run.open_in(two)
     two.open()
-    tests, sel = last_only(session, tests_last), last_only(session, select_last)
+    tests = last_only(session, tests_last)
     bits, got = at_parties(
         session,
         digit_finish,
@@ -202,7 +201,6 @@ def digit_select(
             u.value[i],
             thresholds,
             picks,
-            sel(i),
             e.value[i],
             m[i],
         ],

@@ -56,8 +56,8 @@ DIGIT_C, DIGIT_U = "digits.c", "digits.u"
 DEALER_TABLES, DEALER_TESTS = "dealer.digits.tables", "dealer.digits.tests"
 #: one compared value's zero tests: a table a digit, 86 words in all (mpc.math.digit_compare.MODULI)
 TEST_WORDS = dm.TEST_ENTRIES
-#: selections: the opened masked values, each party's kept mask, the dealer's delivery
-DIGIT_E, DIGIT_M, DEALER_SELECT = "digits.e", "digits.m", "dealer.digits.select"
+#: selections: the opened masked values, each party's kept mask
+DIGIT_E, DIGIT_M = "digits.e", "digits.m"
 #: one selected value's material an element: h m and the picked zero tests' tables times m
 SELECT_WORDS = 1 + TEST_WORDS
 #: the most values one run selects
@@ -108,13 +108,11 @@ def _dealer_rule(call: ProtocolCall) -> Any:
     count = _count(call.value("thresholds"))
     shape = call.value("shape")
     picks = call.value("picks")
-    out = [
+    selected = _picks(picks, count)
+    return [
         seal(DEALER_TABLES, nonce, deliveries=1, extra=(numel(shape),)),
-        seal(DEALER_TESTS, nonce, count, deliveries=1),
+        seal(DEALER_TESTS, nonce, count, deliveries=1, extra=tuple(picks) if selected else ()),
     ]
-    if _picks(picks, count):
-        out.append(seal(DEALER_SELECT, nonce, len(picks), deliveries=1, extra=tuple(picks)))
-    return out
 
 
 def _dealer_size(p: dict[str, Any]) -> int:
@@ -141,9 +139,10 @@ def dealer_digit_compare(
 ) -> list[torch.Tensor]:
     """The last party's shares: the tables of R's digits ([n, PACKED_WORDS], 4-bit
     entries), then h and the zero tests' tables (flat: n words, then [T, n, 86]: per
-    digit, a one-hot table of rho mod its modulus, times 1 - 2h); with ``picks``, then
-    per selected value s and element, h m_s and the tables of compared value picks[s]
-    times m_s ([S, n, SELECT_WORDS]), m_s the parties' derived mask of value s."""
+    digit, a one-hot table of rho mod its modulus, times 1 - 2h); with ``picks``, after
+    them (the same delivery) per selected value s and element, h m_s and the tables of
+    compared value picks[s] times m_s ([S, n, SELECT_WORDS]), m_s the parties' derived
+    mask of value s."""
     count = _count(thresholds)
     selected = _picks(picks, count)
     consume(ctx, seeds, nonce, TAG_R, TAG_A, TAG_B, TAG_C, TAG_TABLE)
@@ -159,21 +158,21 @@ def dealer_digit_compare(
     h = (r >> 63).bitwise_and_(1).bitwise_xor_(1)  # msb(~r)
     del r
     at = dm.test_index(sum_derived(seeds, nonce, TAG_C, [count, n, dm.DIGITS]))
-    out = torch.zeros(n + count * n * TEST_WORDS, dtype=torch.int64)
-    tests = out[n:].view(count, n, TEST_WORDS)
+    end = n + count * n * TEST_WORDS
+    out = torch.zeros(end + selected * n * SELECT_WORDS, dtype=torch.int64)
+    tests = out[n:end].view(count, n, TEST_WORDS)
     tests.scatter_(-1, at, (1 - 2 * h).view(1, n, 1).expand(count, n, dm.DIGITS))
     del at
-    dealt = [packed, out]
     if picks is not None and selected:
         m = sum_derived(seeds, nonce, TAG_U, [selected, n])
-        sel = torch.empty([selected, n, SELECT_WORDS], dtype=torch.int64)
+        sel = out[end:].view(selected, n, SELECT_WORDS)
         torch.mul(h, m, out=sel[..., 0])
         torch.mul(tests[picks], m.unsqueeze(-1), out=sel[..., 1:])
         del m
-        dealt.append(last_share(sel.view(-1), seeds, nonce, TAG_D))
+        last_share(sel, seeds, nonce, TAG_D)
     last_share(tests, seeds, nonce, TAG_TABLE)
     out[:n] = last_share(h, seeds, nonce, TAG_B)
-    return dealt
+    return [packed, out]
 
 
 # -- the parties ---------------------------------------------------------------------------
@@ -283,18 +282,15 @@ def _finish_rule(call: ProtocolCall) -> Any:
     tests = call.material("tests", DEALER_TESTS, nonce, local=False, optional=True, consume=True)
     if tests is not None and tests.index != _t({"thresholds": call.value("thresholds")}):
         raise call.refuse("the thresholds are not the ones the dealer's tables are for")
+    picks = call.value("picks")
+    if tests is not None and list(tests.extra) != (picks if isinstance(picks, list) else []):
+        raise call.refuse("the selections are not the ones the dealer's tables are for")
     call.material("c", OPENED + DIGIT_C, nonce, local=True, consume=True)
     call.material("u", OPENED + DIGIT_U, nonce, local=True, consume=True)
-    picks = call.value("picks")
     e = call.material("e", OPENED + DIGIT_E, nonce, local=True, optional=True, consume=True)
     m = call.material("m", DIGIT_M, nonce, local=True, optional=True, consume=True)
-    sel = call.material(
-        "selections", DEALER_SELECT, nonce, local=False, optional=True, consume=True
-    )
     if (e is None) != (picks is None) or (m is None) != (picks is None):
         raise call.refuse("selections take their opened masked values and their masks")
-    if sel is not None and (picks is None or list(sel.extra) != list(picks)):
-        raise call.refuse("the selections are not the ones the dealer's tables are for")
     return None
 
 
@@ -321,7 +317,6 @@ def digit_finish(
     u: torch.Tensor,
     thresholds: list[int] | None = None,
     picks: list[int] | None = None,
-    selections: torch.Tensor | None = None,
     e: torch.Tensor | None = None,
     m: torch.Tensor | None = None,
 ) -> Any:
@@ -333,21 +328,21 @@ def digit_finish(
     With ``picks``: [bits, selected], selected [S, *x] its shares of msb_k v_s for each
     selected value v_s (k = picks[s]) from the opened e_s = v_s + m_s and its share m_s:
     msb_k e_s - b m_s - (1 - 2b) [y m_s], [y m_s] = [h m_s] + sum_i [Q_i m_s][u_i mod M_i]
-    (derived, or the last party's ``selections``)."""
+    (derived, or the last party's, after its ``tests``)."""
     count = _count(thresholds)
     selected = _picks(picks, count)
     n = c.numel()
     if list(u.shape) != [count, n, dm.DIGITS] or u.dtype != torch.uint8:
         raise ValueError(f"u is {u.dtype} {list(u.shape)}, not uint8 [{count}, {n}, {dm.DIGITS}]")
-    if tests is not None and tests.numel() != n + count * n * TEST_WORDS:
+    end = n + count * n * TEST_WORDS
+    if tests is not None and tests.numel() != end + selected * n * SELECT_WORDS:
         raise ValueError(
             f"the dealer's zero tests are {tests.numel()} words, not for {count} x {n}"
+            f" and {selected} selected values"
         )
     if selected:
         if e is None or m is None or list(e.shape) != [selected, *c.shape] or e.shape != m.shape:
             raise ValueError(f"the selections' e and m are [{selected}, *x] for {selected} picks")
-        if selections is not None and selections.numel() != selected * n * SELECT_WORDS:
-            raise ValueError(f"the dealer's selections are not for {selected} x {n}")
     consume(ctx, [seed], nonce, TAG_B, TAG_TABLE)
     if selected:
         consume(ctx, [seed], nonce, TAG_D)
@@ -355,7 +350,7 @@ def digit_finish(
         h = derive(seed, nonce, TAG_B, [n])
         dealt = None
     else:
-        h, dealt = tests[:n], tests[n:]
+        h, dealt = tests[:n], tests[n:end]
     shape = [count, n, TEST_WORDS]
     table = derive(seed, nonce, TAG_TABLE, shape) if dealt is None else dealt.view(shape)
     at = dm.test_index(u)
@@ -370,7 +365,7 @@ def digit_finish(
         return bits
     assert picks is not None and e is not None and m is not None
     shape = [selected, n, SELECT_WORDS]
-    sel = derive(seed, nonce, TAG_D, shape) if selections is None else selections.view(shape)
+    sel = derive(seed, nonce, TAG_D, shape) if tests is None else tests[end:].view(shape)
     picked = torch.tensor(picks, dtype=torch.int64)
     ym = torch.gather(sel[..., 1:], -1, at[picked]).sum(-1).add_(sel[..., 0])
     flat_e, flat_m = e.reshape(selected, n), m.reshape(selected, n)

@@ -18,7 +18,7 @@ import torch
 from mpc.math.fourier import Series, fit_series
 from mpc.protocols import pieces
 from mpc.protocols.approx import Fx, truncate_many
-from mpc.protocols.compare import late_fits, select_by_msb, select_late
+from mpc.protocols.compare import late_fits, select_by_msb, select_late, truncating_fits
 from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.fourier.steps import dealer_fourier, fourier_finish
 from mpc.protocols.opening.run import Opened, Round
@@ -232,22 +232,30 @@ SILU_SERIES = replace(fit_series(lambda t: t * torch.sigmoid(t), SILU_CLAMP, 5, 
 
 
 def _series_at_bounds(
-    x: Fx, series: Series, values: Callable[[Shares, torch.Tensor], list[Any]]
-) -> tuple[Shares, Shares] | None:
+    x: Fx,
+    series: Series,
+    values: Callable[[Shares, torch.Tensor], list[Any]],
+    out: int | None = None,
+) -> tuple[Shares, Shares, bool] | None:
     """One comparison run of x + T and x - T (stacked; T the series' half width) selecting
-    ``values(stacked x, the encoded shifts [T, -T])`` and, late, F(x) unclamped: per
-    party the selected values and [F b_lo, F b_hi] (b_lo = [x >= -T], b_hi = [x >= T]);
-    None where the operand does not fit one run."""
+    ``values(stacked x, the encoded shifts [T, -T])`` (at x's scale) and, late, F(x)
+    unclamped: per party the selected values and [F b_lo, F b_hi] (b_lo = [x >= -T],
+    b_hi = [x >= T]), and whether they came down to ``out`` in their selection
+    (:func:`mpc.protocols.compare.truncating_fits`: no truncation round after it); None
+    where the operand does not fit one run."""
     if not (late_fits(x.session, [2, *x.shape], 1) and _pieces(x, series) == 1):
         return None
+    bits = None
+    if out is not None and truncating_fits(x.session, [2, *x.shape], 1):
+        bits = [x.scale - out, SERIES_SCALE - out]
     t = series.half_width
     run = SeriesRun(x, series, copies=2)
     stacked = cast(Shares, [torch.stack([s, s]) for s in x.shares])
     shift = torch.tensor([t, -t], dtype=torch.float64).view([2] + [1] * len(x.shape))
     enc = (shift * 2**x.scale).round().to(I64)
     cmp = cast(Shares, [s + enc if i == 0 else s for i, s in enumerate(stacked)])
-    sel, fsel = select_late(x.session, cmp, [cast(Shares, values(stacked, enc))], run)
-    return sel, fsel
+    sel, fsel = select_late(x.session, cmp, [cast(Shares, values(stacked, enc))], run, bits)
+    return sel, fsel, bits is not None
 
 
 def relu_like(x: Fx, series: Series, out: int) -> Fx:
@@ -273,10 +281,12 @@ def relu_like(x: Fx, series: Series, out: int) -> Fx:
     t = series.half_width
     hi = round(series_at(series, t) * 2**x.scale)  # (x - T, then + F(T))
     both = _series_at_bounds(
-        x, series, lambda st, enc: [s + enc + hi if i == 0 else s for i, s in enumerate(st)]
+        x, series, lambda st, enc: [s + enc + hi if i == 0 else s for i, s in enumerate(st)], out
     )
     if both is not None:
-        sel, fsel = both
+        sel, fsel, done = both
+        if done:  # (selected truncated: F b_lo - F b_hi + b_hi (x - T + F(T)) at out)
+            return x.with_shares([f[0] - f[1] + s[1] for f, s in zip(fsel, sel)], out)
         series_part = x.with_shares([f[0] - f[1] for f in fsel], SERIES_SCALE)
         f, above = truncate_many([series_part, x.with_shares([s[1] for s in sel])], [out, out])
         return f.add(above)
@@ -307,7 +317,7 @@ def sigmoid(x: Fx, out: int) -> Fx:
         lambda st, enc: [s * 0 + const if i == 0 else s * 0 for i, s in enumerate(st)],
     )
     if both is not None:
-        sel, fsel = both
+        sel, fsel, _ = both
         shares = [f[0] - f[1] + c[0] + c[1] for f, c in zip(fsel, sel)]
         shares[0] = shares[0] + round(series_at(SIGMOID_SERIES, -t) * 2**SERIES_SCALE)
         return truncate_many([x.with_shares(shares, SERIES_SCALE)], [out])[0]

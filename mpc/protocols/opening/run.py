@@ -9,10 +9,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from mpc import accounting, config
 from mpc.protocols.opening.steps import open_bits, open_unpack, pack
 from mpc.protocols.parties import I64, Out, Shares, at_parties, run_step
 from mpc.session import Session
+
+#: dtypes whose values one packed opening carries together, as bytes
+MIXED = {torch.int64, torch.uint8}
 
 
 class Round:
@@ -73,7 +78,7 @@ def open_among(
     if count:
         accounting.count_round()
     dtypes = {s.dtype for shares in values for s in shares}
-    if len(values) > 1 and len(dtypes) == 1:
+    if len(values) > 1 and (len(dtypes) == 1 or dtypes <= MIXED):
         # one delivery per peer for the whole round (one latency, not one per value), in
         # packs of at most mpc.config.PIECE_BYTES (a network message is at most 256 MiB by default)
         out: list[Shares] = []
@@ -125,19 +130,29 @@ def _packs(values: list[Shares]) -> list[list[Shares]]:
 
 
 def _open_packed(session: Session, values: list[Shares], xor: bool) -> list[Shares]:
-    """Each party packs its shares of ``values`` (one dtype), the packed sums are opened
-    (each party sums or XORs the pieces and splits the sum in one step)."""
+    """Each party packs its shares of ``values`` (one dtype, or int64 and uint8 values as
+    bytes), the packed sums are opened (each party sums or XORs the pieces, each value in
+    its dtype, and splits the sum in one step)."""
     parties = session.parties
-    dtype = values[0][0].dtype
+    types = [shares[0].dtype for shares in values]
     shapes = [[int(d) for d in shares[0].shape] for shares in values]
-    total = sum(math.prod(s) for s in shapes)
+    mixed = len(set(types)) > 1
+    if mixed:
+        dtype, total = torch.uint8, sum(math.prod(s) * t.itemsize for s, t in zip(shapes, types))
+    else:
+        dtype, total = types[0], sum(math.prod(s) for s in shapes)
     packed = [
         run_step(p, pack, [[shares[i] for shares in values]], out=[((total,), dtype)])[0]
         for i, p in enumerate(parties)
     ]
     pieces = exchange(session, packed, count=False)
-    metas: Out = [(tuple(s), dtype) for s in shapes]
-    return at_parties(session, open_unpack, lambda j: [pieces[j], shapes, xor], metas)
+    metas: Out = [(tuple(s), t) for s, t in zip(shapes, types)]
+    names = [str(t).removeprefix("torch.") for t in types] if mixed else None
+
+    def args(j: int) -> list[Any]:
+        return [pieces[j], shapes, xor] + ([names] if mixed else [])
+
+    return at_parties(session, open_unpack, args, metas)
 
 
 def _open_one(session: Session, shares: Shares, xor: bool) -> Shares:

@@ -42,10 +42,18 @@ def _pack_rule(call: ProtocolCall) -> Any:
     if not group or any(lb.to != group for lb in labels):
         raise call.refuse("a packed opening packs values of one session's parties")
     parts = [
-        [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape]]
+        [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape], dtype_name(v.dtype)]
         for lb, v in zip(labels, call.value("parts"))
     ]
     return [seal("packed", extra=tuple(parts), to=group)]
+
+
+#: the dtypes a round opens packed as bytes with others of other dtypes (by name)
+PACKED_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.int64, torch.uint8)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _parts(call: ProtocolCall) -> list[list[Any]]:
@@ -65,6 +73,9 @@ def _open_rule(call: ProtocolCall) -> Any:
     parts = _parts(call)
     if parts[0][3] is not None and [p[3] for p in parts] != call.value("shapes"):
         raise call.refuse("the shapes do not split the packed values")
+    dtypes = call.value("dtypes")
+    if dtypes is not None and (parts[0][3] is None or [p[4] for p in parts] != dtypes):
+        raise call.refuse("the dtypes do not split the packed bytes")
     hows = {opens(p[0]) for p in parts}
     if BITS in hows:
         raise call.refuse("bits packed 64 to a word open with open_bits")
@@ -126,8 +137,10 @@ def pack(ctx: Any, parts: list[torch.Tensor]) -> torch.Tensor:
     each peer in one delivery instead of one per value (see :func:`split`)."""
     if not (isinstance(parts, list) and parts and all(isinstance(p, torch.Tensor) for p in parts)):
         raise TypeError("pack takes a non-empty list of tensors")
-    if any(p.dtype != parts[0].dtype for p in parts):
-        raise TypeError("pack takes tensors of one dtype")
+    if any(p.dtype != parts[0].dtype for p in parts):  # (mixed: as bytes, in one delivery)
+        if any(dtype_name(p.dtype) not in PACKED_DTYPES for p in parts):
+            raise TypeError(f"pack takes tensors of one dtype, or of {sorted(PACKED_DTYPES)}")
+        return torch.cat([p.reshape(-1).contiguous().view(torch.uint8) for p in parts])
     return torch.cat([p.reshape(-1) for p in parts])
 
 
@@ -152,18 +165,43 @@ def split(packed: torch.Tensor, shapes: list[list[int]]) -> list[torch.Tensor]:
 
 @step(rule=_open_rule, size=_open_size, makes_material=True)
 def open_unpack(
-    ctx: Any, pieces: list[torch.Tensor], shapes: list[list[int]], xor: bool
+    ctx: Any,
+    pieces: list[torch.Tensor],
+    shapes: list[list[int]],
+    xor: bool,
+    dtypes: list[str] | None = None,
 ) -> list[torch.Tensor]:
     """Open a round's packed values (or one value) at this party: the sum (``xor``: the
     XOR) of its own packed share and the ones its peers sent it (``pieces``; not modified:
     in process they are the senders' own tensors), split into the values with their
-    ``shapes`` (views of one new tensor; see :func:`pack` and :func:`split`)."""
+    ``shapes`` (views of one new tensor; see :func:`pack` and :func:`split`). ``dtypes``:
+    values of several dtypes packed as bytes, each opened in its own (a sum modulo its
+    width)."""
     if type(xor) is not bool:
         raise TypeError("open_unpack's xor flag is a bool")
     if not (isinstance(pieces, list) and all(isinstance(t, torch.Tensor) for t in pieces)):
         raise ValueError("the pieces of an opening are tensors")
-    total = open_pieces([t.reshape(-1) for t in pieces], xor)
-    return split(total, shapes)
+    if dtypes is None:
+        total = open_pieces([t.reshape(-1) for t in pieces], xor)
+        return split(total, shapes)
+    if not (
+        isinstance(dtypes, list)
+        and len(dtypes) == len(shapes)
+        and all(d in PACKED_DTYPES for d in dtypes)
+        and all(t.dtype == torch.uint8 for t in pieces)
+    ):
+        raise ValueError(f"packed bytes open as {sorted(PACKED_DTYPES)}, one dtype a shape")
+    types = [PACKED_DTYPES[d] for d in dtypes]
+    sizes = [_count(sh) * t.itemsize for sh, t in zip(shapes, types)]
+    flat = [t.reshape(-1) for t in pieces]
+    if any(t.numel() != sum(sizes) for t in flat):
+        raise ValueError(f"packed pieces of {sum(sizes)} bytes for these shapes and dtypes")
+    out = []
+    for k, (shape, dtype) in enumerate(zip(shapes, types)):
+        start = sum(sizes[:k])
+        part = [t[start : start + sizes[k]].view(dtype) for t in flat]
+        out.append(open_pieces(part, xor).view(shape))
+    return out
 
 
 def open_pieces(pieces: list[torch.Tensor], xor: bool) -> torch.Tensor:
