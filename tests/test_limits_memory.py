@@ -479,6 +479,17 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
 
     compare.msb(x.session, [s[: 1 << 13] for s in x.shares])
     compare.msb_thresholds(x.session, [s[:64] for s in x.shares], list(range(128)))
+    # its selections (a layer norm's factor: a value a compared value), 128 x 64
+    from mpc.protocols.digit_compare.run import digit_select
+
+    few = [s[:64] for s in x.shares]
+    picked = [[s.unsqueeze(0).expand(128, 64) for s in few]]
+    digit_select(x.session, few, list(range(128)), list(range(128)), lambda: (picked, []))
+    # values truncated in their selection on the arithmetic last level (GELU's), 2^15
+    from mpc.protocols.comparison.run import CarryRun
+
+    half = [s[: 1 << 15] for s in x.shares]
+    CarryRun(x.session, half, [half], bits=[16]).finish_select(False)
     # truncated values times a plain operand (a decoding step's scores over its cache:
     # mpc.generation.attention), 2^20 product elements
     from mpc.protocols.truncated_products.run import truncate_and_multiply

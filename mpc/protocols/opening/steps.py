@@ -41,9 +41,12 @@ def _pack_rule(call: ProtocolCall) -> Any:
     group = labels[0].to
     if not group or any(lb.to != group for lb in labels):
         raise call.refuse("a packed opening packs values of one session's parties")
+    values = call.value("parts")
+    mixed = len({v.dtype for v in values}) > 1  # (then each part's dtype: packed as bytes)
     parts = [
-        [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape], dtype_name(v.dtype)]
-        for lb, v in zip(labels, call.value("parts"))
+        [lb.kind, lb.nonce, lb.index, [int(d) for d in v.shape]]
+        + ([dtype_name(v.dtype)] if mixed else [])
+        for lb, v in zip(labels, values)
     ]
     return [seal("packed", extra=tuple(parts), to=group)]
 
@@ -74,7 +77,8 @@ def _open_rule(call: ProtocolCall) -> Any:
     if parts[0][3] is not None and [p[3] for p in parts] != call.value("shapes"):
         raise call.refuse("the shapes do not split the packed values")
     dtypes = call.value("dtypes")
-    if dtypes is not None and (parts[0][3] is None or [p[4] for p in parts] != dtypes):
+    packed_as = [p[4] for p in parts] if all(len(p) == 5 for p in parts) else None
+    if dtypes != packed_as:
         raise call.refuse("the dtypes do not split the packed bytes")
     hows = {opens(p[0]) for p in parts}
     if BITS in hows:
