@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from refusals import refused
+from tampering import args_of, tamper
 
 import mpc
 import pointers as pt
@@ -247,14 +248,7 @@ def test_its_bytes_a_party():
 def _tamper(
     monkeypatch: pytest.MonkeyPatch, fn: Any, change: Callable[[int, list[Any]], list[Any]]
 ) -> None:
-    real = carry_run.at_parties
-
-    def at_parties(session: Any, step: Any, args: Any, out: Any) -> Any:
-        if step is fn:
-            return real(session, step, lambda i: change(i, args(i)), out)
-        return real(session, step, args, out)
-
-    monkeypatch.setattr(carry_run, "at_parties", at_parties)
+    tamper(monkeypatch, carry_run, fn, change)
 
 
 @pytest.mark.parametrize(
@@ -289,17 +283,7 @@ def test_the_last_xor_level_does_not_mask_for_an_arithmetic_one(
 
 
 def _selection_args(monkeypatch: pytest.MonkeyPatch, step: Any) -> list[list[Any]]:
-    """Record each party's arguments of ``step`` as the client sends them."""
-    real = carry_run.at_parties
-    calls: list[list[Any]] = []
-
-    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
-        if fn is step:
-            calls.append([args(i) for i in range(session.n)])
-        return real(session, fn, args, out)
-
-    monkeypatch.setattr(carry_run, "at_parties", at_parties)
-    return calls
+    return args_of(monkeypatch, carry_run, step)
 
 
 def test_a_selection_takes_the_value_it_masked(

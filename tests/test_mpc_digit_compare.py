@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from refusals import refused
+from tampering import args_of, tamper
 
 import mpc
 import pointers as pt
@@ -195,30 +196,13 @@ def test_a_layer_norm_as_a_user_writes_it(make_worker: Callable[[str], Any]) -> 
 
 
 def _args_of(monkeypatch: pytest.MonkeyPatch, step: Any) -> list[list[Any]]:
-    """Record each party's arguments of ``step`` as the client sends them."""
-    real = digit_run.at_parties
-    calls: list[list[Any]] = []
-
-    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
-        if fn is step:
-            calls.append([args(i) for i in range(session.n)])
-        return real(session, fn, args, out)
-
-    monkeypatch.setattr(digit_run, "at_parties", at_parties)
-    return calls
+    return args_of(monkeypatch, digit_run, step)
 
 
 def _tamper(
     monkeypatch: pytest.MonkeyPatch, step: Any, change: Callable[[int, list[Any]], list[Any]]
 ) -> None:
-    real = digit_run.at_parties
-
-    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
-        if fn is step:
-            return real(session, fn, lambda i: change(i, args(i)), out)
-        return real(session, fn, args, out)
-
-    monkeypatch.setattr(digit_run, "at_parties", at_parties)
+    tamper(monkeypatch, digit_run, step, change)
 
 
 def _parties(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any, Any]:

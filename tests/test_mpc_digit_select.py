@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from refusals import refused
+from tampering import tamper
 
 import mpc
 import pointers as pt
@@ -148,14 +149,7 @@ def test_a_decoding_steps_layer_norm_and_linear(make_worker: Callable[[str], Any
 def _tamper(
     monkeypatch: pytest.MonkeyPatch, step: Any, change: Callable[[int, list[Any]], list[Any]]
 ) -> None:
-    real = digit_run.at_parties
-
-    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
-        if fn is step:
-            return real(session, fn, lambda i: change(i, args(i)), out)
-        return real(session, fn, args, out)
-
-    monkeypatch.setattr(digit_run, "at_parties", at_parties)
+    tamper(monkeypatch, digit_run, step, change)
 
 
 def _parties(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any, Any]:

@@ -15,6 +15,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from refusals import refused
+from tampering import args_of, tamper
 
 import mpc
 import pointers as pt
@@ -186,28 +187,11 @@ def test_a_long_row_keeps_the_tree() -> None:
 
 
 def _finish_args(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
-    """Record each party's arguments of the finish as the client sends them."""
-    real = product_run.at_parties
-    calls: list[list[Any]] = []
-
-    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
-        if fn is series_product_finish:
-            calls.append([args(i) for i in range(session.n)])
-        return real(session, fn, args, out)
-
-    monkeypatch.setattr(product_run, "at_parties", at_parties)
-    return calls
+    return args_of(monkeypatch, product_run, series_product_finish)
 
 
 def _tamper(monkeypatch: pytest.MonkeyPatch, change: Callable[[int, list[Any]], list[Any]]) -> None:
-    real = product_run.at_parties
-
-    def at_parties(session: Any, fn: Any, args: Any, out: Any) -> Any:
-        if fn is series_product_finish:
-            return real(session, fn, lambda i: change(i, args(i)), out)
-        return real(session, fn, args, out)
-
-    monkeypatch.setattr(product_run, "at_parties", at_parties)
+    tamper(monkeypatch, product_run, series_product_finish, change)
 
 
 def _run(x: Any) -> Fx:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from refusals import refused
+from tampering import tamper
 
 import mpc
 import pointers as pt
@@ -101,19 +102,6 @@ def test_gelu_and_silu_as_a_user_writes_them(make_worker: Callable[[str], Any], 
 # -- as a client that sends the steps -----------------------------------------------------
 
 
-def _tamper(
-    monkeypatch: pytest.MonkeyPatch, fn: Any, change: Callable[[int, list[Any]], list[Any]]
-) -> None:
-    real = carry_run.at_parties
-
-    def at_parties(session: Any, step: Any, args: Any, out: Any) -> Any:
-        if step is fn:
-            return real(session, step, lambda i: change(i, args(i)), out)
-        return real(session, step, args, out)
-
-    monkeypatch.setattr(carry_run, "at_parties", at_parties)
-
-
 @pytest.mark.parametrize("bits", [[], [7], [0]])
 def test_the_last_party_selects_with_the_truncation_dealt(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, bits: list[int]
@@ -122,7 +110,7 @@ def test_the_last_party_selects_with_the_truncation_dealt(
     are for is refused at the last party."""
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
     x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
-    _tamper(monkeypatch, arith_select, lambda i, a: a[:8] + bits if i == 1 else a)
+    tamper(monkeypatch, carry_run, arith_select, lambda i, a: a[:8] + bits if i == 1 else a)
     run = carry_run.CarryRun(x.session, list(x.shares), [list(x.shares)], bits=[16])
     refused(bob, lambda: run.finish_select(False), "another comparison or truncation")
 
