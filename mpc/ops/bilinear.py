@@ -27,7 +27,7 @@ from mpc.ops.local import add_shared, mul_public
 from mpc.protocols.beaver.run import beaver
 from mpc.protocols.beaver.steps import bilinear_public
 from mpc.protocols.parties import I64, at_parties
-from mpc.protocols.weights.run import fixed_product
+from mpc.protocols.weights.run import fixed_product, trunc_fixed_product
 from mpc.registry import register
 from mpc.shared import SharedTensor
 
@@ -79,6 +79,16 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
     out_shape = _out_shape(op, params, a, b)
     if isinstance(a, SharedTensor) and isinstance(b, SharedTensor):
         a.session.check_compatible(b.session)
+        if op == "matmul" and a.pending and a.deferred is None and a.frac_bits - a.pending:
+            # x still to be truncated times a model's weight: the truncation's opening is
+            # the product's only one (mpc.protocols.weights.trunc_steps)
+            z = trunc_fixed_product(a, b)
+            if z is not None:
+                f = a.frac_bits - a.pending
+                shift = min(f, b.frac_bits)
+                return SharedTensor(
+                    z, a.session, f + b.frac_bits, result_dtype(a, b), pending=shift
+                )
         a.materialize()
         b.materialize()
         shift = min(a.frac_bits, b.frac_bits)

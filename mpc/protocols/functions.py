@@ -43,6 +43,7 @@ from mpc.protocols.step import making_material, table
 from mpc.protocols.truncated_products import steps as truncated_products
 from mpc.protocols.truncation import steps as truncation
 from mpc.protocols.weights import steps as weights
+from mpc.protocols.weights import trunc_steps as weights_trunc
 
 #: the modules that define protocol steps
 STEP_MODULES = (
@@ -62,6 +63,7 @@ STEP_MODULES = (
     series_product,
     truncated_products,
     weights,
+    weights_trunc,
     fss,
     fss_relu,
     # the authenticated mode (security="malicious")

@@ -31,6 +31,8 @@ import torch
 from mpc import config
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
+from mpc.protocols.truncation.steps import trunc_mask
+from mpc.protocols.weights import trunc_steps
 from mpc.protocols.weights.steps import (
     dealer_weight,
     dealer_weight_triple,
@@ -150,6 +152,86 @@ def fixed_product(
     if tuple(total[0].shape) != tuple(out_shape):
         raise AssertionError(f"internal: {tuple(total[0].shape)} != {out_shape}")
     return total
+
+
+#: the most words of the dealer's D_k B_kj a truncated operand's product takes
+#: (rows x K x N: a decoding step's attention output projection, 1 x 768 x 768, 590k)
+TRUNC_WEIGHT_UP_TO = 1 << 20
+
+
+def trunc_fixed_product(x: SharedTensor, w: SharedTensor) -> Shares | None:
+    """[(x >> pending) @ W] for an operand x still to be truncated and a fixed 2-D weight
+    W second, in one round (its truncation's opening; W's F rides in it where the
+    instance is new): :mod:`mpc.protocols.weights.trunc_steps`. None where it does not
+    apply (another layout, a large product, while a plan is recorded, or another mode):
+    the caller truncates x, then multiplies."""
+    session = x.session
+    config_ = session.config
+    if (
+        not x.pending
+        or w.pending
+        or w.fixed is None
+        or w.fixed[0]() is None
+        or x.fixed is not None
+        or w.dim() != 2
+        or x.dim() < 1
+        or int(x.shape[-1]) != int(w.shape[0])
+        or (recording() and not _HELD_RECORDING.get())
+        or config_.security != "semi-honest"
+        or w.numel() * 8 > config.PIECE_BYTES
+        or x.numel() * int(w.shape[1]) > TRUNC_WEIGHT_UP_TO
+    ):
+        return None
+    base = w.fixed[0]()
+    assert base is not None
+    instances: dict[Any, WeightInstance] = base.__dict__.setdefault("_weight_instances", {})
+    key = w.fixed[1]
+    inst = instances.get(key)
+    opening_f: Shares | None = None
+    if inst is None or not inst.valid_for(w, base):
+        inst, opening_f = _make(session, w, base)
+        instances[key] = inst
+    bits = int(x.pending)
+    nonce = session.next_nonce()
+    seed = session.party_seeds
+    x_shape = [int(d) for d in x.shape]
+    rows = x.numel() // int(w.shape[0])
+    out_shape = (*x_shape[:-1], int(w.shape[1]))
+    words = trunc_steps.material_words(x_shape, [int(d) for d in w.shape], bits)
+    (material,) = deal(
+        session,
+        "a product with a shared weight",
+        trunc_steps.dealer_trunc_weight,
+        [nonce, inst.b, x_shape, bits],
+        out=[([words], I64)],
+    )
+    (masked,) = at_parties(
+        session, trunc_mask, lambda i: [seed[i], nonce, x.shares[i]], [(x_shape, I64)]
+    )
+    one = Round(session)
+    c = one.add(masked)
+    f = one.add(opening_f) if opening_f is not None else None
+    one.open()
+    if f is not None:
+        inst.f = f.value
+    dealt = last_only(session, material)
+    with session.concurrently(rows * int(w.shape[0]) * int(w.shape[1])):
+        (z,) = at_parties(
+            session,
+            trunc_steps.trunc_weight_product,
+            lambda i: [
+                seed[i],
+                nonce,
+                inst.weight,
+                dealt(i),
+                inst.w[i],
+                inst.f[i],
+                c.value[i],
+                bits,
+            ],
+            [(out_shape, I64)],
+        )
+    return z
 
 
 def weight_runs(
