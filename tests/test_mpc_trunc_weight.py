@@ -100,8 +100,8 @@ def test_what_the_dealer_sends() -> None:
     with mpc.stats() as s:
         z.session.watch()
         lin(z)
-    words = material_words([2, 64], [64, 32], 16)
-    assert words == 2 * 64 + 2 * 64 * 2 // 8 + 2 * 32 + 2 * 64 * 32
+    words = material_words([2, 64], [64, 32], 16)  # (s and the D_k B_kj: 16 bits each)
+    assert words == 2 * 64 + 2 * 64 * 2 // 8 + 2 * 32 + 2 * 64 * 32 * 2 // 8
     assert 8 * words <= s.dealer_bytes <= 8 * words + 2048
 
 
