@@ -517,7 +517,7 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     for _ in range(2):
         lin(mpc.share(torch.rand(1024, 1024), a, b, crypto_provider=c)).get()
     # a product's operand truncated in the round of its product with the weight
-    # (mpc.protocols.weights.trunc_steps): one row of 1,024, the D_k B_kj 8 MiB
+    # (mpc.protocols.weights.steps.trunc_weight_product): one row of 1,024, the D_k B_kj 8 MiB
     for _ in range(2):
         left = mpc.share(torch.rand(1, 64), a, b, crypto_provider=c)
         lin(left @ mpc.share(torch.rand(64, 1024), a, b, crypto_provider=c)).get()

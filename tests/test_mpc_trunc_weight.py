@@ -1,5 +1,5 @@
 """A product with a model's weight whose operand is still to be truncated
-(mpc.protocols.weights.trunc_steps): the truncation's opening is the product's only one.
+(mpc.protocols.weights.steps.trunc_weight_product): the truncation's opening is the product's only one.
 Against plaintext (hypothesis), GPT-2's Conv1D after a product as a user writes it, what
 the dealer sends, and a client that sends the finish with other material, twice, or with
 another instance's F. Runs on both worker kinds (conftest.py)."""
@@ -20,7 +20,7 @@ import mpc
 import pointers as pt
 from mpc.protocols.step import name_of
 from mpc.protocols.weights import run as weights_run
-from mpc.protocols.weights.trunc_steps import material_words, trunc_weight_product
+from mpc.protocols.weights.steps import trunc_material_words, trunc_weight_product
 
 I64 = torch.int64
 
@@ -100,7 +100,7 @@ def test_what_the_dealer_sends() -> None:
     with mpc.stats() as s:
         z.session.watch()
         lin(z)
-    words = material_words([2, 64], [64, 32], 16)  # (s and the D_k B_kj: 16 bits each)
+    words = trunc_material_words([2, 64], [64, 32], 16)  # (s and the D_k B_kj: 16 bits each)
     assert words == 2 * 64 + 2 * 64 * 2 // 8 + 2 * 32 + 2 * 64 * 32 * 2 // 8
     assert 8 * words <= s.dealer_bytes <= 8 * words + 2048
 

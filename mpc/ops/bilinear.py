@@ -81,7 +81,7 @@ def bilinear_op(a: Any, b: Any, op: str, params: dict[str, Any]) -> SharedTensor
         a.session.check_compatible(b.session)
         if op == "matmul" and a.pending and a.deferred is None and a.frac_bits - a.pending:
             # x still to be truncated times a model's weight: the truncation's opening is
-            # the product's only one (mpc.protocols.weights.trunc_steps)
+            # the product's only one (mpc.protocols.weights.steps.trunc_weight_product)
             z = trunc_fixed_product(a, b)
             if z is not None:
                 f = a.frac_bits - a.pending

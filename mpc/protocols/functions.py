@@ -43,7 +43,6 @@ from mpc.protocols.step import making_material, table
 from mpc.protocols.truncated_products import steps as truncated_products
 from mpc.protocols.truncation import steps as truncation
 from mpc.protocols.weights import steps as weights
-from mpc.protocols.weights import trunc_steps as weights_trunc
 
 #: the modules that define protocol steps
 STEP_MODULES = (
@@ -63,7 +62,6 @@ STEP_MODULES = (
     series_product,
     truncated_products,
     weights,
-    weights_trunc,
     fss,
     fss_relu,
     # the authenticated mode (security="malicious")

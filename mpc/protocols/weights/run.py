@@ -32,10 +32,12 @@ from mpc import config
 from mpc.protocols.opening.run import Round
 from mpc.protocols.parties import I64, Shares, at_parties, deal, last_only, run_step
 from mpc.protocols.truncation.steps import trunc_mask
-from mpc.protocols.weights import trunc_steps
 from mpc.protocols.weights.steps import (
+    dealer_trunc_weight,
     dealer_weight,
     dealer_weight_triple,
+    trunc_material_words,
+    trunc_weight_product,
     weight_mask,
     weight_product,
     weight_product_mask,
@@ -162,7 +164,7 @@ TRUNC_WEIGHT_UP_TO = 1 << 20
 def trunc_fixed_product(x: SharedTensor, w: SharedTensor) -> Shares | None:
     """[(x >> pending) @ W] for an operand x still to be truncated and a fixed 2-D weight
     W second, in one round (its truncation's opening; W's F rides in it where the
-    instance is new): :mod:`mpc.protocols.weights.trunc_steps`. None where it does not
+    instance is new): :func:`mpc.protocols.weights.steps.trunc_weight_product`. None where it does not
     apply (another layout, a large product, while a plan is recorded, or another mode):
     the caller truncates x, then multiplies."""
     session = x.session
@@ -197,11 +199,11 @@ def trunc_fixed_product(x: SharedTensor, w: SharedTensor) -> Shares | None:
     x_shape = [int(d) for d in x.shape]
     rows = x.numel() // int(w.shape[0])
     out_shape = (*x_shape[:-1], int(w.shape[1]))
-    words = trunc_steps.material_words(x_shape, [int(d) for d in w.shape], bits)
+    words = trunc_material_words(x_shape, [int(d) for d in w.shape], bits)
     (material,) = deal(
         session,
         "a product with a shared weight",
-        trunc_steps.dealer_trunc_weight,
+        dealer_trunc_weight,
         [nonce, inst.b, x_shape, bits],
         out=[([words], I64)],
     )
@@ -218,7 +220,7 @@ def trunc_fixed_product(x: SharedTensor, w: SharedTensor) -> Shares | None:
     with session.concurrently(rows * int(w.shape[0]) * int(w.shape[1])):
         (z,) = at_parties(
             session,
-            trunc_steps.trunc_weight_product,
+            trunc_weight_product,
             lambda i: [
                 seed[i],
                 nonce,
