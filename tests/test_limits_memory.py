@@ -479,12 +479,14 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
 
     compare.msb(x.session, [s[: 1 << 13] for s in x.shares])
     compare.msb_thresholds(x.session, [s[:64] for s in x.shares], list(range(128)))
-    # its selections (a layer norm's factor: a value a compared value), 128 x 64
+    # its selections (a layer norm's factor: a value a compared value), 16 x 512 compared
+    # values and 64 selected values of 512 (their masked values 256 KiB: measured)
     from mpc.protocols.digit_compare.run import digit_select
 
-    few = [s[:64] for s in x.shares]
-    picked = [[s.unsqueeze(0).expand(128, 64) for s in few]]
-    digit_select(x.session, few, list(range(128)), list(range(128)), lambda: (picked, []))
+    few = [s[:512] for s in x.shares]
+    picked = [[s.unsqueeze(0).expand(64, 512) for s in few]]
+    picks = [k % 16 for k in range(64)]
+    digit_select(x.session, few, list(range(16)), picks, lambda: (picked, []))
     # values truncated in their selection on the arithmetic last level (GELU's), 2^15
     from mpc.protocols.comparison.run import CarryRun
 

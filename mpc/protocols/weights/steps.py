@@ -406,7 +406,8 @@ def _dealer_trunc_size(p: dict[str, Any]) -> int:
     b = shape_of(p.get("b"))
     n = int(b[-1]) if len(b) == 2 else 0
     rows = x // max(int(b[0]), 1) if len(b) == 2 else 0
-    return declared(WORD * (6 * x + 2 * rows * n) + 20 * x * n)
+    temp = WORD * numel(b) if _settles("matmul", False, rows, p.get("b")) else 0
+    return declared(WORD * (6 * x + 2 * rows * n) + 20 * x * n + temp)
 
 
 @step(
@@ -464,7 +465,11 @@ def _trunc_product_size(p: dict[str, Any]) -> int:
     w = shape_of(p.get("w"))
     n = int(w[-1]) if len(w) == 2 else 0
     rows = c // max(int(w[0]), 1) if len(w) == 2 else 0
-    return declared(WORD * (4 * c + c * n + 4 * rows * n))
+    temp = 0
+    for operand in (p.get("w"), p.get("f")):  # W or F laid out anew, one after the other
+        if _settles("matmul", False, rows, operand):  # (16.0 MiB measured at 1,024^2)
+            temp = max(temp, WORD * numel(shape_of(operand)))
+    return declared(WORD * (4 * c + c * n + 4 * rows * n) + temp)
 
 
 @step(rule=_trunc_product_rule, size=_trunc_product_size, keeps=stream_records(4))
