@@ -22,7 +22,8 @@ import pointers as pt
 from mpc.config import MPCConfig
 from mpc.protocols import compare
 from mpc.protocols.comparison import run as carry_run
-from mpc.protocols.comparison.steps import MAX_THRESHOLDS, cmp_init, dealer_compare
+from mpc.protocols.comparison.steps import cmp_init, dealer_compare
+from mpc.protocols.comparison.thresholds import MAX_THRESHOLDS
 from mpc.protocols.fss import run as fss_run
 from mpc.protocols.fss.steps import fss_eval
 from mpc.protocols.step import name_of

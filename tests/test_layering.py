@@ -283,7 +283,7 @@ def test_mpc_ops_has_no_import_circles() -> None:
 def _is_step_module(module: str) -> bool:
     """A module of the protocol steps that run at the workers (and what they are built
     of): :mod:`mpc.protocols.step` and its helpers, each protocol's ``steps`` (and the
-    comparison's selections and its arithmetic last level, FSS's ReLU), the table of all
+    comparison's selections, its public thresholds and its arithmetic last level, FSS's ReLU), the table of all
     steps, ``mpc.material``."""
     parts = module.split(".")
     if parts[:2] == ["mpc", "material"] or module == "mpc.protocols":
@@ -296,6 +296,7 @@ def _is_step_module(module: str) -> bool:
         return parts[2] in ("step", "streams", "rules", "sizes", "functions")
     return parts[-1] == "steps" or module in (
         "mpc.protocols.comparison.selection",
+        "mpc.protocols.comparison.thresholds",
         "mpc.protocols.comparison.arith",
         "mpc.protocols.comparison.arith_select",
         "mpc.protocols.fss.relu",

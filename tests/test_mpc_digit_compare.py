@@ -195,16 +195,6 @@ def test_a_layer_norm_as_a_user_writes_it(make_worker: Callable[[str], Any]) -> 
 # -- a client that sends the steps out of order --------------------------------------------
 
 
-def _args_of(monkeypatch: pytest.MonkeyPatch, step: Any) -> list[list[Any]]:
-    return args_of(monkeypatch, digit_run, step)
-
-
-def _tamper(
-    monkeypatch: pytest.MonkeyPatch, step: Any, change: Callable[[int, list[Any]], list[Any]]
-) -> None:
-    tamper(monkeypatch, digit_run, step, change)
-
-
 def _parties(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any, Any]:
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
     return alice, bob, carol, mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
@@ -228,7 +218,7 @@ def test_each_step_runs_once(
 ) -> None:
     """A step sent again with the arguments of its first run is refused."""
     alice, _, _, x = _parties(make_worker)
-    calls = _args_of(monkeypatch, step_fn)
+    calls = args_of(monkeypatch, digit_run, step_fn)
     compare.msb(x.session, list(x.shares))
     args = calls[0][0]
     refused(alice, lambda: pt.call_function(alice, name_of(step_fn), args, out=out), match)
@@ -254,7 +244,7 @@ def test_the_finish_takes_its_own_openings(
     with pytest.raises(_Stop):
         compare.msb(x.session, list(x.shares))
     held = opened[0]
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:5] + [held[i][5]] + a[6:])
+    tamper(monkeypatch, digit_run, digit_finish, lambda i, a: a[:5] + [held[i][5]] + a[6:])
     refused(alice, lambda: compare.msb(x.session, list(x.shares)), "belongs to protocol instance")
 
 
@@ -267,5 +257,5 @@ def test_the_last_party_finishes_the_thresholds_dealt_for(
     make_worker: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, thresholds: Any
 ) -> None:
     alice, bob, _, x = _parties(make_worker)
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:6] + [thresholds] if i == 1 else a)
+    tamper(monkeypatch, digit_run, digit_finish, lambda i, a: a[:6] + [thresholds] if i == 1 else a)
     refused(bob, lambda: compare.msb_thresholds(x.session, list(x.shares), [0, 1]), "thresholds")

@@ -146,12 +146,6 @@ def test_a_decoding_steps_layer_norm_and_linear(make_worker: Callable[[str], Any
 # -- a client that sends the steps out of order --------------------------------------------
 
 
-def _tamper(
-    monkeypatch: pytest.MonkeyPatch, step: Any, change: Callable[[int, list[Any]], list[Any]]
-) -> None:
-    tamper(monkeypatch, digit_run, step, change)
-
-
 def _parties(make_worker: Callable[[str], Any]) -> tuple[Any, Any, Any, Any]:
     alice, bob, carol = (make_worker(w) for w in ("alice", "bob", "carol"))
     x = mpc.share(torch.ones(6), alice, bob, crypto_provider=carol)
@@ -165,7 +159,9 @@ def test_the_last_party_finishes_the_picks_dealt_for(
 ) -> None:
     """Its dealt tables times m are the picked compared values': other picks are refused."""
     _, bob, x, v = _parties(make_worker)
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:7] + [picks] + a[8:] if i == 1 else a)
+    tamper(
+        monkeypatch, digit_run, digit_finish, lambda i, a: a[:7] + [picks] + a[8:] if i == 1 else a
+    )
     refused(bob, lambda: _select(x, [0, 1], [0, 1], [v]), "selections")
 
 
@@ -174,7 +170,7 @@ def test_a_finish_with_picks_takes_the_openings(
 ) -> None:
     """Picks without the opened e (or without the kept mask m) are refused."""
     alice, _, x, v = _parties(make_worker)
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:8] + [None, a[9]])
+    tamper(monkeypatch, digit_run, digit_finish, lambda i, a: a[:8] + [None, a[9]])
     refused(alice, lambda: _select(x, [0, 1], [0, 1], [v]), "opened masked values")
 
 
@@ -184,7 +180,7 @@ def test_the_values_mask_step_runs_once(
     """The values' masking sent again (a second e for the same masks m) is refused."""
     alice, _, x, v = _parties(make_worker)
     sent: list[Any] = []
-    _tamper(monkeypatch, digit_select_mask, lambda i, a: sent.append(a) or a)
+    tamper(monkeypatch, digit_run, digit_select_mask, lambda i, a: sent.append(a) or a)
     _select(x, [0, 1], [0, 1], [v])
     out = [((2, 6), I64), ((2, 6), I64)]
     refused(
@@ -212,7 +208,7 @@ def test_the_finish_takes_its_own_opened_values(
     with pytest.raises(_Stop):
         _select(x, [0, 1], [0, 1], [v])
     monkeypatch.setattr(digit_run, "at_parties", real)
-    _tamper(monkeypatch, digit_finish, lambda i, a: a[:8] + [held[i][8]] + a[9:])
+    tamper(monkeypatch, digit_run, digit_finish, lambda i, a: a[:8] + [held[i][8]] + a[9:])
     refused(alice, lambda: _select(x, [0, 1], [0, 1], [v]), "belongs to protocol instance")
 
 

@@ -40,6 +40,7 @@ from mpc.protocols.comparison.selection import (
     selected_count,
     selection_material,
 )
+from mpc.protocols.comparison.thresholds import check_thresholds, threshold_values
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import open_pieces, split
 from mpc.protocols.rules import OPENED, dealer_seeds, int_of, kept, nonce_of, party_seed
@@ -72,29 +73,6 @@ from mpc.protocols.streams import (
 from pointers.worker.sealing import ProtocolCall, seal
 
 LEVELS = carry_tree.LEVELS
-#: the most public thresholds one comparison run compares each element with
-MAX_THRESHOLDS = 1 << 14
-
-
-def check_thresholds(shape: list[int], thresholds: Any, selects: bool) -> None:
-    """``thresholds`` T: 0, or the leading dimension of ``shape`` ([T, *x]) of a comparison
-    that selects nothing."""
-    if thresholds == 0 and type(thresholds) is int:
-        return
-    if not (
-        type(thresholds) is int
-        and 1 <= thresholds <= MAX_THRESHOLDS
-        and isinstance(shape, list)
-        and len(shape) >= 1
-        and shape[0] == thresholds
-        and not selects
-    ):
-        raise ValueError(
-            f"a comparison with thresholds compares [T, *x] (1 <= T <= {MAX_THRESHOLDS}) and "
-            f"selects nothing, got {thresholds!r} for {shape!r}"
-        )
-
-
 # -- the dealer ----------------------------------------------------------------------------
 
 
@@ -426,17 +404,6 @@ def cmp_init(
         yw = torch.cat([yw, yw.new_zeros(words - n)])
     g, p = carry_tree.level0(cw, yw, list(monomials.view(want).unbind(0)), first)
     return [g, p, top, *_mask_level(ctx, seed, next_nonce, g, p, 1)]
-
-
-def threshold_values(thresholds: Any) -> torch.Tensor:
-    """The public thresholds of a comparison (ring values, as a tensor), checked."""
-    if not (
-        isinstance(thresholds, list)
-        and 1 <= len(thresholds) <= MAX_THRESHOLDS
-        and all(type(t) is int and -(1 << 63) <= t < (1 << 63) for t in thresholds)
-    ):
-        raise ValueError(f"thresholds are 1 to {MAX_THRESHOLDS} ring values (ints)")
-    return torch.tensor(thresholds, dtype=torch.int64)
 
 
 def _mask_level(

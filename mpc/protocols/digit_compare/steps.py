@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from mpc.math import digit_compare as dm
-from mpc.protocols.comparison.steps import MAX_THRESHOLDS, threshold_values
+from mpc.protocols.comparison.thresholds import MAX_THRESHOLDS, threshold_values
 from mpc.protocols.rules import OPENED, dealer_seeds, kept, nonce_of, party_seed
 from mpc.protocols.sizes import WORD, declared, elementwise, numel, stream_records, tensor_elems
 from mpc.protocols.step import SUM, step

@@ -44,7 +44,7 @@ from mpc.protocols.comparison.selection import (
     selected_count,
     selection_material,
 )
-from mpc.protocols.comparison.steps import check_thresholds, threshold_values
+from mpc.protocols.comparison.thresholds import check_thresholds, threshold_values
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import split
 from mpc.protocols.rules import OPENED, SEED, dealer_seeds, kept, nonce_of, party_seed

@@ -41,13 +41,23 @@ def trunc_correction_words(numel: int, bits: int) -> int:
     return numel + (narrow + 7) // 8
 
 
+def narrow_words(s: torch.Tensor) -> torch.Tensor:
+    """A narrow tensor's bytes padded to whole int64 words (flat): to travel beside words."""
+    raw = s.reshape(-1).view(torch.uint8)
+    return torch.cat([raw, raw.new_zeros((-raw.numel()) % 8)]).view(torch.int64)
+
+
+def narrow_of(words: torch.Tensor, count: int, bits: int) -> torch.Tensor:
+    """The ``count`` values of :func:`narrow_words`'s words in the narrow dtype of ``bits``
+    (:func:`trunc_correction_dtype`), a view of them (flat)."""
+    dtype = trunc_correction_dtype(bits)
+    return words.view(torch.uint8)[: count * dtype.itemsize].view(dtype)
+
+
 def pack_trunc_correction(u: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """U (int64) and the narrow s of D in one flat int64 tensor, s's bytes padded to whole
     words: the dealer's truncation correction travels as one delivery, not two."""
-    raw = s.reshape(-1).view(torch.uint8)
-    pad = (-raw.numel()) % 8
-    words = torch.cat([raw, raw.new_zeros(pad)]).view(torch.int64)
-    return torch.cat([u.reshape(-1), words])
+    return torch.cat([u.reshape(-1), narrow_words(s)])
 
 
 def unpack_trunc_correction(
@@ -67,10 +77,7 @@ def unpack_trunc_correction(
             f"{trunc_correction_words(n, bits)} int64 words, got {packed.dtype} "
             f"{list(packed.shape)}"
         )
-    dtype = trunc_correction_dtype(bits)
-    u = packed[:n].view(shape)
-    s = packed[n:].view(torch.uint8)[: n * dtype.itemsize].view(dtype).view(shape)
-    return u, s
+    return packed[:n].view(shape), narrow_of(packed[n:], n, bits).view(shape)
 
 
 def _dealer_trunc_rule(call: ProtocolCall) -> Any:

@@ -184,15 +184,7 @@ def trunc_fixed_product(x: SharedTensor, w: SharedTensor) -> Shares | None:
         or x.numel() * int(w.shape[1]) > TRUNC_WEIGHT_UP_TO
     ):
         return None
-    base = w.fixed[0]()
-    assert base is not None
-    instances: dict[Any, WeightInstance] = base.__dict__.setdefault("_weight_instances", {})
-    key = w.fixed[1]
-    inst = instances.get(key)
-    opening_f: Shares | None = None
-    if inst is None or not inst.valid_for(w, base):
-        inst, opening_f = _make(session, w, base)
-        instances[key] = inst
+    inst, opening_f = _instance(session, w)
     bits = int(x.pending)
     nonce = session.next_nonce()
     seed = session.party_seeds
@@ -286,16 +278,7 @@ def _run(
     op: str,
     params: dict[str, Any],
 ) -> WeightRun:
-    assert w.fixed is not None
-    base = w.fixed[0]()
-    assert base is not None
-    instances: dict[Any, WeightInstance] = base.__dict__.setdefault("_weight_instances", {})
-    key = w.fixed[1]
-    inst = instances.get(key)
-    opening_f: Shares | None = None
-    if inst is None or not inst.valid_for(w, base):
-        inst, opening_f = _make(session, w, base)
-        instances[key] = inst
+    inst, opening_f = _instance(session, w)
     mw, mx = torch.empty(w.shape, device="meta"), torch.empty(x.shape, device="meta")
     if op == "matmul":
         out = torch.matmul(mw, mx) if w_first else torch.matmul(mx, mw)
@@ -312,6 +295,22 @@ def _run(
             params["groups"],
         )
     return WeightRun(session, inst, opening_f, x.shares, w_first, op, params, tuple(out.shape))
+
+
+def _instance(session: Session, w: SharedTensor) -> tuple[WeightInstance, Shares | None]:
+    """The instance of the fixed weight ``w`` (its layout's), made now where it has none
+    or its weight was written: then with the parties' F shares to open, else None."""
+    assert w.fixed is not None
+    base = w.fixed[0]()
+    assert base is not None
+    instances: dict[Any, WeightInstance] = base.__dict__.setdefault("_weight_instances", {})
+    key = w.fixed[1]
+    inst = instances.get(key)
+    if inst is not None and inst.valid_for(w, base):
+        return inst, None
+    inst, opening_f = _make(session, w, base)
+    instances[key] = inst
+    return inst, opening_f
 
 
 def _make(session: Session, w: SharedTensor, base: SharedTensor) -> tuple[WeightInstance, Shares]:

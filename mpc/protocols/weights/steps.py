@@ -75,6 +75,8 @@ from mpc.protocols.streams import (
     sum_derived,
 )
 from mpc.protocols.truncation.steps import (
+    narrow_of,
+    narrow_words,
     pack_trunc_correction,
     trunc_correction_dtype,
     unpack_trunc_correction,
@@ -380,14 +382,12 @@ def _narrow(t: torch.Tensor, bits: int) -> torch.Tensor:
     """A share of a multiple of 2^(64 - f) as its f low bits, sign-extended, in the
     narrowest dtype that holds them, its bytes padded to whole int64 words (flat)."""
     t = t.bitwise_left_shift(64 - bits).bitwise_right_shift_(64 - bits)
-    raw = t.to(trunc_correction_dtype(bits)).reshape(-1).view(torch.uint8)
-    return torch.cat([raw, raw.new_zeros((-raw.numel()) % 8)]).view(torch.int64)
+    return narrow_words(t.to(trunc_correction_dtype(bits)))
 
 
 def _widen(words: torch.Tensor, count: int, bits: int) -> torch.Tensor:
     """The inverse of :func:`_narrow` (int64, still to be shifted left by 64 - f)."""
-    dtype = trunc_correction_dtype(bits)
-    return words.view(torch.uint8)[: count * dtype.itemsize].view(dtype).to(torch.int64)
+    return narrow_of(words, count, bits).to(torch.int64)
 
 
 def _dealer_trunc_rule(call: ProtocolCall) -> Any:
