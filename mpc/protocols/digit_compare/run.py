@@ -74,16 +74,43 @@ def digit_msb(session: Session, x: Shares, thresholds: list[int] | None = None) 
     truncations riding on the session's next round (:func:`mpc.protocols.riders.run.
     riding`) ride in the first."""
     shape = list(x[0].shape)
+    nonce, c, u_shares, tests = _first_round(session, x, thresholds, None)
+    two = Round(session)
+    u = two.add(u_shares)
+    two.open()
+    out_shape = [len(thresholds), *shape] if thresholds is not None else shape
+    seed = session.party_seeds
+    (bits,) = at_parties(
+        session,
+        digit_finish,
+        lambda i: [seed[i], nonce, i == 0, tests(i), c.value[i], u.value[i], thresholds],
+        [(out_shape, I64)],
+    )
+    return bits
+
+
+def _first_round(
+    session: Session, x: Shares, thresholds: list[int] | None, picks: list[int] | None
+) -> tuple[int, Any, Shares, Callable[[int], Any]]:
+    """The dealer's material, x's masked c opened in the first round (the riders with it)
+    and each party's zero tests to open in the second: (the nonce, c's opening, the
+    tests' shares, the dealer's tests for party i)."""
+    shape = list(x[0].shape)
     n = math.prod(shape)
     count = len(thresholds) if thresholds is not None else 1
+    selected = len(picks) if picks is not None else 0
     nonce = session.next_nonce()
     seed = session.party_seeds
+    args: list[Any] = [nonce, shape, thresholds if picks is None else list(thresholds or [])]
     tables_last, tests_last = deal(
         session,
         "a comparison",
         dealer_digit_compare,
-        [nonce, shape, thresholds],
-        out=[([n, dm.PACKED_WORDS], I64), ([n + count * n * TEST_WORDS], I64)],
+        args if picks is None else [*args, list(picks)],
+        out=[
+            ([n, dm.PACKED_WORDS], I64),
+            ([n + count * n * TEST_WORDS + selected * n * SELECT_WORDS], I64),
+        ],
     )
     (masked,) = at_parties(session, digit_mask, lambda i: [seed[i], nonce, x[i]], [(shape, I64)])
     one = Round(session)
@@ -101,18 +128,7 @@ def digit_msb(session: Session, x: Shares, thresholds: list[int] | None = None) 
         lambda i: [seed[i], nonce, i == 0, tables(i), c.value[i], thresholds],
         [([count, n, dm.DIGITS], torch.uint8)],
     )
-    two = Round(session)
-    u = two.add(u_shares)
-    two.open()
-    tests = last_only(session, tests_last)
-    out_shape = [count, *shape] if thresholds is not None else shape
-    (bits,) = at_parties(
-        session,
-        digit_finish,
-        lambda i: [seed[i], nonce, i == 0, tests(i), c.value[i], u.value[i], thresholds],
-        [(out_shape, I64)],
-    )
-    return bits
+    return nonce, c, u_shares, last_only(session, tests_last)
 
 
 class Opening(Protocol):
@@ -139,29 +155,9 @@ def digit_select(
     gives [m_s msb] = b m_s + (1 - 2b) [y m_s] (b public). For runs :func:`digits_fit`
     counts (the caller checks); the values' material is the caller's price."""
     shape = list(x[0].shape)
-    n = math.prod(shape)
     count, selected = len(thresholds), len(picks)
-    nonce = session.next_nonce()
     seed = session.party_seeds
-    tables_last, tests_last = deal(
-        session,
-        "a comparison",
-        dealer_digit_compare,
-        [nonce, shape, list(thresholds), list(picks)],
-        out=[
-            ([n, dm.PACKED_WORDS], I64),
-            ([n + count * n * TEST_WORDS + selected * n * SELECT_WORDS], I64),
-        ],
-    )
-    (masked,) = at_parties(session, digit_mask, lambda i: [seed[i], nonce, x[i]], [(shape, I64)])
-    one = Round(session)
-    c = one.add(masked)
-    riders = take()
-    if riders is not None:
-        riders.open_in(one)
-    one.open()
-    if riders is not None:
-        riders.finish()
+    nonce, c, u_shares, tests = _first_round(session, x, thresholds, picks)
     groups, extra = values()
     if sum(int(g[0].shape[0]) for g in groups) != selected:
         raise ValueError(f"internal: the selected values are not {selected}, one a pick")
@@ -169,13 +165,6 @@ def digit_select(
         groups[0][i] if len(groups) == 1 else torch.cat([g[i] for g in groups])
         for i in range(session.n)
     ]
-    tables = last_only(session, tables_last)
-    (u_shares,) = at_parties(
-        session,
-        digit_test,
-        lambda i: [seed[i], nonce, i == 0, tables(i), c.value[i], thresholds],
-        [([count, n, dm.DIGITS], torch.uint8)],
-    )
     e_shares, m = at_parties(
         session,
         digit_select_mask,
@@ -188,7 +177,6 @@ def digit_select(
     for run in extra:
         run.open_in(two)
     two.open()
-    tests = last_only(session, tests_last)
     bits, got = at_parties(
         session,
         digit_finish,
