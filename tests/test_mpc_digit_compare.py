@@ -103,23 +103,40 @@ def _r_and_c(draw: Any) -> tuple[int, int]:
 @settings(max_examples=200, deadline=None)
 @given(pairs=st.lists(_r_and_c(), min_size=1, max_size=20), n=st.sampled_from([2, 3]))
 def test_the_carry_from_digit_tables_shared_modulo_16(pairs: list[tuple[int, int]], n: int) -> None:
-    """The arithmetic the parties run on their shares of R's digit tables: sum_i
-    [w_i = 0] is [R >= C] for digits that tie anywhere (every party's w, modulo 16)."""
+    """The arithmetic the parties run on their shares of R's digit tables (prefix sums,
+    packed): sum_i [w_i = 0] is [R >= C] for digits that tie anywhere (every party's w,
+    modulo 16)."""
     r = torch.tensor([p[0] for p in pairs], dtype=I64)
     c = torch.tensor([p[1] for p in pairs], dtype=I64).unsqueeze(0)
-    tables = dm.one_hot(dm.secret_digits(r))
+    tables = dm.prefix_tables(dm.secret_digits(r))
     gen = torch.Generator().manual_seed(len(pairs))
     shares = [
-        torch.randint(0, 16, tables.shape, dtype=torch.uint8, generator=gen) for _ in range(n - 1)
+        dm.pack(torch.randint(0, 16, tables.shape, dtype=torch.uint8, generator=gen))
+        for _ in range(n - 1)
     ]
-    last = tables.clone()
+    last = dm.packed_prefix_tables(dm.secret_digits(r))
+    assert torch.equal(last, dm.pack(tables))
     for s in shares:
-        last -= s
-    shares.append(dm.unpack(dm.pack(last & 15)))
+        dm.sub_packed_(last, s.clone())
+    shares.append(last)
     cd = dm.public_digits(c)
     w = sum(dm.zero_test_operands(s, cd, i == 0) for i, s in enumerate(shares))
     got = ((w & 15) == 0).sum(-1)  # type: ignore[operator]
     assert torch.equal(got, dm.carry(r.unsqueeze(0), c))
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 40))
+def test_packed_entries_subtract_modulo_16_lane_by_lane(seed: int, n: int) -> None:
+    """sub_packed_ on packed words is the entries' difference modulo 16, every lane (the
+    dealer's last share without unpacking), borrows included (0 - 15, 15 - 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = [n, dm.DIGITS, dm.RADIX]
+    a = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
+    b = torch.randint(0, 16, shape, dtype=torch.uint8, generator=gen)
+    a[0, 0, :4], b[0, 0, :4] = torch.tensor([0, 15, 0, 15]), torch.tensor([15, 0, 0, 15])
+    got = dm.unpack(dm.sub_packed_(dm.pack(a), dm.pack(b)))
+    assert torch.equal(got, (a.to(torch.int64) - b.to(torch.int64)).remainder(16).to(torch.uint8))
 
 
 @pytest.mark.parametrize("n", [2, 3])

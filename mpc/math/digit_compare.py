@@ -18,7 +18,12 @@ a sum of terms of which at most one is 1, and term i is 1 exactly where the inte
 
 is 0. So the carry is sum_i [w_i = 0], each w_i linear in the tables (shares of them,
 modulo 16, are enough) and each zero test one masked opening of w_i modulo 16 and a
-look-up in a one-hot table of the mask (:func:`zero_tests`).
+look-up in a one-hot table of the mask.
+
+The tables travel as their prefix sums (:func:`prefix_tables`: entry s of digit i is
+[R_i <= s]), shared modulo 16 and packed two entries a byte: g_i and eq_i are then two
+entries each, read from the packed words where they lie (:func:`zero_test_operands`), and
+no party unpacks or sums a table.
 """
 
 from __future__ import annotations
@@ -55,11 +60,34 @@ def public_digits(c: torch.Tensor) -> torch.Tensor:
     return digits(LOW63 - (c & LOW63))
 
 
-def one_hot(d: torch.Tensor) -> torch.Tensor:
-    """[*d.shape, 256] uint8 one-hot tables of digits d."""
-    out = torch.zeros([*d.shape, RADIX], dtype=torch.uint8)
-    out.scatter_(-1, d.unsqueeze(-1), 1)
-    return out
+def prefix_tables(d: torch.Tensor) -> torch.Tensor:
+    """[*d.shape, 256] uint8 prefix sums of the one-hot tables of digits d: entry s is
+    [d <= s] (the one-hot table's sum over u <= s)."""
+    return torch.arange(RADIX, dtype=torch.int64).ge(d.unsqueeze(-1)).to(torch.uint8)
+
+
+#: each 4-bit lane's top bit, in an int64 word (SWAR: :func:`sub_packed_`)
+_HIGH = int.from_bytes(b"\x88" * 8, "little", signed=True)
+
+
+def sub_packed_(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Packed 4-bit entries a - b modulo 16, lane by lane, on the int64 words of
+    :func:`pack` (no unpacking), in place: a holds the result, b is overwritten. Each
+    lane's top bit is set in a and cleared in b before the words subtract, so that no
+    borrow crosses a lane, then set right."""
+    top = torch.bitwise_not(b).bitwise_xor_(a).bitwise_and_(_HIGH)  # (a ^ ~b) & H
+    return a.bitwise_or_(_HIGH).sub_(b.bitwise_and_(~_HIGH)).bitwise_xor_(top)
+
+
+def packed_prefix_tables(d: torch.Tensor) -> torch.Tensor:
+    """:func:`pack` of :func:`prefix_tables` for digits d ([n, DIGITS]), built packed:
+    byte j holds entries 2j and 2j + 1, 0x11 where d <= 2j, 0x10 where d = 2j + 1."""
+    n = d.shape[0]
+    even = torch.arange(0, RADIX, 2, dtype=torch.int64)
+    at = d.unsqueeze(-1)
+    out = at.le(even).to(torch.uint8).mul_(0x11)
+    out.add_(at.eq(even + 1).to(torch.uint8).mul_(0x10))
+    return out.view(torch.int64).reshape(n, PACKED_WORDS)
 
 
 def pack(tables: torch.Tensor) -> torch.Tensor:
@@ -81,23 +109,25 @@ def unpack(words: torch.Tensor) -> torch.Tensor:
     return out.view(n, DIGITS, RADIX)
 
 
-def zero_test_operands(tables: torch.Tensor, c_digits: torch.Tensor, first: bool) -> torch.Tensor:
+def zero_test_operands(words: torch.Tensor, c_digits: torch.Tensor, first: bool) -> torch.Tensor:
     """A party's shares (modulo 16: only w mod 16 is opened) of w_i (the module
     docstring) for each compared element and digit, [T, n, DIGITS] int64, from its shares
-    of the one-hot tables of R's digits ([n, DIGITS, 256] uint8, modulo 16) and C's
-    digits ([T, n, DIGITS]: T public values compared with each element's R). ``first``:
-    the party that adds the constants."""
-    n = tables.shape[0]
-    # prefix sums P[v] = sum_{u < v} O[u] (modulo 256, enough modulo 16), v in [0, 256]:
-    # the sums at and above v are P[256] - P[v]
-    prefix = torch.zeros([n, DIGITS, RADIX + 1], dtype=torch.uint8)
-    torch.cumsum(tables, -1, dtype=torch.uint8, out=prefix[..., 1:])
-    at = prefix.unsqueeze(0).expand(c_digits.shape[0], *prefix.shape)
+    of the prefix tables of R's digits (:func:`prefix_tables`, modulo 16, packed:
+    [n, PACKED_WORDS] int64) and C's digits ([T, n, DIGITS]: T public values compared
+    with each element's R). ``first``: the party that adds the constants."""
+    n = words.shape[0]
+    flat = words.contiguous().view(torch.uint8).reshape(-1)
+    # digit i's entry s of element j lies in byte j * 1024 + (i * 256 + s) / 2, its low
+    # nibble for even s, the high one for odd s
+    base = (torch.arange(n, dtype=torch.int64) * (DIGITS * RADIX)).view(n, 1)
+    base = base + torch.arange(0, DIGITS * RADIX, RADIX, dtype=torch.int64)  # [n, DIGITS]
 
-    def below(v: torch.Tensor) -> torch.Tensor:  # P at v, per compared value and digit
-        return torch.gather(at, -1, v.unsqueeze(-1)).squeeze(-1).to(torch.int64)
+    def below(v: torch.Tensor) -> torch.Tensor:  # sum_{u < v} O[u]: entry v - 1, 0 at v = 0
+        s = (v - 1).clamp_(min=0).add_(base)
+        got = flat[s >> 1].to(torch.int64).bitwise_right_shift_((s & 1) << 2).bitwise_and_(15)
+        return got.masked_fill_(v == 0, 0)
 
-    total = prefix[..., RADIX].to(torch.int64)  # (this party's share of 1)
+    total = below(torch.full([n, DIGITS], RADIX, dtype=torch.int64))  # (a share of 1)
     p_c, p_c1 = below(c_digits), below(c_digits + 1)
     eq = p_c1 - p_c
     g = total - p_c1  # [R_i > C_i]
@@ -132,10 +162,12 @@ __all__ = [
     "TEST_ENTRIES",
     "carry",
     "digits",
-    "one_hot",
     "pack",
+    "prefix_tables",
     "public_digits",
     "secret_digits",
+    "packed_prefix_tables",
+    "sub_packed_",
     "unpack",
     "zero_test_operands",
 ]

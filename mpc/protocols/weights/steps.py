@@ -400,14 +400,15 @@ def _dealer_trunc_rule(call: ProtocolCall) -> Any:
 
 def _dealer_trunc_size(p: dict[str, Any]) -> int:
     """r, U, s and their derived shares (6 words an element of x), U @ B and its share,
-    the s_k B_kj, one party's derived copy and the narrow copies (2.5 words each; 20.0
-    MiB measured for 1 x 1,024 x 1,024 at 16 bits)."""
+    the s_k B_kj, one party's derived copy and the narrow copies (2.5 words each; 21.8
+    MiB measured for 1 x 1,024 x 1,024 at 16 bits, with B laid out anew first or not: its
+    copy is gone before the rest is made)."""
     x = numel(p.get("x_shape"), "x_shape")
     b = shape_of(p.get("b"))
     n = int(b[-1]) if len(b) == 2 else 0
     rows = x // max(int(b[0]), 1) if len(b) == 2 else 0
     temp = WORD * numel(b) if _settles("matmul", False, rows, p.get("b")) else 0
-    return declared(WORD * (6 * x + 2 * rows * n) + 20 * x * n + temp)
+    return declared(max(WORD * (6 * x + 2 * rows * n) + 20 * x * n, temp))
 
 
 @step(
