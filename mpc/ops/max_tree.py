@@ -26,6 +26,7 @@ from mpc.ops.local import add_shared, neg_shared
 from mpc.protocols import ranks
 from mpc.protocols.compare import comparison_rounds, select_by_msb
 from mpc.protocols.max_of_four.run import max_of_four
+from mpc.protocols.parties import Shares
 from mpc.session import Session
 from mpc.shared import SharedTensor
 
@@ -131,6 +132,68 @@ def ranked_level(x: SharedTensor, g: int) -> SharedTensor:
     groups.materialize()
     best, _ = ranks.max_by_ranks(x.session, groups.shares, False)
     return groups.with_shares(best).squeeze(-1)
+
+
+def ranked_level_carrying(x: SharedTensor, carried: Shares, g: int) -> tuple[SharedTensor, Shares]:
+    """:func:`ranked_level`, each group's max with the ``carried`` value (shared, of x's
+    shape: an entry's index) of its first maximum, selected in the same round
+    (:func:`mpc.protocols.ranks.max_carrying`). A padded entry is a copy of the first
+    ones, its carried value too."""
+    k = x.shape[-1]
+    pad = -k % g
+    if pad:
+        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
+        carried = cast(Shares, [torch.cat([c, c[..., :pad]], dim=-1) for c in carried])
+    shape = [*x.shape[:-1], (k + pad) // g, g]
+    groups = cast(SharedTensor, x.reshape(shape))
+    groups.materialize()
+    best, which = ranks.max_carrying(x.session, groups.shares, [c.reshape(shape) for c in carried])
+    return groups.with_shares(best).squeeze(-1), cast(Shares, [c.squeeze(-1) for c in which])
+
+
+def indexed_sizes(session: Session, rows: int, k: int) -> tuple[int, ...] | None:
+    """The ranked groups' sizes of :func:`indexed_max` for ``rows`` rows of k entries (as
+    :func:`values_max` takes them), or None where the tree of pairs and groups takes no
+    more rounds than they do."""
+    sizes = _ranked_sizes(session, rows, k)
+    if not sizes or _ranked_rounds(session, rows, k, sizes) >= tree_rounds(session, rows, k):
+        return None
+    return sizes
+
+
+def indexed_rounds(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
+    """The rounds of :func:`indexed_max` with ``sizes``."""
+    return _ranked_rounds(session, rows, k, sizes)
+
+
+def indexed_max(x: SharedTensor, sizes: tuple[int, ...]) -> tuple[SharedTensor, Shares]:
+    """The max over the last dim ([..., 1]) and the first argmax (shared integers,
+    [..., 1]) by levels of ranked groups of ``sizes`` (:func:`indexed_sizes`). The first
+    level's index is local: group t's g entries are t g + j, and the selection's one-hot
+    delta gives sum_j delta_j j (:func:`mpc.protocols.ranks.max_by_ranks`); from the
+    second level on, each entry carries its index, selected beside its value in the
+    level's selection round (a second table an entry: :func:`ranked_level_carrying`). The
+    packed tree's index needs the values packed with it, so at most 2^(62 - f - m) in
+    magnitude: a pending product's truncation round first, and a round for the packed
+    max's low bits after; these levels take neither.
+
+    A padded entry (a copy of one of the first g) gets an index past k in the first
+    level, but never wins: group 0 holds its original, which ranks first on a tie."""
+    k = x.shape[-1]
+    g = sizes[0]
+    pad = -k % g
+    if pad:
+        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
+    groups = cast(SharedTensor, x.reshape(*x.shape[:-1], (k + pad) // g, g))
+    groups.materialize()
+    best, within = ranks.max_by_ranks(x.session, groups.shares, True)
+    assert within is not None
+    start = torch.arange(0, k + pad, g, dtype=torch.int64).unsqueeze(-1)  # t g, [groups, 1]
+    index = cast(Shares, [(w + start if i == 0 else w).squeeze(-1) for i, w in enumerate(within)])
+    top = groups.with_shares(best).squeeze(-1)
+    for g in sizes[1:]:
+        top, index = ranked_level_carrying(top, index, g)
+    return top, index
 
 
 @lru_cache(maxsize=256)

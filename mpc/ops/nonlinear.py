@@ -157,6 +157,18 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     m = max(k - 1, 1).bit_length()
     low, full_scale = _low_bits(x, values)
     pairwise = _pairwise(x, values)  # (x as it comes: pending or not)
+    sizes = None if pairwise else _indexed_sizes(x)
+    if sizes is not None:
+        if x.pending and x.frac_bits <= FULL_SCALE_COMPARED:
+            # compared at its full scale (differences of at most 2^62): the truncation's
+            # round is never paid; the max keeps it pending
+            read = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)
+        else:
+            x.materialize()
+            read = x
+        top, index = max_tree.indexed_max(read, sizes)
+        vmax = x.with_shares(list(top.shares)) if values else None
+        return vmax, SharedTensor(index, x.session, 0, torch.int64)
     if full_scale:
         x = SharedTensor(list(x.shares), x.session, x.frac_bits, x.dtype)  # (not pending)
     else:
@@ -177,6 +189,28 @@ def _max_with_index(x: SharedTensor, values: bool = True) -> tuple[Any, SharedTe
     idx = [-(p - v * (1 << m)) for p, v in zip(pmax.shares, vmax.shares)]
     idx[0] = idx[0] + (k - 1)
     return vmax, SharedTensor(idx, x.session, 0, torch.int64)
+
+
+# a pending value compared at its full scale f by the indexed levels, up to this f: its
+# pairs' differences need |x| < 2^(62 - f) (2^18 at 44 bits; a layer norm's factor times
+# a head's product: 40 to 42 bits), where the pending value itself needs |x| < 2^(63 - f)
+FULL_SCALE_COMPARED = 44
+
+
+def _indexed_sizes(x: SharedTensor) -> tuple[int, ...] | None:
+    """The ranked groups' sizes where :func:`_max_with_index` carries each entry's index
+    through them (:func:`mpc.ops.max_tree.indexed_max`): in the default comparison mode,
+    where they take fewer rounds than the packed tree (its truncation's round, where x
+    is pending and not packed at its full scale, included); None elsewhere."""
+    if x.session.config.comparison == "fss":
+        return None
+    k = x.shape[-1]
+    rows = x.numel() // max(k, 1)
+    sizes = max_tree.indexed_sizes(x.session, rows, k)
+    if sizes is None:
+        return None
+    packed = _packed_rounds(x, False) + (1 if x.pending and not _low_bits(x, False)[1] else 0)
+    return sizes if max_tree.indexed_rounds(x.session, rows, k, sizes) < packed else None
 
 
 def _low_bits(x: SharedTensor, values: bool) -> tuple[bool, bool]:
@@ -219,6 +253,10 @@ def _indexed_rounds(x: SharedTensor, values: bool) -> int:
     """The rounds :func:`_max_with_index` takes for x."""
     if _pairwise(x, values):
         return 2 * max(x.shape[-1] - 1, 1).bit_length()
+    sizes = _indexed_sizes(x)
+    if sizes is not None:
+        k = x.shape[-1]
+        return max_tree.indexed_rounds(x.session, x.numel() // max(k, 1), k, sizes)
     return _packed_rounds(x, values)
 
 

@@ -120,6 +120,41 @@ def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares,
     """The max over the last dim of ``x`` (shape [..., k], ring elements), kept as [..., 1],
     and with ``with_index`` the first argmax (integers, [..., 1]); module docstring."""
     k = int(x[0].shape[-1])
+    delta, selected = select_rank_zero(session, _ranks(session, x), list(x), _bits(k))
+    best = [s.sum(-1, keepdim=True) for s in selected]
+    if not with_index:
+        return best, None
+    idx = torch.arange(k, dtype=I64)
+    return best, [(d * idx).sum(-1, keepdim=True) for d in delta]
+
+
+def max_carrying(session: Session, x: Shares, carried: Shares) -> tuple[Shares, Shares]:
+    """The max over the last dim of ``x`` ([..., k]) and the ``carried`` value (shared, of
+    x's shape: an entry's index in a tree's level) of its first maximum, each kept as
+    [..., 1], in the rounds of :func:`max_by_ranks`: the ranks and the selection as there,
+    the carried values selected beside x in the same round (the ranks stacked twice: a
+    second table an entry, its own masks)."""
+    k = int(x[0].shape[-1])
+    if list(carried[0].shape) != list(x[0].shape):
+        raise ValueError(f"internal: carried {list(carried[0].shape)} for {list(x[0].shape)}")
+    ranks = _ranks(session, x)
+    both = cast(Shares, [torch.stack([r, r]) for r in ranks])
+    values = cast(Shares, [torch.stack([v, c]) for v, c in zip(x, carried)])
+    _, selected = select_rank_zero(session, both, values, _bits(k))
+    return (
+        cast(Shares, [s[0].sum(-1, keepdim=True) for s in selected]),
+        cast(Shares, [s[1].sum(-1, keepdim=True) for s in selected]),
+    )
+
+
+def _bits(k: int) -> int:
+    return max(k - 1, 1).bit_length()
+
+
+def _ranks(session: Session, x: Shares) -> Shares:
+    """Each entry's rank over the last dim of ``x``: the count of entries above it, ties
+    to the earlier (one comparison run of every pair)."""
+    k = int(x[0].shape[-1])
     a, b, incidence = _pairs(k)
     diffs = cast(Shares, [torch.index_select(s, -1, a) - torch.index_select(s, -1, b) for s in x])
     lt = msb(session, diffs)  # [x_a < x_b] per pair
@@ -127,9 +162,4 @@ def max_by_ranks(session: Session, x: Shares, with_index: bool) -> tuple[Shares,
     # term is 1 - l_ai), added by party 0
     ranks = cast(Shares, [torch.matmul(t, incidence) for t in lt])
     ranks[0] = ranks[0] + torch.arange(k, dtype=I64)
-    delta, selected = select_rank_zero(session, ranks, list(x), max(k - 1, 1).bit_length())
-    best = [s.sum(-1, keepdim=True) for s in selected]
-    if not with_index:
-        return best, None
-    idx = torch.arange(k, dtype=I64)
-    return best, [(d * idx).sum(-1, keepdim=True) for d in delta]
+    return ranks
