@@ -128,11 +128,14 @@ def test_max_pool_backward_routes_ties_to_the_first_position_as_torch() -> None:
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_large_argmax_alone_compares_the_packed_values_only(n: int) -> None:
     """From LOW_BITS_FROM elements, the argmax alone compares only the packed values and
-    takes the index from their max's low bits: one round more than torch.max's values and
-    indices, about half their bytes; ties go to the first index."""
+    takes the index from their max's low bits: at most one round more than torch.max's
+    values and indices (whose stacked tree compares twice the elements), about half their
+    bytes; ties go to the first index."""
     parties, dealer = _group(n)
     gen = torch.Generator().manual_seed(n)
-    v = torch.randint(-40, 40, (12, 3000), generator=gen).float() / 4  # many ties
+    # many ties; 24 rows of 3,000: past the ranked levels' pairs budget (which carry the
+    # index instead: tests/test_mpc_indexed_max.py)
+    v = torch.randint(-40, 40, (24, 3000), generator=gen).float() / 4
     assert v.numel() >= LOW_BITS_FROM
     x = mpc.share(v, *parties, crypto_provider=dealer)
     with mpc.stats() as alone:
@@ -140,9 +143,9 @@ def test_a_large_argmax_alone_compares_the_packed_values_only(n: int) -> None:
     with mpc.stats() as both:
         best, idx = torch.max(x, 1)
         assert torch.equal(idx.get(), torch.argmax(v, 1))
-    assert alone.rounds == both.rounds + 1
+    assert alone.rounds <= both.rounds + 1
     party = parties[0].id
-    assert alone.bytes_per_party[party] < 0.55 * both.bytes_per_party[party]
+    assert alone.bytes_per_party[party] < 0.6 * both.bytes_per_party[party]  # (0.57 at 24 x 3,000)
 
 
 @pytest.mark.parametrize(

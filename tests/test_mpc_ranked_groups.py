@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import mpc
 import pointers as pt
 from mpc.config import MPCConfig
+from mpc.ops import max_tree
 from mpc.ops.max_tree import ranked_plan, tree_rounds
 from mpc.protocols.ranks import max_pairs
 from mpc.session import Session
@@ -85,7 +86,8 @@ def _ranked(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
 )
 def test_max_by_ranked_groups_against_torch(mode, rows, k, seed) -> None:
     """torch.amax over rows of 100 to 1,200 entries (ties and a copy of the max in the
-    padding included): exact up to the encoding, in the rounds the plan says."""
+    padding included): exact up to the encoding, in the rounds the plan says (the ranked
+    levels of the fewest rounds: never more than the fewest levels')."""
     n, comparison = mode
     parties, dealer = _session_args(n, comparison)
     config = MPCConfig(comparison=comparison)
@@ -95,9 +97,12 @@ def test_max_by_ranked_groups_against_torch(mode, rows, k, seed) -> None:
     x[:, -1] = x[:, 0]  # and a tie
     xs = mpc.share(x, *parties, crypto_provider=dealer, config=config)
     session = xs.session
-    sizes = ranked_plan(rows, k, max_pairs(session))
+    sizes = max_tree._ranked_sizes(session, rows, k)  # (the fewest rounds)
+    levels = ranked_plan(rows, k, max_pairs(session))  # (the fewest levels)
+    assert (sizes is None) == (levels is None)
     expect = _tree(session, rows, k)
-    if sizes:  # (whichever takes fewer rounds)
+    if sizes and levels:  # (whichever takes fewer rounds)
+        assert _ranked(session, rows, k, sizes) <= _ranked(session, rows, k, levels)
         expect = min(expect, _ranked(session, rows, k, sizes))
     with mpc.stats() as s:
         m = torch.amax(xs, dim=-1)
@@ -132,10 +137,11 @@ def test_ranked_groups_save_rounds(
     # 5,000 rows of 32: groups, pairs of 20,000 elements (3), groups: 11, where pairs
     # first (80,000 elements: 4) took 12; a vocabulary of 50,257: groups of four four
     # times (16) to 197 entries, then ranks over 19,306 pairs (3 + 1): 20, where ranks
-    # after five levels took 24. The max takes ranked groups where they take fewer: four
-    # levels (16), then ranks over 50 entries, whose 1,225 pairs compare by digit
-    # look-ups in 2 rounds (mpc.protocols.digit_compare) and the lookup round: 19
-    [(5000, 32, 11, 11), (1, 50257, 20, 19)],
+    # after five levels took 24. The max takes ranked groups where they take fewer, in
+    # the fewest rounds: groups of 2, 3 and 6 (3 + 1 rounds each), then of 12 and of 117
+    # (whose 7,920 and 6,786 pairs compare by digit look-ups in 2 rounds, mpc.protocols.
+    # digit_compare, and the lookup round): 18, where the fewest levels' groups took 19
+    [(5000, 32, 11, 11), (1, 50257, 20, 18)],
 )
 def test_the_tree_of_fewest_rounds(rows: int, k: int, rounds: int, measured: int) -> None:
     parties, dealer = _session_args(2, "default")
