@@ -2,8 +2,10 @@
 
 x < y is msb(x - y); ReLU is x * (1 - msb(x)); max/argmax reduce by groups of four (one
 comparison run of the six pairwise comparisons per level: ceil(log4 k) levels, the last two
-or three entries pairwise), argmax with each index packed into the low bits of its value;
-max-pooling is that tree over each window.
+or three entries pairwise), argmax with each index packed into the low bits of its value,
+or, for few rows of many entries (an LM head's), by levels of ranked groups whose entries
+carry their index (:func:`mpc.ops.max_tree.indexed_max`); max-pooling is that tree over
+each window.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ entry, the first maximum, has rank 0. One round of dealt lookup tables
 (:func:`mpc.protocols.rank_select.run.select_rank_zero`: the ranks and the values opened
 masked, each entry's table of 2^m words, m the bits of k - 1) gives delta_i = [rank_i = 0]
 and delta_i x_i, so the max is sum_i delta_i x_i and the argmax sum_i delta_i i (local).
+A value each entry carries (its index in a tree's later level, :func:`max_carrying`) is
+selected beside x in the same round: the ranks stacked twice, a second table an entry.
 
 Rounds: one comparison run and one round (:func:`rank_rounds`): 4 by default within
 ``MPCConfig.three_round_up_to`` compared pairs (5 past it) and 2 with ``comparison="fss"``,
