@@ -73,7 +73,9 @@ class ServerProcess:
         ]
         path = os.pathsep.join(p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=path)
-        self._ready.clear()
+        # a new event each start: the killed process's reader, which may reach its end
+        # after this, sets only its own (a restart's wait read it as this start failing)
+        self._ready = ready = threading.Event()
         self.address = None
         self.proc = subprocess.Popen(
             cmd,
@@ -85,10 +87,10 @@ class ServerProcess:
             start_new_session=True,  # Ctrl-C reaches the launcher only; it stops us
         )
         threading.Thread(
-            target=self._read, args=(self.proc,), name=f"serve-{self.worker_id}", daemon=True
+            target=self._read, args=(self.proc, ready), name=f"serve-{self.worker_id}", daemon=True
         ).start()
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
+    def _read(self, proc: subprocess.Popen[str], ready: threading.Event) -> None:
         assert proc.stdout is not None
         with open(self.log, "a") as log:
             for line in proc.stdout:
@@ -96,13 +98,12 @@ class ServerProcess:
                 log.flush()
                 self._lines.append(line)
                 m = _ADDRESS.search(line)
-                if m and proc is self.proc and not self._ready.is_set():
+                if m and proc is self.proc and not ready.is_set():
                     self.address = m.group(1)
-                    self._ready.set()
-        # the process ended: wake a wait for it, unless it was replaced meanwhile (a
-        # restart: the killed process's reader must not end the new process's wait)
-        if proc is self.proc:
-            self._ready.set()
+                    ready.set()
+        # the process ended: wake a wait for it (a replaced process's event is no longer
+        # waited on: a restart's new process has its own)
+        ready.set()
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> str:
         """The address once the server listens; RuntimeError (with its output) if it
