@@ -120,16 +120,22 @@ def group_level(x: SharedTensor, padded: bool) -> SharedTensor:
 # -- ranked groups ---------------------------------------------------------------------------
 
 
+def _groups(x: SharedTensor, g: int) -> SharedTensor:
+    """The last dim of x as groups of g consecutive entries ([..., k / g, g]), copies of
+    the first entries filling the last group, materialized for a comparison."""
+    pad = -x.shape[-1] % g
+    if pad:
+        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
+    groups = cast(SharedTensor, x.reshape(*x.shape[:-1], x.shape[-1] // g, g))
+    groups.materialize()
+    return groups
+
+
 def ranked_level(x: SharedTensor, g: int) -> SharedTensor:
     """The max of each group of g consecutive entries of the last dim (copies of the first
     entries fill the last group: the max is unchanged), each group ranked
     (:func:`mpc.protocols.ranks.max_by_ranks`: one comparison run of its pairs, one round)."""
-    k = x.shape[-1]
-    pad = -k % g
-    if pad:
-        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
-    groups = cast(SharedTensor, x.reshape(*x.shape[:-1], (k + pad) // g, g))
-    groups.materialize()
+    groups = _groups(x, g)
     best, _ = ranks.max_by_ranks(x.session, groups.shares, False)
     return groups.with_shares(best).squeeze(-1)
 
@@ -139,14 +145,11 @@ def ranked_level_carrying(x: SharedTensor, carried: Shares, g: int) -> tuple[Sha
     shape: an entry's index) of its first maximum, selected in the same round
     (:func:`mpc.protocols.ranks.max_carrying`). A padded entry is a copy of the first
     ones, its carried value too."""
-    k = x.shape[-1]
-    pad = -k % g
+    pad = -x.shape[-1] % g
     if pad:
-        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
         carried = cast(Shares, [torch.cat([c, c[..., :pad]], dim=-1) for c in carried])
-    shape = [*x.shape[:-1], (k + pad) // g, g]
-    groups = cast(SharedTensor, x.reshape(shape))
-    groups.materialize()
+    groups = _groups(x, g)
+    shape = list(groups.shape)
     best, which = ranks.max_carrying(x.session, groups.shares, [c.reshape(shape) for c in carried])
     return groups.with_shares(best).squeeze(-1), cast(Shares, [c.squeeze(-1) for c in which])
 
@@ -179,16 +182,11 @@ def indexed_max(x: SharedTensor, sizes: tuple[int, ...]) -> tuple[SharedTensor, 
 
     A padded entry (a copy of one of the first g) gets an index past k in the first
     level, but never wins: group 0 holds its original, which ranks first on a tie."""
-    k = x.shape[-1]
     g = sizes[0]
-    pad = -k % g
-    if pad:
-        x = cast(SharedTensor, torch.cat([x, x[..., :pad]], dim=-1))
-    groups = cast(SharedTensor, x.reshape(*x.shape[:-1], (k + pad) // g, g))
-    groups.materialize()
+    groups = _groups(x, g)
     best, within = ranks.max_by_ranks(x.session, groups.shares, True)
     assert within is not None
-    start = torch.arange(0, k + pad, g, dtype=torch.int64).unsqueeze(-1)  # t g, [groups, 1]
+    start = torch.arange(0, groups.shape[-2] * g, g, dtype=torch.int64).unsqueeze(-1)  # t g
     index = cast(Shares, [(w + start if i == 0 else w).squeeze(-1) for i, w in enumerate(within)])
     top = groups.with_shares(best).squeeze(-1)
     for g in sizes[1:]:
