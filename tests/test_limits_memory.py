@@ -16,6 +16,7 @@ declares.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -426,10 +427,17 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
 
         def run(ctx: Any, *args: Any, **kwargs: Any) -> Any:
             peak, _ = spec.bytes(bind_arguments(fn, args, kwargs))
-            Path("/proc/self/clear_refs").write_text("5")
-            base = _rss()
-            out = fn(ctx, *args, **kwargs)
-            grew = _hwm() - base
+            # no cyclic collection inside the call: one that freed earlier garbage there
+            # would lower the resident size under the peak's reset, and the call's own
+            # allocations could then fit under it
+            gc.disable()
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+                base = _rss()
+                out = fn(ctx, *args, **kwargs)
+                grew = _hwm() - base
+            finally:
+                gc.enable()
             if grew > seen.get(name, [0, 0])[0]:
                 seen[name] = [grew, peak]
             if grew > peak:
@@ -532,12 +540,24 @@ def measure_steps(n: int = 1 << 20) -> dict[str, Any]:
     return {"seen": seen, "over": over}
 
 
+RESOLUTION = 1 << 20  # what the resident size resolves (see below)
+
+
 @pytest.mark.slow
 def test_every_step_allocates_at_most_what_it_declares():
     """Every registered step's measured peak (in a fresh process, 2^20 elements: 8 MiB a
     tensor) is at most what it declares, and what it declares is at most 1.5 times its
     largest measured peak (and two SLACKs: the small steps' declarations are their
-    SLACK)."""
+    SLACK). A declaration of at most RESOLUTION is not checked for being loose: the
+    kernel's resident-size counters are kept per CPU and summed in batches, so a call that
+    touches half a MiB measures anything from 0 to its size (a selection's 0.5 MiB measured
+    0.0 in two fresh processes in a row), and a loose declaration that small refuses nothing.
+
+    A process's peak is noisy by a few hundred KiB either way (a lazily built cache inside
+    a call, the allocator reusing what a call freed), so a check that fails is measured
+    again in a second fresh process: the workload is deterministic, so a step over its
+    declaration is over in both, and a step's largest measurement is the larger of the
+    two runs'."""
     import json
     import subprocess
     import sys
@@ -546,16 +566,33 @@ def test_every_step_allocates_at_most_what_it_declares():
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     code = "import json, test_limits_memory as t; print(json.dumps(t.measure_steps()))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    table = {k: (round(v[0] / MB, 1), round(v[1] / MB, 1)) for k, v in result["seen"].items()}
+
+    def measure() -> tuple[dict[str, list[int]], set[str]]:
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        return result["seen"], {line.split(":")[0] for line in result["over"]}
+
+    def check(seen: dict[str, list[int]]) -> dict[str, tuple[float, float]]:
+        return {
+            k: (round(grew / MB, 1), round(peak / MB, 1))
+            for k, (grew, peak) in seen.items()
+            if peak > max(1.5 * grew + 2 * SLACK, RESOLUTION)
+        }
+
+    seen, over = measure()
+    if over or check(seen):
+        print("\nmeasured again:", sorted(over), check(seen))
+        again, over_again = measure()
+        over &= over_again
+        for k, (grew, peak) in again.items():
+            if grew > seen.get(k, [0, 0])[0]:
+                seen[k] = [grew, peak]
+    table = {k: (round(v[0] / MB, 1), round(v[1] / MB, 1)) for k, v in seen.items()}
     print("\nmeasured and declared peaks (MiB):", dict(sorted(table.items())))
-    assert not result["over"], result["over"]
+    assert not over, sorted(over)
     assert len(table) >= 20, sorted(table)
-    under = {
-        k: table[k] for k, (grew, peak) in result["seen"].items() if peak > 1.5 * grew + 2 * SLACK
-    }
+    under = check(seen)
     assert not under, f"declared over 1.5 times the measured peak (MiB): {under}"
