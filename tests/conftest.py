@@ -39,6 +39,7 @@ BOTH_WORKER_KINDS = {
     "test_mpc_digit_compare",
     "test_mpc_digit_select",
     "test_mpc_truncated_selection",
+    "test_mpc_fss_truncated_selection",
     "test_mpc_trunc_weight",
     "test_federated",
     "test_pysyft_compat",

@@ -300,6 +300,7 @@ def _is_step_module(module: str) -> bool:
         "mpc.protocols.comparison.arith",
         "mpc.protocols.comparison.arith_select",
         "mpc.protocols.fss.relu",
+        "mpc.protocols.fss.trunc_select",
     )
 
 

@@ -188,6 +188,7 @@ STEPS = (
     "mpc.fss_unpack",
     "mpc.dealer_fss_relu",
     "mpc.fss_relu_eval",
+    "mpc.fss_trunc_select",
 )
 
 
@@ -236,6 +237,7 @@ def measure_fss_steps(n: int = 1 << 16) -> dict[str, Any]:
     y = mpc.share(torch.rand(n), a, b, crypto_provider=c, config=config)
     (x > y).get()
     F.relu(x * y).get()
+    F.gelu(x * y).get()  # values selected truncated (mpc.protocols.fss.trunc_select)
     img = mpc.share(torch.rand(1, 4, 64, n // 256), a, b, crypto_provider=c, config=config)
     F.max_pool2d(img, 2).get()
     F.max_pool2d(F.relu(img * img), 2).get()  # a ReLU and the max in one run ([G, 10])

@@ -391,8 +391,9 @@ def _fx_pending(x: SharedTensor) -> Fx:
 def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """GELU, erf or tanh form: a masked Fourier series (10 harmonics of period 16, fitted
     on [-5, 5]) of x clamped to [-5, 5], plus relu(x - 5)
-    (:func:`mpc.protocols.fourier.run.relu_like`): 5 rounds, 2 comparisons and no products per
-    element; max error 2.5e-5 measured (fit 3.7e-6, saturation 1.5e-6, fixed point)."""
+    (:func:`mpc.protocols.fourier.run.relu_like`): 3 rounds (2 with FSS; 5 past
+    ``three_round_up_to`` elements), 2 comparisons and no products per element; max error
+    2.5e-5 measured (fit 3.7e-6, saturation 1.5e-6, fixed point)."""
     approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
     x = _shared("gelu", args[0])
     series = trig.GELU_TANH_SERIES if approximate == "tanh" else trig.GELU_SERIES
@@ -403,8 +404,9 @@ def gelu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def silu(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """SiLU x sigmoid(x): a masked Fourier series (16 harmonics of period 32, fitted on
     [-12, 12]) of x clamped to [-12, 12], plus relu(x - 12)
-    (:func:`mpc.protocols.fourier.run.relu_like`): 5 rounds, 2 comparisons and no products per
-    element; max error about 1.1e-4 (fit 3.5e-5, saturation 7.4e-5, fixed point)."""
+    (:func:`mpc.protocols.fourier.run.relu_like`): 3 rounds (2 with FSS; 5 past
+    ``three_round_up_to`` elements), 2 comparisons and no products per element; max error
+    about 1.1e-4 (fit 3.5e-5, saturation 7.4e-5, fixed point)."""
     x = _shared("silu", args[0])
     return from_fx(x, trig.relu_like(_fx_pending(x), trig.SILU_SERIES, session_frac(x)))
 

@@ -48,7 +48,8 @@ def comparison_run(
     if run is None:
         raise MPCError(f"no comparison protocol {mode!r}: use one of {sorted(MODES)}")
     if bits is not None:
-        return CarryRun(session, x, values, trunc=trunc, group=group, bits=bits)
+        selecting = fss.FssRun if mode == "fss" else CarryRun
+        return selecting(session, x, values, trunc=trunc, group=group, bits=bits)
     return run(session, x, values, trunc=trunc, group=group)
 
 
@@ -168,15 +169,15 @@ def late_fits(session: Session, shape: list[int], selected: int, truncated: bool
 def truncating_fits(session: Session, shape: list[int], selected: int) -> bool:
     """Whether a comparison of ``shape`` selecting ``selected`` values and a late one can
     truncate them in their selection (:func:`select_late` with ``bits``): the default
-    mode's arithmetic last level (3 rounds, up to ``three_round_up_to`` elements),
+    mode's arithmetic last level (3 rounds, up to ``three_round_up_to`` elements) or the
+    FSS comparison's daBit (2 rounds, :mod:`mpc.protocols.fss.trunc_select`),
     semi-honest, in one piece."""
     config = session.config
-    return (
-        config.comparison == "default"
-        and config.security == "semi-honest"
-        and three_rounds(session, math.prod(shape), False)
-        and late_fits(session, shape, selected, truncated=True)
-    )
+    if config.security != "semi-honest" or not late_fits(session, shape, selected, True):
+        return False
+    if config.comparison == "fss":
+        return True
+    return config.comparison == "default" and three_rounds(session, math.prod(shape), False)
 
 
 def select_late(

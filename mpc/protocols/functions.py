@@ -32,6 +32,7 @@ from mpc.protocols.digit_compare import steps as digit_compare
 from mpc.protocols.fourier import steps as fourier
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as fss
+from mpc.protocols.fss import trunc_select as fss_trunc_select
 from mpc.protocols.low_bits import steps as low_bits
 from mpc.protocols.mac_check import steps as mac_check
 from mpc.protocols.max_of_four import steps as max_of_four
@@ -64,6 +65,7 @@ STEP_MODULES = (
     weights,
     fss,
     fss_relu,
+    fss_trunc_select,
     # the authenticated mode (security="malicious")
     auth_shares,
     auth_local,

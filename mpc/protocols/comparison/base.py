@@ -137,10 +137,15 @@ class ComparisonRun:
         the next round (:meth:`_late`)."""
         self.t = self._t_shares() if self.selected or self.group is not None else []
         self.vt = [
-            prod.finish(o.value, self.t, c_last)
-            for prod, o, c_last in zip(products, openings, c_products)
+            self._product(k, prod, o.value, c_last)
+            for k, (prod, o, c_last) in enumerate(zip(products, openings, c_products))
         ]
         return self._late(trunc, trunc_opening, product_nonces)
+
+    def _product(self, k: int, prod: DabitProduct, e: Shares, c_last: Any) -> Shares:
+        """The ``k``-th selected value's [v t] once its e is open (a mode whose value is
+        selected truncated keeps e instead: :class:`mpc.protocols.fss.run.FssRun`)."""
+        return prod.finish(e, self.t, c_last)
 
     def _open_late(
         self, ride: Round, late: list[DabitProduct], late_group: Shares | None
@@ -160,7 +165,11 @@ class ComparisonRun:
         ``c_products`` is theirs) and groups."""
         if group_opening is not None:
             self.group_e = group_opening.value
-        self.vt += [prod.finish(o.value, self.t, c_products[-1]) for prod, o in zip(late, openings)]
+        done = len(self.vt)
+        self.vt += [
+            self._product(done + j, prod, o.value, c_products[-1])
+            for j, (prod, o) in enumerate(zip(late, openings))
+        ]
 
     def _group_mask(self, group: Shares) -> Shares:
         """The parties' groups masked for their selection (opened as e)."""
@@ -234,15 +243,19 @@ class ComparisonRun:
 
     def finish_select(self, complement: bool) -> list[Shares]:
         """Per value v: [v msb(x)] = d v + (1 - 2d) [v t] (complement: its complement)."""
-        out = []
-        for v, vt in zip(self.values, self.vt):
+        return [
+            self._select(k, v, vt, complement)
+            for k, (v, vt) in enumerate(zip(self.values, self.vt))
+        ]
 
-            def args(i: int, v: Shares = v, vt: Shares = vt) -> list[Any]:
-                return [complement, self.d[i], v[i], vt[i]]
+    def _select(self, k: int, v: Shares, vt: Shares, complement: bool) -> Shares:
+        """The ``k``-th value's selection, local (:meth:`finish_select`)."""
 
-            (selected,) = at_parties(self.session, cmp_select_finish, args, [(self.shape, I64)])
-            out.append(selected)
-        return out
+        def args(i: int) -> list[Any]:
+            return [complement, self.d[i], v[i], vt[i]]
+
+        (selected,) = at_parties(self.session, cmp_select_finish, args, [(self.shape, I64)])
+        return selected
 
 
 class DabitProduct:

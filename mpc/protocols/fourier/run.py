@@ -269,7 +269,9 @@ def relu_like(x: Fx, series: Series, out: int) -> Fx:
     F read at x unclamped (out of its period where its factor is 0). The series' masked
     value opens in the comparison's first round, its products with the daBits in the
     next (:func:`mpc.protocols.compare.select_late`), and b_hi (x - T + F(T)) rides on
-    the comparison as a ReLU; then one truncation: 5 rounds (3 with FSS comparisons), 2
+    the comparison as a ReLU; each selected value comes down to ``out`` in its selection
+    where :func:`~mpc.protocols.compare.truncating_fits` (3 rounds; 2 with FSS
+    comparisons), else one truncation after: 5 rounds, 2
     comparisons per element and no products. An operand too big for one run takes the
     clamp first (relu(x + T) - relu(x - T) - T, one comparison run), then the series of
     the clamped value (2 rounds, its truncation with relu(x - T)'s): 6 rounds. Error: the

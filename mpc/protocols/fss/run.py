@@ -19,16 +19,20 @@ Online:
 
 from __future__ import annotations
 
+from typing import Any
+
 from mpc.math import groups_of_four
 from mpc.math.bits import words_for
-from mpc.protocols.comparison.base import ComparisonRun, Late, numel
+from mpc.protocols.comparison.arith_select import check_bits
+from mpc.protocols.comparison.base import ComparisonRun, DabitProduct, Late, numel
 from mpc.protocols.comparison.steps import cmp_mask
 from mpc.protocols.fss import relu as fss_relu
 from mpc.protocols.fss import steps as material
 from mpc.protocols.fss.relu import dealer_fss_relu, fss_relu_eval
 from mpc.protocols.fss.steps import dealer_fss, fss_eval, fss_unpack
+from mpc.protocols.fss.trunc_select import TRUNC_WORDS, fss_trunc_select
 from mpc.protocols.opening.run import Round
-from mpc.protocols.parties import I64, Shares, at_parties, run_step
+from mpc.protocols.parties import I64, Shares, at_parties, last_only, run_step
 from mpc.session import Session
 
 
@@ -45,32 +49,42 @@ class FssRun(ComparisonRun):
         trunc: Late | None = None,
         group: Shares | None = None,
         thresholds: list[int] | None = None,
+        bits: list[int] | None = None,
     ) -> None:
-        """``thresholds``: one key an element of x, evaluated at its T points."""
+        """``thresholds``: one key an element of x, evaluated at its T points. ``bits``:
+        each selected value's truncation in its selection (the values', then the late
+        one's; 0: none; :mod:`mpc.protocols.fss.trunc_select`)."""
         if session.n != 2:  # (a session refuses comparison="fss" for more parties)
             raise ValueError("the FSS comparison is for 2 parties")
         super().__init__(session, x, values, trunc=trunc, group=group, thresholds=thresholds)
         shape, nonce, selected = self.shape, self.nonce, self.selected
+        self.bits = check_bits(bits, selected)
+        if any(self.bits) and group is not None:
+            raise ValueError("internal: groups of four are not selected truncated")
+        # a value selected truncated: its opened e and the dealer's words, by its index
+        self.truncated: dict[int, tuple[Shares, Any]] = {}
         self.select = select = selected > 0 or group is not None
-        product_nonces = self._selection_nonces()
-        bits = session.config.fss_bits
+        self.product_nonces = product_nonces = self._selection_nonces()
+        fss_bits = session.config.fss_bits
         seed = session.party_seeds
         n = numel(shape[1:] if thresholds else shape)  # (keys: with thresholds, a value's)
 
         # offline: the correction words, one object delivered to each party (in process
         # both read the dealer's buffer), and the last party's part of its key
-        w = material.words(n, bits)
+        w = material.words(n, fss_bits)
         shapes: list[list[int]] = [[n]]
         if select:
-            shapes += [shape] * (1 + selected)
+            shapes.append(shape)
+            shapes += [[TRUNC_WORDS * numel(shape)] if f else shape for f in self.bits]
             if group is not None:
                 shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
         dealer = session.require_dealer("comparison of secret values")
         cw, key1 = run_step(
             dealer,
             dealer_fss,
-            [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, bits]
-            + [len(thresholds or [])],
+            [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, fss_bits]
+            + [len(thresholds or [])]
+            + ([self.bits] if any(self.bits) else []),
             out=[([w], I64), ([sum(numel(s) for s in shapes)], I64)],
         )
         first_party, last_party = session.parties
@@ -94,7 +108,7 @@ class FssRun(ComparisonRun):
             session,
             fss_eval,
             lambda i: (
-                [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], bits, select]
+                [seed[i], nonce, i == 0, cws[i], us[i], c.value[i], fss_bits, select]
                 + ([thresholds] if thresholds else [])
             ),
             [([words_for(numel(shape))], I64) if select else (shape, I64)],
@@ -119,6 +133,27 @@ class FssRun(ComparisonRun):
         d_round.open(count=False)  # (in the same round)
         self.d = opened_d.value
         self._finish_late(late, late_openings, group_opening, c_products)
+
+    def _product(self, k: int, prod: DabitProduct, e: Shares, c_last: Any) -> Shares:
+        if not self.bits[k]:
+            return super()._product(k, prod, e, c_last)
+        self.truncated[k] = (e, c_last)
+        return e  # (not [v t]: finish_select selects the value from e)
+
+    def _select(self, k: int, v: Shares, vt: Shares, complement: bool) -> Shares:
+        """A value selected truncated: (v >> f) msb(x) (complement: (v >> f) (1 - msb(x)))
+        from its opened e (:func:`~mpc.protocols.fss.trunc_select.fss_trunc_select`)."""
+        if k not in self.truncated:
+            return super()._select(k, v, vt, complement)
+        e, c_last = self.truncated[k]
+        dealt = last_only(self.session, c_last)
+        seed, nonce, f = self.session.party_seeds, self.product_nonces[k], self.bits[k]
+
+        def args(i: int) -> list[Any]:
+            return [seed[i], nonce, i == 0, complement, f, dealt(i), self.d[i], self.t[i], e[i]]
+
+        (selected,) = at_parties(self.session, fss_trunc_select, args, [(self.shape, I64)])
+        return selected
 
     def finish_bit(self) -> Shares:
         """[msb(x)]: the evaluation's result (a run without selections)."""

@@ -39,12 +39,10 @@ import torch
 from mpc.math import dcf
 from mpc.math.bits import pack_bits
 from mpc.math.prg import PRG, new_seed
-from mpc.protocols.comparison.selection import (
-    check_selection,
-    selected_count,
-    selection_material,
-)
+from mpc.protocols.comparison.arith_select import check_bits as check_product_bits
+from mpc.protocols.comparison.selection import check_selection, selected_count
 from mpc.protocols.comparison.thresholds import check_thresholds, threshold_values
+from mpc.protocols.fss.trunc_select import TRUNC_PRODUCT, TRUNC_WORDS, selection_parts
 from mpc.protocols.max_of_four.steps import group_material, group_terms, group_words
 from mpc.protocols.opening.steps import split
 from mpc.protocols.rules import OPENED, SEED, dealer_seeds, kept, nonce_of, party_seed
@@ -114,6 +112,7 @@ def _dealer_fss_rule(call: ProtocolCall) -> Any:
         raise call.refuse("parameter 'select' is a bool")
     keys = ("select", "bits", "shape", "product_nonces", "group_nonce")
     extra = (*(call.value(k) for k in keys), call.value("thresholds") or 0)
+    extra += (call.value("product_bits") or None,)
     nonce = nonce_of(call)
     return [  # (the correction words say how many thresholds a key is evaluated at)
         seal("dealer.fss.cw", nonce, deliveries=2, extra=(extra[0], extra[1], extra[5])),
@@ -128,7 +127,9 @@ def _dealer_fss_size(p: dict[str, Any]) -> int:
     payloads (10 words an element), the selections and one chunk of the level loop."""
     n = numel(p.get("shape"))
     keys = n // p["shape"][0] if p.get("thresholds") else n  # (thresholds: a key a value)
-    extra = (2 * selected_count(p) + 10 + group_words(p)) * n
+    truncated = p.get("product_bits")
+    truncated = sum(1 for f in truncated if f) if isinstance(truncated, list) else 0
+    extra = (2 * selected_count(p) + 2 * TRUNC_WORDS * truncated + 10 + group_words(p)) * n
     return declared(WORD * (1.1 * _fss_words(p, keys) + extra)) + DCF_CHUNK_BYTES
 
 
@@ -147,11 +148,14 @@ def dealer_fss(
     select: bool,
     bits: int,
     thresholds: int = 0,
+    product_bits: list[int] | None = None,
 ) -> list[torch.Tensor]:
     """The keys (see the module docstring): the correction words, one object that goes
     to both parties, and the last party's share of u, then with ``select`` its share of
     the daBit t and the selections' material
-    (:func:`~mpc.protocols.comparison.selection.selection_material`), flat.
+    (:func:`~mpc.protocols.fss.trunc_select.selection_parts`: ``product_bits``, per
+    product nonce, the bits its value comes down by in its selection; 0 or None: none),
+    flat.
 
     ``thresholds`` T > 0: ``shape`` is [T, *x], and one key a value of x is evaluated at
     its T points c - theta_k (:func:`fss_eval`): the T comparisons share the mask r and
@@ -161,6 +165,7 @@ def dealer_fss(
     check_bits(bits)
     check_selection(shape, product_nonces, group_nonce)
     check_thresholds(shape, thresholds, select)
+    truncations = check_product_bits(product_bits, len(product_nonces))
     if type(select) is not bool or (not select and (product_nonces or group_nonce is not None)):
         raise ValueError("a comparison that selects values deals its daBit (select=True)")
     consume(ctx, seeds, nonce, TAG_R, TAG_U, TAG_FSS_ROOT, *([TAG_T_ARITH] if select else []))
@@ -179,7 +184,7 @@ def dealer_fss(
     parts = [u - derive(seeds[0], nonce, TAG_U, [n])]
     if select:
         parts.append((t - derive(seeds[0], nonce, TAG_T_ARITH, shape)).reshape(-1))
-        parts += selection_material(ctx, seeds, t, shape, product_nonces)
+        parts += selection_parts(ctx, seeds, t, shape, product_nonces, truncations)
         if group_nonce is not None:
             parts += group_material(ctx, seeds, t, shape, group_nonce)
     return [cw, torch.cat(parts) if len(parts) > 1 else parts[0]]
@@ -196,13 +201,15 @@ def _fss_unpack_rule(call: ProtocolCall) -> Any:
     assert label is not None
     if label.index != seed.index or seed.index != 1:
         raise call.refuse(f"party {seed.index} takes the key of party {label.index}")
-    select, bits, shape, products, group, thresholds = label.extra
+    select, bits, shape, products, group, thresholds, truncations = label.extra
+    truncations = truncations or [0] * len(products)
     n = 1
     for d in shape[1:] if thresholds else shape:
         n *= d
     want = [[n]]
     if select:
-        want += [shape] * (1 + len(products))
+        want.append(shape)
+        want += [[TRUNC_WORDS * n] if f else shape for f in truncations]
         if group is not None:
             want += [[group_terms(call, shape)]]
     if call.value("shapes") != want:
@@ -210,7 +217,12 @@ def _fss_unpack_rule(call: ProtocolCall) -> Any:
     seals = [kept("fss.u", nonce, seed.index, extra=(select, bits))]
     if select:
         seals.append(kept("dealer.cmp.tarith", nonce))
-        seals += [kept("dealer.cmp.prod", pn, extra=(nonce,)) for pn in products]
+        seals += [
+            kept(TRUNC_PRODUCT, pn, extra=(nonce, f))
+            if f
+            else kept("dealer.cmp.prod", pn, extra=(nonce,))
+            for pn, f in zip(products, truncations)
+        ]
         if group is not None:
             seals.append(kept("dealer.cmp.group", group, extra=(nonce,)))
     return seals
