@@ -412,7 +412,8 @@ def _run(
         if args.serial:
             factory = functools.partial(pt.VirtualWorker, concurrent=False)
         if args.network:
-            cluster = _start_cluster(cases, latency, args.bandwidth)
+            configs = [m.config() for m in security.modes(args.comparison, args.security)]
+            cluster = _start_cluster(cases, latency, args.bandwidth, configs)
             factory = cluster.connect
             if any(c.workload in HF_WORKLOADS for c in cases):  # (see _start_cluster)
                 factory = functools.partial(cluster.connect, timeout=HF_TIMEOUT)
@@ -481,9 +482,15 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = None) -> Any:
+def _start_cluster(
+    cases: list[Case],
+    latency: float,
+    bandwidth: float | None = None,
+    configs: list[Any] | None = None,
+) -> Any:
     """Serve every worker the cases use, each in its own process on 127.0.0.1 (with a
-    simulated ``bandwidth`` in Mbit/s: set in the environment the processes inherit)."""
+    simulated ``bandwidth`` in Mbit/s: set in the environment the processes inherit); a
+    generation's owner approves its programs for each of ``configs`` (the run's modes)."""
     import os
 
     from pointers.network.cluster import LocalCluster
@@ -530,7 +537,7 @@ def _start_cluster(cases: list[Case], latency: float, bandwidth: float | None = 
         for c in cases:  # generation: the owner's worker serves the owner's offer file
             if c.workload in OWNERS:
                 print(f"  ({c.workload}: the owner approves its model ...)", file=sys.stderr)
-                path = write_offer(Path(offers), c.workload, c.size, c.parties, c.tiny)
+                path = write_offer(Path(offers), c.workload, c.size, c.parties, c.tiny, configs)
                 worker_args[OWNERS[c.workload]] = ["--offer", str(path)]
         cluster = LocalCluster(
             names, latency_ms=latency, server_args=server_args, worker_args=worker_args

@@ -295,6 +295,33 @@ def test_cli_network_runs_on_served_workers(tmp_path: Path) -> None:
     assert not _our_servers(str(tmp))
 
 
+@pytest.mark.slow
+@pytest.mark.network
+def test_cli_network_generation_in_both_comparison_modes(tmp_path: Path) -> None:
+    """--network --comparison both on a held model's generation (W16, tiny): the owner's
+    worker approves the programs of both modes (each mode's config records other
+    programs), and both rows decode the plaintext tokens."""
+    out_json = tmp_path / "out.json"
+    proc = _cli(
+        "--network",
+        "--workloads",
+        "W16",
+        "--hf-tiny",
+        "--comparison",
+        "both",
+        "--repeat",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out_json),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["comparison"] for r in rows] == ["default", "fss"]
+    for r in rows:
+        assert r["workers"] == "network" and not wl.failures(r) and r["rounds"] > 0
+
+
 def test_cli_sizes_parsing() -> None:
     from benchmarks.__main__ import parse_sizes, select_cases
 

@@ -80,15 +80,27 @@ def gen_model(wid: str, tiny: bool = False) -> Any:
         return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _approve(wid: str, model: Any, prompt: int, parties: int) -> Any:
-    return mpc.approve_generation(
-        model,
-        prompt_length=prompt,
-        max_length=prompt + STEPS,
-        parties=list(PARTY_NAMES[:parties]),
-        crypto_provider=DEALER_NAME,
-        config=workers.CONFIG,
-    )
+def _approve(
+    wid: str, model: Any, prompt: int, parties: int, configs: list[Any] | None = None
+) -> Any:
+    """The owner's approval of the generation for each of ``configs`` (default: the
+    sessions' config, ``workers.CONFIG``), merged: each config records other programs."""
+    approval = None
+    for config in configs if configs is not None else [workers.CONFIG]:
+        one = mpc.approve_generation(
+            model,
+            prompt_length=prompt,
+            max_length=prompt + STEPS,
+            parties=list(PARTY_NAMES[:parties]),
+            crypto_provider=DEALER_NAME,
+            config=config,
+        )
+        if approval is None:
+            approval = one
+            continue
+        for party, digests in one.items():
+            approval[party] = approval[party] + [d for d in digests if d not in approval[party]]
+    return approval
 
 
 def offer_path(directory: Path, wid: str, prompt: int, parties: int, tiny: bool) -> Path:
@@ -96,13 +108,19 @@ def offer_path(directory: Path, wid: str, prompt: int, parties: int, tiny: bool)
 
 
 def write_offer(
-    directory: Path, wid: str, prompt: int, parties: int = 2, tiny: bool = False
+    directory: Path,
+    wid: str,
+    prompt: int,
+    parties: int = 2,
+    tiny: bool = False,
+    configs: list[Any] | None = None,
 ) -> Path:
-    """The owner's side for served workers: approve the model's generation and write its
-    values and approvals to a file for ``serve --offer`` (returns its path)."""
+    """The owner's side for served workers: approve the model's generation (for each of
+    ``configs``: the run's modes; default the sessions' config) and write its values and
+    approvals to a file for ``serve --offer`` (returns its path)."""
     model = gen_model(wid, tiny)
     path = offer_path(directory, wid, prompt, parties, tiny)
-    mpc.save_offer(model, _approve(wid, model, prompt, parties), path)
+    mpc.save_offer(model, _approve(wid, model, prompt, parties, configs), path)
     return path
 
 
