@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from refusals import refused
 from tampering import tamper
-from test_mpc_truncated_selection import assert_selected, shared_ring
+from test_mpc_truncated_selection import assert_selected, check_gelu_and_silu, shared_ring
 
 import mpc
 import pointers as pt
@@ -79,29 +78,9 @@ def test_edges_of_the_truncation() -> None:
 
 def test_gelu_and_silu_as_a_user_writes_them(make_worker: Callable[[str], Any]) -> None:
     """With FSS comparisons: the comparison's 2 rounds and no truncation after them (3
-    took), within the series' tolerance; a product's pending truncation is read at its
-    full scale (the product's round, then 2)."""
+    took)."""
     parties = [make_worker(w) for w in ("alice", "bob")]
-    dealer = make_worker("carol")
-    torch.manual_seed(2)
-    x = torch.randn(3, 200) * 4
-    x[0, :6] = torch.tensor([-5.0, 5.0, 0.0, 40.0, -40.0, 4.999])
-    for fn, tol in [(F.gelu, 5e-5), (F.silu, 2e-4)]:
-        xs = mpc.share(x, *parties, crypto_provider=dealer, config=FSS)
-        xs.materialize()
-        with mpc.stats() as s:
-            y = fn(xs)
-            y.materialize()
-        assert s.rounds == 2
-        assert float((y.get() - fn(x)).abs().max()) < tol
-    w = torch.randn(200, 200) / 16
-    a = mpc.share(x, *parties, crypto_provider=dealer, config=FSS)
-    b = mpc.share(w, *parties, crypto_provider=dealer, config=FSS)
-    with mpc.stats() as s:
-        y = F.gelu(a @ b)
-        y.materialize()
-    assert s.rounds == 1 + 2
-    assert float((y.get() - F.gelu(x @ w)).abs().max()) < 2e-3
+    check_gelu_and_silu(parties, make_worker("carol"), FSS, 2)
 
 
 def test_an_mlp_as_a_user_writes_it() -> None:

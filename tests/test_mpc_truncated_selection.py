@@ -80,32 +80,36 @@ def test_truncated_selections_against_plaintext(
     assert_selected(got, x, v, bits, complement)
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_gelu_and_silu_as_a_user_writes_them(make_worker: Callable[[str], Any], n: int) -> None:
-    """The comparison's 3 rounds and no truncation after them (4 took), within the
-    series' tolerance; a product's pending truncation is read at its full scale (the
-    product's round, then 3)."""
-    names = ("alice", "bob", "dave")[:n]
-    parties, dealer = [make_worker(w) for w in names], make_worker("carol")
-    torch.manual_seed(n)
+def check_gelu_and_silu(parties: list[Any], dealer: Any, config: Any, rounds: int) -> None:
+    """GELU and SiLU as a user writes them: ``rounds`` (the comparison's, no truncation
+    after them), within the series' tolerance; a product's pending truncation is read at
+    its full scale (the product's round, then ``rounds``)."""
+    torch.manual_seed(len(parties))
     x = torch.randn(3, 200) * 4
     x[0, :6] = torch.tensor([-5.0, 5.0, 0.0, 40.0, -40.0, 4.999])
     for fn, tol in [(F.gelu, 5e-5), (F.silu, 2e-4)]:
-        xs = mpc.share(x, *parties, crypto_provider=dealer)
+        xs = mpc.share(x, *parties, crypto_provider=dealer, config=config)
         xs.materialize()
         with mpc.stats() as s:
             y = fn(xs)
             y.materialize()
-        assert s.rounds == 3
+        assert s.rounds == rounds
         assert float((y.get() - fn(x)).abs().max()) < tol
     w = torch.randn(200, 200) / 16
-    a = mpc.share(x, *parties, crypto_provider=dealer)
-    b = mpc.share(w, *parties, crypto_provider=dealer)
+    a = mpc.share(x, *parties, crypto_provider=dealer, config=config)
+    b = mpc.share(w, *parties, crypto_provider=dealer, config=config)
     with mpc.stats() as s:
         y = F.gelu(a @ b)
         y.materialize()
-    assert s.rounds == 1 + 3
+    assert s.rounds == 1 + rounds
     assert float((y.get() - F.gelu(x @ w)).abs().max()) < 2e-3
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gelu_and_silu_as_a_user_writes_them(make_worker: Callable[[str], Any], n: int) -> None:
+    """The comparison's 3 rounds and no truncation after them (4 took)."""
+    names = ("alice", "bob", "dave")[:n]
+    check_gelu_and_silu([make_worker(w) for w in names], make_worker("carol"), None, 3)
 
 
 # -- as a client that sends the steps -----------------------------------------------------

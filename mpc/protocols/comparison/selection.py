@@ -239,6 +239,14 @@ def cmp_select_finish(
     """Share of v * msb(x) = d v + (1 - 2d) [v t] (complement: (1 - d) v - (1 - 2d) [v t]).
 
     Every party holds d (public) and its shares of v and v t; d v is linear in v."""
+    return selected_by_d(complement, d, v, vt)
+
+
+def selected_by_d(
+    complement: bool, d: torch.Tensor, v: torch.Tensor, vt: torch.Tensor
+) -> torch.Tensor:
+    """A party's share of v msb(x) = d v + (1 - 2d) [v t] (complement: (1 - d) v -
+    (1 - 2d) [v t]) from the opened d = msb(x) ^ t and its shares of v and v t."""
     coef = 1 - 2 * d
     if complement:
         return (1 - d) * v - coef * vt

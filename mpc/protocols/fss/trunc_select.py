@@ -26,7 +26,12 @@ from typing import Any
 import torch
 
 from mpc.math.carry_arith import trunc_masks
-from mpc.protocols.comparison.selection import D_OPENED, T_KINDS, selection_material
+from mpc.protocols.comparison.selection import (
+    D_OPENED,
+    T_KINDS,
+    selected_by_d,
+    selection_material,
+)
 from mpc.protocols.rules import OPENED, instances, nonce_of, party_seed
 from mpc.protocols.sizes import WORD, declared, stream_records, tensor_elems
 from mpc.protocols.step import step
@@ -126,7 +131,4 @@ def fss_trunc_select(
     tw = tu + (td & wrap) + high * t
     if first:
         w += high
-    coef = 1 - 2 * d
-    if complement:
-        return (1 - d) * w - coef * tw
-    return d * w + coef * tw
+    return selected_by_d(complement, d, w, tw)
