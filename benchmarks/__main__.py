@@ -254,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"shares, SPDZ2k-style: {', '.join(security.MALICIOUS_WORKLOADS)}), or both (each "
         "case twice, then the side-by-side table)",
     )
+    security.add_threshold_options(ap)
     ap.add_argument(
         "--serial",
         action="store_true",
@@ -412,12 +413,12 @@ def _run(
         if args.serial:
             factory = functools.partial(pt.VirtualWorker, concurrent=False)
         if args.network:
-            configs = [m.config() for m in security.modes(args.comparison, args.security)]
+            configs = [m.config() for m in security.run_modes(args)]
             cluster = _start_cluster(cases, latency, args.bandwidth, configs)
             factory = cluster.connect
             if any(c.workload in HF_WORKLOADS for c in cases):  # (see _start_cluster)
                 factory = functools.partial(cluster.connect, timeout=HF_TIMEOUT)
-        modes = security.modes(args.comparison, args.security)
+        modes = security.run_modes(args)
         progress = _progress(len(cases) * len(modes) * (args.repeat + 2), args.no_progress)
         for case, mode in ((c, m) for c in cases for m in modes):
             progress.set_description(case.id + mode.suffix())
@@ -439,6 +440,7 @@ def _run(
             if dealt is not None:
                 row.update(preprocess_s=dealt)
             row.update(comparison=mode.comparison, security=mode.security)
+            row.update(dict(mode.thresholds))  # (only those other than the defaults)
             row["op"] += mode.suffix()
             if cluster is not None:
                 cluster.close_connections()  # the next case connects afresh

@@ -4,6 +4,7 @@ of the malicious mode against the semi-honest one."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Any, NamedTuple
 
@@ -15,30 +16,103 @@ MALICIOUS_WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 TIME_GOAL, BYTES_GOAL = 3.0, 2.5
 
 
+#: the default-mode comparison's size thresholds a run may set (``--two-round-up-to``,
+#: ``--three-round-up-to``), as MPCConfig fields, and their short names in the op column
+THRESHOLDS = {"two_round_up_to": "2r", "three_round_up_to": "3r"}
+
+
 class Mode(NamedTuple):
     comparison: str  # "default" or "fss"
     security: str  # "semi-honest" or "malicious"
+    #: MPCConfig's comparison thresholds other than their defaults: (field, value) pairs
+    thresholds: tuple[tuple[str, int | None], ...] = ()
 
     def config(self) -> MPCConfig | None:
         """The sessions' config (None: the default one)."""
         if self == Mode("default", "semi-honest"):
             return None
-        return MPCConfig(comparison=self.comparison, security=self.security)
+        fields: dict[str, Any] = dict(self.thresholds)
+        return MPCConfig(comparison=self.comparison, security=self.security, **fields)
 
     def suffix(self) -> str:
-        """What the table's op column adds: " (fss)", " (malicious)" or nothing."""
+        """What the table's op column adds: " (fss)", " (malicious)", the thresholds set
+        (" (2r<=2^22)") or nothing."""
         words = [w for w in (self.comparison, self.security) if w not in DEFAULTS]
+        words += [f"{THRESHOLDS[k]}<={shown(v)}" for k, v in self.thresholds]
         return f" ({', '.join(words)})" if words else ""
 
 
 DEFAULTS = ("default", "semi-honest")
 
 
-def modes(comparison: str, security: str) -> list[Mode]:
-    """Each case runs once per mode: ``both`` of either option doubles the runs."""
+def modes(
+    comparison: str, security: str, thresholds: dict[str, int | None] | None = None
+) -> list[Mode]:
+    """Each case runs once per mode: ``both`` of either option doubles the runs.
+    ``thresholds``: MPCConfig's comparison thresholds to set (:data:`THRESHOLDS`' fields;
+    a value equal to the default is left out)."""
     comparisons = ["default", "fss"] if comparison == "both" else [comparison]
     securities = ["semi-honest", "malicious"] if security == "both" else [security]
-    return [Mode(c, s) for c in comparisons for s in securities]
+    defaults = MPCConfig()
+    given = thresholds or {}
+    changed = tuple(
+        (k, given[k]) for k in THRESHOLDS if k in given and getattr(defaults, k) != given[k]
+    )
+    return [Mode(c, s, changed) for c in comparisons for s in securities]
+
+
+def add_threshold_options(ap: argparse.ArgumentParser) -> None:
+    """``--two-round-up-to N`` and ``--three-round-up-to N``: MPCConfig's thresholds."""
+    defaults = MPCConfig()
+    for field in THRESHOLDS:
+        value = getattr(defaults, field)
+        ap.add_argument(
+            "--" + field.replace("_", "-"),
+            type=_threshold_arg,
+            default=value,
+            metavar="N",
+            help=f"MPCConfig({field}=N) for every session: a count, 2^k or none (default "
+            f"{shown(value)}): a default-mode comparison's rounds against the dealer's bytes "
+            "and local work (docs/secret-sharing.md)",
+        )
+
+
+def run_modes(args: argparse.Namespace) -> list[Mode]:
+    """The modes of a run's options (--comparison, --security, the thresholds)."""
+    thresholds = {field: getattr(args, field) for field in THRESHOLDS}
+    return modes(args.comparison, args.security, thresholds)
+
+
+def shown(value: int | None) -> str:
+    """A threshold as the options write it: ``none``, ``2^k`` or the count."""
+    if value is None:
+        return "none"
+    return f"2^{value.bit_length() - 1}" if value > 0 and not value & (value - 1) else str(value)
+
+
+def _threshold_arg(text: str) -> int | None:
+    try:
+        return parse_threshold(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_threshold(text: str) -> int | None:
+    """A comparison threshold's value on the command line: a count (an int, or a power
+    of two written 2^k, k at most 62), or ``none``."""
+    t = text.strip().lower()
+    if t == "none":
+        return None
+    try:
+        k = int(t[2:]) if t.startswith("2^") else None
+        value = int(t) if k is None else 2**k if 0 <= k <= 62 else -1
+    except ValueError:
+        raise ValueError(f"not a count, 2^k or none: {text!r}") from None
+    if k is not None and value < 0:
+        raise ValueError(f"2^k takes k from 0 to 62, got {text!r}")
+    if value < 0:
+        raise ValueError(f"a count is not negative, got {text!r}")
+    return value
 
 
 def check_options(comparison: str, security: str, workloads: list[str], plan: bool) -> str | None:

@@ -67,3 +67,45 @@ def test_detection_catches_every_deviation_that_changes_a_value(
     out = capsys.readouterr().out
     assert "16 trials (seed 7)" in out and "undetected 0" in out
     assert "(100.0%)" in out
+
+
+def test_comparison_thresholds_trade_rounds(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """--two-round-up-to and --three-round-up-to set MPCConfig's thresholds for every
+    session: a comparison of 64 elements by digit look-ups by default, by the 3-round carry
+    tree without them, the 4-round one without either; each row says what it set."""
+    got = {}
+    for name, extra in [
+        ("default", []),
+        ("tree", ["--two-round-up-to", "none"]),
+        ("four", ["--two-round-up-to", "0", "--three-round-up-to", "2^0"]),
+    ]:
+        out_json = tmp_path / f"{name}.json"
+        argv = ["--workloads", "W3", "--sizes", "64", "--repeat", "1", "--no-progress"]
+        assert main([*argv, *extra, "--json", str(out_json)]) == 0
+        (row,) = json.loads(out_json.read_text())["rows"]
+        assert row["mismatches"] == 0
+        got[name] = row
+    out = capsys.readouterr().out
+    assert "W3 lt (2r<=none)" in out and "W3 lt (2r<=0, 3r<=2^0)" in out
+    assert "two_round_up_to" not in got["default"]
+    assert got["tree"]["two_round_up_to"] is None
+    assert (got["four"]["two_round_up_to"], got["four"]["three_round_up_to"]) == (0, 1)
+    rounds = [got[n]["rounds"] for n in ("default", "tree", "four")]
+    assert rounds[1] == rounds[0] + 1 and rounds[2] == rounds[1] + 1, rounds
+
+
+def test_comparison_threshold_option_errors(capsys: pytest.CaptureFixture) -> None:
+    from benchmarks.security import parse_threshold
+
+    assert [parse_threshold(t) for t in ("none", "2^13", "0", " 4096 ")] == [None, 8192, 0, 4096]
+    for text, why in [
+        ("2^x", "not a count"),
+        ("lots", "not a count"),
+        ("-1", "not negative"),
+        ("2^63", "0 to 62"),
+        ("2^-1", "0 to 62"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            main(["--two-round-up-to", text, "--list"])
+        assert exc.value.code == 2
+        assert why in capsys.readouterr().err, text
