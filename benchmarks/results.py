@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.security import THRESHOLDS
 from benchmarks.workloads.tables import _fmt_err, _fmt_time, _mpc_columns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,9 +77,11 @@ def load(path: str | Path = RESULTS) -> dict[str, Any]:
     return data
 
 
-def _key(row: dict[str, Any]) -> tuple[str, str, bool]:
-    """A row's case within its setting (``--comparison both`` measures each case twice)."""
-    return row["name"], str(row.get("comparison", "default")), bool(row.get("plan"))
+def _key(row: dict[str, Any]) -> tuple[str, str, bool, str]:
+    """A row's case within its setting (``--comparison both`` measures each case twice;
+    a run with the comparison's thresholds set is a case of its own)."""
+    thresholds = ",".join(f"{k}={row[k]}" for k in THRESHOLDS if k in row)
+    return row["name"], str(row.get("comparison", "default")), bool(row.get("plan")), thresholds
 
 
 def add_run(data: dict[str, Any], meta: dict[str, Any], rows: list[dict[str, Any]]) -> None:

@@ -80,6 +80,17 @@ def test_a_row_measured_again_replaces_the_old_one_in_its_setting_only():
     assert [run["meta"]["command"] for run in data["runs"]] == ["net", "second", "third"]
 
 
+def test_a_row_with_the_comparison_thresholds_set_is_a_case_of_its_own():
+    data = results.empty()
+    results.add_run(data, _meta("default"), [_row("W16-decode-p32", 3.0)])
+    set_ = {"two_round_up_to": 1 << 22, "three_round_up_to": 1 << 24}
+    slow = _row("W16-decode-p32", 4.0, op="decode (2r<=2^22, 3r<=2^24)", **set_)
+    results.add_run(data, _meta("thresholds"), [slow])
+    assert [[r["median_s"] for r in run["rows"]] for run in data["runs"]] == [[3.0], [4.0]]
+    results.add_run(data, _meta("again"), [_row("W16-decode-p32", 4.5, **set_)])
+    assert [run["meta"]["command"] for run in data["runs"]] == ["default", "again"]
+
+
 def test_the_table_names_each_rows_run_and_each_runs_machine_and_load():
     data = results.empty()
     results.add_run(data, _meta("python -m benchmarks"), [_row("W1-mul-1e5", 0.0125)])
