@@ -91,7 +91,7 @@ def test_an_lm_heads_argmax_takes_only_the_levels_rounds(
     assert torch.equal(token, want)
     sizes = max_tree.indexed_sizes(hs.session, 1, 50_257)
     assert sizes is not None
-    assert s.rounds - head == max_tree.indexed_rounds(hs.session, 1, 50_257, sizes)
+    assert s.rounds - head == max_tree.ranked_rounds(hs.session, 1, 50_257, sizes)
     # the packed index, as before: a truncation round and the low bits' round more
     monkeypatch.setattr(nonlinear, "_indexed_sizes", lambda x: None)
     with mpc.stats() as packed:

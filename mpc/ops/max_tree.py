@@ -159,14 +159,9 @@ def indexed_sizes(session: Session, rows: int, k: int) -> tuple[int, ...] | None
     :func:`values_max` takes them), or None where the tree of pairs and groups takes no
     more rounds than they do."""
     sizes = _ranked_sizes(session, rows, k)
-    if not sizes or _ranked_rounds(session, rows, k, sizes) >= tree_rounds(session, rows, k):
+    if not sizes or ranked_rounds(session, rows, k, sizes) >= tree_rounds(session, rows, k):
         return None
     return sizes
-
-
-def indexed_rounds(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
-    """The rounds of :func:`indexed_max` with ``sizes``."""
-    return _ranked_rounds(session, rows, k, sizes)
 
 
 def indexed_max(x: SharedTensor, sizes: tuple[int, ...]) -> tuple[SharedTensor, Shares]:
@@ -281,11 +276,12 @@ def values_max_rounds(session: Session, rows: int, k: int) -> int:
     """The rounds :func:`values_max` takes for ``rows`` rows of k entries."""
     tree = tree_rounds(session, rows, k)
     sizes = _ranked_sizes(session, rows, k)
-    return min(tree, _ranked_rounds(session, rows, k, sizes)) if sizes else tree
+    return min(tree, ranked_rounds(session, rows, k, sizes)) if sizes else tree
 
 
-def _ranked_rounds(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
-    """The rounds of ranked groups of ``sizes``: each level's ranks over its pairs."""
+def ranked_rounds(session: Session, rows: int, k: int, sizes: tuple[int, ...]) -> int:
+    """The rounds of ranked groups of ``sizes`` (:func:`indexed_max`'s, and the ranked
+    levels of :func:`values_max`): each level's ranks over its pairs."""
     total = 0
     for g in sizes:
         left = -(-k // g)
@@ -365,7 +361,7 @@ def values_max(x: SharedTensor) -> SharedTensor:
     session, k = x.session, x.shape[-1]
     rows = x.numel() // max(k, 1)
     sizes = _ranked_sizes(session, rows, k)
-    if sizes and _ranked_rounds(session, rows, k, sizes) < tree_rounds(session, rows, k):
+    if sizes and ranked_rounds(session, rows, k, sizes) < tree_rounds(session, rows, k):
         for g in sizes:
             x = ranked_level(x, g)
         return x

@@ -212,7 +212,7 @@ def _indexed_sizes(x: SharedTensor) -> tuple[int, ...] | None:
     if sizes is None:
         return None
     packed = _packed_rounds(x, False) + (1 if x.pending and not _low_bits(x, False)[1] else 0)
-    return sizes if max_tree.indexed_rounds(x.session, rows, k, sizes) < packed else None
+    return sizes if max_tree.ranked_rounds(x.session, rows, k, sizes) < packed else None
 
 
 def _low_bits(x: SharedTensor, values: bool) -> tuple[bool, bool]:
@@ -258,7 +258,7 @@ def _indexed_rounds(x: SharedTensor, values: bool) -> int:
     sizes = _indexed_sizes(x)
     if sizes is not None:
         k = x.shape[-1]
-        return max_tree.indexed_rounds(x.session, x.numel() // max(k, 1), k, sizes)
+        return max_tree.ranked_rounds(x.session, x.numel() // max(k, 1), k, sizes)
     return _packed_rounds(x, values)
 
 
