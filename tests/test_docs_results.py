@@ -157,3 +157,14 @@ def test_the_command_line_records_a_run_and_replaces_it_when_run_again(tmp_path:
     assert report.main([str(path), "--docs", str(page), "--no-plot"]) == 0
     assert "| W1 mul | 1e3 |" in page.read_text()
     assert report.main([str(path), "--docs", str(page), "--check"]) == 0
+
+
+def test_the_table_shows_the_dealers_bytes_or_that_they_were_dealt_ahead():
+    data = results.empty()
+    inline = _row("W16-decode-p32", 3.0, dealer_bytes=353_600_000)
+    results.add_run(data, _meta("inline"), [inline])
+    ahead = _row("W16-decode-p32", 2.0, dealer_bytes=0, preprocess_s=2.5)
+    results.add_run(data, _meta("ahead", preprocess=True), [ahead])
+    lines = [line for line in results.render(data).splitlines() if line.startswith("| W16")]
+    assert "| dealer B |" in results.render(data)
+    assert "| 353.60 MB |" in lines[0] and "| ahead |" in lines[1]

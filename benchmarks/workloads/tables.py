@@ -57,6 +57,14 @@ def _fmt_err(row: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _fmt_dealt(r: dict[str, Any]) -> str:
+    """The dealer's bytes in one run, or "ahead" where its material was dealt before the
+    timer (--preprocess: none in the run)."""
+    if r.get("preprocess_s") is not None and not r.get("dealer_bytes"):
+        return "ahead"
+    return _fmt_bytes(r.get("dealer_bytes"))
+
+
 def _fmt_rate(r: float | None) -> str:
     if r is None or not math.isfinite(r):
         return "-"
@@ -83,7 +91,7 @@ _MPC_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str], bool]] = [
     ("ratio", 8, lambda r: _fmt_ratio(r.get("ratio")), False),
     ("rounds", 6, lambda r: str(r["rounds"]), False),
     ("bytes/party", 11, lambda r: _fmt_bytes(r["max_bytes_per_party"]), False),
-    ("dealer B", 10, lambda r: _fmt_bytes(r["dealer_bytes"]), True),
+    ("dealer B", 10, lambda r: _fmt_dealt(r), False),
     ("msgs", 6, lambda r: str(r["client_messages"]), True),
     ("dealer t*", 10, lambda r: _fmt_time(r["dealer_s"]), False),
     ("client B", 10, lambda r: _fmt_bytes(r["client_bytes_sent"]), True),
