@@ -2,8 +2,10 @@
 
 ``with mpc.stats() as s: ...`` records every protocol that runs inside the block:
 ``s.rounds`` (sequential openings among the parties), ``s.bytes_per_party`` (bytes each
-party sent to its peers), ``s.dealer_bytes`` (what the crypto provider shipped) and
-``s.client_messages`` (commands the orchestrating client sent).
+party sent to its peers), ``s.dealer_bytes`` (what the crypto provider shipped),
+``s.dealt`` (the bytes of the dealer's material the protocols asked for, counted by the
+client as they run, or as a program is recorded) and ``s.client_messages`` (commands the
+orchestrating client sent).
 
 Work deferred inside the block (a ReLU computed at its first read,
 :class:`mpc.shared.Deferred`) does not outlive it: what is still deferred when the block
@@ -28,6 +30,8 @@ _active: contextvars.ContextVar[tuple[Recorder, ...]] = contextvars.ContextVar(
 @dataclass
 class Recorder:
     rounds: int = 0
+    #: bytes of the dealer's material the protocols asked for (its steps' out shapes)
+    dealt: int = 0
     _start: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     _roles: dict[int, str] = field(default_factory=dict)
     _end: dict[int, Any] = field(default_factory=dict)
@@ -126,3 +130,9 @@ def _pending(work: Any) -> bool:
 def count_round(n: int = 1) -> None:
     for rec in _active.get():
         rec.rounds += n
+
+
+def count_dealt(nbytes: int) -> None:
+    """The dealer was asked for ``nbytes`` of material (what its step delivers)."""
+    for rec in _active.get():
+        rec.dealt += nbytes

@@ -3,6 +3,7 @@ modules ran, the innermost kind where kinds nest, one pass per forward of the mo
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -96,3 +97,23 @@ def test_kinds_of_the_transformers_modules() -> None:
     }
     for name, kind in names.items():
         assert kind_of(type(name, (nn.Module,), {})()) == kind, name
+
+
+@pytest.mark.parametrize("comparison", ["default", "fss"])
+def test_the_dealers_material_is_counted_as_the_protocols_ask_for_it(comparison: str) -> None:
+    """mpc.stats().dealt: the bytes of the dealer's material the protocols asked for, which
+    its messages then carried (dealer_bytes: the same, with their framing)."""
+    alice, bob, carol = (pt.VirtualWorker(n) for n in ("alice", "bob", "carol"))
+    config = mpc.MPCConfig(comparison=comparison)
+    x = mpc.share(torch.randn(64, 32), alice, bob, crypto_provider=carol, config=config)
+    y = mpc.share(torch.randn(32, 16), alice, bob, crypto_provider=carol, config=config)
+    for fn in (
+        lambda: (x @ y).materialize(),
+        lambda: (x < 0.5).get(),
+        lambda: F.relu(x).materialize(),
+        lambda: F.gelu(x).materialize(),
+    ):
+        with mpc.stats() as s:
+            fn()
+        assert s.dealt > 0
+        assert 0.9 * s.dealer_bytes <= s.dealt <= s.dealer_bytes, (s.dealt, s.dealer_bytes)

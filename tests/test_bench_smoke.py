@@ -432,8 +432,16 @@ def test_transformers_workload_tiny(workload: str) -> None:
         kinds = row["rounds_by_module"]
         assert set(kinds) == {"attention", "layer norm", "MLP"} and min(kinds.values()) > 0
         assert 0 < sum(kinds.values()) < row["rounds"]
+        # the dealer's material by module, as the step's program was recorded: what one
+        # token's run then received from the dealer (its messages' framing aside)
+        dealt = row["dealt_by_module"]
+        assert min(dealt[k] for k in kinds) > 0 and dealt["total"] == sum(
+            v for k, v in dealt.items() if k != "total"
+        )
+        assert 0.97 * row["dealer_bytes"] <= dealt["total"] <= row["dealer_bytes"]
         line = wl.format_table([row])
         assert f"{row['workload']} decode" in line and "rounds by module: attention" in line
+        assert "dealt by module: attention" in line
     else:
         assert row["max_abs_err"] < 5e-2 and row["mean_abs_err"] < 5e-3
         assert first > row["max_bytes_per_party"]

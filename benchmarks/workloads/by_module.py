@@ -1,8 +1,9 @@
 """Where a transformer's rounds go: the rounds of each forward pass of a shared model, by
 module kind (attention, layer norm, MLP, and the rest: the embedding's product, the LM
-head and the argmax after it).
+head and the argmax after it), and the dealer's material likewise.
 
-Rounds are counted by the client as the protocols run (:mod:`mpc.accounting`), also while
+Rounds and the dealer's material (``dealt``) are counted by the client as the protocols
+run (:mod:`mpc.accounting`), also while
 a program is recorded, so the hooks below see them whichever way the model runs: op by op,
 or recorded into programs (a generation's step is recorded on its first run, or on
 stand-ins for a held model, with the same rounds as every later run of it).
@@ -10,7 +11,7 @@ stand-ins for a held model, with the same rounds as every later run of it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,9 +40,14 @@ def kind_of(module: nn.Module) -> str | None:
 
 @dataclass
 class Pass:
-    """The rounds of one forward pass of the model by module kind."""
+    """The rounds of one forward pass of the model by module kind, and the bytes of the
+    dealer's material: by kind, and in all from the pass's start to the block's end (the
+    pass and what follows it: a generation's step records its LM head and argmax after
+    the pass)."""
 
     by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    dealt_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    dealt: int = 0
 
     def table(self, total: int) -> dict[str, int]:
         """Rounds by kind, of ``total`` (what one run of the computation took: the pass
@@ -51,6 +57,15 @@ class Pass:
         if rest < 0:
             raise ValueError(f"the pass alone took more than {total} rounds")
         return {**self.by_kind, REST: rest, "total": total}
+
+    def dealt_table(self) -> dict[str, int]:
+        """The dealer's bytes by kind, the rest (from the pass's start to the block's end)
+        under :data:`REST`, and ``"total"``."""
+        return {
+            **self.dealt_by_kind,
+            REST: self.dealt - sum(self.dealt_by_kind.values()),
+            "total": self.dealt,
+        }
 
 
 @dataclass
@@ -71,23 +86,28 @@ def by_module(model: nn.Module) -> Iterator[Breakdown]:
     (:func:`kind_of`). A module's rounds count under the innermost kind that holds them (a
     layer norm inside BERT's attention output counts as a layer norm)."""
     out = Breakdown()
-    stack: list[list[Any]] = []  # per open module: [kind, rounds at its start, its children's]
+    # per open module: [kind, rounds and dealt at its start, its children's rounds, dealt]
+    stack: list[list[Any]] = []
     hooks: list[Any] = []
+    began_dealt: list[int] = []  # per pass: the recorder's dealt at its start
     with mpc.stats() as rec:
 
         def model_pre(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             out.passes.append(Pass())
+            began_dealt.append(rec.dealt)
 
         def pre(module: nn.Module, *args: Any, **kwargs: Any) -> None:
-            stack.append([kind_of(module), rec.rounds, 0])
+            stack.append([kind_of(module), rec.rounds, rec.dealt, 0, 0])
 
         def post(module: nn.Module, *args: Any, **kwargs: Any) -> None:
-            kind, began, children = stack.pop()
-            spent = rec.rounds - began
+            kind, began, began_d, children, children_d = stack.pop()
+            spent, spent_d = rec.rounds - began, rec.dealt - began_d
             if out.passes:
                 out.passes[-1].by_kind[kind] += spent - children
+                out.passes[-1].dealt_by_kind[kind] += spent_d - children_d
             if stack:
-                stack[-1][2] += spent
+                stack[-1][3] += spent
+                stack[-1][4] += spent_d
 
         # (a pass starts at the base model: generation calls it alone, and its own LM head
         # on the last rows after it)
@@ -103,13 +123,15 @@ def by_module(model: nn.Module) -> Iterator[Breakdown]:
         finally:
             for h in hooks:
                 h.remove()
+            for p, began in zip(out.passes, began_dealt, strict=True):
+                p.dealt = rec.dealt - began
 
 
-def describe(table: dict[str, int]) -> str:
+def describe(table: dict[str, int], fmt: Callable[[int], str] = str) -> str:
     """``attention 420, layer norm 299, MLP 108, embedding, head and argmax 35 (862 in
-    all)``."""
-    parts = [f"{k} {v}" for k, v in table.items() if k != "total"]
-    return ", ".join(parts) + f" ({table['total']} in all)"
+    all)`` (each count written by ``fmt``)."""
+    parts = [f"{k} {fmt(v)}" for k, v in table.items() if k != "total"]
+    return ", ".join(parts) + f" ({fmt(table['total'])} in all)"
 
 
 __all__ = ["KINDS", "REST", "Breakdown", "Pass", "by_module", "describe", "kind_of"]

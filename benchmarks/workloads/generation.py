@@ -152,6 +152,7 @@ def _decode(
         progs = programs(held, prompt, prompt + STEPS)
     assert isinstance(progs, HeldPrograms)
     step_by_kind = dict(breakdown.last.by_kind)  # the step's pass, recorded after the prefill's
+    step_dealt = breakdown.last.dealt_table()  # (its LM head and argmax recorded after it)
     with torch.no_grad():
         first = progs.prefill(one_hot_rows(ids, vocab, session)).get()
     produced: list[int] = [int(first)]  # the tokens the client learned, in order
@@ -179,6 +180,7 @@ def _decode(
             "token_mismatches": wrong,
             "tokens_checked": len(produced),
             "rounds_by_module": step_by_kind,
+            "dealt_by_module": step_dealt,
         }
 
     return Workload(

@@ -173,6 +173,7 @@ def format_table(rows: list[dict[str, Any]], wide: bool = False) -> str:
                 out += [f"in-process rows: {CPU_NOTE}", f"network rows: {NETWORK_CPU_NOTE}"]
         out += [ELEMENTS_NOTE, DEALER_NOTE]
         out += [line for r in mpc_rows if (line := rounds_by_module(r))]
+        out += [line for r in mpc_rows if (line := dealt_by_module(r))]
     if ptr_rows:
         if out:
             out.append("")
@@ -190,6 +191,16 @@ def rounds_by_module(row: dict[str, Any]) -> str:
         return ""
     table = Pass(dict(kinds)).table(int(row["rounds"]))
     return f"{row['workload']} {row['op']} {row['size']}: rounds by module: {describe(table)}"
+
+
+def dealt_by_module(row: dict[str, Any]) -> str:
+    """``W16 decode p32: dealt by module (as recorded): attention 250.10 MB, ...`` for a
+    row that counted the dealer's material by module, else ``""``."""
+    table = row.get("dealt_by_module")
+    if not table:
+        return ""
+    text = describe({k: int(v) for k, v in table.items()}, _fmt_bytes)
+    return f"{row['workload']} {row['op']} {row['size']}: dealt by module: {text}"
 
 
 def format_markdown(rows: list[dict[str, Any]]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 import pointers as pt
+from mpc import accounting
 from mpc.protocols.step import name_of
 from mpc.session import Session
 
@@ -59,8 +60,31 @@ def deal(
     for the error where the session has no dealer."""
     dealer = session.require_dealer(what)
     corr = call(dealer, name_of(step), [session.dealer_seeds, *args], out=out)
+    count_dealt(out)
     last_party = session.parties[-1]
     return [c.move(last_party) for c in corr]
 
 
-__all__ = ["I64", "Out", "Shares", "at_parties", "call", "deal", "last_only", "run_step"]
+def count_dealt(out: Out) -> None:
+    """Count the dealer's outputs ``out`` as material it delivers
+    (:attr:`mpc.accounting.Recorder.dealt`)."""
+    nbytes = 0
+    for shape, dtype in out:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        nbytes += n * torch.empty((), dtype=dtype).element_size()
+    accounting.count_dealt(nbytes)
+
+
+__all__ = [
+    "I64",
+    "Out",
+    "Shares",
+    "at_parties",
+    "call",
+    "count_dealt",
+    "deal",
+    "last_only",
+    "run_step",
+]

@@ -32,7 +32,7 @@ from mpc.protocols.fss.relu import dealer_fss_relu, fss_relu_eval
 from mpc.protocols.fss.steps import dealer_fss, fss_eval, fss_unpack
 from mpc.protocols.fss.trunc_select import TRUNC_WORDS, fss_trunc_select
 from mpc.protocols.opening.run import Round
-from mpc.protocols.parties import I64, Shares, at_parties, last_only, run_step
+from mpc.protocols.parties import I64, Shares, at_parties, count_dealt, last_only, run_step
 from mpc.session import Session
 
 
@@ -90,6 +90,7 @@ class FssRun(ComparisonRun):
         first_party, last_party = session.parties
         cws = [cw.copy_to(party, lend=True) for party in session.parties]  # (read only)
         key1 = key1.move(last_party)
+        count_dealt([([w], I64), ([w], I64), ([sum(numel(s) for s in shapes)], I64)])
 
         # round 1: c = x + r, the products' e, the truncation's and the groups' openings
         c, products, product_openings, trunc_opening = self._round1(
@@ -182,6 +183,7 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
     )
     cws = [cw.copy_to(party, lend=True) for party in session.parties]
     dealt = [None, consts.move(session.parties[1])]
+    count_dealt([([fss_relu.key_words(n)], I64)] * 2 + [([fss_relu.CONSTS * n], I64)])
     (masked,) = at_parties(session, cmp_mask, lambda i: [seed[i], nonce, z[i]], [(shape, I64)])
     round1 = Round(session)
     c = round1.add(masked)
