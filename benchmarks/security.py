@@ -103,16 +103,18 @@ def parse_threshold(text: str) -> int | None:
     t = text.strip().lower()
     if t == "none":
         return None
+    power = t.startswith("2^")
     try:
-        k = int(t[2:]) if t.startswith("2^") else None
-        value = int(t) if k is None else 2**k if 0 <= k <= 62 else -1
+        n = int(t[2:] if power else t)
     except ValueError:
         raise ValueError(f"not a count, 2^k or none: {text!r}") from None
-    if k is not None and value < 0:
-        raise ValueError(f"2^k takes k from 0 to 62, got {text!r}")
-    if value < 0:
+    if power:
+        if not 0 <= n <= 62:
+            raise ValueError(f"2^k takes k from 0 to 62, got {text!r}")
+        return 2**n
+    if n < 0:
         raise ValueError(f"a count is not negative, got {text!r}")
-    return value
+    return n
 
 
 def check_options(comparison: str, security: str, workloads: list[str], plan: bool) -> str | None:

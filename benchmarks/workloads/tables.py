@@ -91,7 +91,7 @@ _MPC_COLUMNS: list[tuple[str, int, Callable[[dict[str, Any]], str], bool]] = [
     ("ratio", 8, lambda r: _fmt_ratio(r.get("ratio")), False),
     ("rounds", 6, lambda r: str(r["rounds"]), False),
     ("bytes/party", 11, lambda r: _fmt_bytes(r["max_bytes_per_party"]), False),
-    ("dealer B", 10, lambda r: _fmt_dealt(r), False),
+    ("dealer B", 10, _fmt_dealt, False),
     ("msgs", 6, lambda r: str(r["client_messages"]), True),
     ("dealer t*", 10, lambda r: _fmt_time(r["dealer_s"]), False),
     ("client B", 10, lambda r: _fmt_bytes(r["client_bytes_sent"]), True),
@@ -194,8 +194,8 @@ def rounds_by_module(row: dict[str, Any]) -> str:
 
 
 def dealt_by_module(row: dict[str, Any]) -> str:
-    """``W16 decode p32: dealt by module (as recorded): attention 250.10 MB, ...`` for a
-    row that counted the dealer's material by module, else ``""``."""
+    """``W16 decode p32: dealt by module: attention 199.48 MB, ...`` for a row that
+    counted the dealer's material by module (as its program was recorded), else ``""``."""
     table = row.get("dealt_by_module")
     if not table:
         return ""

@@ -8,6 +8,7 @@ Notation: [x] is an additive sharing, x = sum_i x_i mod 2^64, party i holding x_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -68,13 +69,7 @@ def deal(
 def count_dealt(out: Out) -> None:
     """Count the dealer's outputs ``out`` as material it delivers
     (:attr:`mpc.accounting.Recorder.dealt`)."""
-    nbytes = 0
-    for shape, dtype in out:
-        n = 1
-        for d in shape:
-            n *= int(d)
-        nbytes += n * torch.empty((), dtype=dtype).element_size()
-    accounting.count_dealt(nbytes)
+    accounting.count_dealt(sum(math.prod(shape) * dtype.itemsize for shape, dtype in out))
 
 
 __all__ = [

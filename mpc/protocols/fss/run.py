@@ -79,18 +79,19 @@ class FssRun(ComparisonRun):
             if group is not None:
                 shapes.append([groups_of_four.terms(shape[1]) * shape[0]])
         dealer = session.require_dealer("comparison of secret values")
+        delivered = [([w], I64), ([sum(numel(s) for s in shapes)], I64)]
         cw, key1 = run_step(
             dealer,
             dealer_fss,
             [session.dealer_seeds, nonce, shape, product_nonces, self.group_nonce, select, fss_bits]
             + [len(thresholds or [])]
             + ([self.bits] if any(self.bits) else []),
-            out=[([w], I64), ([sum(numel(s) for s in shapes)], I64)],
+            out=delivered,
         )
         first_party, last_party = session.parties
         cws = [cw.copy_to(party, lend=True) for party in session.parties]  # (read only)
         key1 = key1.move(last_party)
-        count_dealt([([w], I64), ([w], I64), ([sum(numel(s) for s in shapes)], I64)])
+        count_dealt([delivered[0], *delivered])  # (the correction words go to both parties)
 
         # round 1: c = x + r, the products' e, the truncation's and the groups' openings
         c, products, product_openings, trunc_opening = self._round1(
@@ -175,15 +176,13 @@ def relu_truncating(session: Session, z: Shares, bits: int) -> Shares | None:
     n = numel(shape)
     seed = session.party_seeds
     dealer = session.require_dealer("comparison of secret values")
+    delivered = [([fss_relu.key_words(n)], I64), ([fss_relu.CONSTS * n], I64)]
     cw, consts = run_step(
-        dealer,
-        dealer_fss_relu,
-        [session.dealer_seeds, nonce, shape, bits],
-        out=[([fss_relu.key_words(n)], I64), ([fss_relu.CONSTS * n], I64)],
+        dealer, dealer_fss_relu, [session.dealer_seeds, nonce, shape, bits], delivered
     )
     cws = [cw.copy_to(party, lend=True) for party in session.parties]
     dealt = [None, consts.move(session.parties[1])]
-    count_dealt([([fss_relu.key_words(n)], I64)] * 2 + [([fss_relu.CONSTS * n], I64)])
+    count_dealt([delivered[0], *delivered])  # (the correction words go to both parties)
     (masked,) = at_parties(session, cmp_mask, lambda i: [seed[i], nonce, z[i]], [(shape, I64)])
     round1 = Round(session)
     c = round1.add(masked)
